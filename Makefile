@@ -1,0 +1,40 @@
+# Two commands matter: `make demo` and `make test`. Both create .venv and install on first use,
+# and are quick when nothing changed (the install is redone only when pyproject.toml changes).
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.PHONY: demo test lint typecheck unit install clean-venv
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip setuptools wheel
+
+# torch first and pinned: the local CPU build on this machine kind, never a multi-GB CUDA download.
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: install
+	$(BIN)/mypy
+
+test: lint typecheck
+	$(BIN)/pytest $(PYTEST_ARGS)
+
+unit: install
+	$(BIN)/pytest tests/unit $(PYTEST_ARGS)
+
+demo: install
+	$(BIN)/python -m coordinator.demo
+
+clean-venv:
+	rm -rf $(VENV)

@@ -1,0 +1,1 @@
+"""The coordinator: task ledger (FastAPI), orchestrator, SHARDCAST origin and trainer driver."""

@@ -1,0 +1,43 @@
+"""`prime-coordinator`: the operator's command."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from coordinator.config import CoordinatorConfig
+from protocol.cli import (
+    ConfigOption,
+    JsonLogsOption,
+    LogLevelOption,
+    SetOption,
+    load_role_config,
+    make_keys_app,
+    not_yet_built,
+    start_logging,
+)
+
+app = typer.Typer(
+    help="Run a prime-network coordinator: task ledger, orchestrator, trainer and SHARDCAST origin.",
+    no_args_is_help=True,
+)
+app.add_typer(make_keys_app(Path("runs/demo")), name="keys")
+
+
+@app.command()
+def start(
+    config: Path | None = ConfigOption,
+    sets: list[str] | None = SetOption,
+    host: str | None = typer.Option(None, help="Interface for the ledger API (api.host)."),
+    port: int | None = typer.Option(None, help="Port for the ledger API (api.port)."),
+    data_dir: Path | None = typer.Option(None, help="Run directory (data_dir)."),
+    ledger_url: str | None = typer.Option(None, help="SQLAlchemy URL of the ledger (ledger.url)."),
+    log_level: str = LogLevelOption,
+    json_logs: bool = JsonLogsOption,
+) -> None:
+    """Start (or resume) the run described by the config file."""
+    start_logging(log_level, json_logs)
+    flags = {"api.host": host, "api.port": port, "data_dir": data_dir, "ledger.url": ledger_url}
+    load_role_config(CoordinatorConfig, config, sets, flags)
+    not_yet_built("the coordinator service", 3)

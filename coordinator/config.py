@@ -1,0 +1,77 @@
+"""The coordinator's config (`prime-coordinator start -c run.toml`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import Field, model_validator
+from pydantic_settings import SettingsConfigDict
+
+from protocol.config import RoleConfig, Section
+
+
+class ApiConfig(Section):
+    host: str = "127.0.0.1"
+    """Interface the ledger API binds; 0.0.0.0 to accept workers from other machines."""
+    port: int = Field(default=8000, ge=0, le=65535)
+    """TCP port of the ledger API (0 picks a free one)."""
+    max_body_bytes: int = Field(default=16 * 1024 * 1024, gt=0)
+    """Requests with a larger body are refused with 413 before they are read."""
+
+
+class LedgerConfig(Section):
+    url: str = ""
+    """SQLAlchemy URL; empty means a SQLite file `ledger.db` in the data dir. PostgreSQL:
+    `postgresql+psycopg://user@host:5432/db`."""
+
+
+class SchedulingConfig(Section):
+    async_level: int = Field(default=2, ge=0, le=16)
+    """k: a submission made with a policy older than current - k is refused (0 = on-policy)."""
+    lease_ttl_s: float = Field(default=120.0, gt=0)
+    """A lease not renewed or submitted within this time is re-issued to another worker."""
+    prompts_per_task: int = Field(default=8, ge=1, le=256)
+    """Prompts in one leased task."""
+    group_size: int = Field(default=8, ge=1, le=64)
+    """Samples per prompt (GRPO group)."""
+    max_leases_per_node: int = Field(default=2, ge=1)
+    """Open leases one node may hold at once (fair share across workers)."""
+
+
+class TrustConfig(Section):
+    validators_open: bool = False
+    """When false, only keys in `approved_validators` may register as validators."""
+    approved_validators: list[Annotated[str, Field(min_length=40, max_length=64)]] = Field(default_factory=list)
+    """Node ids of operator-approved validators."""
+    ban_after_rejections: int = Field(default=3, ge=1)
+    """A worker whose submissions were rejected this many times is banned."""
+    max_clock_skew_s: float = Field(default=60.0, gt=0)
+    """Signed requests whose timestamp is further than this from the server clock are refused."""
+
+
+class CoordinatorConfig(RoleConfig):
+    """Everything an operator sets for one run."""
+
+    model_config = SettingsConfigDict(env_prefix="PRIME_COORDINATOR_")
+
+    run_name: str = Field(default="demo", pattern=r"^[A-Za-z0-9_.\-]+$")
+    """Name of the run; also the directory name under `runs/` by default."""
+    data_dir: Path = Path("runs/demo")
+    """Run directory: node key, ledger (SQLite), checkpoints, policy versions, logs."""
+    task: str = "reverse_text"
+    """Built-in task (environment) the run trains on."""
+    api: ApiConfig = ApiConfig()
+    ledger: LedgerConfig = LedgerConfig()
+    scheduling: SchedulingConfig = SchedulingConfig()
+    trust: TrustConfig = TrustConfig()
+
+    @model_validator(mode="after")
+    def _check(self) -> CoordinatorConfig:
+        if self.ledger.url and not self.ledger.url.startswith(("sqlite", "postgresql")):
+            raise ValueError("ledger.url must be a sqlite:// or postgresql+psycopg:// URL")
+        return self
+
+    @property
+    def ledger_url(self) -> str:
+        return self.ledger.url or f"sqlite:///{self.data_dir / 'ledger.db'}"

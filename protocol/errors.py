@@ -1,0 +1,163 @@
+"""Every error prime-network raises on purpose, in one hierarchy.
+
+Each error says what happened and, where a user can act, what to do. Errors that cross
+the HTTP boundary carry the status code and a short machine-readable ``code`` the ledger
+answers with, so a client can map a response back to the same class.
+
+    PrimeError
+    ├── ConfigError                 a config file, env var or flag is invalid (names key and file)
+    ├── IdentityError               a node key cannot be created, read or trusted
+    │   └── KeyPermissionError      the key file is readable by others (must be 0600)
+    ├── SignatureError         401  a signed request or document does not verify
+    │   ├── MissingSignatureError   the signature headers are absent or malformed
+    │   ├── BadSignatureError       the signature does not match the content
+    │   ├── StaleTimestampError     the timestamp is outside the clock-skew window
+    │   └── ReplayedNonceError      the nonce was already used by this node
+    ├── ProtocolError          400  a message is malformed or has the wrong version
+    ├── RequestRefused              the ledger understood the request and refused it
+    │   ├── ForbiddenError     403  the node may not do this (not approved, banned)
+    │   ├── NotFoundError      404  the task, lease or version does not exist
+    │   ├── ConflictError      409  the request contradicts the ledger's state
+    │   │   └── StalePolicyError    the policy version is older than current - async_level
+    │   ├── PayloadTooLargeError 413 the request body is over the configured limit
+    │   └── RateLimitedError   429  too many requests; retry after the given delay
+    ├── IntegrityError              downloaded bytes or a manifest fail verification
+    ├── ProofError                  a TOPLOC proof cannot be built or parsed
+    └── RemoteUnavailableError      a coordinator or relay could not be reached
+"""
+
+from __future__ import annotations
+
+
+class PrimeError(Exception):
+    """Base of every deliberate prime-network error."""
+
+    status_code: int = 500
+    code: str = "internal"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class ConfigError(PrimeError):
+    """A config file, environment variable or flag is invalid."""
+
+    code = "config"
+
+
+class IdentityError(PrimeError):
+    """A node key cannot be created, read or trusted."""
+
+    code = "identity"
+
+
+class KeyPermissionError(IdentityError):
+    """A node key file is readable or writable by users other than its owner."""
+
+    code = "key_permissions"
+
+
+class SignatureError(PrimeError):
+    """A signed request or signed document does not verify."""
+
+    status_code = 401
+    code = "signature"
+
+
+class MissingSignatureError(SignatureError):
+    code = "unsigned"
+
+
+class BadSignatureError(SignatureError):
+    code = "bad_signature"
+
+
+class StaleTimestampError(SignatureError):
+    code = "stale_timestamp"
+
+
+class ReplayedNonceError(SignatureError):
+    code = "replayed_nonce"
+
+
+class ProtocolError(PrimeError):
+    """A message is malformed, has unknown fields, or speaks an unsupported version."""
+
+    status_code = 400
+    code = "malformed"
+
+
+class RequestRefused(PrimeError):  # noqa: N818 - a refusal, not a failure of ours
+    """The ledger understood a request and refused it."""
+
+    status_code = 400
+    code = "refused"
+
+
+class ForbiddenError(RequestRefused):
+    status_code = 403
+    code = "forbidden"
+
+
+class NotFoundError(RequestRefused):
+    status_code = 404
+    code = "not_found"
+
+
+class ConflictError(RequestRefused):
+    status_code = 409
+    code = "conflict"
+
+
+class StalePolicyError(ConflictError):
+    code = "stale_policy"
+
+
+class PayloadTooLargeError(RequestRefused):
+    status_code = 413
+    code = "payload_too_large"
+
+
+class RateLimitedError(RequestRefused):
+    status_code = 429
+    code = "rate_limited"
+
+    def __init__(self, message: str, retry_after_s: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class IntegrityError(PrimeError):
+    """Downloaded bytes or a manifest do not match what the coordinator signed."""
+
+    code = "integrity"
+
+
+class ProofError(PrimeError):
+    """A TOPLOC proof cannot be built or parsed (never silently replaced by a null proof)."""
+
+    code = "proof"
+
+
+class RemoteUnavailableError(PrimeError):
+    """A coordinator or relay could not be reached or answered with a server error."""
+
+    status_code = 503
+    code = "unavailable"
+
+
+def _all_subclasses(cls: type[PrimeError]) -> list[type[PrimeError]]:
+    found: list[type[PrimeError]] = []
+    for sub in cls.__subclasses__():
+        found.append(sub)
+        found.extend(_all_subclasses(sub))
+    return found
+
+
+def error_for_code(code: str) -> type[PrimeError]:
+    """The error class whose ``code`` is ``code`` (PrimeError when unknown); used by clients."""
+    for cls in _all_subclasses(PrimeError):
+        if cls.code == code:
+            return cls
+    return PrimeError

@@ -1,0 +1,203 @@
+"""Versioned wire schemas shared by every role: the one home of what crosses the network.
+
+Every message carries ``v`` (the wire version, now 1) and forbids unknown fields, so a peer
+speaking another version or sending junk gets a clear 4xx instead of a silent misread. Bounds
+on sizes and counts live here too: they are part of the contract and the first line of
+defence against hostile clients. Binary fields (proofs) travel as base64 strings.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+WIRE_VERSION: Literal[1] = 1
+
+NodeId = Annotated[str, Field(min_length=40, max_length=64, pattern=r"^[1-9A-HJ-NP-Za-km-z]+$")]
+Sha256Hex = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+PolicyVersion = Annotated[int, Field(ge=0)]
+TokenId = Annotated[int, Field(ge=0, lt=2**31)]
+Role = Literal["worker", "validator"]
+EngineName = Literal["vllm", "hf"]
+
+MAX_PROMPTS_PER_TASK = 256
+MAX_GROUP_SIZE = 64
+MAX_TOKENS_PER_SAMPLE = 32768
+
+
+class WireModel(BaseModel):
+    """Base of every message: versioned, strict about unknown fields, immutable."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    v: Literal[1] = WIRE_VERSION
+
+
+class ErrorBody(WireModel):
+    """What every refusal returns: a stable machine code and a sentence for people."""
+
+    error: str = Field(description="Machine-readable code, e.g. 'stale_policy'.")
+    detail: str = Field(description="What happened and what to do.")
+
+
+class Hardware(WireModel):
+    accelerator: str = Field(max_length=128, description="e.g. 'NVIDIA H100 80GB' or 'cpu'.")
+    num_devices: int = Field(ge=0, le=1024)
+    memory_bytes: int = Field(ge=0)
+
+
+class RegisterRequest(WireModel):
+    role: Role
+    hardware: Hardware
+    engine: EngineName | None = None
+    software_version: str = Field(max_length=64)
+    p2p_addrs: list[Annotated[str, Field(max_length=256)]] = Field(default_factory=list, max_length=16)
+
+
+class RegisterResponse(WireModel):
+    node_id: NodeId
+    role: Role
+    approved: bool
+    current_policy_version: PolicyVersion
+
+
+class HeartbeatRequest(WireModel):
+    policy_versions_held: list[PolicyVersion] = Field(max_length=64)
+    engine: EngineName | None = None
+    tokens_per_s: float = Field(ge=0)
+    hardware: Hardware | None = None
+
+
+class SamplingParams(WireModel):
+    temperature: float = Field(gt=0, le=10)
+    top_k: int | None = Field(default=None, ge=1)
+    max_tokens: int = Field(ge=1, le=MAX_TOKENS_PER_SAMPLE)
+
+
+class Prompt(WireModel):
+    prompt_index: int = Field(ge=0)
+    token_ids: list[TokenId] = Field(min_length=1, max_length=MAX_TOKENS_PER_SAMPLE)
+    text: str = Field(default="", max_length=65536, description="For people; token_ids are authoritative.")
+
+
+class LeaseRequest(WireModel):
+    max_tasks: int = Field(default=1, ge=1, le=64)
+    policy_versions_held: list[PolicyVersion] = Field(default_factory=list, max_length=64)
+
+
+class Task(WireModel):
+    """One leased unit of work: a group of samples per prompt under one policy version."""
+
+    task_id: str = Field(max_length=128)
+    lease_id: str = Field(max_length=128)
+    task_name: str = Field(max_length=64, description="The environment, e.g. 'reverse_text'.")
+    prompts: list[Prompt] = Field(min_length=1, max_length=MAX_PROMPTS_PER_TASK)
+    group_size: int = Field(ge=1, le=MAX_GROUP_SIZE)
+    sampling: SamplingParams
+    policy_version: PolicyVersion
+    sampling_seed: int = Field(ge=0, lt=2**63, description="From the ledger, never chosen by the worker.")
+    deadline: float = Field(description="Unix time after which the lease may be re-issued.")
+
+
+class LeaseResponse(WireModel):
+    tasks: list[Task]
+    retry_after_s: float = Field(ge=0, description="When no task was leased, when to ask again.")
+
+
+class LeaseRenewal(WireModel):
+    lease_id: str = Field(max_length=128)
+
+
+class Rollout(WireModel):
+    """One sample: the tokens a worker generated for one prompt, with what proves them."""
+
+    prompt_index: int = Field(ge=0)
+    sample_index: int = Field(ge=0, lt=MAX_GROUP_SIZE)
+    completion_ids: list[TokenId] = Field(max_length=MAX_TOKENS_PER_SAMPLE)
+    logprobs: list[float] = Field(max_length=MAX_TOKENS_PER_SAMPLE)
+    finish_reason: Literal["stop", "length"]
+    proof_b64: str = Field(max_length=4 * MAX_TOKENS_PER_SAMPLE * 16, description="TOPLOC proof bytes, base64.")
+
+
+class SubmitRequest(WireModel):
+    lease_id: str = Field(max_length=128)
+    task_id: str = Field(max_length=128)
+    policy_version: PolicyVersion
+    engine: EngineName
+    rollouts: list[Rollout] = Field(min_length=1, max_length=MAX_PROMPTS_PER_TASK * MAX_GROUP_SIZE)
+
+
+class SubmitResponse(WireModel):
+    submission_id: str
+    status: Literal["pending", "accepted", "rejected"]
+    duplicate: bool = Field(description="True when this exact group was already submitted (idempotent).")
+
+
+class PendingSubmission(WireModel):
+    submission_id: str
+    worker_id: NodeId
+    task: Task
+    submission: SubmitRequest
+    submitted_at: float
+    worker_signature_b64: str = Field(description="The worker's signature over the submission's canonical JSON.")
+
+
+class Verdict(WireModel):
+    submission_id: str = Field(max_length=128)
+    accepted: bool
+    reasons: list[Annotated[str, Field(max_length=512)]] = Field(default_factory=list, max_length=64)
+    rewards: list[float] = Field(default_factory=list, description="Recomputed from the task, per rollout.")
+
+
+class ShardEntry(WireModel):
+    index: int = Field(ge=0)
+    offset: int = Field(ge=0, description="Byte offset of the shard in the version's concatenated files.")
+    size_bytes: int = Field(ge=0)
+    hash: str = Field(max_length=128)
+
+
+class FileEntry(WireModel):
+    path: str = Field(max_length=512, pattern=r"^[A-Za-z0-9_.\-/]+$")
+    offset: int = Field(ge=0, description="Byte offset of this file in the version's concatenated files.")
+    size_bytes: int = Field(ge=0)
+
+
+class PolicyManifest(WireModel):
+    """What the coordinator signs for each policy version; relays and clients verify against it."""
+
+    version: PolicyVersion
+    created_at: float
+    hash_algorithm: Literal["blake3", "sha256"]
+    shard_size_bytes: int = Field(gt=0)
+    total_size_bytes: int = Field(ge=0)
+    files: list[FileEntry] = Field(max_length=10000)
+    shards: list[ShardEntry] = Field(max_length=1_000_000)
+
+
+class SignedManifest(WireModel):
+    manifest: PolicyManifest
+    signer: NodeId
+    signature_b64: str
+
+
+class Announcement(WireModel):
+    """A gossip message; the body is a wire message of the named kind, signed by ``signer``."""
+
+    kind: Literal["policy_version", "relay", "tasks"]
+    body: dict[str, object]
+    signer: NodeId
+    signature_b64: str
+    sent_at: float
+
+
+class RunStatus(WireModel):
+    run_name: str
+    current_policy_version: PolicyVersion
+    async_level: int
+    num_workers_live: int
+    num_validators_live: int
+    num_tasks_open: int
+    num_submissions_pending: int
+    num_submissions_accepted: int
+    num_submissions_rejected: int

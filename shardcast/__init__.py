@@ -1,0 +1,1 @@
+"""SHARDCAST: signed, sharded distribution of policy weights through untrusted HTTP relays."""

@@ -1,0 +1,29 @@
+"""The relay's config (`prime-relay serve`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import SettingsConfigDict
+
+from protocol.config import RoleConfig
+
+
+class RelayConfig(RoleConfig):
+    model_config = SettingsConfigDict(env_prefix="PRIME_RELAY_")
+
+    host: str = "127.0.0.1"
+    """Interface to serve on; 0.0.0.0 to serve other machines."""
+    port: int = Field(default=8100, ge=0, le=65535)
+    """TCP port to serve on (0 picks a free one)."""
+    upstreams: list[str] = Field(default_factory=list)
+    """Origin or relay URLs to mirror from (at least one to serve)."""
+    coordinator_id: str | None = None
+    """Node id whose manifest signatures are trusted; required to serve anything."""
+    data_dir: Path = Path.home() / ".prime-network" / "relay"
+    """Where mirrored versions are kept."""
+    poll_interval_s: float = Field(default=2.0, gt=0)
+    """How often upstreams are asked for new versions."""
+    keep_versions: int = Field(default=3, ge=1)
+    """How many policy versions to keep on disk."""

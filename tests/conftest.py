@@ -1,0 +1,32 @@
+"""Shared fixtures: free ports on 127.0.0.1, the PostgreSQL URL, temporary data dirs."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import pytest
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@pytest.fixture
+def port() -> int:
+    return free_port()
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> str:
+    """The PostgreSQL server for ledger tests. In CI (CI=true) it must be reachable: fail, never skip."""
+    url = os.environ.get("PRIME_TEST_POSTGRES_URL", "")
+    if not url:
+        if os.environ.get("CI"):
+            pytest.fail("CI=true but PRIME_TEST_POSTGRES_URL is not set; .ci/run sets it")
+        pytest.skip("PRIME_TEST_POSTGRES_URL not set (set it to run the PostgreSQL ledger tests)")
+    return url

@@ -1,0 +1,66 @@
+"""Console scripts: every one answers --help without importing torch or vllm; bad configs exit 2."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from protocol.cli import EXIT_BAD_CONFIG
+
+SCRIPTS = {
+    "prime-coordinator": "coordinator.cli",
+    "prime-worker": "worker.cli",
+    "prime-relay": "shardcast.cli",
+    "prime-validator": "validator.cli",
+    "prime-trainer": "trainer.cli",
+}
+PROBE = """
+import sys
+from {module} import app
+from typer.testing import CliRunner
+result = CliRunner().invoke(app, ["--help"])
+assert result.exit_code == 0, result.output
+assert "Usage" in result.output
+heavy = sorted(m for m in ("torch", "vllm", "transformers", "safetensors") if m in sys.modules)
+print(",".join(heavy))
+"""
+
+
+@pytest.mark.parametrize("module", SCRIPTS.values())
+def test_help_does_not_import_heavy_libraries(module: str) -> None:
+    done = subprocess.run([sys.executable, "-c", PROBE.format(module=module)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "", f"{module} --help imported {done.stdout.strip()}"
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_console_scripts_are_installed(script: str) -> None:
+    path = Path(sys.executable).parent / script
+    done = subprocess.run([str(path), "--help"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "Usage" in done.stdout
+
+
+def test_bad_config_key_exits_2_naming_key_and_file(tmp_path: Path) -> None:
+    from coordinator.cli import app
+
+    path = tmp_path / "run.toml"
+    path.write_text("[api]\nprot = 1\n")
+    result = CliRunner().invoke(app, ["start", "-c", str(path)])
+    assert result.exit_code == EXIT_BAD_CONFIG
+    assert "api.prot" in result.output and "run.toml" in result.output
+
+
+def test_keys_show_creates_a_0600_key(tmp_path: Path) -> None:
+    from worker.cli import app
+
+    first = CliRunner().invoke(app, ["keys", "show", "--data-dir", str(tmp_path)])
+    second = CliRunner().invoke(app, ["keys", "show", "--data-dir", str(tmp_path)])
+    assert first.exit_code == 0, first.output
+    assert "12D3KooW" in first.output
+    assert first.output == second.output
+    assert (tmp_path / "node_key.pem").stat().st_mode & 0o777 == 0o600

@@ -1,0 +1,1 @@
+"""TOPLOC proofs over final hidden states, and verifiable sampling."""

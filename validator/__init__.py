@@ -1,0 +1,1 @@
+"""`prime-validator`: re-checks submitted rollouts and posts signed verdicts."""

@@ -1,0 +1,30 @@
+"""The validator's config (`prime-validator run`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import SettingsConfigDict
+
+from protocol.config import RoleConfig
+
+
+class ValidatorConfig(RoleConfig):
+    model_config = SettingsConfigDict(env_prefix="PRIME_VALIDATOR_")
+
+    coordinator_url: str = "http://127.0.0.1:8000"
+    """Base URL of the coordinator's ledger API."""
+    coordinator_id: str | None = None
+    """Node id of the coordinator whose manifests to trust; learned and pinned on first contact when unset."""
+    relays: list[str] = Field(default_factory=list)
+    """Extra SHARDCAST relay URLs for policy weights."""
+    engine: Literal["auto", "vllm", "hf"] = "hf"
+    """Engine used for the prefill re-computation."""
+    data_dir: Path = Path.home() / ".prime-network" / "validator"
+    """Node key and downloaded policy versions."""
+    max_batch_size: int = Field(default=64, ge=1, le=4096)
+    """Most sequences recomputed in one prefill batch."""
+    poll_interval_s: float = Field(default=1.0, gt=0)
+    """How often to ask the ledger for pending submissions when idle."""

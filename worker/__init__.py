@@ -1,0 +1,1 @@
+"""`prime-worker`: inference engines, the task loop and submission of proven rollouts."""

@@ -1,0 +1,39 @@
+"""The worker's config (`prime-worker join`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, field_validator
+from pydantic_settings import SettingsConfigDict
+
+from protocol.config import RoleConfig
+
+
+class WorkerConfig(RoleConfig):
+    """What a contributor sets; everything else comes from the coordinator."""
+
+    model_config = SettingsConfigDict(env_prefix="PRIME_WORKER_")
+
+    coordinator_url: str = "http://127.0.0.1:8000"
+    """Base URL of the coordinator's ledger API."""
+    coordinator_id: str | None = None
+    """Node id of the coordinator whose signatures to trust; learned and pinned on first contact when unset."""
+    relays: list[str] = Field(default_factory=list)
+    """Extra SHARDCAST relay URLs to download policy weights from (the coordinator also announces relays)."""
+    gpu: str = "all"
+    """`all`, `none`, or a comma-separated list of GPU indices; one engine per selected GPU."""
+    engine: Literal["auto", "vllm", "hf"] = "auto"
+    """Inference engine; `auto` picks vLLM when it is installed, else HF transformers."""
+    data_dir: Path = Path.home() / ".prime-network" / "worker"
+    """Node key, downloaded policy versions, state."""
+    max_batch_size: int = Field(default=64, ge=1, le=4096)
+    """Most sequences generated at once per engine."""
+
+    @field_validator("gpu")
+    @classmethod
+    def _check_gpu(cls, value: str) -> str:
+        if value in ("all", "none") or all(part.strip().isdigit() for part in value.split(",")):
+            return value
+        raise ValueError("gpu must be 'all', 'none' or a list of indices such as '0,1'")
