@@ -1,0 +1,1 @@
+"""Inference backends behind one interface (base.Engine): vLLM and HF transformers."""

@@ -1,0 +1,71 @@
+"""The inference engine interface every backend (vLLM, HF transformers) implements.
+
+An engine generates completions with the verifiable sampler (toploc.sampling), returning for
+each completion token the final hidden state (after the last norm) that produced its logits
+and its log-probability under the unperturbed policy at the task's temperature; it can also
+prefill prompt + completion to recompute the same quantities (what validators do), and reload
+policy weights in place from a downloaded checkpoint directory.
+
+Row alignment, used by proofs and checks alike: for a completion of n tokens, row i of
+``hidden_states`` and entry i of ``logprobs`` belong to the forward position that *drew*
+completion token i (the last prompt token for i = 0, completion token i - 1 after that).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal, Protocol
+
+import torch
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    uid: str
+    prompt_ids: list[int]
+    max_tokens: int
+    temperature: float
+    seed: int
+    """The task's sampling seed, from the ledger."""
+    stream: int
+    """The sample's noise stream: toploc.sampling.sample_stream(prompt_index, sample_index)."""
+    eos_token_ids: tuple[int, ...] = ()
+
+
+@dataclass
+class GenerationResult:
+    uid: str
+    completion_ids: list[int]
+    logprobs: list[float]
+    """log_softmax(logits / T)[token] of each drawn token, without the sampling noise."""
+    finish_reason: Literal["stop", "length"]
+    hidden_states: torch.Tensor = field(repr=False)
+    """(len(completion_ids), hidden_size): the final-norm states that drew each token."""
+
+
+@dataclass
+class PrefillResult:
+    hidden_states: torch.Tensor = field(repr=False)
+    """(len(completion_ids), hidden_size), aligned as in GenerationResult."""
+    logits: torch.Tensor = field(repr=False)
+    """(len(completion_ids), vocab_size) float32 logits that drew each completion token."""
+
+
+class Engine(Protocol):
+    """What the worker loop and the validator need from an inference backend."""
+
+    name: Literal["vllm", "hf"]
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]: ...
+
+    def prefill(self, prompts: list[list[int]], completions: list[list[int]]) -> list[PrefillResult]: ...
+
+    def load_weights(self, checkpoint_dir: Path) -> None:
+        """Replace the weights in place with those of an HF safetensors checkpoint directory."""
+        ...
+
+    def close(self) -> None: ...
