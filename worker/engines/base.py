@@ -4,7 +4,8 @@ An engine generates completions with the verifiable sampler (toploc.sampling), r
 each completion token the final hidden state (after the last norm) that produced its logits
 and its log-probability under the unperturbed policy at the task's temperature; it can also
 prefill prompt + completion to recompute the same quantities (what validators do), and reload
-policy weights in place from a downloaded checkpoint directory.
+policy weights in place from a downloaded checkpoint directory. Prefill is a separate
+protocol (PrefillEngine) because not every backend offers it.
 
 Row alignment, used by proofs and checks alike: for a completion of n tokens, row i of
 ``hidden_states`` and entry i of ``logprobs`` belong to the forward position that *drew*
@@ -53,7 +54,7 @@ class PrefillResult:
 
 
 class Engine(Protocol):
-    """What the worker loop and the validator need from an inference backend."""
+    """What the worker loop needs from an inference backend."""
 
     name: Literal["vllm", "hf"]
 
@@ -62,10 +63,18 @@ class Engine(Protocol):
 
     def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]: ...
 
-    def prefill(self, prompts: list[list[int]], completions: list[list[int]]) -> list[PrefillResult]: ...
-
     def load_weights(self, checkpoint_dir: Path) -> None:
         """Replace the weights in place with those of an HF safetensors checkpoint directory."""
         ...
 
     def close(self) -> None: ...
+
+
+class PrefillEngine(Engine, Protocol):
+    """An engine that can also recompute hidden states and logits by prefill (what validators use).
+
+    The HF engine is one; the vLLM engine is not (vLLM has no cheap path that returns the
+    hidden state of every position), so validators prefill with HF.
+    """
+
+    def prefill(self, prompts: list[list[int]], completions: list[list[int]]) -> list[PrefillResult]: ...

