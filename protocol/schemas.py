@@ -201,3 +201,69 @@ class RunStatus(WireModel):
     num_submissions_pending: int
     num_submissions_accepted: int
     num_submissions_rejected: int
+
+
+# Ledger API responses and read-only views (added with the ledger, issue 3).
+
+LeaseStateName = Literal["active", "submitted", "expired", "abandoned"]
+
+
+class HeartbeatResponse(WireModel):
+    current_policy_version: PolicyVersion
+    heartbeat_interval_s: float = Field(gt=0, description="When to send the next heartbeat.")
+
+
+class LeaseState(WireModel):
+    """Where a lease stands after a renewal or abandonment."""
+
+    lease_id: str
+    task_id: str
+    state: LeaseStateName
+    deadline: float
+
+
+class PendingSubmissions(WireModel):
+    submissions: list[PendingSubmission]
+
+
+class VerdictResponse(WireModel):
+    submission_id: str
+    status: Literal["accepted", "rejected"]
+    worker_banned: bool
+
+
+class PublishResponse(WireModel):
+    version: PolicyVersion
+    published_at: float
+
+
+class NodeStats(WireModel):
+    node_id: NodeId
+    role: Role
+    approved: bool
+    banned: bool
+    ban_reason: str | None
+    num_accepted: int
+    num_rejected: int
+    last_seen: float
+
+
+class RunStats(WireModel):
+    status: RunStatus
+    nodes: list[NodeStats]
+
+
+class Event(WireModel):
+    """One entry of the ledger's append-only event log."""
+
+    event_id: int
+    at: float
+    kind: Literal["register", "lease", "renew", "abandon", "expire", "submit", "verdict", "ban", "publish"]
+    node_id: str | None
+    subject: str | None = Field(description="What the event is about: a lease, task, submission or version.")
+    data: dict[str, object]
+
+
+class EventPage(WireModel):
+    events: list[Event]
+    next_after: int = Field(description="Pass as `after` to read the events that follow.")
