@@ -53,7 +53,7 @@ class FakeClock:
 
 
 def ledger_config(data_dir: Path, url: str = "", **overrides: Any) -> CoordinatorConfig:
-    """A small, fast run config; ``overrides`` are dotted keys such as ``scheduling.async_level``."""
+    """A small, fast run config; ``overrides`` are keys such as ``scheduling__async_level`` (``__`` for ``.``)."""
     values: dict[str, Any] = {
         "data_dir": str(data_dir),
         "ledger.url": url,
@@ -63,7 +63,7 @@ def ledger_config(data_dir: Path, url: str = "", **overrides: Any) -> Coordinato
         "scheduling.max_tokens": 8,
         "trust.validators_open": True,
     }
-    values.update(overrides)
+    values.update({key.replace("__", "."): value for key, value in overrides.items()})
     return load_config(CoordinatorConfig, None, values)
 
 

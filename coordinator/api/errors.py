@@ -55,10 +55,13 @@ def install_error_handlers(app: FastAPI) -> None:
         assert isinstance(exc, RequestValidationError)
         return error_response(400, "malformed", describe_validation_error(exc))
 
-    async def on_http_error(_request: Request, exc: Exception) -> JSONResponse:
+    async def on_http_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)
         code = _HTTP_CODES.get(exc.status_code, "refused" if exc.status_code < 500 else "internal")
-        return error_response(exc.status_code, code, str(exc.detail), dict(exc.headers or {}))
+        detail = str(exc.detail)
+        if exc.status_code in (404, 405) and detail in ("Not Found", "Method Not Allowed"):
+            detail = f"no route {request.method} {request.url.path}; the API is described at /docs and /openapi.json"
+        return error_response(exc.status_code, code, detail, dict(exc.headers or {}))
 
     async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unexpected error serving %s %s", request.method, request.url.path, exc_info=exc)

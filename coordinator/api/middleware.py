@@ -9,6 +9,7 @@ share by minting keys).
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Any
 
@@ -43,26 +44,29 @@ class BodySizeLimit:
                 return
         received = 0
         started = False
+        cut_off = False
 
         async def limited_receive() -> Message:
-            nonlocal received
+            nonlocal received, cut_off
             message = await receive()
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > self.max_body_bytes:
+                    cut_off = True
                     raise _BodyTooLarge
             return message
 
-        async def tracking_send(message: Message) -> None:
+        async def guarded_send(message: Message) -> None:
             nonlocal started
+            if cut_off:  # whatever the app answers to a body we cut off, the answer is 413
+                return
             started = started or message["type"] == "http.response.start"
             await send(message)
 
-        try:
-            await self.app(scope, limited_receive, tracking_send)
-        except _BodyTooLarge:
-            if not started:
-                await self._refuse(scope, receive, send, f"more than {self.max_body_bytes} bytes sent")
+        with contextlib.suppress(_BodyTooLarge):
+            await self.app(scope, limited_receive, guarded_send)
+        if cut_off and not started:
+            await self._refuse(scope, receive, send, f"more than {self.max_body_bytes} bytes sent")
 
     async def _refuse(self, scope: Scope, receive: Receive, send: Send, what: str) -> None:
         exc = PayloadTooLargeError(f"request body too large: {what}, limit {self.max_body_bytes} bytes")

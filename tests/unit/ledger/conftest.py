@@ -7,7 +7,7 @@ the end) and get a schema of their own each, so parallel runs and tests never co
 from __future__ import annotations
 
 import secrets
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -98,7 +98,7 @@ def make_harness(ledger_url: str, tmp_path: Path) -> Iterator[MakeHarness]:
     made: list[Database] = []
 
     def make(**overrides: object) -> LedgerHarness:
-        config = ledger_config(tmp_path / "run", ledger_url, **{k.replace("__", "."): v for k, v in overrides.items()})
+        config = ledger_config(tmp_path / "run", ledger_url, **overrides)
         database = Database(config.ledger_url)
         made.append(database)
         coordinator = NodeIdentity.generate()
@@ -116,9 +116,6 @@ def make_harness(ledger_url: str, tmp_path: Path) -> Iterator[MakeHarness]:
 @pytest.fixture
 def harness(make_harness: MakeHarness) -> LedgerHarness:
     return make_harness()
-
-
-ClientCall = Callable[[LedgerClient], Awaitable[object]]
 
 
 @pytest.fixture
