@@ -181,6 +181,23 @@ class SignedManifest(WireModel):
     signature_b64: str
 
 
+class VersionInfo(WireModel):
+    """One policy version a SHARDCAST origin or relay holds (``GET /versions``)."""
+
+    version: PolicyVersion
+    num_shards: int = Field(ge=0)
+    num_shards_ready: int = Field(ge=0, description="Shards verified and servable now (relays fill in as they mirror).")
+    total_size_bytes: int = Field(ge=0)
+
+
+class VersionsResponse(WireModel):
+    """What a SHARDCAST server holds; unsigned, so only a hint: the manifests are what is trusted."""
+
+    role: Literal["origin", "relay"]
+    latest: PolicyVersion | None = Field(description="The newest version whose signed manifest is held.")
+    versions: list[VersionInfo] = Field(max_length=1024)
+
+
 class Announcement(WireModel):
     """A gossip message; the body is a wire message of the named kind, signed by ``signer``."""
 
