@@ -14,12 +14,15 @@ from protocol.cli import (
     SetOption,
     load_role_config,
     make_keys_app,
-    not_yet_built,
+    run_or_exit,
     start_logging,
 )
 
 app = typer.Typer(
-    help="Run a prime-network coordinator: task ledger, orchestrator, trainer and SHARDCAST origin.",
+    help=(
+        "Run a prime-network coordinator. Today `start` serves the task ledger API (issue 3); "
+        "the orchestrator, trainer and SHARDCAST origin join it with the demo network (issue 9)."
+    ),
     no_args_is_help=True,
 )
 app.add_typer(make_keys_app(Path("runs/demo")), name="keys")
@@ -36,8 +39,10 @@ def start(
     log_level: str = LogLevelOption,
     json_logs: bool = JsonLogsOption,
 ) -> None:
-    """Start (or resume) the run described by the config file."""
+    """Start (or resume) the run's task ledger API (uvicorn) until stopped; the trainer side comes in issue 9."""
     start_logging(log_level, json_logs)
     flags = {"api.host": host, "api.port": port, "data_dir": data_dir, "ledger.url": ledger_url}
-    load_role_config(CoordinatorConfig, config, sets, flags)
-    not_yet_built("the coordinator service", 3)
+    loaded = load_role_config(CoordinatorConfig, config, sets, flags)
+    from coordinator.service import run
+
+    run_or_exit("coordinator", run, loaded)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
@@ -18,12 +18,26 @@ class ApiConfig(Section):
     """TCP port of the ledger API (0 picks a free one)."""
     max_body_bytes: int = Field(default=16 * 1024 * 1024, gt=0)
     """Requests with a larger body are refused with 413 before they are read."""
+    node_rate_per_s: float = Field(default=20.0, gt=0)
+    """Signed requests one node may make per second on average (token bucket refill rate)."""
+    node_burst: int = Field(default=40, ge=1)
+    """Signed requests one node may make in a burst before it is told to slow down (429)."""
+    ip_rate_per_s: float = Field(default=500.0, gt=0)
+    """Requests one IP address may make per second on average, across all its node keys."""
+    ip_burst: int = Field(default=1000, ge=1)
+    """Requests one IP address may make in a burst before it is told to slow down (429)."""
+    maintenance_interval_s: float = Field(default=5.0, gt=0)
+    """How often expired leases are re-queued and expired nonces pruned in the background."""
 
 
 class LedgerConfig(Section):
     url: str = ""
     """SQLAlchemy URL; empty means a SQLite file `ledger.db` in the data dir. PostgreSQL:
     `postgresql+psycopg://user@host:5432/db`."""
+    sqlite_synchronous: Literal["NORMAL", "FULL"] = "NORMAL"
+    """SQLite durability (WAL mode): NORMAL survives a killed process; FULL also a power cut, at an fsync per commit."""
+    pool_size: int = Field(default=8, ge=1, le=256)
+    """Database connections kept open by one coordinator process (PostgreSQL)."""
 
 
 class SchedulingConfig(Section):
@@ -37,6 +51,14 @@ class SchedulingConfig(Section):
     """Samples per prompt (GRPO group)."""
     max_leases_per_node: int = Field(default=2, ge=1)
     """Open leases one node may hold at once (fair share across workers)."""
+    max_open_leases: int = Field(default=4096, ge=1)
+    """Open leases across the network; when reached, each live worker gets an equal share of them."""
+    temperature: float = Field(default=1.0, gt=0, le=10)
+    """Sampling temperature handed out with every task."""
+    max_tokens: int = Field(default=128, ge=1, le=32768)
+    """Maximum completion length per sample handed out with every task."""
+    worker_live_s: float = Field(default=60.0, gt=0)
+    """A node that has not been heard from for this long no longer counts as live."""
 
 
 class TrustConfig(Section):
@@ -61,6 +83,9 @@ class CoordinatorConfig(RoleConfig):
     """Run directory: node key, ledger (SQLite), checkpoints, policy versions, logs."""
     task: str = "reverse_text"
     """Built-in task (environment) the run trains on."""
+    task_source: str = Field(default="", pattern=r"^([A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*)?$")
+    """Where prompts come from: `module:attribute` naming a TaskSource (or a zero-argument factory of one).
+    Empty: no source is wired yet, and leases come back empty with a retry delay."""
     api: ApiConfig = ApiConfig()
     ledger: LedgerConfig = LedgerConfig()
     scheduling: SchedulingConfig = SchedulingConfig()

@@ -23,7 +23,8 @@ answers with, so a client can map a response back to the same class.
     │   └── RateLimitedError   429  too many requests; retry after the given delay
     ├── IntegrityError              downloaded bytes or a manifest fail verification
     ├── ProofError                  a TOPLOC proof cannot be built or parsed
-    └── RemoteUnavailableError      a coordinator or relay could not be reached
+    └── RemoteUnavailableError 503  a coordinator or relay could not be reached
+        └── NotReadyError      503  a relay holds the version but is still mirroring that shard
 """
 
 from __future__ import annotations
@@ -145,6 +146,16 @@ class RemoteUnavailableError(PrimeError):
 
     status_code = 503
     code = "unavailable"
+
+
+class NotReadyError(RemoteUnavailableError):
+    """A relay knows the version but has not verified the asked-for shard yet; ask again shortly."""
+
+    code = "not_ready"
+
+    def __init__(self, message: str, retry_after_s: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 def _all_subclasses(cls: type[PrimeError]) -> list[type[PrimeError]]:

@@ -181,6 +181,23 @@ class SignedManifest(WireModel):
     signature_b64: str
 
 
+class VersionInfo(WireModel):
+    """One policy version a SHARDCAST origin or relay holds (``GET /versions``)."""
+
+    version: PolicyVersion
+    num_shards: int = Field(ge=0)
+    num_shards_ready: int = Field(ge=0, description="Shards verified and servable now (relays fill in as they mirror).")
+    total_size_bytes: int = Field(ge=0)
+
+
+class VersionsResponse(WireModel):
+    """What a SHARDCAST server holds; unsigned, so only a hint: the manifests are what is trusted."""
+
+    role: Literal["origin", "relay"]
+    latest: PolicyVersion | None = Field(description="The newest version whose signed manifest is held.")
+    versions: list[VersionInfo] = Field(max_length=1024)
+
+
 class Announcement(WireModel):
     """A gossip message; the body is a wire message of the named kind, signed by ``signer``."""
 
@@ -201,3 +218,69 @@ class RunStatus(WireModel):
     num_submissions_pending: int
     num_submissions_accepted: int
     num_submissions_rejected: int
+
+
+# Ledger API responses and read-only views (added with the ledger, issue 3).
+
+LeaseStateName = Literal["active", "submitted", "expired", "abandoned"]
+
+
+class HeartbeatResponse(WireModel):
+    current_policy_version: PolicyVersion
+    heartbeat_interval_s: float = Field(gt=0, description="When to send the next heartbeat.")
+
+
+class LeaseState(WireModel):
+    """Where a lease stands after a renewal or abandonment."""
+
+    lease_id: str
+    task_id: str
+    state: LeaseStateName
+    deadline: float
+
+
+class PendingSubmissions(WireModel):
+    submissions: list[PendingSubmission]
+
+
+class VerdictResponse(WireModel):
+    submission_id: str
+    status: Literal["accepted", "rejected"]
+    worker_banned: bool
+
+
+class PublishResponse(WireModel):
+    version: PolicyVersion
+    published_at: float
+
+
+class NodeStats(WireModel):
+    node_id: NodeId
+    role: Role
+    approved: bool
+    banned: bool
+    ban_reason: str | None
+    num_accepted: int
+    num_rejected: int
+    last_seen: float
+
+
+class RunStats(WireModel):
+    status: RunStatus
+    nodes: list[NodeStats]
+
+
+class Event(WireModel):
+    """One entry of the ledger's append-only event log."""
+
+    event_id: int
+    at: float
+    kind: Literal["register", "lease", "renew", "abandon", "expire", "submit", "verdict", "ban", "publish"]
+    node_id: str | None
+    subject: str | None = Field(description="What the event is about: a lease, task, submission or version.")
+    data: dict[str, object]
+
+
+class EventPage(WireModel):
+    events: list[Event]
+    next_after: int = Field(description="Pass as `after` to read the events that follow.")

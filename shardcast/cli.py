@@ -1,8 +1,11 @@
-"""`prime-relay`: serve policy weights to workers, or fetch a version by hand."""
+"""`prime-relay`: serve policy weights to workers, fetch a version by hand, or run a standalone origin."""
 
 from __future__ import annotations
 
+import json
+import sys
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -11,8 +14,9 @@ from protocol.cli import (
     JsonLogsOption,
     LogLevelOption,
     SetOption,
+    fail,
     load_role_config,
-    not_yet_built,
+    run_or_exit,
     start_logging,
 )
 from shardcast.config import RelayConfig
@@ -28,22 +32,180 @@ def serve(
     host: str | None = typer.Option(None, help="Interface to serve on."),
     port: int | None = typer.Option(None, help="Port to serve on."),
     coordinator_id: str | None = typer.Option(None, help="Node id whose manifest signatures are trusted."),
+    data_dir: Path | None = typer.Option(None, help="Where mirrored versions are kept."),
     log_level: str = LogLevelOption,
     json_logs: bool = JsonLogsOption,
 ) -> None:
     """Mirror every version the upstreams announce, verifying each shard before serving it."""
     start_logging(log_level, json_logs)
-    flags = {"upstreams": upstream or None, "host": host, "port": port, "coordinator_id": coordinator_id}
-    load_role_config(RelayConfig, config, sets, flags)
-    not_yet_built("the relay server", 4)
+    flags = {
+        "upstreams": upstream or None,
+        "host": host,
+        "port": port,
+        "coordinator_id": coordinator_id,
+        "data_dir": data_dir,
+    }
+    relay_config = load_role_config(RelayConfig, config, sets, flags)
+    from shardcast.relay import serve_relay
+    from shardcast.server import run_event_loop
+
+    run_or_exit("relay", run_event_loop, lambda: serve_relay(relay_config))
 
 
 @app.command()
 def fetch(
-    version: int = typer.Argument(..., help="Policy version to download."),
+    version: str = typer.Argument(..., help="Policy version to download, or 'latest'."),
     relay: list[str] = typer.Option(..., help="Relay URL (repeatable; downloads from all at once)."),
     coordinator_id: str = typer.Option(..., help="Node id whose manifest signature is trusted."),
-    out: Path = typer.Option(Path("."), help="Directory the version is written under."),
+    out: Path = typer.Option(Path("."), help="Directory the version is written under (as v{N}/)."),
+    parallel: int = typer.Option(8, min=1, max=256, help="Shards downloaded at the same time."),
+    max_attempts: int = typer.Option(6, min=1, max=100, help="Failed fetches of one shard before giving up."),
+    json_events: bool = typer.Option(False, "--json-events", help="One JSON object per line on stdout, for programs."),
+    log_level: str = LogLevelOption,
 ) -> None:
-    """Download one version from several relays, verifying every shard."""
-    not_yet_built("the SHARDCAST client", 4)
+    """Download one version from several relays, verifying every shard; resumes an interrupted download."""
+    start_logging(log_level, json_logs=False)
+    import asyncio
+
+    from protocol.errors import PrimeError
+    from shardcast.client import describe_failure, download_version, latest_version
+    from shardcast.transfer import TransferOptions
+
+    options = TransferOptions(num_parallel=parallel, max_attempts_per_shard=max_attempts)
+    progress = None if json_events else _ProgressBar()
+    sink = _print_json if json_events else progress.on_event if progress else None
+    try:
+        number = asyncio.run(latest_version(relay)) if version == "latest" else _parse_version(version)
+        path = download_version(number, relay, coordinator_id, out, options, on_event=sink)
+    except PrimeError as exc:
+        if json_events:
+            _print_json(describe_failure(exc))
+            raise typer.Exit(1) from None
+        fail(f"fetch: {exc.message}")
+    except KeyboardInterrupt:
+        fail("interrupted; run the same command again to resume (verified shards are kept)", 130)
+    finally:
+        if progress is not None:
+            progress.stop()
+    if not json_events:
+        typer.echo(str(path))
+
+
+@app.command()
+def publish(
+    checkpoint: Path = typer.Argument(..., help="Checkpoint directory (safetensors, config, tokenizer...)."),
+    version: int = typer.Option(..., min=0, help="Policy version number to publish it as."),
+    store: Path = typer.Option(..., help="The origin's store directory (what `prime-relay origin` serves)."),
+    key_dir: Path = typer.Option(..., help="Directory holding the coordinator's node_key.pem (created if absent)."),
+    shard_size_bytes: int = typer.Option(32 * 1024 * 1024, min=4096, help="Shard size in bytes."),
+    hash_algorithm: str = typer.Option("blake3", help="blake3 or sha256."),
+    keep_versions: int = typer.Option(3, min=1, help="Versions kept (at least async_level + 1)."),
+    log_level: str = LogLevelOption,
+) -> None:
+    """Shard, hash, sign and atomically publish a checkpoint as a new version (what the coordinator does)."""
+    start_logging(log_level, json_logs=False)
+    from protocol.errors import PrimeError
+    from protocol.identity import load_or_create_identity
+    from shardcast.origin import publish_checkpoint
+    from shardcast.store import VersionStore
+
+    if hash_algorithm not in ("blake3", "sha256"):
+        fail(f"--hash-algorithm must be blake3 or sha256, not {hash_algorithm!r}", 2)
+    try:
+        identity = load_or_create_identity(key_dir)
+        signed = publish_checkpoint(
+            checkpoint,
+            version,
+            identity,
+            VersionStore(store),
+            shard_size_bytes=shard_size_bytes,
+            hash_algorithm="sha256" if hash_algorithm == "sha256" else "blake3",
+            keep_versions=keep_versions,
+        )
+    except PrimeError as exc:
+        fail(f"publish: {exc.message}")
+    manifest = signed.manifest
+    typer.echo(
+        json.dumps(
+            {
+                "version": manifest.version,
+                "signer": signed.signer,
+                "num_shards": len(manifest.shards),
+                "total_bytes": manifest.total_size_bytes,
+            }
+        )
+    )
+
+
+@app.command()
+def origin(
+    store: Path = typer.Option(..., help="Store directory written by `prime-relay publish`."),
+    host: str = typer.Option("127.0.0.1", help="Interface to serve on."),
+    port: int = typer.Option(8000, min=0, max=65535, help="Port to serve on."),
+    log_level: str = LogLevelOption,
+    json_logs: bool = JsonLogsOption,
+) -> None:
+    """Serve a published store as a SHARDCAST origin (the coordinator mounts the same app at /shardcast)."""
+    start_logging(log_level, json_logs)
+    from shardcast.origin import OriginSource
+    from shardcast.server import create_app, run_event_loop, serve_http
+    from shardcast.store import VersionStore
+
+    app_ = create_app(OriginSource(VersionStore(store)))
+    run_or_exit("origin", run_event_loop, lambda: serve_http(app_, host, port))
+
+
+def _parse_version(text: str) -> int:
+    if not text.isdigit():
+        fail(f"VERSION must be a non-negative integer or 'latest', not {text!r}", 2)
+    return int(text)
+
+
+def _print_json(event: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(event) + "\n")
+    sys.stdout.flush()
+
+
+class _ProgressBar:
+    """A rich progress bar on stderr, driven by the client's events."""
+
+    def __init__(self) -> None:
+        from rich.progress import (
+            BarColumn,
+            DownloadColumn,
+            Progress,
+            TextColumn,
+            TimeRemainingColumn,
+            TransferSpeedColumn,
+        )
+
+        from protocol.cli import err_console
+
+        self.progress = Progress(
+            TextColumn("[bold]v{task.fields[version]}"),
+            BarColumn(),
+            DownloadColumn(binary_units=True),
+            TransferSpeedColumn(),
+            TimeRemainingColumn(),
+            TextColumn("{task.fields[note]}"),
+            console=err_console,
+            transient=False,
+        )
+        self.task_id: Any = None
+        self.num_failures = 0
+
+    def on_event(self, event: dict[str, Any]) -> None:
+        kind = event["event"]
+        if kind == "manifest":
+            self.progress.start()
+            self.task_id = self.progress.add_task(
+                "fetch", total=event["total_bytes"], completed=event["bytes_resumed"], version=event["version"], note=""
+            )
+        elif kind == "shard_done" and self.task_id is not None:
+            self.progress.advance(self.task_id, event["bytes"])
+        elif kind == "shard_failed" and self.task_id is not None:
+            self.num_failures += 1
+            self.progress.update(self.task_id, note=f"[yellow]{self.num_failures} retried ({event['kind']})")
+
+    def stop(self) -> None:
+        self.progress.stop()

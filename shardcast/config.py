@@ -27,3 +27,9 @@ class RelayConfig(RoleConfig):
     """How often upstreams are asked for new versions."""
     keep_versions: int = Field(default=3, ge=1)
     """How many policy versions to keep on disk."""
+    num_parallel: int = Field(default=8, ge=1, le=256)
+    """Shards fetched from upstreams at the same time."""
+    shard_wait_s: float = Field(default=10.0, ge=0)
+    """How long a request for a shard still being mirrored is held before it is answered 503."""
+    upstream_ban_s: float = Field(default=300.0, ge=0)
+    """An upstream that sent a bad manifest or corrupt shard is not used for this long."""

@@ -1,0 +1,1 @@
+"""The ledger's HTTP API: FastAPI app, middleware, authentication and error mapping."""

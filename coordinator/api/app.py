@@ -1,0 +1,189 @@
+"""The ledger's FastAPI application: routes, wired to a :class:`~coordinator.ledger.Ledger`.
+
+Routes under ``/v1`` are signed by the caller's node key unless marked public; their bodies
+are the wire messages of :mod:`protocol.schemas`. Handlers are thin: authenticate, call one
+ledger method (in a worker thread; the ledger blocks on the database), return its message.
+A background task re-queues expired leases and prunes expired nonces.
+"""
+
+# No `from __future__ import annotations`: FastAPI must see the local `Caller` alias at definition time.
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Annotated
+
+from fastapi import Depends, FastAPI, Header, Query, Request
+from fastapi.responses import Response
+from starlette.concurrency import run_in_threadpool
+
+from coordinator.api.auth import SignedCaller
+from coordinator.api.errors import install_error_handlers
+from coordinator.api.middleware import BodySizeLimit, IpRateLimit, RequestMetrics
+from coordinator.config import CoordinatorConfig
+from coordinator.ledger import Ledger
+from coordinator.metrics import LedgerMetrics
+from coordinator.ratelimit import RateLimiter
+from coordinator.replay import DatabaseReplayCache
+from protocol.errors import ForbiddenError
+from protocol.ledger_client import HEADER_SUBMISSION_SIGNATURE
+from protocol.schemas import (
+    ErrorBody,
+    EventPage,
+    HeartbeatRequest,
+    HeartbeatResponse,
+    LeaseRenewal,
+    LeaseRequest,
+    LeaseResponse,
+    LeaseState,
+    PendingSubmissions,
+    PolicyVersion,
+    PublishResponse,
+    RegisterRequest,
+    RegisterResponse,
+    RunStats,
+    RunStatus,
+    SignedManifest,
+    SubmitRequest,
+    SubmitResponse,
+    Verdict,
+    VerdictResponse,
+)
+
+log = logging.getLogger("coordinator.api")
+
+_ERRORS = {code: {"model": ErrorBody} for code in (400, 401, 403, 404, 409, 413, 429)}
+_UNMETERED_PATHS = frozenset({"/healthz", "/metrics"})
+
+
+def create_app(config: CoordinatorConfig, ledger: Ledger, replay_cache: DatabaseReplayCache) -> FastAPI:
+    """The API for one ledger; the caller owns the ledger's database and closes it."""
+    api = config.api
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        task = asyncio.create_task(_maintain(ledger, replay_cache, api.maintenance_interval_s))
+        try:
+            yield
+        finally:
+            task.cancel()
+
+    app = FastAPI(
+        title="prime-network ledger",
+        version="1",
+        description="The coordinator's task ledger. Signed routes need the X-Prime-* headers of protocol.signing.",
+        lifespan=lifespan,
+        responses=_ERRORS,  # type: ignore[arg-type]
+    )
+    install_error_handlers(app)
+    metrics = LedgerMetrics(ledger.status)
+    app.add_middleware(RequestMetrics, metrics=metrics)
+    app.add_middleware(IpRateLimit, limiter=RateLimiter(api.ip_rate_per_s, api.ip_burst), exempt_paths=_UNMETERED_PATHS)
+    app.add_middleware(BodySizeLimit, max_body_bytes=api.max_body_bytes)  # outermost: before anything reads
+    caller = SignedCaller(replay_cache, config.trust.max_clock_skew_s, RateLimiter(api.node_rate_per_s, api.node_burst))
+    Caller = Annotated[str, Depends(caller)]  # noqa: N806 - a type alias, named like one
+
+    @app.post("/v1/nodes/register", tags=["nodes"])
+    def register(body: RegisterRequest, node_id: Caller, request: Request) -> RegisterResponse:
+        """Register (or update) the calling node: workers are permissionless, validators need approval."""
+        ip = request.client.host if request.client else "unknown"
+        return ledger.register(node_id, ip, body)
+
+    @app.post("/v1/nodes/heartbeat", tags=["nodes"])
+    def heartbeat(body: HeartbeatRequest, node_id: Caller) -> HeartbeatResponse:
+        """Report liveness, engine and policy versions held."""
+        return ledger.heartbeat(node_id, body)
+
+    @app.post("/v1/leases", tags=["leases"])
+    def lease(body: LeaseRequest, node_id: Caller) -> LeaseResponse:
+        """Lease up to max_tasks tasks (fewer, or none with a retry delay, when caps or fair share bind)."""
+        return ledger.lease(node_id, body)
+
+    @app.post("/v1/leases/renew", tags=["leases"])
+    def renew(body: LeaseRenewal, node_id: Caller) -> LeaseState:
+        """Push an active lease's deadline out by one lease TTL."""
+        return ledger.renew(node_id, body.lease_id)
+
+    @app.post("/v1/leases/abandon", tags=["leases"])
+    def abandon(body: LeaseRenewal, node_id: Caller) -> LeaseState:
+        """Give a lease back; its task is re-issued at once."""
+        return ledger.abandon(node_id, body.lease_id)
+
+    @app.post("/v1/submissions", tags=["submissions"])
+    def submit(
+        body: SubmitRequest,
+        node_id: Caller,
+        submission_signature: Annotated[str, Header(alias=HEADER_SUBMISSION_SIGNATURE, max_length=256)],
+    ) -> SubmitResponse:
+        """Submit a leased task's rollouts; a repeat of the same submission is answered as a duplicate."""
+        return ledger.submit(node_id, body, submission_signature)
+
+    @app.get("/v1/submissions/pending", tags=["validation"])
+    def pending(node_id: Caller, limit: Annotated[int, Query(ge=1, le=256)] = 16) -> PendingSubmissions:
+        """Submissions awaiting a verdict, oldest first (approved validators only)."""
+        return ledger.pending(node_id, limit)
+
+    @app.post("/v1/verdicts", tags=["validation"])
+    def verdict(body: Verdict, node_id: Caller) -> VerdictResponse:
+        """Accept or reject a submission (approved validators only)."""
+        return ledger.post_verdict(node_id, body)
+
+    @app.post("/v1/policy-versions", tags=["policy"])
+    def publish(body: SignedManifest, node_id: Caller) -> PublishResponse:
+        """Publish a policy version under its signed manifest (coordinator-internal: its own key only)."""
+        if node_id != ledger.coordinator_id:
+            raise ForbiddenError("only the coordinator itself publishes policy versions")
+        return ledger.publish(body)
+
+    @app.get("/v1/policy-versions/latest", tags=["policy", "public"])
+    def latest_manifest() -> SignedManifest:
+        """The newest published policy version's signed manifest."""
+        return ledger.manifest(None)
+
+    @app.get("/v1/policy-versions/{version}", tags=["policy", "public"])
+    def manifest(version: PolicyVersion) -> SignedManifest:
+        """One published policy version's signed manifest."""
+        return ledger.manifest(version)
+
+    @app.get("/v1/status", tags=["public"])
+    def status() -> RunStatus:
+        """The run at a glance."""
+        return ledger.status()
+
+    @app.get("/v1/stats", tags=["public"])
+    def stats(limit: Annotated[int, Query(ge=1, le=10_000)] = 100) -> RunStats:
+        """Status plus reputation of the most recently seen nodes."""
+        return ledger.stats(limit)
+
+    @app.get("/v1/events", tags=["public"])
+    def event_log(
+        after: Annotated[int, Query(ge=0, lt=2**62)] = 0, limit: Annotated[int, Query(ge=1, le=1000)] = 100
+    ) -> EventPage:
+        """The append-only event log, from after an event id, oldest first."""
+        return ledger.events(after, limit)
+
+    @app.get("/healthz", tags=["public"])
+    def healthz() -> dict[str, str]:
+        """200 when the ledger database answers."""
+        ledger.ping()
+        return {"status": "ok"}
+
+    @app.get("/metrics", tags=["public"], response_class=Response)
+    def prometheus_metrics() -> Response:
+        """Prometheus text format."""
+        return Response(metrics.render(), media_type="text/plain; version=0.0.4")
+
+    return app
+
+
+async def _maintain(ledger: Ledger, replay_cache: DatabaseReplayCache, interval_s: float) -> None:
+    while True:
+        await asyncio.sleep(interval_s)
+        try:
+            expired = await run_in_threadpool(ledger.expire_overdue)
+            pruned = await run_in_threadpool(replay_cache.prune)
+            if expired:
+                log.info("re-queued %d expired lease(s); pruned %d nonce(s)", expired, pruned)
+        except Exception:  # keep maintaining; the next round retries
+            log.exception("ledger maintenance failed")

@@ -1,0 +1,121 @@
+"""ASGI middleware in front of every route: body size limit, per-IP rate limit, request metrics.
+
+Plain ASGI (no BaseHTTPMiddleware) so a refusal costs no body read: a declared
+``Content-Length`` over the limit is answered 413 before one byte is received, and a chunked
+body is cut off with 413 as soon as it passes the limit. The per-IP limit counts every
+request from one address, whatever node keys it signs with (one host cannot multiply its
+share by minting keys).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from coordinator.api.errors import error_response, prime_error_response
+from coordinator.metrics import LedgerMetrics
+from coordinator.ratelimit import RateLimiter
+from protocol.errors import PayloadTooLargeError, RateLimitedError
+
+
+class _BodyTooLarge(Exception):  # noqa: N818 - internal signal, never leaves the middleware
+    pass
+
+
+class BodySizeLimit:
+    def __init__(self, app: ASGIApp, max_body_bytes: int) -> None:
+        self.app = app
+        self.max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope["headers"]).get(b"content-length")
+        if declared is not None:
+            if not declared.isdigit():
+                await error_response(400, "malformed", "Content-Length is not a number")(scope, receive, send)
+                return
+            if int(declared) > self.max_body_bytes:
+                await self._refuse(scope, receive, send, f"declared {int(declared)} bytes")
+                return
+        received = 0
+        started = False
+        cut_off = False
+
+        async def limited_receive() -> Message:
+            nonlocal received, cut_off
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_body_bytes:
+                    cut_off = True
+                    raise _BodyTooLarge
+            return message
+
+        async def guarded_send(message: Message) -> None:
+            nonlocal started
+            if cut_off:  # whatever the app answers to a body we cut off, the answer is 413
+                return
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        with contextlib.suppress(_BodyTooLarge):
+            await self.app(scope, limited_receive, guarded_send)
+        if cut_off and not started:
+            await self._refuse(scope, receive, send, f"more than {self.max_body_bytes} bytes sent")
+
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send, what: str) -> None:
+        exc = PayloadTooLargeError(f"request body too large: {what}, limit {self.max_body_bytes} bytes")
+        response = prime_error_response(exc)
+        response.headers["Connection"] = "close"
+        await response(scope, receive, send)
+
+
+class IpRateLimit:
+    def __init__(self, app: ASGIApp, limiter: RateLimiter, exempt_paths: frozenset[str]) -> None:
+        self.app = app
+        self.limiter = limiter
+        self.exempt_paths = exempt_paths
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] not in self.exempt_paths:
+            client = scope.get("client")
+            address = client[0] if client else "unknown"
+            wait_s = self.limiter.retry_after_s(address)
+            if wait_s is not None:
+                exc = RateLimitedError(f"too many requests from {address}; retry in {wait_s:.1f} s", wait_s)
+                await prime_error_response(exc)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+class RequestMetrics:
+    """Counts requests and observes latency per route template (not per raw path: bounded labels)."""
+
+    def __init__(self, app: ASGIApp, metrics: LedgerMetrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        status = 500
+
+        async def recording_send(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+            await send(message)
+
+        try:
+            await self.app(scope, receive, recording_send)
+        finally:
+            route: Any = scope.get("route")
+            template = getattr(route, "path", None) or "unmatched"
+            self.metrics.observe(scope["method"], template, status, time.perf_counter() - started)

@@ -1,0 +1,677 @@
+"""The task ledger: every state change of a run, each one database transaction.
+
+This is where the rules of :mod:`coordinator.scheduling`, :mod:`coordinator.reputation` and
+:mod:`coordinator.seeds` meet the database. Each public method takes an already-authenticated
+node id and a validated wire message, runs one transaction, appends what changed to the
+event log in that same transaction, and returns a wire message or raises a
+:class:`~protocol.errors.RequestRefused` saying why. It knows nothing of HTTP.
+
+Concurrency: SQLite runs one write transaction at a time (see
+:mod:`coordinator.storage.engine`); on PostgreSQL the run-state row is locked while leases
+are handed out or a version is published, and the lease or submission row while it changes,
+so several API replicas can share one database.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import secrets
+import time
+from collections.abc import Callable
+from typing import Any
+
+from sqlalchemy import Connection, Row, func, insert, select, update
+
+from coordinator.config import CoordinatorConfig
+from coordinator.reputation import BanPolicy, ban_reason
+from coordinator.scheduling import choose_policy_version, grant_count, rollout_problems, staleness_problem
+from coordinator.seeds import new_run_secret, sampling_seed
+from coordinator.storage.engine import Database
+from coordinator.storage.migrations import migrate
+from coordinator.storage.tables import (
+    accepted_groups,
+    events,
+    leases,
+    nodes,
+    policy_versions,
+    run_state,
+    submissions,
+    tasks,
+)
+from coordinator.task_source import TaskSource
+from protocol.errors import (
+    ConfigError,
+    ConflictError,
+    ForbiddenError,
+    NotFoundError,
+    ProtocolError,
+    StalePolicyError,
+)
+from protocol.schemas import (
+    Event,
+    EventPage,
+    HeartbeatRequest,
+    HeartbeatResponse,
+    LeaseRequest,
+    LeaseResponse,
+    LeaseState,
+    NodeStats,
+    PendingSubmission,
+    PendingSubmissions,
+    Prompt,
+    PublishResponse,
+    RegisterRequest,
+    RegisterResponse,
+    Role,
+    RunStats,
+    RunStatus,
+    SamplingParams,
+    SignedManifest,
+    SubmitRequest,
+    SubmitResponse,
+    Task,
+    Verdict,
+    VerdictResponse,
+)
+from protocol.signing import canonical_json, verify_document
+
+HEARTBEAT_INTERVAL_S = 10.0
+RETRY_EMPTY_S = 2.0
+_RUN_ROW_ID = 1
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), sort_keys=True)
+
+
+class Ledger:
+    """The run's single source of truth, over one :class:`Database`."""
+
+    def __init__(
+        self,
+        database: Database,
+        config: CoordinatorConfig,
+        task_source: TaskSource,
+        coordinator_id: str,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.db = database
+        self.config = config
+        self.scheduling = config.scheduling
+        self.trust = config.trust
+        self.task_source = task_source
+        self.coordinator_id = coordinator_id
+        self.clock = clock
+        self.ban_policy = BanPolicy(ban_after_rejections=config.trust.ban_after_rejections)
+        if not task_source.has_task(config.task):
+            raise ConfigError(f"task {config.task!r} is not provided by the configured task source")
+        migrate(self.db)
+        self._secret = self._load_or_create_run()
+
+    def _load_or_create_run(self) -> str:
+        with self.db.write() as conn:
+            row = conn.execute(select(run_state).where(run_state.c.id == _RUN_ROW_ID)).first()
+            if row is None:
+                secret = new_run_secret()
+                conn.execute(
+                    insert(run_state).values(
+                        id=_RUN_ROW_ID,
+                        run_name=self.config.run_name,
+                        secret_hex=secret,
+                        current_policy_version=0,
+                        next_group_index=0,
+                        created_at=self.clock(),
+                    )
+                )
+                return secret
+            if row.run_name != self.config.run_name:
+                raise ConfigError(
+                    f"the ledger at {self.db.engine.url.render_as_string(hide_password=True)} belongs to run "
+                    f"{row.run_name!r}, not {self.config.run_name!r}; use another data_dir or ledger.url"
+                )
+            return str(row.secret_hex)
+
+    # ---- helpers -------------------------------------------------------------------------------
+
+    def _event(self, conn: Connection, kind: str, node_id: str | None, subject: str | None, **data: Any) -> None:
+        conn.execute(
+            insert(events).values(at=self.clock(), kind=kind, node_id=node_id, subject=subject, data_json=_dumps(data))
+        )
+
+    def _run(self, conn: Connection, lock: bool = False) -> Row[Any]:
+        query = select(run_state).where(run_state.c.id == _RUN_ROW_ID)
+        row = conn.execute(query.with_for_update() if lock else query).one()
+        return row
+
+    def _node(self, conn: Connection, node_id: str, role: Role | None) -> Row[Any]:
+        """The node's row, or a 403 saying why it may not act in ``role`` (None: in any role)."""
+        row = conn.execute(select(nodes).where(nodes.c.node_id == node_id)).first()
+        if row is None:
+            raise ForbiddenError(f"node {node_id} is not registered; call POST /v1/nodes/register first")
+        if row.banned:
+            raise ForbiddenError(f"node {node_id} is banned: {row.ban_reason}")
+        if role is not None and row.role != role:
+            raise ForbiddenError(f"node {node_id} registered as a {row.role}; this call is for a {role}")
+        if not row.approved:
+            raise ForbiddenError(f"validator {node_id} is not approved by the operator (trust.approved_validators)")
+        return row
+
+    def _touch(self, conn: Connection, node_id: str) -> None:
+        conn.execute(update(nodes).where(nodes.c.node_id == node_id).values(last_seen=self.clock()))
+
+    def _task_view(self, task_row: Row[Any], lease_row: Row[Any]) -> Task:
+        prompts = [Prompt(**prompt) for prompt in json.loads(task_row.prompts_json)]
+        return Task(
+            task_id=task_row.task_id,
+            lease_id=lease_row.lease_id,
+            task_name=task_row.task_name,
+            prompts=prompts,
+            group_size=lease_row.group_size,
+            sampling=SamplingParams(**json.loads(lease_row.sampling_json)),
+            policy_version=lease_row.policy_version,
+            sampling_seed=lease_row.sampling_seed,
+            deadline=lease_row.deadline,
+        )
+
+    def _expire_overdue(self, conn: Connection, now: float) -> int:
+        overdue = conn.execute(
+            select(leases.c.lease_id, leases.c.task_id, leases.c.node_id).where(
+                leases.c.state == "active", leases.c.deadline < now
+            )
+        ).all()
+        for lease_id, task_id, node_id in overdue:
+            self._end_lease(conn, lease_id, task_id, "expired")
+            self._event(conn, "expire", node_id, lease_id, task_id=task_id, reason="deadline passed")
+        return len(overdue)
+
+    def _end_lease(self, conn: Connection, lease_id: str, task_id: str, state: str) -> None:
+        conn.execute(update(leases).where(leases.c.lease_id == lease_id).values(state=state))
+        conn.execute(update(tasks).where(tasks.c.task_id == task_id, tasks.c.state == "leased").values(state="open"))
+
+    # ---- nodes ---------------------------------------------------------------------------------
+
+    def register(self, node_id: str, ip: str, request: RegisterRequest) -> RegisterResponse:
+        approved = request.role == "worker" or self.trust.validators_open or node_id in self.trust.approved_validators
+        if not approved:
+            raise ForbiddenError(
+                f"validator {node_id} is not approved: ask the operator to add it to trust.approved_validators"
+            )
+        now = self.clock()
+        values = {
+            "role": request.role,
+            "approved": approved,
+            "last_seen": now,
+            "ip": ip,
+            "hardware_json": request.hardware.model_dump_json(),
+            "engine": request.engine,
+            "software_version": request.software_version,
+        }
+        with self.db.write() as conn:
+            row = conn.execute(select(nodes).where(nodes.c.node_id == node_id)).first()
+            if row is not None and row.banned:
+                raise ForbiddenError(f"node {node_id} is banned: {row.ban_reason}")
+            if row is None:
+                conn.execute(
+                    insert(nodes).values(
+                        node_id=node_id,
+                        registered_at=now,
+                        versions_held_json="[]",
+                        tokens_per_s=0.0,
+                        num_accepted=0,
+                        num_rejected=0,
+                        banned=False,
+                        **values,
+                    )
+                )
+            else:
+                conn.execute(update(nodes).where(nodes.c.node_id == node_id).values(**values))
+            self._event(conn, "register", node_id, node_id, role=request.role, ip=ip, new=row is None)
+            current = self._run(conn).current_policy_version
+        return RegisterResponse(node_id=node_id, role=request.role, approved=approved, current_policy_version=current)
+
+    def heartbeat(self, node_id: str, request: HeartbeatRequest) -> HeartbeatResponse:
+        with self.db.write() as conn:
+            self._node(conn, node_id, None)
+            values: dict[str, Any] = {
+                "last_seen": self.clock(),
+                "versions_held_json": _dumps(request.policy_versions_held),
+                "tokens_per_s": request.tokens_per_s,
+            }
+            if request.engine is not None:
+                values["engine"] = request.engine
+            if request.hardware is not None:
+                values["hardware_json"] = request.hardware.model_dump_json()
+            conn.execute(update(nodes).where(nodes.c.node_id == node_id).values(**values))
+            current = self._run(conn).current_policy_version
+        return HeartbeatResponse(current_policy_version=current, heartbeat_interval_s=HEARTBEAT_INTERVAL_S)
+
+    # ---- leases --------------------------------------------------------------------------------
+
+    def lease(self, node_id: str, request: LeaseRequest) -> LeaseResponse:
+        now = self.clock()
+        with self.db.write() as conn:
+            self._node(conn, node_id, "worker")
+            run = self._run(conn, lock=True)
+            self._expire_overdue(conn, now)
+            held = conn.execute(
+                select(func.count()).where(leases.c.node_id == node_id, leases.c.state == "active")
+            ).scalar_one()
+            open_total = conn.execute(select(func.count()).where(leases.c.state == "active")).scalar_one()
+            live = conn.execute(
+                select(func.count()).where(
+                    nodes.c.role == "worker", nodes.c.banned.is_(False), nodes.c.last_seen >= now - self._live_s
+                )
+            ).scalar_one()
+            count = grant_count(
+                request.max_tasks,
+                held,
+                self.scheduling.max_leases_per_node,
+                open_total,
+                self.scheduling.max_open_leases,
+                live,
+            )
+            self._touch(conn, node_id)
+            if count == 0:
+                return LeaseResponse(tasks=[], retry_after_s=RETRY_EMPTY_S)
+            task_rows = list(
+                conn.execute(
+                    select(tasks).where(tasks.c.state == "open").order_by(tasks.c.group_index).limit(count)
+                ).all()
+            )
+            task_rows += self._new_tasks(conn, run, count - len(task_rows), now)
+            if not task_rows:
+                return LeaseResponse(tasks=[], retry_after_s=RETRY_EMPTY_S)
+            version = choose_policy_version(
+                run.current_policy_version, self.scheduling.async_level, request.policy_versions_held
+            )
+            sampling = SamplingParams(temperature=self.scheduling.temperature, max_tokens=self.scheduling.max_tokens)
+            leased = [self._issue(conn, node_id, row, version, sampling, now) for row in task_rows]
+        return LeaseResponse(tasks=leased, retry_after_s=0.0)
+
+    @property
+    def _live_s(self) -> float:
+        return self.scheduling.worker_live_s
+
+    def _new_tasks(self, conn: Connection, run: Row[Any], count: int, now: float) -> list[Row[Any]]:
+        created: list[Row[Any]] = []
+        next_index = int(run.next_group_index)
+        for _ in range(max(0, count)):
+            group = self.task_source.prompt_group(self.config.task, next_index, self.scheduling.prompts_per_task)
+            if not group:
+                break
+            prompts = [
+                {"prompt_index": index, "token_ids": list(prompt.token_ids), "text": prompt.text}
+                for index, prompt in enumerate(group)
+            ]
+            task_id = f"t{next_index}"
+            conn.execute(
+                insert(tasks).values(
+                    task_id=task_id,
+                    group_index=next_index,
+                    task_name=self.config.task,
+                    prompts_json=_dumps(prompts),
+                    state="open",
+                    num_leases=0,
+                    created_at=now,
+                )
+            )
+            created.append(conn.execute(select(tasks).where(tasks.c.task_id == task_id)).one())
+            next_index += 1
+        if created:
+            conn.execute(update(run_state).where(run_state.c.id == _RUN_ROW_ID).values(next_group_index=next_index))
+        return created
+
+    def _issue(
+        self, conn: Connection, node_id: str, task_row: Row[Any], version: int, sampling: SamplingParams, now: float
+    ) -> Task:
+        lease_id = f"l-{secrets.token_hex(12)}"
+        seed = sampling_seed(self._secret, task_row.task_name, task_row.group_index)
+        values = {
+            "lease_id": lease_id,
+            "task_id": task_row.task_id,
+            "node_id": node_id,
+            "policy_version": version,
+            "sampling_seed": seed,
+            "group_size": self.scheduling.group_size,
+            "sampling_json": sampling.model_dump_json(),
+            "issued_at": now,
+            "deadline": now + self.scheduling.lease_ttl_s,
+            "state": "active",
+        }
+        conn.execute(insert(leases).values(**values))
+        conn.execute(
+            update(tasks)
+            .where(tasks.c.task_id == task_row.task_id)
+            .values(state="leased", num_leases=tasks.c.num_leases + 1)
+        )
+        self._event(conn, "lease", node_id, lease_id, task_id=task_row.task_id, policy_version=version)
+        lease_row = conn.execute(select(leases).where(leases.c.lease_id == lease_id)).one()
+        return self._task_view(task_row, lease_row)
+
+    def _own_lease(self, conn: Connection, node_id: str, lease_id: str) -> Row[Any]:
+        row = conn.execute(select(leases).where(leases.c.lease_id == lease_id).with_for_update()).first()
+        if row is None:
+            raise NotFoundError(f"no lease {lease_id!r}; lease a task first")
+        if row.node_id != node_id:
+            raise ForbiddenError(f"lease {lease_id} belongs to another node")
+        return row
+
+    def renew(self, node_id: str, lease_id: str) -> LeaseState:
+        now = self.clock()
+        with self.db.write() as conn:
+            self._node(conn, node_id, "worker")
+            row = self._own_lease(conn, node_id, lease_id)
+            if row.state != "active" or row.deadline < now:
+                raise ConflictError(
+                    f"lease {lease_id} is {'expired' if row.state == 'active' else row.state} and cannot be renewed"
+                )
+            deadline = now + self.scheduling.lease_ttl_s
+            conn.execute(update(leases).where(leases.c.lease_id == lease_id).values(deadline=deadline))
+            self._event(conn, "renew", node_id, lease_id, deadline=deadline)
+            self._touch(conn, node_id)
+        return LeaseState(lease_id=lease_id, task_id=row.task_id, state="active", deadline=deadline)
+
+    def abandon(self, node_id: str, lease_id: str) -> LeaseState:
+        with self.db.write() as conn:
+            self._node(conn, node_id, "worker")
+            row = self._own_lease(conn, node_id, lease_id)
+            if row.state == "active":
+                self._end_lease(conn, lease_id, row.task_id, "abandoned")
+                self._event(conn, "abandon", node_id, lease_id, task_id=row.task_id)
+                state = "abandoned"
+            elif row.state == "abandoned":
+                state = "abandoned"
+            else:
+                raise ConflictError(f"lease {lease_id} is {row.state}; only an active lease can be abandoned")
+            self._touch(conn, node_id)
+        return LeaseState(lease_id=lease_id, task_id=row.task_id, state=state, deadline=row.deadline)
+
+    def expire_overdue(self) -> int:
+        """Re-queue the tasks of leases whose deadline passed (the background maintenance calls this)."""
+        with self.db.write() as conn:
+            return self._expire_overdue(conn, self.clock())
+
+    # ---- submissions ---------------------------------------------------------------------------
+
+    def submit(self, node_id: str, request: SubmitRequest, worker_signature: str) -> SubmitResponse:
+        document = request.model_dump(mode="json")
+        verify_document(node_id, document, worker_signature)
+        body_sha256 = hashlib.sha256(canonical_json(document)).hexdigest()
+        now = self.clock()
+        with self.db.write() as conn:
+            self._node(conn, node_id, "worker")
+            lease = self._own_lease(conn, node_id, request.lease_id)
+            earlier = conn.execute(select(submissions).where(submissions.c.lease_id == request.lease_id)).first()
+            if earlier is not None:
+                if earlier.body_sha256 != body_sha256:
+                    raise ConflictError(
+                        f"lease {request.lease_id} was already submitted ({earlier.submission_id}) with other content"
+                    )
+                return SubmitResponse(submission_id=earlier.submission_id, status=earlier.status, duplicate=True)
+            if request.task_id != lease.task_id:
+                raise ConflictError(f"lease {request.lease_id} is for task {lease.task_id}, not {request.task_id}")
+            task = conn.execute(select(tasks).where(tasks.c.task_id == lease.task_id).with_for_update()).one()
+            self._check_lease_open(lease, task)
+            if request.policy_version != lease.policy_version:
+                raise ConflictError(
+                    f"lease {request.lease_id} is for policy version {lease.policy_version}, "
+                    f"not {request.policy_version}"
+                )
+            run = self._run(conn)
+            stale = staleness_problem(request.policy_version, run.current_policy_version, self.scheduling.async_level)
+            if stale:
+                raise StalePolicyError(stale)
+            prompt_indices = [prompt["prompt_index"] for prompt in json.loads(task.prompts_json)]
+            problems = rollout_problems(
+                request.rollouts, prompt_indices, lease.group_size, json.loads(lease.sampling_json)["max_tokens"]
+            )
+            if problems:
+                raise ProtocolError("; ".join(problems[:5]))
+            submission_id = f"s-{secrets.token_hex(12)}"
+            conn.execute(
+                insert(submissions).values(
+                    submission_id=submission_id,
+                    lease_id=request.lease_id,
+                    task_id=lease.task_id,
+                    node_id=node_id,
+                    policy_version=request.policy_version,
+                    body_sha256=body_sha256,
+                    body_json=canonical_json(document).decode(),
+                    worker_signature=worker_signature,
+                    submitted_at=now,
+                    status="pending",
+                )
+            )
+            conn.execute(update(leases).where(leases.c.lease_id == request.lease_id).values(state="submitted"))
+            conn.execute(update(tasks).where(tasks.c.task_id == lease.task_id).values(state="submitted"))
+            self._event(conn, "submit", node_id, submission_id, lease_id=request.lease_id, task_id=lease.task_id)
+            self._touch(conn, node_id)
+        return SubmitResponse(submission_id=submission_id, status="pending", duplicate=False)
+
+    @staticmethod
+    def _check_lease_open(lease: Row[Any], task: Row[Any]) -> None:
+        """A lease may be submitted while active (even just past its deadline, until maintenance expires it),
+        or after expiry as long as nobody else took the task meanwhile."""
+        if lease.state == "abandoned":
+            raise ConflictError(f"lease {lease.lease_id} was abandoned; lease a new task")
+        if lease.state == "expired" and task.state != "open":
+            raise ConflictError(
+                f"lease {lease.lease_id} expired and task {task.task_id} was re-issued; renew leases before "
+                "their deadline"
+            )
+
+    def pending(self, validator_id: str, limit: int) -> PendingSubmissions:
+        with self.db.write() as conn:
+            self._node(conn, validator_id, "validator")
+            self._touch(conn, validator_id)
+        with self.db.read() as conn:
+            rows = conn.execute(
+                select(submissions)
+                .where(submissions.c.status == "pending")
+                .order_by(submissions.c.submitted_at)
+                .limit(limit)
+            ).all()
+            found = [
+                PendingSubmission(
+                    submission_id=row.submission_id,
+                    worker_id=row.node_id,
+                    task=self._task_view(
+                        conn.execute(select(tasks).where(tasks.c.task_id == row.task_id)).one(),
+                        conn.execute(select(leases).where(leases.c.lease_id == row.lease_id)).one(),
+                    ),
+                    submission=SubmitRequest.model_validate_json(row.body_json),
+                    submitted_at=row.submitted_at,
+                    worker_signature_b64=row.worker_signature,
+                )
+                for row in rows
+            ]
+        return PendingSubmissions(submissions=found)
+
+    def post_verdict(self, validator_id: str, verdict: Verdict) -> VerdictResponse:
+        now = self.clock()
+        with self.db.write() as conn:
+            self._node(conn, validator_id, "validator")
+            sub = conn.execute(
+                select(submissions).where(submissions.c.submission_id == verdict.submission_id).with_for_update()
+            ).first()
+            if sub is None:
+                raise NotFoundError(f"no submission {verdict.submission_id!r}")
+            num_rollouts = len(json.loads(sub.body_json)["rollouts"])
+            if verdict.rewards and len(verdict.rewards) != num_rollouts:
+                raise ProtocolError(f"{len(verdict.rewards)} rewards for {num_rollouts} rollouts")
+            status = "accepted" if verdict.accepted else "rejected"
+            worker = conn.execute(select(nodes).where(nodes.c.node_id == sub.node_id).with_for_update()).one()
+            if sub.status != "pending":
+                if sub.status == status:  # the same verdict again: idempotent
+                    return VerdictResponse(submission_id=sub.submission_id, status=status, worker_banned=worker.banned)
+                raise ConflictError(f"submission {sub.submission_id} was already {sub.status}")
+            conn.execute(
+                update(submissions)
+                .where(submissions.c.submission_id == sub.submission_id)
+                .values(status=status, verdict_by=validator_id, verdict_at=now, verdict_json=verdict.model_dump_json())
+            )
+            banned = bool(worker.banned)
+            if verdict.accepted:
+                conn.execute(
+                    insert(accepted_groups).values(
+                        task_id=sub.task_id, submission_id=sub.submission_id, accepted_at=now
+                    )
+                )
+                conn.execute(update(tasks).where(tasks.c.task_id == sub.task_id).values(state="accepted"))
+                conn.execute(
+                    update(nodes).where(nodes.c.node_id == sub.node_id).values(num_accepted=nodes.c.num_accepted + 1)
+                )
+            else:
+                conn.execute(update(tasks).where(tasks.c.task_id == sub.task_id).values(state="open"))
+                reason = ban_reason(self.ban_policy, worker.num_accepted, worker.num_rejected + 1, verdict.reasons)
+                values: dict[str, Any] = {"num_rejected": worker.num_rejected + 1}
+                if reason and not banned:
+                    values.update(banned=True, ban_reason=reason)
+                    banned = True
+                conn.execute(update(nodes).where(nodes.c.node_id == sub.node_id).values(**values))
+                if values.get("banned"):
+                    self._ban_cleanup(conn, sub.node_id)
+                    self._event(conn, "ban", sub.node_id, sub.node_id, reason=reason)
+            self._event(
+                conn,
+                "verdict",
+                validator_id,
+                sub.submission_id,
+                accepted=verdict.accepted,
+                worker_id=sub.node_id,
+                task_id=sub.task_id,
+                reasons=verdict.reasons,
+            )
+            self._touch(conn, validator_id)
+        return VerdictResponse(submission_id=sub.submission_id, status=status, worker_banned=banned)
+
+    def _ban_cleanup(self, conn: Connection, node_id: str) -> None:
+        """A banned worker's open leases go back to the queue at once."""
+        for lease_id, task_id in conn.execute(
+            select(leases.c.lease_id, leases.c.task_id).where(leases.c.node_id == node_id, leases.c.state == "active")
+        ).all():
+            self._end_lease(conn, lease_id, task_id, "abandoned")
+
+    # ---- policy versions -----------------------------------------------------------------------
+
+    def publish(self, signed: SignedManifest) -> PublishResponse:
+        if signed.signer != self.coordinator_id:
+            raise ForbiddenError(f"manifests must be signed by the coordinator {self.coordinator_id}")
+        verify_document(signed.signer, signed.manifest.model_dump(mode="json"), signed.signature_b64)
+        version = signed.manifest.version
+        now = self.clock()
+        with self.db.write() as conn:
+            run = self._run(conn, lock=True)
+            if version <= run.current_policy_version:
+                raise ConflictError(
+                    f"policy version {version} is not newer than the current {run.current_policy_version}"
+                )
+            conn.execute(
+                insert(policy_versions).values(
+                    version=version,
+                    manifest_json=signed.manifest.model_dump_json(),
+                    signer=signed.signer,
+                    signature=signed.signature_b64,
+                    published_at=now,
+                )
+            )
+            conn.execute(update(run_state).where(run_state.c.id == _RUN_ROW_ID).values(current_policy_version=version))
+            oldest = version - self.scheduling.async_level
+            for lease_id, task_id, node_id in conn.execute(
+                select(leases.c.lease_id, leases.c.task_id, leases.c.node_id).where(
+                    leases.c.state == "active", leases.c.policy_version < oldest
+                )
+            ).all():
+                self._end_lease(conn, lease_id, task_id, "expired")
+                self._event(conn, "expire", node_id, lease_id, task_id=task_id, reason=f"policy moved to {version}")
+            self._event(
+                conn, "publish", self.coordinator_id, str(version), total_size_bytes=signed.manifest.total_size_bytes
+            )
+        return PublishResponse(version=version, published_at=now)
+
+    def manifest(self, version: int | None) -> SignedManifest:
+        with self.db.read() as conn:
+            query = select(policy_versions)
+            query = (
+                query.order_by(policy_versions.c.version.desc())
+                if version is None
+                else query.where(policy_versions.c.version == version)
+            )
+            row = conn.execute(query.limit(1)).first()
+        if row is None:
+            raise NotFoundError(f"policy version {'(any)' if version is None else version} has not been published")
+        return SignedManifest.model_validate(
+            {"manifest": json.loads(row.manifest_json), "signer": row.signer, "signature_b64": row.signature}
+        )
+
+    # ---- read-only views -----------------------------------------------------------------------
+
+    def status(self) -> RunStatus:
+        now = self.clock()
+        with self.db.read() as conn:
+            run = self._run(conn)
+            live: dict[str, int] = dict(
+                conn.execute(
+                    select(nodes.c.role, func.count())
+                    .where(nodes.c.last_seen >= now - self._live_s, nodes.c.banned.is_(False))
+                    .group_by(nodes.c.role)
+                ).all()
+            )
+            task_counts: dict[str, int] = dict(
+                conn.execute(select(tasks.c.state, func.count()).group_by(tasks.c.state)).all()
+            )
+            sub_counts: dict[str, int] = dict(
+                conn.execute(select(submissions.c.status, func.count()).group_by(submissions.c.status)).all()
+            )
+        return RunStatus(
+            run_name=run.run_name,
+            current_policy_version=run.current_policy_version,
+            async_level=self.scheduling.async_level,
+            num_workers_live=live.get("worker", 0),
+            num_validators_live=live.get("validator", 0),
+            num_tasks_open=task_counts.get("open", 0) + task_counts.get("leased", 0),
+            num_submissions_pending=sub_counts.get("pending", 0),
+            num_submissions_accepted=sub_counts.get("accepted", 0),
+            num_submissions_rejected=sub_counts.get("rejected", 0),
+        )
+
+    def stats(self, limit: int) -> RunStats:
+        with self.db.read() as conn:
+            rows = conn.execute(select(nodes).order_by(nodes.c.last_seen.desc()).limit(limit)).all()
+        node_stats = [
+            NodeStats(
+                node_id=row.node_id,
+                role=row.role,
+                approved=row.approved,
+                banned=row.banned,
+                ban_reason=row.ban_reason,
+                num_accepted=row.num_accepted,
+                num_rejected=row.num_rejected,
+                last_seen=row.last_seen,
+            )
+            for row in rows
+        ]
+        return RunStats(status=self.status(), nodes=node_stats)
+
+    def events(self, after: int, limit: int) -> EventPage:
+        with self.db.read() as conn:
+            rows = conn.execute(
+                select(events).where(events.c.event_id > after).order_by(events.c.event_id).limit(limit)
+            ).all()
+        found = [
+            Event(
+                event_id=row.event_id,
+                at=row.at,
+                kind=row.kind,
+                node_id=row.node_id,
+                subject=row.subject,
+                data=json.loads(row.data_json),
+            )
+            for row in rows
+        ]
+        return EventPage(events=found, next_after=found[-1].event_id if found else after)
+
+    def ping(self) -> None:
+        with self.db.read() as conn:
+            conn.execute(select(1))

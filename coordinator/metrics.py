@@ -1,0 +1,62 @@
+"""Prometheus metrics of the ledger (`GET /metrics`), in a registry owned by one app instance.
+
+Request counts and latencies are recorded by the API middleware; run-level gauges (policy
+version, live nodes, open tasks, submissions by status) are read from the ledger when
+Prometheus scrapes, so they are right after a restart and across replicas.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from protocol.schemas import RunStatus
+
+_LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+class _RunCollector(Collector):
+    def __init__(self, read_status: Callable[[], RunStatus]) -> None:
+        self.read_status = read_status
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        status = self.read_status()
+        gauges = {
+            "prime_ledger_policy_version": ("Current policy version.", status.current_policy_version),
+            "prime_ledger_workers_live": ("Workers heard from recently.", status.num_workers_live),
+            "prime_ledger_validators_live": ("Validators heard from recently.", status.num_validators_live),
+            "prime_ledger_tasks_open": ("Tasks open or leased, not yet submitted.", status.num_tasks_open),
+        }
+        for name, (documentation, value) in gauges.items():
+            yield GaugeMetricFamily(name, documentation, value=value)
+        submissions = GaugeMetricFamily("prime_ledger_submissions", "Submissions by status.", labels=["status"])
+        submissions.add_metric(["pending"], status.num_submissions_pending)
+        submissions.add_metric(["accepted"], status.num_submissions_accepted)
+        submissions.add_metric(["rejected"], status.num_submissions_rejected)
+        yield submissions
+
+
+class LedgerMetrics:
+    def __init__(self, read_status: Callable[[], RunStatus]) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "prime_ledger_requests", "HTTP requests served.", ["method", "route", "status"], registry=self.registry
+        )
+        self.latency = Histogram(
+            "prime_ledger_request_seconds",
+            "Time to serve a request.",
+            ["route"],
+            buckets=_LATENCY_BUCKETS_S,
+            registry=self.registry,
+        )
+        self.registry.register(_RunCollector(read_status))
+
+    def observe(self, method: str, route: str, status: int, seconds: float) -> None:
+        self.requests.labels(method=method, route=route, status=str(status)).inc()
+        self.latency.labels(route=route).observe(seconds)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

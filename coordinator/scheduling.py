@@ -1,0 +1,108 @@
+"""Pure scheduling rules of the ledger: how many tasks a worker gets, which policy version, what is stale.
+
+No sockets, no database: the ledger calls these with numbers it read inside one transaction,
+so the rules can be unit-tested on their own. The life of a lease is a small state machine::
+
+    active --submit--> submitted
+    active --abandon--> abandoned          (task re-queued at once)
+    active --deadline passes--> expired    (task re-queued; a late submit is accepted only
+                                            while nobody else holds the task)
+    active --policy moves past it--> expired (a result would be stale anyway)
+
+and the task a lease is for goes ``open -> leased -> submitted -> accepted``, falling back to
+``open`` on expiry, abandonment or a rejecting verdict. Only ``accepted`` is final, and a task
+reaches it once: the accepted set is keyed by task id.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+
+from protocol.schemas import Rollout
+
+LEASE_STATES = ("active", "submitted", "expired", "abandoned")
+TASK_STATES = ("open", "leased", "submitted", "accepted")
+
+
+def fair_share(max_open_leases: int, num_live_workers: int) -> int:
+    """Open leases one worker may hold when the network is at capacity: an equal share, at least 1."""
+    return max(1, math.ceil(max_open_leases / max(1, num_live_workers)))
+
+
+def grant_count(
+    requested: int,
+    held_by_node: int,
+    max_leases_per_node: int,
+    open_leases_total: int,
+    max_open_leases: int,
+    num_live_workers: int,
+) -> int:
+    """How many new leases a worker gets now (0 means: come back later).
+
+    Bounded by what it asked for, its per-node cap, the network-wide cap and, when the network
+    is full enough that caps bind, its fair share of the network-wide cap.
+    """
+    own_cap = min(max_leases_per_node, fair_share(max_open_leases, num_live_workers))
+    room_for_node = own_cap - held_by_node
+    room_in_network = max_open_leases - open_leases_total
+    return max(0, min(requested, room_for_node, room_in_network))
+
+
+def oldest_allowed_version(current_version: int, async_level: int) -> int:
+    """The oldest policy version whose results are still accepted (current - k, floored at 0)."""
+    return max(0, current_version - async_level)
+
+
+def staleness_problem(policy_version: int, current_version: int, async_level: int) -> str | None:
+    """Why a result made with ``policy_version`` cannot be accepted now, or None when it can."""
+    if policy_version > current_version:
+        return f"policy version {policy_version} has not been published yet (current is {current_version})"
+    oldest = oldest_allowed_version(current_version, async_level)
+    if policy_version < oldest:
+        return (
+            f"policy version {policy_version} is stale: current is {current_version} and async_level is "
+            f"{async_level}, so the oldest accepted is {oldest}; download the current policy and lease again"
+        )
+    return None
+
+
+def choose_policy_version(current_version: int, async_level: int, versions_held: Iterable[int]) -> int:
+    """The version a leased task is to be generated with.
+
+    The newest version the worker already holds, if it is still fresh enough, so a worker keeps
+    generating while it downloads the next one (the asynchrony the design is about); otherwise
+    the current version, which it must fetch first.
+    """
+    oldest = oldest_allowed_version(current_version, async_level)
+    usable = [version for version in versions_held if oldest <= version <= current_version]
+    return max(usable) if usable else current_version
+
+
+def rollout_problems(
+    rollouts: Sequence[Rollout], prompt_indices: Sequence[int], group_size: int, max_tokens: int
+) -> list[str]:
+    """What is wrong with a submitted group: every (prompt, sample) exactly once, sane lengths."""
+    problems: list[str] = []
+    expected = {(prompt, sample) for prompt in prompt_indices for sample in range(group_size)}
+    seen: set[tuple[int, int]] = set()
+    for number, rollout in enumerate(rollouts):
+        key = (rollout.prompt_index, rollout.sample_index)
+        if key not in expected:
+            problems.append(
+                f"rollout {number}: (prompt {key[0]}, sample {key[1]}) is not part of this task "
+                f"(prompts {list(prompt_indices)}, group size {group_size})"
+            )
+        elif key in seen:
+            problems.append(f"rollout {number}: (prompt {key[0]}, sample {key[1]}) appears twice")
+        seen.add(key)
+        if len(rollout.logprobs) != len(rollout.completion_ids):
+            problems.append(
+                f"rollout {number}: {len(rollout.logprobs)} logprobs for {len(rollout.completion_ids)} tokens"
+            )
+        if len(rollout.completion_ids) > max_tokens:
+            problems.append(f"rollout {number}: {len(rollout.completion_ids)} tokens exceed max_tokens {max_tokens}")
+    missing = expected - seen
+    if missing:
+        problems.append(f"{len(missing)} of {len(expected)} samples missing, e.g. (prompt, sample) {min(missing)}")
+    return problems

@@ -1,0 +1,1 @@
+"""Ledger storage: SQLAlchemy engine set-up, versioned migrations and table definitions."""

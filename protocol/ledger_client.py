@@ -1,0 +1,159 @@
+"""The client workers and validators use to talk to the ledger API, over an injected httpx client.
+
+Every call is signed with the node's key (:class:`protocol.signing.SignedAuth`); a submission
+additionally carries the worker's signature over the submission document (header
+``X-Prime-Submission-Signature``), which the ledger stores so a validator can check who made
+it without trusting the coordinator. A refusal comes back as the same
+:class:`protocol.errors.PrimeError` subclass the ledger raised (mapped from the body's
+``error`` code); an unreachable ledger or a 5xx becomes
+:class:`~protocol.errors.RemoteUnavailableError`.
+
+Pass ``transport=httpx.ASGITransport(app)`` to drive an in-process app in tests.
+"""
+
+from __future__ import annotations
+
+from typing import TypeVar
+
+import httpx
+from pydantic import BaseModel, ValidationError
+
+from protocol.errors import PrimeError, RateLimitedError, RemoteUnavailableError, error_for_code
+from protocol.identity import NodeIdentity
+from protocol.schemas import (
+    ErrorBody,
+    EventPage,
+    HeartbeatRequest,
+    HeartbeatResponse,
+    LeaseRenewal,
+    LeaseRequest,
+    LeaseResponse,
+    LeaseState,
+    PendingSubmissions,
+    PublishResponse,
+    RegisterRequest,
+    RegisterResponse,
+    RunStats,
+    RunStatus,
+    SignedManifest,
+    SubmitRequest,
+    SubmitResponse,
+    Verdict,
+    VerdictResponse,
+)
+from protocol.signing import SignedAuth, sign_document
+
+HEADER_SUBMISSION_SIGNATURE = "X-Prime-Submission-Signature"
+ResponseT = TypeVar("ResponseT", bound=BaseModel)
+
+
+def error_from_response(response: httpx.Response) -> PrimeError:
+    """The PrimeError a ledger refusal stands for (RemoteUnavailableError for 5xx and non-JSON answers)."""
+    try:
+        body = ErrorBody.model_validate_json(response.content)
+    except ValidationError:
+        return RemoteUnavailableError(f"ledger answered {response.status_code} without an error body")
+    if response.status_code >= 500:
+        return RemoteUnavailableError(f"ledger failed ({response.status_code} {body.error}): {body.detail}")
+    cls = error_for_code(body.error)
+    if cls is RateLimitedError:
+        return RateLimitedError(body.detail, float(response.headers.get("Retry-After", "1")))
+    return cls(body.detail)
+
+
+class LedgerClient:
+    """Async client of one ledger; close it with ``aclose()`` or use ``async with``."""
+
+    def __init__(
+        self,
+        base_url: str,
+        identity: NodeIdentity,
+        *,
+        client: httpx.AsyncClient | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+        timeout_s: float = 30.0,
+    ) -> None:
+        self.identity = identity
+        self._owns_client = client is None
+        self._client = client or httpx.AsyncClient(base_url=base_url, transport=transport, timeout=timeout_s)
+        self._auth = SignedAuth(identity)
+
+    async def __aenter__(self) -> LedgerClient:
+        return self
+
+    async def __aexit__(self, *_exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        if self._owns_client:
+            await self._client.aclose()
+
+    async def _call(
+        self,
+        method: str,
+        path: str,
+        response_type: type[ResponseT],
+        body: BaseModel | None = None,
+        params: dict[str, int] | None = None,
+        headers: dict[str, str] | None = None,
+        signed: bool = True,
+    ) -> ResponseT:
+        content = body.model_dump_json().encode() if body is not None else None
+        request_headers = {"Content-Type": "application/json"} if content is not None else {}
+        request_headers.update(headers or {})
+        try:
+            response = await self._client.request(
+                method,
+                path,
+                content=content,
+                params=params,
+                headers=request_headers,
+                auth=self._auth if signed else None,
+            )
+        except httpx.TransportError as exc:
+            raise RemoteUnavailableError(f"ledger unreachable ({type(exc).__name__}: {exc})") from exc
+        if response.status_code >= 400:
+            raise error_from_response(response)
+        return response_type.model_validate_json(response.content)
+
+    async def register(self, request: RegisterRequest) -> RegisterResponse:
+        return await self._call("POST", "/v1/nodes/register", RegisterResponse, request)
+
+    async def heartbeat(self, request: HeartbeatRequest) -> HeartbeatResponse:
+        return await self._call("POST", "/v1/nodes/heartbeat", HeartbeatResponse, request)
+
+    async def lease(self, request: LeaseRequest) -> LeaseResponse:
+        return await self._call("POST", "/v1/leases", LeaseResponse, request)
+
+    async def renew(self, lease_id: str) -> LeaseState:
+        return await self._call("POST", "/v1/leases/renew", LeaseState, LeaseRenewal(lease_id=lease_id))
+
+    async def abandon(self, lease_id: str) -> LeaseState:
+        return await self._call("POST", "/v1/leases/abandon", LeaseState, LeaseRenewal(lease_id=lease_id))
+
+    async def submit(self, request: SubmitRequest) -> SubmitResponse:
+        signature = sign_document(self.identity, request.model_dump(mode="json"))
+        headers = {HEADER_SUBMISSION_SIGNATURE: signature}
+        return await self._call("POST", "/v1/submissions", SubmitResponse, request, headers=headers)
+
+    async def pending(self, limit: int = 16) -> PendingSubmissions:
+        return await self._call("GET", "/v1/submissions/pending", PendingSubmissions, params={"limit": limit})
+
+    async def post_verdict(self, verdict: Verdict) -> VerdictResponse:
+        return await self._call("POST", "/v1/verdicts", VerdictResponse, verdict)
+
+    async def publish(self, signed: SignedManifest) -> PublishResponse:
+        return await self._call("POST", "/v1/policy-versions", PublishResponse, signed)
+
+    async def manifest(self, version: int | None = None) -> SignedManifest:
+        path = "/v1/policy-versions/latest" if version is None else f"/v1/policy-versions/{version}"
+        return await self._call("GET", path, SignedManifest, signed=False)
+
+    async def status(self) -> RunStatus:
+        return await self._call("GET", "/v1/status", RunStatus, signed=False)
+
+    async def stats(self, limit: int = 100) -> RunStats:
+        return await self._call("GET", "/v1/stats", RunStats, params={"limit": limit}, signed=False)
+
+    async def events(self, after: int = 0, limit: int = 100) -> EventPage:
+        return await self._call("GET", "/v1/events", EventPage, params={"after": after, "limit": limit}, signed=False)

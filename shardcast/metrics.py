@@ -1,0 +1,51 @@
+"""Prometheus metrics of one SHARDCAST server (origin or relay), in a registry of its own.
+
+A registry per server (not the process-global one) lets several servers live in one process,
+as they do in tests and when the coordinator mounts the origin next to its own metrics.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+
+
+class ShardcastMetrics:
+    def __init__(self, role: str) -> None:
+        self.registry = CollectorRegistry()
+        labels = {"role": role}
+        self.requests = Counter(
+            "shardcast_requests",
+            "HTTP requests answered, by route and status code.",
+            ["route", "status"],
+            registry=self.registry,
+        )
+        self.bytes_served = Counter("shardcast_served_bytes", "Shard bytes sent to clients.", registry=self.registry)
+        self.shards_verified = Counter(
+            "shardcast_shards_verified", "Shards fetched from upstream whose hash matched.", registry=self.registry
+        )
+        self.bytes_fetched = Counter(
+            "shardcast_fetched_bytes", "Verified shard bytes fetched from upstream.", registry=self.registry
+        )
+        self.fetch_failures = Counter(
+            "shardcast_fetch_failures",
+            "Failed shard fetches from upstream, by kind (network, integrity, missing, not_ready).",
+            ["kind"],
+            registry=self.registry,
+        )
+        self.manifests_rejected = Counter(
+            "shardcast_manifests_rejected",
+            "Manifests refused: bad signature, wrong signer, wrong version or malformed.",
+            registry=self.registry,
+        )
+        self.latest_version = Gauge(
+            "shardcast_latest_version", "Newest version held (-1 when none).", registry=self.registry
+        )
+        self.versions_held = Gauge("shardcast_versions_held", "Versions held.", registry=self.registry)
+        self.info = Gauge(
+            "shardcast_info", "Constant 1, labelled with the server's role.", ["role"], registry=self.registry
+        )
+        self.info.labels(**labels).set(1)
+        self.latest_version.set(-1)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,351 @@
+"""The SHARDCAST relay: mirror every version the upstreams announce, verifying all of it, and serve it.
+
+A relay trusts nothing it receives. It polls each upstream's ``/versions`` (an origin or
+another relay, so relays chain into a tree), and for each new version it fetches the manifest
+and accepts it only if the trusted coordinator signed it (:func:`shardcast.manifest.load_verified_manifest`).
+It then mirrors the shards with the shared engine (:mod:`shardcast.transfer`): from all
+upstreams at once, weighted by their measured speed, failing over between them, each shard
+hashed as it streams in and made visible only once it matches. Serving is pipelined: a
+version is listed as soon as its manifest verifies, each shard is served from the moment it
+verifies, and a request for a shard still on its way is held (up to ``shard_wait_s``) until
+it lands, then answered 503 with ``Retry-After`` if it has not.
+
+On restart the relay re-verifies what it holds (manifest signatures and shard hashes) and
+resumes unfinished versions. It keeps the newest ``keep_versions`` versions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import uuid
+from pathlib import Path
+from typing import Any, Literal
+
+import httpx
+import pydantic
+
+from protocol.errors import IntegrityError, NotFoundError, NotReadyError, PrimeError
+from protocol.schemas import PolicyManifest, ShardEntry, VersionInfo, VersionsResponse
+from shardcast.config import RelayConfig
+from shardcast.manifest import load_verified_manifest, new_hasher
+from shardcast.metrics import ShardcastMetrics
+from shardcast.scoring import Scoreboard
+from shardcast.store import MANIFEST_NAME, VersionStore, write_file_atomically
+from shardcast.transfer import ShardWriter, TransferOptions, fetch_shards, http_timeout
+
+log = logging.getLogger("shardcast.relay")
+_HASH_CHUNK_BYTES = 8 * 1024 * 1024
+
+
+class MirroredVersion:
+    """A version whose manifest verified; tracks which shards are verified and servable."""
+
+    def __init__(self, raw_manifest: bytes, manifest: PolicyManifest, ready: list[bool]) -> None:
+        self.raw_manifest = raw_manifest
+        self.manifest = manifest
+        self.ready = ready
+        self._waiters: dict[int, asyncio.Event] = {}
+        self.task: asyncio.Task[None] | None = None
+
+    @property
+    def version(self) -> int:
+        return self.manifest.version
+
+    @property
+    def num_ready(self) -> int:
+        return sum(self.ready)
+
+    @property
+    def complete(self) -> bool:
+        return all(self.ready)
+
+    def mark_ready(self, index: int) -> None:
+        self.ready[index] = True
+        waiter = self._waiters.pop(index, None)
+        if waiter is not None:
+            waiter.set()
+
+    async def wait_ready(self, index: int, timeout_s: float) -> bool:
+        if self.ready[index]:
+            return True
+        waiter = self._waiters.setdefault(index, asyncio.Event())
+        try:
+            await asyncio.wait_for(waiter.wait(), timeout_s)
+        except TimeoutError:
+            return False
+        return True
+
+
+class _RelayShardWriter:
+    """Writes one shard to a staging file; commit renames it into place and wakes waiting requests."""
+
+    def __init__(self, relay: RelayMirror, mirrored: MirroredVersion, shard: ShardEntry) -> None:
+        self.relay = relay
+        self.mirrored = mirrored
+        self.shard = shard
+        self.part = relay.store.staging / f"v{mirrored.version}-{shard.index}-{uuid.uuid4().hex[:8]}.part"
+        self.fd = os.open(self.part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+
+    def write(self, offset: int, data: bytes) -> None:
+        os.pwrite(self.fd, data, offset)
+
+    def commit(self) -> None:
+        os.close(self.fd)
+        target = self.relay.store.shard_path(self.mirrored.version, self.shard.index)
+        if not target.parent.is_dir():  # the version was pruned meanwhile
+            self.part.unlink(missing_ok=True)
+            return
+        os.replace(self.part, target)
+        self.mirrored.mark_ready(self.shard.index)
+        self.relay.metrics.shards_verified.inc()
+        self.relay.metrics.bytes_fetched.inc(self.shard.size_bytes)
+
+    def discard(self) -> None:
+        os.close(self.fd)
+        self.part.unlink(missing_ok=True)
+
+
+class _RelaySink:
+    def __init__(self, relay: RelayMirror, mirrored: MirroredVersion) -> None:
+        self.relay = relay
+        self.mirrored = mirrored
+
+    def open_shard(self, shard: ShardEntry) -> ShardWriter:
+        return _RelayShardWriter(self.relay, self.mirrored, shard)
+
+
+def shard_file_matches(path: Path, shard: ShardEntry, algorithm: Literal["blake3", "sha256"]) -> bool:
+    """Whether ``path`` holds exactly the shard's signed bytes (used on restart and by clients resuming)."""
+    try:
+        if path.stat().st_size != shard.size_bytes:
+            return False
+        hasher = new_hasher(algorithm)
+        with open(path, "rb") as handle:
+            while chunk := handle.read(_HASH_CHUNK_BYTES):
+                hasher.update(chunk)
+    except FileNotFoundError:
+        return False
+    return hasher.hexdigest() == shard.hash
+
+
+class RelayMirror:
+    """The relay's state and its mirroring loop; also the :class:`~shardcast.server.ShardSource` it serves."""
+
+    role: Literal["origin", "relay"] = "relay"
+
+    def __init__(
+        self,
+        config: RelayConfig,
+        coordinator_id: str,
+        transport: httpx.AsyncBaseTransport | None = None,
+        metrics: ShardcastMetrics | None = None,
+    ) -> None:
+        self.config = config
+        self.coordinator_id = coordinator_id
+        self.upstreams = [url.rstrip("/") for url in config.upstreams]
+        self.store = VersionStore(config.data_dir)
+        self.metrics = metrics or ShardcastMetrics("relay")
+        self.options = TransferOptions(num_parallel=config.num_parallel)
+        self.scoreboard = Scoreboard(self.upstreams, ban_s=config.upstream_ban_s)
+        self.http = httpx.AsyncClient(
+            timeout=http_timeout(self.options),
+            limits=httpx.Limits(
+                max_connections=4 * config.num_parallel, max_keepalive_connections=2 * config.num_parallel
+            ),
+            transport=transport,
+        )
+        self.versions: dict[int, MirroredVersion] = {}
+
+    # --- serving -------------------------------------------------------------------------------
+
+    def versions_response(self) -> VersionsResponse:
+        infos = [
+            VersionInfo(
+                version=mirrored.version,
+                num_shards=len(mirrored.ready),
+                num_shards_ready=mirrored.num_ready,
+                total_size_bytes=mirrored.manifest.total_size_bytes,
+            )
+            for mirrored in sorted(self.versions.values(), key=lambda m: m.version)
+        ]
+        latest = max(self.versions) if self.versions else None
+        return VersionsResponse(role="relay", latest=latest, versions=infos)
+
+    def _held(self, version: int) -> MirroredVersion:
+        mirrored = self.versions.get(version)
+        if mirrored is None:
+            raise NotFoundError(f"version {version} is not held by this relay (see /versions)")
+        return mirrored
+
+    def manifest_bytes(self, version: int) -> bytes:
+        return self._held(version).raw_manifest
+
+    async def shard_file(self, version: int, index: int) -> tuple[Path, ShardEntry]:
+        mirrored = self._held(version)
+        if index >= len(mirrored.ready):
+            raise NotFoundError(f"shard index {index} is out of range: version {version} has {len(mirrored.ready)}")
+        if not await mirrored.wait_ready(index, self.config.shard_wait_s):
+            raise NotReadyError(f"shard {index} of version {version} is still being mirrored; retry shortly")
+        return self.store.shard_path(version, index), mirrored.manifest.shards[index]
+
+    # --- mirroring -----------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Restore what is on disk, then poll the upstreams forever."""
+        await asyncio.to_thread(self.restore)
+        for mirrored in self.versions.values():
+            self._ensure_mirroring(mirrored)
+        while True:
+            try:
+                await self.poll_once()
+            except Exception:  # a bug must not stop the relay from serving what it has
+                log.exception("poll failed")
+            await asyncio.sleep(self.config.poll_interval_s)
+
+    def restore(self) -> None:
+        """Re-verify versions left on disk by an earlier run; drop whatever does not verify."""
+        self.store.clear_leftovers()
+        for version in self.store.versions():
+            try:
+                raw = self.store.manifest_path(version).read_bytes()
+                signed = load_verified_manifest(raw, self.coordinator_id, version)
+            except (OSError, IntegrityError) as exc:
+                log.warning("dropping stored version %d: %s", version, exc)
+                self.store.remove_version(version)
+                continue
+            manifest = signed.manifest
+            ready = []
+            for shard in manifest.shards:
+                path = self.store.shard_path(version, shard.index)
+                matches = shard_file_matches(path, shard, manifest.hash_algorithm)
+                if not matches:
+                    path.unlink(missing_ok=True)
+                ready.append(matches)
+            self.versions[version] = MirroredVersion(raw, manifest, ready)
+            log.info("restored version %d (%d/%d shards verified)", version, sum(ready), len(ready))
+        self._update_gauges()
+
+    async def poll_once(self) -> None:
+        """Ask every upstream what it holds; adopt new versions, resume stalled ones, prune old ones."""
+        listings = await asyncio.gather(*(self._list_versions(url) for url in self.upstreams))
+        offered: dict[int, list[str]] = {}
+        for url, listing in zip(self.upstreams, listings, strict=True):
+            for info in listing.versions if listing else []:
+                offered.setdefault(info.version, []).append(url)
+        if offered:
+            newest = max(offered)
+            for version in sorted(offered):
+                if version > newest - self.config.keep_versions and version not in self.versions:
+                    await self._adopt(version, offered[version])
+        for mirrored in list(self.versions.values()):
+            self._ensure_mirroring(mirrored)
+        self._prune()
+
+    async def _list_versions(self, url: str) -> VersionsResponse | None:
+        try:
+            response = await self.http.get(f"{url}/versions")
+            response.raise_for_status()
+            return VersionsResponse.model_validate_json(response.content)
+        except (httpx.HTTPError, pydantic.ValidationError) as exc:
+            log.debug("upstream %s: cannot list versions: %s", url, exc)
+            return None
+
+    async def _adopt(self, version: int, urls: list[str]) -> None:
+        """Fetch and verify a manifest from the first upstream that offers a valid one."""
+        for url in sorted(urls, key=lambda u: self.scoreboard.weight(u), reverse=True):
+            if self.scoreboard.is_banned(url):
+                continue
+            try:
+                response = await self.http.get(f"{url}/v/{version}/manifest.json")
+                response.raise_for_status()
+                signed = load_verified_manifest(response.content, self.coordinator_id, version)
+            except httpx.HTTPError as exc:
+                log.debug("upstream %s: manifest %d unavailable: %s", url, version, exc)
+                continue
+            except IntegrityError as exc:
+                self.metrics.manifests_rejected.inc()
+                self.scoreboard.record(url, "integrity", error=exc.message)
+                log.warning("refused manifest %d from %s: %s", version, url, exc.message)
+                continue
+            raw = response.content
+            staged = self.store.new_staging_dir(f"v{version}")
+            (staged / "shards").mkdir()
+            write_file_atomically(staged / MANIFEST_NAME, raw)
+            self.store.install_version(staged, version)
+            mirrored = MirroredVersion(raw, signed.manifest, [False] * len(signed.manifest.shards))
+            self.versions[version] = mirrored
+            log.info("version %d: manifest verified (from %s); mirroring %d shards", version, url, len(mirrored.ready))
+            self._ensure_mirroring(mirrored)
+            self._update_gauges()
+            return
+
+    def _ensure_mirroring(self, mirrored: MirroredVersion) -> None:
+        if mirrored.complete or (mirrored.task is not None and not mirrored.task.done()):
+            return
+        mirrored.task = asyncio.create_task(self._mirror(mirrored))
+
+    async def _mirror(self, mirrored: MirroredVersion) -> None:
+        pending = [shard for shard, ready in zip(mirrored.manifest.shards, mirrored.ready, strict=True) if not ready]
+        try:
+            await fetch_shards(
+                self.http,
+                mirrored.manifest,
+                pending,
+                self.scoreboard,
+                _RelaySink(self, mirrored),
+                self.options,
+                self._on_event,
+            )
+        except PrimeError as exc:
+            log.warning("version %d: mirroring stopped (will retry at the next poll): %s", mirrored.version, exc)
+            return
+        log.info("version %d: all %d shards verified", mirrored.version, len(mirrored.ready))
+
+    def _on_event(self, event: dict[str, Any]) -> None:
+        if event["event"] in ("shard_failed", "shard_retry"):
+            self.metrics.fetch_failures.labels(kind=event["kind"]).inc()
+            if event["kind"] == "integrity":
+                log.warning("corrupt shard from upstream: %s", event["reason"])
+
+    def _prune(self) -> None:
+        if not self.versions:
+            return
+        newest = max(self.versions)
+        for version in sorted(self.versions):
+            if version > newest - self.config.keep_versions:
+                continue
+            mirrored = self.versions.pop(version)
+            if mirrored.task is not None:
+                mirrored.task.cancel()
+            self.store.remove_version(version)
+            log.info("pruned version %d", version)
+        self._update_gauges()
+
+    def _update_gauges(self) -> None:
+        self.metrics.versions_held.set(len(self.versions))
+        self.metrics.latest_version.set(max(self.versions) if self.versions else -1)
+
+    async def aclose(self) -> None:
+        for mirrored in self.versions.values():
+            if mirrored.task is not None:
+                mirrored.task.cancel()
+        await self.http.aclose()
+
+
+async def serve_relay(config: RelayConfig) -> None:
+    """Run a relay until SIGINT/SIGTERM: the mirroring loop and the HTTP server side by side."""
+    from protocol.errors import ConfigError
+    from shardcast.server import create_app, serve_http
+
+    if not config.upstreams:
+        raise ConfigError("a relay needs at least one upstream (--upstream URL)")
+    if config.coordinator_id is None:
+        raise ConfigError("a relay needs the coordinator's node id (--coordinator-id) to verify manifests")
+    relay = RelayMirror(config, config.coordinator_id)
+    log.info("relay on http://%s:%d mirroring %s", config.host, config.port, ", ".join(relay.upstreams))
+    try:
+        await serve_http(create_app(relay), config.host, config.port, relay.run)
+    finally:
+        await relay.aclose()

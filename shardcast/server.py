@@ -1,0 +1,266 @@
+"""The HTTP face of SHARDCAST, shared by the origin and every relay: one ASGI app, any source.
+
+Routes (all GET, shards also HEAD)::
+
+    /healthz                    liveness and what is held
+    /metrics                    Prometheus text
+    /versions                   VersionsResponse: latest version and the list (a hint, unsigned)
+    /v/{N}/manifest.json        the signed manifest, byte for byte as the coordinator signed it
+    /v/{N}/shards/{i}           shard bytes; single Range requests supported (206 / 416)
+
+Plain HTTP, so ``curl -O http://relay/v/3/shards/0`` works, and shards are immutable, so any
+HTTP cache may front a server. What is served comes from a :class:`ShardSource`: the origin's
+published store or a relay's mirror (which may hold a request for a shard it is still
+verifying). Bad input gets a 4xx with a JSON ``ErrorBody`` saying why; files are streamed in
+1 MiB slices from an already-open descriptor, so pruning a version never cuts a response short.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Awaitable, Callable, Coroutine
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+import anyio
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from protocol.errors import NotFoundError, NotReadyError, PrimeError, ProtocolError
+from protocol.schemas import ErrorBody, ShardEntry, VersionsResponse
+from shardcast.metrics import ShardcastMetrics
+from shardcast.ranges import MalformedRange, RangeError, parse_range
+
+CHUNK_BYTES = 1024 * 1024
+_MAX_VERSION = 2**62
+
+
+class ShardSource(Protocol):
+    """What a server serves from; implemented by the origin and by the relay."""
+
+    role: Literal["origin", "relay"]
+    metrics: ShardcastMetrics
+
+    def versions_response(self) -> VersionsResponse: ...
+
+    def manifest_bytes(self, version: int) -> bytes:
+        """The signed manifest as stored; NotFoundError if the version is not held."""
+        ...
+
+    async def shard_file(self, version: int, index: int) -> tuple[Path, ShardEntry]:
+        """Path of a verified shard; NotFoundError, or NotReadyError while it is still being mirrored."""
+        ...
+
+
+def parse_index(text: str, what: str) -> int:
+    """A non-negative decimal integer from a path segment; ProtocolError (400) otherwise."""
+    if not text.isascii() or not text.isdigit() or len(text) > 18:
+        raise ProtocolError(f"{what} must be a non-negative integer, got {text[:40]!r}")
+    value = int(text)
+    if value > _MAX_VERSION:
+        raise ProtocolError(f"{what} {value} is out of range")
+    return value
+
+
+def error_response(status_code: int, code: str, detail: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    body = ErrorBody(error=code, detail=detail).model_dump(mode="json")
+    return JSONResponse(body, status_code=status_code, headers=headers)
+
+
+class FileSliceResponse(Response):
+    """Streams ``length`` bytes at ``start`` of an open file, stopping when the client goes away."""
+
+    def __init__(
+        self,
+        fd: int,
+        start: int,
+        length: int,
+        status_code: int,
+        headers: dict[str, str],
+        send_body: bool,
+        metrics: ShardcastMetrics,
+    ) -> None:
+        super().__init__(status_code=status_code, headers=headers, media_type="application/octet-stream")
+        self.raw_headers = [(k, v) for k, v in self.raw_headers if k != b"content-length"]
+        self.raw_headers.append((b"content-length", str(length).encode()))
+        self.fd = fd
+        self.start = start
+        self.length = length
+        self.send_body = send_body
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+            if not self.send_body or self.length == 0:
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+                return
+            async with anyio.create_task_group() as group:
+
+                async def stream() -> None:
+                    await self._stream(send)
+                    group.cancel_scope.cancel()
+
+                async def watch_disconnect() -> None:
+                    while (await receive())["type"] != "http.disconnect":
+                        pass
+                    group.cancel_scope.cancel()
+
+                group.start_soon(stream)
+                group.start_soon(watch_disconnect)
+        finally:
+            os.close(self.fd)
+
+    async def _stream(self, send: Send) -> None:
+        offset, left = self.start, self.length
+        while left > 0:
+            chunk = await anyio.to_thread.run_sync(os.pread, self.fd, min(CHUNK_BYTES, left), offset)
+            if not chunk:
+                raise OSError(f"shard file ended {left} bytes early")
+            offset += len(chunk)
+            left -= len(chunk)
+            await send({"type": "http.response.body", "body": chunk, "more_body": left > 0})
+            self.metrics.bytes_served.inc(len(chunk))
+
+
+def create_app(source: ShardSource) -> Starlette:
+    """The ASGI app serving ``source``; mount it anywhere (the coordinator mounts it at /shardcast)."""
+    metrics = source.metrics
+
+    async def healthz(request: Request) -> Response:
+        listing = source.versions_response()
+        return JSONResponse({"status": "ok", "role": source.role, "latest": listing.latest})
+
+    async def metrics_route(request: Request) -> Response:
+        return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    async def versions(request: Request) -> Response:
+        return JSONResponse(source.versions_response().model_dump(mode="json"))
+
+    async def manifest(request: Request) -> Response:
+        version = parse_index(request.path_params["version"], "version")
+        return Response(source.manifest_bytes(version), media_type="application/json")
+
+    async def shard(request: Request) -> Response:
+        version = parse_index(request.path_params["version"], "version")
+        index = parse_index(request.path_params["index"], "shard index")
+        path, entry = await source.shard_file(version, index)
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError as exc:
+            raise NotFoundError(f"version {version} was just removed; ask for a newer one") from exc
+        try:
+            size = os.fstat(fd).st_size
+            headers = {
+                "accept-ranges": "bytes",
+                "etag": f'"{entry.hash}"',
+                "cache-control": "public, max-age=31536000, immutable",
+                "x-shard-hash": entry.hash,
+            }
+            range_header = request.headers.get("range")
+            start, length, status = 0, size, 200
+            if range_header is not None:
+                byte_range = parse_range(range_header, size)
+                start, length, status = byte_range.start, byte_range.length, 206
+                headers["content-range"] = byte_range.content_range(size)
+        except MalformedRange as exc:
+            os.close(fd)
+            return error_response(400, "bad_range", str(exc))
+        except RangeError as exc:
+            os.close(fd)
+            return error_response(416, "range_not_satisfiable", str(exc), {"content-range": f"bytes */{size}"})
+        except BaseException:
+            os.close(fd)
+            raise
+        return FileSliceResponse(fd, start, length, status, headers, request.method != "HEAD", metrics)
+
+    async def prime_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, PrimeError)
+        headers = {"retry-after": f"{max(1, round(exc.retry_after_s))}"} if isinstance(exc, NotReadyError) else None
+        return error_response(exc.status_code, exc.code, exc.message, headers)
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        return error_response(exc.status_code, "http", f"{exc.detail} ({request.method} {request.url.path})")
+
+    app = Starlette(
+        routes=[
+            Route("/healthz", healthz),
+            Route("/metrics", metrics_route),
+            Route("/versions", versions),
+            Route("/v/{version}/manifest.json", manifest),
+            Route("/v/{version}/shards/{index}", shard, methods=["GET", "HEAD"]),
+        ],
+        exception_handlers={PrimeError: prime_error, HTTPException: http_error},
+    )
+    app.add_middleware(_CountRequests, metrics=metrics)
+    return app
+
+
+class _CountRequests:
+    """ASGI middleware counting responses by route kind and status code."""
+
+    def __init__(self, app: ASGIApp, metrics: ShardcastMetrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        route = _route_kind(scope.get("path", ""))
+
+        async def counting_send(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                self.metrics.requests.labels(route=route, status=str(message["status"])).inc()
+            await send(message)
+
+        await self.app(scope, receive, counting_send)
+
+
+def _route_kind(path: str) -> str:
+    if "/shards/" in path:
+        return "shard"
+    if path.endswith("/manifest.json"):
+        return "manifest"
+    for name in ("versions", "healthz", "metrics"):
+        if path.endswith(f"/{name}"):
+            return name
+    return "other"
+
+
+async def serve_http(
+    app: Starlette, host: str, port: int, background: Callable[[], Coroutine[Any, Any, None]] | None = None
+) -> None:
+    """Serve ``app`` with uvicorn until SIGINT/SIGTERM, running ``background`` alongside (cancelled at the end)."""
+    import uvicorn
+
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False, lifespan="off")
+    server = uvicorn.Server(config)
+    task = asyncio.create_task(background()) if background is not None else None
+    try:
+        await server.serve()
+    finally:
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+
+def run_event_loop(main: Callable[[], Awaitable[None]]) -> None:
+    """Run ``main`` on uvloop when it is installed (less overhead per chunk), else on asyncio."""
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop comes with uvicorn[standard]
+        asyncio.run(_call(main))
+        return
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(_call(main))
+
+
+async def _call(main: Callable[[], Awaitable[None]]) -> None:
+    await main()

@@ -1,0 +1,137 @@
+"""The on-disk layout of versions that an origin or a relay serves, and its atomic operations.
+
+::
+
+    root/
+      v{N}/manifest.json    the signed manifest, byte for byte what is served
+      v{N}/shards/{i}       shard i (only ever present once complete and verified)
+      .staging/             versions (origin) and shards (relay) still being written
+      .trash/               versions being deleted
+      announced             origin: the version currently announced (never pruned)
+
+Every change appears at once or not at all: a version is written under ``.staging`` and
+renamed into place; a shard is written as ``.staging/...part`` and renamed once verified;
+a pruned version is renamed into ``.trash`` before it is deleted. A reader therefore never
+sees a half-written version or shard, and a file it already opened stays readable (POSIX
+keeps unlinked files alive while open).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import uuid
+from collections.abc import Iterable
+from pathlib import Path
+
+_VERSION_DIR = re.compile(r"^v(\d{1,18})$")
+MANIFEST_NAME = "manifest.json"
+ANNOUNCED_NAME = "announced"
+
+
+def write_file_atomically(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary file and a rename (durable, all or nothing)."""
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    with open(tmp, "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def versions_to_prune(held: Iterable[int], keep: int, protected: Iterable[int]) -> list[int]:
+    """The versions to delete so that the newest ``keep`` remain, never touching ``protected``."""
+    if keep < 1:
+        raise ValueError("keep must be at least 1")
+    newest_first = sorted(set(held), reverse=True)
+    guarded = set(protected)
+    return sorted(version for version in newest_first[keep:] if version not in guarded)
+
+
+class VersionStore:
+    """A directory of versions; all methods are synchronous file operations."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.staging = root / ".staging"
+        self.trash = root / ".trash"
+        for path in (root, self.staging, self.trash):
+            path.mkdir(parents=True, exist_ok=True)
+
+    def version_dir(self, version: int) -> Path:
+        return self.root / f"v{version}"
+
+    def manifest_path(self, version: int) -> Path:
+        return self.version_dir(version) / MANIFEST_NAME
+
+    def shard_path(self, version: int, index: int) -> Path:
+        return self.version_dir(version) / "shards" / str(index)
+
+    def versions(self) -> list[int]:
+        """Versions whose directory is in place (complete for an origin), oldest first."""
+        found = []
+        for entry in os.scandir(self.root):
+            match = _VERSION_DIR.match(entry.name)
+            if match and entry.is_dir():
+                found.append(int(match.group(1)))
+        return sorted(found)
+
+    def new_staging_dir(self, label: str) -> Path:
+        path = self.staging / f"{label}-{uuid.uuid4().hex[:12]}"
+        path.mkdir()
+        return path
+
+    def remove_staging(self, staged: Path) -> None:
+        shutil.rmtree(staged, ignore_errors=True)
+
+    def install_version(self, staged: Path, version: int) -> None:
+        """Rename a fully written staging directory into place as version ``version``."""
+        target = self.version_dir(version)
+        if target.exists():
+            raise FileExistsError(f"version {version} already exists in {self.root}")
+        os.rename(staged, target)
+        fsync_dir(self.root)
+
+    def remove_version(self, version: int) -> None:
+        """Take a version out of view at once, then delete its bytes."""
+        source = self.version_dir(version)
+        doomed = self.trash / f"v{version}-{uuid.uuid4().hex[:12]}"
+        try:
+            os.rename(source, doomed)
+        except FileNotFoundError:
+            return
+        shutil.rmtree(doomed, ignore_errors=True)
+
+    def prune(self, keep: int, protected: Iterable[int] = ()) -> list[int]:
+        """Delete all but the newest ``keep`` versions (and never a protected one); returns those removed."""
+        doomed = versions_to_prune(self.versions(), keep, protected)
+        for version in doomed:
+            self.remove_version(version)
+        return doomed
+
+    def clear_leftovers(self) -> None:
+        """Remove staging and trash contents left by a process that died mid-write."""
+        for folder in (self.staging, self.trash):
+            for entry in folder.iterdir():
+                if entry.is_dir():
+                    shutil.rmtree(entry, ignore_errors=True)
+                else:
+                    entry.unlink(missing_ok=True)
+
+    def announced(self) -> int | None:
+        try:
+            return int((self.root / ANNOUNCED_NAME).read_text().strip())
+        except (FileNotFoundError, ValueError):
+            return None
+
+    def announce(self, version: int) -> None:
+        write_file_atomically(self.root / ANNOUNCED_NAME, f"{version}\n".encode())

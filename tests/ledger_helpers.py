@@ -1,0 +1,115 @@
+"""Test helpers for the ledger: a deterministic task source, configs, and well-formed submissions."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from coordinator.config import CoordinatorConfig
+from coordinator.task_source import SourcePrompt
+from protocol.config import load_config
+from protocol.identity import NodeIdentity
+from protocol.schemas import (
+    FileEntry,
+    Hardware,
+    PolicyManifest,
+    RegisterRequest,
+    Rollout,
+    ShardEntry,
+    SignedManifest,
+    SubmitRequest,
+    Task,
+)
+from protocol.signing import sign_document
+
+TASK_NAME = "count"
+
+
+class CountingTaskSource:
+    """Prompt group i of task 'count' asks to count from i: deterministic, unbounded."""
+
+    def has_task(self, task_name: str) -> bool:
+        return task_name == TASK_NAME
+
+    def prompt_group(self, task_name: str, group_index: int, num_prompts: int) -> Sequence[SourcePrompt]:
+        assert task_name == TASK_NAME
+        return [
+            SourcePrompt(token_ids=(1, group_index % 1000 + 2, k + 2), text=f"count from {group_index}/{k}")
+            for k in range(num_prompts)
+        ]
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = time.time()
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def ledger_config(data_dir: Path, url: str = "", **overrides: Any) -> CoordinatorConfig:
+    """A small, fast run config; ``overrides`` are keys such as ``scheduling__async_level`` (``__`` for ``.``)."""
+    values: dict[str, Any] = {
+        "data_dir": str(data_dir),
+        "ledger.url": url,
+        "task": TASK_NAME,
+        "scheduling.prompts_per_task": 2,
+        "scheduling.group_size": 2,
+        "scheduling.max_tokens": 8,
+        "trust.validators_open": True,
+    }
+    values.update({key.replace("__", "."): value for key, value in overrides.items()})
+    return load_config(CoordinatorConfig, None, values)
+
+
+def register_request(role: str = "worker") -> RegisterRequest:
+    hardware = Hardware(accelerator="cpu", num_devices=1, memory_bytes=2**30)
+    return RegisterRequest.model_validate(
+        {"role": role, "hardware": hardware.model_dump(), "engine": "hf", "software_version": "test"}
+    )
+
+
+def rollouts_for(task: Task, length: int = 3) -> list[Rollout]:
+    return [
+        Rollout(
+            prompt_index=prompt.prompt_index,
+            sample_index=sample,
+            completion_ids=[5 + sample] * length,
+            logprobs=[-0.5] * length,
+            finish_reason="stop",
+            proof_b64="AAAA",
+        )
+        for prompt in task.prompts
+        for sample in range(task.group_size)
+    ]
+
+
+def submission_for(task: Task, **changes: Any) -> SubmitRequest:
+    values: dict[str, Any] = {
+        "lease_id": task.lease_id,
+        "task_id": task.task_id,
+        "policy_version": task.policy_version,
+        "engine": "hf",
+        "rollouts": rollouts_for(task),
+    }
+    values.update(changes)
+    return SubmitRequest(**values)
+
+
+def signed_manifest(identity: NodeIdentity, version: int) -> SignedManifest:
+    manifest = PolicyManifest(
+        version=version,
+        created_at=time.time(),
+        hash_algorithm="sha256",
+        shard_size_bytes=4,
+        total_size_bytes=4,
+        files=[FileEntry(path="model.safetensors", offset=0, size_bytes=4)],
+        shards=[ShardEntry(index=0, offset=0, size_bytes=4, hash="ab" * 32)],
+    )
+    signature = sign_document(identity, manifest.model_dump(mode="json"))
+    return SignedManifest(manifest=manifest, signer=identity.node_id, signature_b64=signature)
