@@ -18,6 +18,50 @@ from protocol.cli import (
 )
 from worker.config import WorkerConfig
 
+
+def run_join(settings: WorkerConfig, show_live_status: bool) -> int:
+    """Run the worker until Ctrl-C or a ban; the exit code tells which."""
+    import asyncio
+    import signal
+
+    from protocol.cli import EXIT_BANNED, EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK, EXIT_REFUSED, fail
+    from protocol.errors import ForbiddenError, PrimeError, RequestRefused
+    from worker.loop import WorkerState
+    from worker.node import check_config, run_worker
+    from worker.status import show_status
+
+    async def main() -> int:
+        stop = asyncio.Event()
+        interrupted = asyncio.Event()
+
+        def on_signal() -> None:
+            interrupted.set()
+            stop.set()
+
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, on_signal)
+        state = WorkerState()
+        display = asyncio.create_task(show_status(state, stop)) if show_live_status else None
+        try:
+            check_config(settings)
+            await run_worker(settings, stop, state)
+        finally:
+            stop.set()
+            if display is not None:
+                await display
+        return EXIT_INTERRUPTED if interrupted.is_set() else EXIT_OK
+
+    try:
+        return asyncio.run(main())
+    except ForbiddenError as exc:
+        fail(f"the coordinator refuses this node: {exc.message}", EXIT_BANNED)
+    except RequestRefused as exc:
+        fail(f"the coordinator refused a request: {exc.message}", EXIT_REFUSED)
+    except PrimeError as exc:
+        fail(exc.message, EXIT_FAILURE)
+
+
 app = typer.Typer(
     help="Contribute GPUs (or a CPU) to a prime-network run: generate rollouts, prove them, get credit.",
     no_args_is_help=True,
@@ -41,8 +85,9 @@ def join(
     start_logging(log_level, json_logs)
     flags: dict[str, object] = {"coordinator_url": coordinator, "gpu": gpu, "engine": engine}
     flags.update({"relays": relay or None, "data_dir": data_dir})
-    load_role_config(WorkerConfig, config, sets, flags)
-    not_yet_built("the worker task loop", 7)
+    settings = load_role_config(WorkerConfig, config, sets, flags)
+    code = run_join(settings, show_live_status=not json_logs)
+    raise typer.Exit(code)
 
 
 @app.command()

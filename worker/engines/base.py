@@ -56,7 +56,8 @@ class PrefillResult:
 class Engine(Protocol):
     """What the worker loop needs from an inference backend."""
 
-    name: Literal["vllm", "hf"]
+    @property
+    def name(self) -> Literal["vllm", "hf"]: ...
 
     @property
     def vocab_size(self) -> int: ...

@@ -57,7 +57,7 @@ def iter_safetensors(checkpoint_dir: Path) -> Iterator[tuple[str, torch.Tensor]]
 class VllmEngine:
     """Generation through vLLM's LLM class, with proofs' hidden states and verifiable sampling."""
 
-    name: Literal["vllm", "hf"] = "vllm"
+    name: Literal["vllm"] = "vllm"
 
     def __init__(
         self,

@@ -1,0 +1,242 @@
+"""The worker's task loop: lease, make sure the weights are there, generate, prove, submit.
+
+One :class:`TaskRunner` per engine (one engine per GPU) shares one ledger client, one weights
+cache and one :class:`WorkerState`. For each leased task the runner downloads the task's
+policy version if needed (prefetching the next one while it generates), reloads the engine's
+weights in place when the version changes, generates every sample with the ledger's sampling
+seed, builds a TOPLOC proof from each sample's hidden states, and submits the group. While
+it generates, the lease is renewed at a third of its remaining time. Failures of the ledger
+or the relays are retried with capped exponential backoff; a refusal (4xx) of a task's
+submission is logged and the task is dropped (its lease will expire and be re-issued); a 403
+(banned, or not allowed) ends the worker with that ForbiddenError.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import functools
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TypeVar
+
+from toploc.proof import build_proof
+
+from protocol.errors import ForbiddenError, PrimeError, RateLimitedError, RemoteUnavailableError, RequestRefused
+from protocol.ledger_client import LedgerClient
+from protocol.schemas import HeartbeatRequest, LeaseRequest, Rollout, SubmitRequest, Task
+from toploc.sampling import sample_stream
+from worker.engines.base import Engine, GenerationRequest, GenerationResult
+from worker.weights import WeightsCache
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+@dataclass
+class WorkerState:
+    """Live numbers for heartbeats and the status display."""
+
+    policy_version: int | None = None
+    num_tasks_done: int = 0
+    num_samples: int = 0
+    num_tokens: int = 0
+    num_refused: int = 0
+    generation_s: float = 0.0
+    current_task: str | None = None
+    last_error: str | None = None
+    started_at: float = field(default_factory=time.monotonic)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.num_tokens / self.generation_s if self.generation_s > 0 else 0.0
+
+
+async def sleep_unless_stopped(stop: asyncio.Event, seconds: float) -> None:
+    """Sleep ``seconds``, returning early when ``stop`` is set."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), timeout=seconds)
+
+
+async def with_retries(
+    what: str, call: Callable[[], Awaitable[T]], stop: asyncio.Event, max_delay_s: float = 30.0
+) -> T:
+    """Run ``call``, retrying unavailability and rate limits with capped exponential backoff."""
+    delay = 0.5
+    while True:
+        try:
+            return await call()
+        except RateLimitedError as exc:
+            wait = max(exc.retry_after_s, 0.1)
+        except RemoteUnavailableError as exc:
+            log.warning("%s failed (%s); retrying in %.1f s", what, exc.message, delay)
+            wait, delay = delay, min(delay * 2, max_delay_s)
+        if stop.is_set():
+            raise asyncio.CancelledError(f"stopped while retrying {what}")
+        await sleep_unless_stopped(stop, wait)
+
+
+def generation_requests(task: Task, eos_token_ids: tuple[int, ...]) -> list[GenerationRequest]:
+    """One request per (prompt, sample) of a task, each on its own noise stream."""
+    return [
+        GenerationRequest(
+            uid=f"{task.task_id}/{prompt.prompt_index}/{sample}",
+            prompt_ids=list(prompt.token_ids),
+            max_tokens=task.sampling.max_tokens,
+            temperature=task.sampling.temperature,
+            seed=task.sampling_seed,
+            stream=sample_stream(prompt.prompt_index, sample),
+            eos_token_ids=eos_token_ids,
+        )
+        for prompt in task.prompts
+        for sample in range(task.group_size)
+    ]
+
+
+def build_submission(task: Task, engine_name: str, results: list[GenerationResult]) -> SubmitRequest:
+    """The signed-to-be submission of a task's generated group, with a proof per sample."""
+    rollouts = []
+    for result in results:
+        _task_id, prompt_index, sample_index = result.uid.rsplit("/", 2)
+        proof = build_proof(result.hidden_states)
+        rollouts.append(
+            Rollout(
+                prompt_index=int(prompt_index),
+                sample_index=int(sample_index),
+                completion_ids=result.completion_ids,
+                logprobs=result.logprobs,
+                finish_reason=result.finish_reason,
+                proof_b64=base64.b64encode(proof).decode(),
+            )
+        )
+    return SubmitRequest(
+        lease_id=task.lease_id,
+        task_id=task.task_id,
+        policy_version=task.policy_version,
+        engine="vllm" if engine_name == "vllm" else "hf",
+        rollouts=rollouts,
+    )
+
+
+class TaskRunner:
+    """Runs leased tasks on one engine until stopped."""
+
+    def __init__(
+        self,
+        ledger: LedgerClient,
+        engine: Engine,
+        weights: WeightsCache,
+        state: WorkerState,
+        eos_token_ids: tuple[int, ...],
+        loaded_version: int | None = None,
+    ) -> None:
+        self.ledger = ledger
+        self.engine = engine
+        self.weights = weights
+        self.state = state
+        self.eos_token_ids = eos_token_ids
+        self.loaded_version = loaded_version
+        self.current_lease: str | None = None
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            request = LeaseRequest(max_tasks=1, policy_versions_held=self.weights.held_versions()[-16:])
+            leased = await with_retries("lease", functools.partial(self.ledger.lease, request), stop)
+            if not leased.tasks:
+                await sleep_unless_stopped(stop, max(leased.retry_after_s, 0.2))
+                continue
+            for task in leased.tasks:
+                if stop.is_set():
+                    await self._abandon(task.lease_id)
+                    break
+                await self.run_task(task, stop)
+
+    async def run_task(self, task: Task, stop: asyncio.Event) -> None:
+        self.current_lease = task.lease_id
+        self.state.current_task = task.task_id
+        renewer = asyncio.create_task(self._renew_until_cancelled(task))
+        try:
+            await self._load_version(task.policy_version, stop)
+            self.weights.prefetch(task.policy_version + 1)
+            requests = generation_requests(task, self.eos_token_ids)
+            started = time.monotonic()
+            results = await asyncio.to_thread(self.engine.generate, requests)
+            self.state.generation_s += time.monotonic() - started
+            submission = await asyncio.to_thread(build_submission, task, self.engine.name, results)
+        except asyncio.CancelledError:
+            await self._abandon(task.lease_id)
+            raise
+        finally:
+            renewer.cancel()
+            await asyncio.gather(renewer, return_exceptions=True)
+        try:
+            answer = await with_retries("submit", lambda: self.ledger.submit(submission), stop)
+        except ForbiddenError:
+            raise
+        except RequestRefused as exc:
+            self.state.num_refused += 1
+            self.state.last_error = f"submission of {task.task_id} refused: {exc.message}"
+            log.warning("%s", self.state.last_error)
+        else:
+            self.state.num_tasks_done += 1
+            self.state.num_samples += len(results)
+            self.state.num_tokens += sum(len(result.completion_ids) for result in results)
+            log.info(
+                "submitted task %s (policy v%d, %d samples): %s",
+                task.task_id,
+                task.policy_version,
+                len(results),
+                answer.status + (" (duplicate)" if answer.duplicate else ""),
+            )
+        finally:
+            self.current_lease = None
+            self.state.current_task = None
+
+    async def _load_version(self, version: int, stop: asyncio.Event) -> None:
+        if self.loaded_version == version:
+            return
+        path: Path = await with_retries(f"download of policy v{version}", lambda: self.weights.ensure(version), stop)
+        await asyncio.to_thread(self.engine.load_weights, path)
+        self.loaded_version = version
+        self.state.policy_version = version
+        log.info("engine %s now serves policy v%d", self.engine.name, version)
+
+    async def _renew_until_cancelled(self, task: Task) -> None:
+        deadline = task.deadline
+        while True:
+            await asyncio.sleep(max(1.0, (deadline - time.time()) / 3))
+            try:
+                deadline = (await self.ledger.renew(task.lease_id)).deadline
+            except PrimeError as exc:
+                log.warning("could not renew lease %s: %s", task.lease_id, exc.message)
+
+    async def _abandon(self, lease_id: str) -> None:
+        try:
+            await asyncio.wait_for(self.ledger.abandon(lease_id), timeout=5.0)
+            log.info("abandoned lease %s", lease_id)
+        except (PrimeError, TimeoutError) as exc:
+            log.warning("could not abandon lease %s (it will expire): %s", lease_id, exc)
+
+
+async def heartbeat_forever(
+    ledger: LedgerClient, weights: WeightsCache, state: WorkerState, engine_name: str, stop: asyncio.Event
+) -> None:
+    """Tell the ledger what this worker holds and how fast it is, at the interval the ledger asks."""
+    interval = 10.0
+    while not stop.is_set():
+        request = HeartbeatRequest(
+            policy_versions_held=weights.held_versions()[-16:],
+            engine="vllm" if engine_name == "vllm" else "hf",
+            tokens_per_s=round(state.tokens_per_s, 3),
+        )
+        try:
+            interval = (await ledger.heartbeat(request)).heartbeat_interval_s
+        except ForbiddenError:
+            raise
+        except PrimeError as exc:
+            log.warning("heartbeat failed: %s", exc.message)
+        await sleep_unless_stopped(stop, interval)

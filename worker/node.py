@@ -1,0 +1,156 @@
+"""`prime-worker join`: everything from the node key to a running task loop per engine.
+
+Order of start-up: load or create the node key; find the coordinator's id (the config's, else
+the signer of the coordinator's latest manifest, pinned in the data dir on first contact so
+a later change is refused); register; download the current policy version through the
+relays; start one engine per selected device; then run a heartbeat and a task runner per
+engine until ``stop`` is set or the ledger bans the node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import Callable
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+from protocol.errors import ConfigError, IdentityError
+from protocol.identity import load_or_create_identity, public_key_from_node_id
+from protocol.ledger_client import LedgerClient
+from protocol.schemas import Hardware, RegisterRequest
+from worker.config import WorkerConfig
+from worker.devices import DeviceInfo, detect_devices
+from worker.engines.base import Engine
+from worker.loop import TaskRunner, WorkerState, heartbeat_forever, with_retries
+from worker.weights import WeightsCache
+
+log = logging.getLogger(__name__)
+PINNED_COORDINATOR_FILE = "coordinator_id"
+EngineFactory = Callable[[str, Path, DeviceInfo, int], Engine]
+
+
+def software_version() -> str:
+    try:
+        return version("prime-network")
+    except PackageNotFoundError:
+        return "dev"
+
+
+def pin_coordinator_id(data_dir: Path, learned: str) -> str:
+    """Trust on first use: remember the coordinator id, and refuse a different one later."""
+    public_key_from_node_id(learned)  # raises IdentityError for junk
+    path = data_dir / PINNED_COORDINATOR_FILE
+    if path.exists():
+        pinned = path.read_text().strip()
+        if pinned != learned:
+            raise IdentityError(
+                f"the coordinator now signs as {learned}, but {path} pins {pinned}; if the operator really "
+                "changed keys, delete that file (or pass --set coordinator_id=...)"
+            )
+        return pinned
+    data_dir.mkdir(parents=True, exist_ok=True)
+    path.write_text(learned + "\n")
+    return learned
+
+
+def eos_token_ids(checkpoint_dir: Path) -> tuple[int, ...]:
+    """The EOS ids of a checkpoint, from its generation or model config."""
+    for name in ("generation_config.json", "config.json"):
+        path = checkpoint_dir / name
+        if path.is_file():
+            value = json.loads(path.read_text()).get("eos_token_id")
+            if isinstance(value, int):
+                return (value,)
+            if isinstance(value, list) and value:
+                return tuple(int(item) for item in value)
+    return ()
+
+
+def resolve_engine_kind(kind: str) -> str:
+    """`auto` means vLLM when it is installed, else HF transformers."""
+    if kind != "auto":
+        return kind
+    import importlib.util
+
+    return "vllm" if importlib.util.find_spec("vllm") is not None else "hf"
+
+
+def create_engine(kind: str, checkpoint_dir: Path, device: DeviceInfo, max_batch_size: int) -> Engine:
+    if kind == "vllm":
+        from worker.engines.vllm import VllmEngine
+
+        dtype = "float32" if device.device == "cpu" else "bfloat16"
+        return VllmEngine(checkpoint_dir, max_batch_size=max_batch_size, dtype=dtype, device=device.device)
+    from worker.engines.hf import HFEngine
+
+    return HFEngine(checkpoint_dir, device=device.device, max_batch_size=max_batch_size)
+
+
+async def run_worker(
+    config: WorkerConfig,
+    stop: asyncio.Event,
+    state: WorkerState | None = None,
+    engine_factory: EngineFactory = create_engine,
+) -> None:
+    """Join the run described by ``config`` and work until ``stop`` is set."""
+    state = state or WorkerState()
+    identity = load_or_create_identity(config.data_dir)
+    kind = resolve_engine_kind(config.engine)
+    devices = detect_devices(config.gpu)
+    log.info("node %s joining %s with %d %s engine(s)", identity.node_id, config.coordinator_url, len(devices), kind)
+    async with LedgerClient(config.coordinator_url, identity) as ledger:
+        coordinator_id = config.coordinator_id
+        if coordinator_id is None:
+            latest = await with_retries("coordinator identity", ledger.manifest, stop)
+            coordinator_id = latest.signer
+        coordinator_id = pin_coordinator_id(config.data_dir, coordinator_id)
+        hardware = Hardware(
+            accelerator=devices[0].name, num_devices=len(devices), memory_bytes=sum(d.memory_bytes for d in devices)
+        )
+        registration = RegisterRequest(
+            role="worker",
+            hardware=hardware,
+            engine="vllm" if kind == "vllm" else "hf",
+            software_version=software_version(),
+        )
+        registered = await with_retries("register", lambda: ledger.register(registration), stop)
+        relays = [*config.relays, config.coordinator_url.rstrip("/") + "/shardcast"]
+        weights = WeightsCache(relays, coordinator_id, config.data_dir / "policies")
+        start_version = registered.current_policy_version
+        checkpoint = await with_retries(
+            f"download of policy v{start_version}", lambda: weights.ensure(start_version), stop
+        )
+        eos = eos_token_ids(checkpoint)
+        engines = [await asyncio.to_thread(engine_factory, kind, checkpoint, d, config.max_batch_size) for d in devices]
+        state.policy_version = start_version
+        runners = [TaskRunner(ledger, engine, weights, state, eos, loaded_version=start_version) for engine in engines]
+        jobs = [asyncio.create_task(heartbeat_forever(ledger, weights, state, kind, stop))]
+        jobs += [asyncio.create_task(runner.run(stop)) for runner in runners]
+        try:
+            done, _pending = await asyncio.wait(
+                [*jobs, asyncio.create_task(stop.wait())], return_when=asyncio.FIRST_COMPLETED
+            )
+            for job in done:
+                if job in jobs and job.exception() is not None:
+                    raise job.exception()  # type: ignore[misc]
+        finally:
+            stop.set()
+            for job in jobs:
+                job.cancel()
+            await asyncio.gather(*jobs, return_exceptions=True)
+            await weights.aclose()
+            for engine in engines:
+                with contextlib.suppress(Exception):
+                    engine.close()
+
+
+def check_config(config: WorkerConfig) -> None:
+    """Start-up checks that need no network."""
+    if config.coordinator_id is not None:
+        try:
+            public_key_from_node_id(config.coordinator_id)
+        except IdentityError as exc:
+            raise ConfigError(f"coordinator_id: {exc.message}") from exc
