@@ -78,6 +78,7 @@ from protocol.signing import canonical_json, verify_document
 
 HEARTBEAT_INTERVAL_S = 10.0
 RETRY_EMPTY_S = 2.0
+MAX_POLICY_VERSION = 2**31 - 1  # stored as a 32-bit INTEGER
 _RUN_ROW_ID = 1
 
 
@@ -560,6 +561,8 @@ class Ledger:
             raise ForbiddenError(f"manifests must be signed by the coordinator {self.coordinator_id}")
         verify_document(signed.signer, signed.manifest.model_dump(mode="json"), signed.signature_b64)
         version = signed.manifest.version
+        if version > MAX_POLICY_VERSION:
+            raise ProtocolError(f"policy version {version} is over the limit {MAX_POLICY_VERSION}")
         now = self.clock()
         with self.db.write() as conn:
             run = self._run(conn, lock=True)
