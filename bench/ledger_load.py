@@ -28,9 +28,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:  # run as a script: make the repo's packages importable
@@ -40,20 +40,10 @@ import httpx  # noqa: E402
 import tomli_w  # noqa: E402
 
 from coordinator.task_source import SourcePrompt  # noqa: E402
-from protocol.errors import PrimeError  # noqa: E402
 from protocol.identity import NodeIdentity  # noqa: E402
-from protocol.ledger_client import LedgerClient  # noqa: E402
-from protocol.schemas import (  # noqa: E402
-    Hardware,
-    HeartbeatRequest,
-    LeaseRequest,
-    RegisterRequest,
-    Rollout,
-    SubmitRequest,
-    Task,
-)
+from protocol.ledger_client import HEADER_SUBMISSION_SIGNATURE  # noqa: E402
+from protocol.signing import sign_document, sign_request  # noqa: E402
 
-T = TypeVar("T")
 ENDPOINTS = ("register", "heartbeat", "lease", "submit")
 TASK_NAME = "bench"
 
@@ -69,6 +59,48 @@ class BenchTaskSource:
 
 
 # ---- load generator (child process) ---------------------------------------------------------------
+# A minimal keep-alive HTTP/1.1 client over asyncio streams: httpx's per-request overhead (~2 ms
+# of client CPU) would make the generator, not the ledger, the bottleneck on a 2-core machine.
+
+
+class Connection:
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+
+    async def request(self, method: str, path: str, body: bytes, headers: dict[str, str]) -> tuple[int, bytes]:
+        lines = [f"{method} {path} HTTP/1.1", "Host: 127.0.0.1", f"Content-Length: {len(body)}"]
+        lines += [f"{name}: {value}" for name, value in headers.items()]
+        self.writer.write(("\r\n".join(lines) + "\r\n\r\n").encode() + body)
+        status = int((await self.reader.readline()).split(b" ", 2)[1])
+        length = 0
+        while (line := await self.reader.readline()) not in (b"\r\n", b""):
+            name, _, value = line.partition(b":")
+            if name.strip().lower() == b"content-length":
+                length = int(value)
+        return status, await self.reader.readexactly(length)
+
+
+class Pool:
+    def __init__(self, host: str, port: int, size: int) -> None:
+        self.host, self.port, self.size = host, port, size
+        self.idle: asyncio.Queue[Connection | None] = asyncio.Queue()
+        for _ in range(size):
+            self.idle.put_nowait(None)  # connected lazily
+
+    async def request(self, method: str, path: str, body: bytes, headers: dict[str, str]) -> tuple[int, bytes]:
+        conn = await self.idle.get()
+        try:
+            if conn is None:
+                conn = Connection(*await asyncio.open_connection(self.host, self.port))
+            result = await conn.request(method, path, body, headers)
+        except BaseException:
+            if conn is not None:
+                conn.writer.close()
+            self.idle.put_nowait(None)
+            raise
+        self.idle.put_nowait(conn)
+        return result
 
 
 class Recorder:
@@ -77,80 +109,97 @@ class Recorder:
         self.errors: dict[str, int] = dict.fromkeys(ENDPOINTS, 0)
         self.error_kinds: dict[str, int] = {}
 
-    async def timed(self, endpoint: str, call: Awaitable[T]) -> T | None:
+    def error(self, endpoint: str, kind: str) -> None:
+        self.errors[endpoint] += 1
+        key = f"{endpoint}: {kind}"
+        self.error_kinds[key] = self.error_kinds.get(key, 0) + 1
+
+
+class SimulatedWorker:
+    def __init__(self, identity: NodeIdentity, pool: Pool, recorder: Recorder) -> None:
+        self.identity = identity
+        self.pool = pool
+        self.recorder = recorder
+
+    async def call(
+        self, endpoint: str, path: str, document: dict[str, Any], extra: dict[str, str] | None = None
+    ) -> dict[str, Any] | None:
+        body = json.dumps(document).encode()
+        headers = {"Content-Type": "application/json", **sign_request(self.identity, "POST", path, body)}
+        headers.update(extra or {})
         started = time.perf_counter()
         try:
-            result = await call
-        except (PrimeError, httpx.HTTPError) as exc:
-            self.errors[endpoint] += 1
-            kind = f"{endpoint}: {getattr(exc, 'code', type(exc).__name__)}"
-            self.error_kinds[kind] = self.error_kinds.get(kind, 0) + 1
+            status, answer = await self.pool.request("POST", path, body, headers)
+        except (OSError, asyncio.IncompleteReadError, ValueError, IndexError) as exc:
+            self.recorder.error(endpoint, type(exc).__name__)
             return None
-        self.latencies_s[endpoint].append(time.perf_counter() - started)
+        elapsed_s = time.perf_counter() - started
+        if status >= 400:
+            self.recorder.error(endpoint, f"{status} {json.loads(answer).get('error', '?') if answer else ''}")
+            return None
+        self.recorder.latencies_s[endpoint].append(elapsed_s)
+        result: dict[str, Any] = json.loads(answer)
         return result
 
+    async def submit(self, task: dict[str, Any]) -> None:
+        rollouts = [
+            {
+                "v": 1,  # the submission signature covers the full wire form, defaults included
+                "prompt_index": prompt["prompt_index"],
+                "sample_index": sample,
+                "completion_ids": [7] * 16,
+                "logprobs": [-1.0] * 16,
+                "finish_reason": "length",
+                "proof_b64": "QUJD" * 8,
+            }
+            for prompt in task["prompts"]
+            for sample in range(task["group_size"])
+        ]
+        document = {
+            "v": 1,
+            "lease_id": task["lease_id"],
+            "task_id": task["task_id"],
+            "policy_version": task["policy_version"],
+            "engine": "vllm",
+            "rollouts": rollouts,
+        }
+        signature = sign_document(self.identity, document)
+        await self.call("submit", "/v1/submissions", document, {HEADER_SUBMISSION_SIGNATURE: signature})
 
-def rollouts(task: Task) -> list[Rollout]:
-    return [
-        Rollout(
-            prompt_index=prompt.prompt_index,
-            sample_index=sample,
-            completion_ids=[7] * 16,
-            logprobs=[-1.0] * 16,
-            finish_reason="length",
-            proof_b64="QUJD" * 8,
-        )
-        for prompt in task.prompts
-        for sample in range(task.group_size)
-    ]
-
-
-async def simulate_worker(
-    client: LedgerClient, recorder: Recorder, stop_at: float, period_s: float, rng: random.Random
-) -> None:
-    await asyncio.sleep(rng.uniform(0, period_s))  # workers join spread over one period
-    hardware = Hardware(accelerator="cpu", num_devices=1, memory_bytes=2**34)
-    register = RegisterRequest(role="worker", hardware=hardware, engine="vllm", software_version="bench")
-    if await recorder.timed("register", client.register(register)) is None:
-        return
-    loop = asyncio.get_running_loop()
-    next_beat = loop.time() + period_s
-    next_task = loop.time() + rng.uniform(0, period_s)
-    held: list[int] = [0]
-    while True:
-        wake = min(next_beat, next_task)
-        if wake >= stop_at:
+    async def run(self, stop_at: float, period_s: float, rng: random.Random) -> None:
+        loop = asyncio.get_running_loop()
+        await asyncio.sleep(rng.uniform(0, period_s))  # workers join spread over one period
+        hardware = {"accelerator": "cpu", "num_devices": 1, "memory_bytes": 2**34}
+        register = {"v": 1, "role": "worker", "hardware": hardware, "engine": "vllm", "software_version": "bench"}
+        if await self.call("register", "/v1/nodes/register", register) is None:
             return
-        await asyncio.sleep(max(0.0, wake - loop.time()))
-        if loop.time() >= next_beat:
-            beat = HeartbeatRequest(policy_versions_held=held, engine="vllm", tokens_per_s=100.0)
-            await recorder.timed("heartbeat", client.heartbeat(beat))
-            next_beat += period_s
-        if loop.time() >= next_task:
-            leased = await recorder.timed("lease", client.lease(LeaseRequest(max_tasks=1, policy_versions_held=held)))
-            for task in leased.tasks if leased else []:
-                submission = SubmitRequest(
-                    lease_id=task.lease_id,
-                    task_id=task.task_id,
-                    policy_version=task.policy_version,
-                    engine="vllm",
-                    rollouts=rollouts(task),
-                )
-                await recorder.timed("submit", client.submit(submission))
-            next_task += period_s
+        next_beat = loop.time() + period_s
+        next_task = loop.time() + rng.uniform(0, period_s)
+        while (wake := min(next_beat, next_task)) < stop_at:
+            await asyncio.sleep(max(0.0, wake - loop.time()))
+            if loop.time() >= next_beat:
+                beat = {"v": 1, "policy_versions_held": [0], "engine": "vllm", "tokens_per_s": 100.0}
+                await self.call("heartbeat", "/v1/nodes/heartbeat", beat)
+                next_beat = max(next_beat + period_s, loop.time())  # a late worker skips, it does not burst
+            if loop.time() >= next_task:
+                leased = await self.call("lease", "/v1/leases", {"v": 1, "max_tasks": 1, "policy_versions_held": [0]})
+                for task in leased["tasks"] if leased else []:
+                    await self.submit(task)
+                next_task = max(next_task + period_s, loop.time())
 
 
-async def generate_load(url: str, num_workers: int, duration_s: float, period_s: float, seed: int) -> dict[str, Any]:
+async def generate_load(
+    url: str, num_workers: int, duration_s: float, period_s: float, num_connections: int, seed: int
+) -> dict[str, Any]:
     identities = [NodeIdentity.generate() for _ in range(num_workers)]  # before the clock starts
+    host, port = url.removeprefix("http://").rsplit(":", 1)
     recorder = Recorder()
-    limits = httpx.Limits(max_connections=256, max_keepalive_connections=256)
-    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=30.0) as shared:
-        clients = [LedgerClient(url, identity, client=shared) for identity in identities]
-        rng = random.Random(seed)
-        started = time.perf_counter()
-        stop_at = asyncio.get_running_loop().time() + duration_s
-        await asyncio.gather(*(simulate_worker(c, recorder, stop_at, period_s, rng) for c in clients))
-        elapsed_s = time.perf_counter() - started
+    pool = Pool(host, int(port), num_connections)
+    rng = random.Random(seed)
+    started = time.perf_counter()
+    stop_at = asyncio.get_running_loop().time() + duration_s
+    await asyncio.gather(*(SimulatedWorker(i, pool, recorder).run(stop_at, period_s, rng) for i in identities))
+    elapsed_s = time.perf_counter() - started
     return {
         "elapsed_s": elapsed_s,
         "latencies_s": recorder.latencies_s,
@@ -247,7 +296,7 @@ def run_backend(backend: str, ledger_url: str, args: argparse.Namespace, workdir
         log(f"{backend}: coordinator pid {server.pid} on {url}; {args.workers} workers for {args.duration_s} s")
         generator = [sys.executable, str(Path(__file__).resolve()), "--generate", url]
         generator += ["--workers", str(args.workers), "--duration-s", str(args.duration_s)]
-        generator += ["--period-s", str(args.period_s)]
+        generator += ["--period-s", str(args.period_s), "--connections", str(args.connections)]
         done = subprocess.run(generator, capture_output=True, text=True, env=env, check=False)
         if done.returncode != 0:
             raise RuntimeError(f"load generator failed: {done.stderr[-2000:]}")
@@ -287,6 +336,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--workers", type=int, default=None, help="simulated workers (default 1000; quick 200)")
     parser.add_argument("--duration-s", type=float, default=None, help="seconds of load per backend (60; quick 15)")
     parser.add_argument("--period-s", type=float, default=10.0, help="heartbeat and task period per worker")
+    parser.add_argument("--connections", type=int, default=64, help="keep-alive connections the workers share")
     parser.add_argument("--backends", default="sqlite,postgresql", help="comma-separated: sqlite, postgresql")
     parser.add_argument(
         "--postgres-url",
@@ -298,7 +348,9 @@ def main(argv: list[str] | None = None) -> None:
     args.workers = args.workers or (200 if args.quick else 1000)
     args.duration_s = args.duration_s or (15.0 if args.quick else 60.0)
     if args.generate:
-        raw = asyncio.run(generate_load(args.generate, args.workers, args.duration_s, args.period_s, seed=1))
+        raw = asyncio.run(
+            generate_load(args.generate, args.workers, args.duration_s, args.period_s, args.connections, seed=1)
+        )
         print(json.dumps(raw))
         return
     runners: dict[str, Callable[[Path], dict[str, Any]]] = {
