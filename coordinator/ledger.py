@@ -19,6 +19,7 @@ import json
 import secrets
 import time
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import Any
 
 from sqlalchemy import Connection, Row, func, insert, select, update
@@ -78,6 +79,7 @@ from protocol.signing import canonical_json, verify_document
 
 HEARTBEAT_INTERVAL_S = 10.0
 RETRY_EMPTY_S = 2.0
+MAX_POLICY_VERSION = 2**31 - 1  # stored as a 32-bit INTEGER
 _RUN_ROW_ID = 1
 
 
@@ -108,6 +110,8 @@ class Ledger:
             raise ConfigError(f"task {config.task!r} is not provided by the configured task source")
         migrate(self.db)
         self._secret = self._load_or_create_run()
+        self._next_expiry_check = 0.0
+        self._live_workers = (float("-inf"), 0)
 
     def _load_or_create_run(self) -> str:
         with self.db.write() as conn:
@@ -160,7 +164,8 @@ class Ledger:
     def _touch(self, conn: Connection, node_id: str) -> None:
         conn.execute(update(nodes).where(nodes.c.node_id == node_id).values(last_seen=self.clock()))
 
-    def _task_view(self, task_row: Row[Any], lease_row: Row[Any]) -> Task:
+    def _task_view(self, task_row: Any, lease_row: Any) -> Task:
+        """The wire Task from a task's and a lease's columns (rows, or namespaces of just-inserted values)."""
         prompts = [Prompt(**prompt) for prompt in json.loads(task_row.prompts_json)]
         return Task(
             task_id=task_row.task_id,
@@ -253,28 +258,25 @@ class Ledger:
         with self.db.write() as conn:
             self._node(conn, node_id, "worker")
             run = self._run(conn, lock=True)
-            self._expire_overdue(conn, now)
+            if now >= self._next_expiry_check:  # at most once a second per process; maintenance does it too
+                self._expire_overdue(conn, now)
+                self._next_expiry_check = now + 1.0
             held = conn.execute(
                 select(func.count()).where(leases.c.node_id == node_id, leases.c.state == "active")
             ).scalar_one()
             open_total = conn.execute(select(func.count()).where(leases.c.state == "active")).scalar_one()
-            live = conn.execute(
-                select(func.count()).where(
-                    nodes.c.role == "worker", nodes.c.banned.is_(False), nodes.c.last_seen >= now - self._live_s
-                )
-            ).scalar_one()
             count = grant_count(
                 request.max_tasks,
                 held,
                 self.scheduling.max_leases_per_node,
                 open_total,
                 self.scheduling.max_open_leases,
-                live,
+                self._num_live_workers(conn, now),
             )
             self._touch(conn, node_id)
             if count == 0:
                 return LeaseResponse(tasks=[], retry_after_s=RETRY_EMPTY_S)
-            task_rows = list(
+            task_rows: list[Any] = list(
                 conn.execute(
                     select(tasks).where(tasks.c.state == "open").order_by(tasks.c.group_index).limit(count)
                 ).all()
@@ -293,8 +295,20 @@ class Ledger:
     def _live_s(self) -> float:
         return self.scheduling.worker_live_s
 
-    def _new_tasks(self, conn: Connection, run: Row[Any], count: int, now: float) -> list[Row[Any]]:
-        created: list[Row[Any]] = []
+    def _num_live_workers(self, conn: Connection, now: float) -> int:
+        """Live workers, counted at most once a second (the fair share needs a rough figure, fast)."""
+        counted_at, count = self._live_workers
+        if now - counted_at >= 1.0 or now < counted_at:
+            count = conn.execute(
+                select(func.count()).where(
+                    nodes.c.role == "worker", nodes.c.banned.is_(False), nodes.c.last_seen >= now - self._live_s
+                )
+            ).scalar_one()
+            self._live_workers = (now, count)
+        return count
+
+    def _new_tasks(self, conn: Connection, run: Row[Any], count: int, now: float) -> list[Any]:
+        created: list[Any] = []
         next_index = int(run.next_group_index)
         for _ in range(max(0, count)):
             group = self.task_source.prompt_group(self.config.task, next_index, self.scheduling.prompts_per_task)
@@ -304,26 +318,24 @@ class Ledger:
                 {"prompt_index": index, "token_ids": list(prompt.token_ids), "text": prompt.text}
                 for index, prompt in enumerate(group)
             ]
-            task_id = f"t{next_index}"
-            conn.execute(
-                insert(tasks).values(
-                    task_id=task_id,
-                    group_index=next_index,
-                    task_name=self.config.task,
-                    prompts_json=_dumps(prompts),
-                    state="open",
-                    num_leases=0,
-                    created_at=now,
-                )
-            )
-            created.append(conn.execute(select(tasks).where(tasks.c.task_id == task_id)).one())
+            values = {
+                "task_id": f"t{next_index}",
+                "group_index": next_index,
+                "task_name": self.config.task,
+                "prompts_json": _dumps(prompts),
+                "state": "open",
+                "num_leases": 0,
+                "created_at": now,
+            }
+            conn.execute(insert(tasks).values(**values))
+            created.append(SimpleNamespace(**values))
             next_index += 1
         if created:
             conn.execute(update(run_state).where(run_state.c.id == _RUN_ROW_ID).values(next_group_index=next_index))
         return created
 
     def _issue(
-        self, conn: Connection, node_id: str, task_row: Row[Any], version: int, sampling: SamplingParams, now: float
+        self, conn: Connection, node_id: str, task_row: Any, version: int, sampling: SamplingParams, now: float
     ) -> Task:
         lease_id = f"l-{secrets.token_hex(12)}"
         seed = sampling_seed(self._secret, task_row.task_name, task_row.group_index)
@@ -346,8 +358,7 @@ class Ledger:
             .values(state="leased", num_leases=tasks.c.num_leases + 1)
         )
         self._event(conn, "lease", node_id, lease_id, task_id=task_row.task_id, policy_version=version)
-        lease_row = conn.execute(select(leases).where(leases.c.lease_id == lease_id)).one()
-        return self._task_view(task_row, lease_row)
+        return self._task_view(task_row, SimpleNamespace(**values))
 
     def _own_lease(self, conn: Connection, node_id: str, lease_id: str) -> Row[Any]:
         row = conn.execute(select(leases).where(leases.c.lease_id == lease_id).with_for_update()).first()
@@ -369,7 +380,6 @@ class Ledger:
             deadline = now + self.scheduling.lease_ttl_s
             conn.execute(update(leases).where(leases.c.lease_id == lease_id).values(deadline=deadline))
             self._event(conn, "renew", node_id, lease_id, deadline=deadline)
-            self._touch(conn, node_id)
         return LeaseState(lease_id=lease_id, task_id=row.task_id, state="active", deadline=deadline)
 
     def abandon(self, node_id: str, lease_id: str) -> LeaseState:
@@ -384,7 +394,6 @@ class Ledger:
                 state = "abandoned"
             else:
                 raise ConflictError(f"lease {lease_id} is {row.state}; only an active lease can be abandoned")
-            self._touch(conn, node_id)
         return LeaseState(lease_id=lease_id, task_id=row.task_id, state=state, deadline=row.deadline)
 
     def expire_overdue(self) -> int:
@@ -446,7 +455,6 @@ class Ledger:
             conn.execute(update(leases).where(leases.c.lease_id == request.lease_id).values(state="submitted"))
             conn.execute(update(tasks).where(tasks.c.task_id == lease.task_id).values(state="submitted"))
             self._event(conn, "submit", node_id, submission_id, lease_id=request.lease_id, task_id=lease.task_id)
-            self._touch(conn, node_id)
         return SubmitResponse(submission_id=submission_id, status="pending", duplicate=False)
 
     @staticmethod
@@ -560,6 +568,8 @@ class Ledger:
             raise ForbiddenError(f"manifests must be signed by the coordinator {self.coordinator_id}")
         verify_document(signed.signer, signed.manifest.model_dump(mode="json"), signed.signature_b64)
         version = signed.manifest.version
+        if version > MAX_POLICY_VERSION:
+            raise ProtocolError(f"policy version {version} is over the limit {MAX_POLICY_VERSION}")
         now = self.clock()
         with self.db.write() as conn:
             run = self._run(conn, lock=True)

@@ -61,6 +61,7 @@ def fetch(
     parallel: int = typer.Option(8, min=1, max=256, help="Shards downloaded at the same time."),
     max_attempts: int = typer.Option(6, min=1, max=100, help="Failed fetches of one shard before giving up."),
     json_events: bool = typer.Option(False, "--json-events", help="One JSON object per line on stdout, for programs."),
+    no_fsync: bool = typer.Option(False, "--no-fsync", help="Skip syncing files to disk before exposing the version."),
     log_level: str = LogLevelOption,
 ) -> None:
     """Download one version from several relays, verifying every shard; resumes an interrupted download."""
@@ -71,7 +72,7 @@ def fetch(
     from shardcast.client import describe_failure, download_version, latest_version
     from shardcast.transfer import TransferOptions
 
-    options = TransferOptions(num_parallel=parallel, max_attempts_per_shard=max_attempts)
+    options = TransferOptions(num_parallel=parallel, max_attempts_per_shard=max_attempts, fsync_enabled=not no_fsync)
     progress = None if json_events else _ProgressBar()
     sink = _print_json if json_events else progress.on_event if progress else None
     try:
@@ -100,6 +101,7 @@ def publish(
     shard_size_bytes: int = typer.Option(32 * 1024 * 1024, min=4096, help="Shard size in bytes."),
     hash_algorithm: str = typer.Option("blake3", help="blake3 or sha256."),
     keep_versions: int = typer.Option(3, min=1, help="Versions kept (at least async_level + 1)."),
+    no_fsync: bool = typer.Option(False, "--no-fsync", help="Skip syncing shards to disk (faster, not crash-safe)."),
     log_level: str = LogLevelOption,
 ) -> None:
     """Shard, hash, sign and atomically publish a checkpoint as a new version (what the coordinator does)."""
@@ -121,6 +123,7 @@ def publish(
             shard_size_bytes=shard_size_bytes,
             hash_algorithm="sha256" if hash_algorithm == "sha256" else "blake3",
             keep_versions=keep_versions,
+            fsync_enabled=not no_fsync,
         )
     except PrimeError as exc:
         fail(f"publish: {exc.message}")

@@ -199,7 +199,11 @@ async def fetch_version(
     if not relays:
         raise RemoteUnavailableError("no relay given; pass at least one relay URL")
     options = options or TransferOptions()
-    emit = on_event or no_events
+    sink = on_event or no_events
+
+    def emit(event: dict[str, Any]) -> None:
+        sink({**event, "ts": round(time.time(), 3)})
+
     dest_root.mkdir(parents=True, exist_ok=True)
     final = version_path(dest_root, version)
     started = time.monotonic()
@@ -241,7 +245,7 @@ async def fetch_version(
                     }
                 )
                 await fetch_shards(http, manifest, pending, scoreboard, _InPlaceSink(files, manifest), options, emit)
-                await asyncio.to_thread(files.close, True)
+                await asyncio.to_thread(files.close, options.fsync_enabled)
                 synced = True
             finally:
                 if not synced:

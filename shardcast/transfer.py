@@ -54,6 +54,8 @@ class TransferOptions(BaseModel):
     """Time to open a connection to a source."""
     read_timeout_s: float = Field(default=60.0, gt=0)
     """Longest silence while reading a response (relays may hold a shard request while mirroring it)."""
+    fsync_enabled: bool = True
+    """Client: sync the files to disk before exposing the version (off trades crash safety for speed)."""
 
 
 class ShardWriter(Protocol):

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import secrets
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
 
 from coordinator.config import CoordinatorConfig
 from coordinator.task_source import SourcePrompt
@@ -113,3 +118,28 @@ def signed_manifest(identity: NodeIdentity, version: int) -> SignedManifest:
     )
     signature = sign_document(identity, manifest.model_dump(mode="json"))
     return SignedManifest(manifest=manifest, signer=identity.node_id, signature_b64=signature)
+
+
+@contextmanager
+def scratch_postgres_database(server_url: str) -> Iterator[str]:
+    """A new database with a random name on the server of ``server_url``, dropped afterwards."""
+    name = f"prime_ledger_test_{secrets.token_hex(6)}"
+    admin = create_engine(server_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    try:
+        yield make_url(server_url).set(database=name).render_as_string(hide_password=False)
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+def new_postgres_schema(database_url: str) -> str:
+    """The URL of a new, empty schema in that database (set as the connections' search_path)."""
+    schema = f"t_{secrets.token_hex(6)}"
+    engine = create_engine(database_url, isolation_level="AUTOCOMMIT")
+    with engine.connect() as conn:
+        conn.execute(text(f'CREATE SCHEMA "{schema}"'))
+    engine.dispose()
+    return make_url(database_url).update_query_dict({"options": f"-csearch_path={schema}"}).render_as_string(False)

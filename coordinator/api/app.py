@@ -15,6 +15,7 @@ from contextlib import asynccontextmanager
 from typing import Annotated
 
 from fastapi import Depends, FastAPI, Header, Query, Request
+from fastapi import Path as FastApiPath
 from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 
@@ -22,7 +23,7 @@ from coordinator.api.auth import SignedCaller
 from coordinator.api.errors import install_error_handlers
 from coordinator.api.middleware import BodySizeLimit, IpRateLimit, RequestMetrics
 from coordinator.config import CoordinatorConfig
-from coordinator.ledger import Ledger
+from coordinator.ledger import MAX_POLICY_VERSION, Ledger
 from coordinator.metrics import LedgerMetrics
 from coordinator.ratelimit import RateLimiter
 from coordinator.replay import DatabaseReplayCache
@@ -38,7 +39,6 @@ from protocol.schemas import (
     LeaseResponse,
     LeaseState,
     PendingSubmissions,
-    PolicyVersion,
     PublishResponse,
     RegisterRequest,
     RegisterResponse,
@@ -142,7 +142,7 @@ def create_app(config: CoordinatorConfig, ledger: Ledger, replay_cache: Database
         return ledger.manifest(None)
 
     @app.get("/v1/policy-versions/{version}", tags=["policy", "public"])
-    def manifest(version: PolicyVersion) -> SignedManifest:
+    def manifest(version: Annotated[int, FastApiPath(ge=0, le=MAX_POLICY_VERSION)]) -> SignedManifest:
         """One published policy version's signed manifest."""
         return ledger.manifest(version)
 

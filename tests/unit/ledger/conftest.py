@@ -6,7 +6,6 @@ the end) and get a schema of their own each, so parallel runs and tests never co
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,8 +13,6 @@ from pathlib import Path
 import httpx
 import pytest
 from fastapi import FastAPI
-from sqlalchemy import create_engine, text
-from sqlalchemy.engine import make_url
 
 from coordinator.api.app import create_app
 from coordinator.config import CoordinatorConfig
@@ -24,7 +21,14 @@ from coordinator.replay import DatabaseReplayCache
 from coordinator.storage.engine import Database
 from protocol.identity import NodeIdentity
 from protocol.ledger_client import LedgerClient
-from tests.ledger_helpers import CountingTaskSource, FakeClock, ledger_config, register_request
+from tests.ledger_helpers import (
+    CountingTaskSource,
+    FakeClock,
+    ledger_config,
+    new_postgres_schema,
+    register_request,
+    scratch_postgres_database,
+)
 
 
 @pytest.fixture
@@ -35,25 +39,8 @@ def anyio_backend() -> str:
 @pytest.fixture(scope="session")
 def postgres_database(postgres_url: str) -> Iterator[str]:
     """A database of this test session's own on the PostgreSQL server, dropped afterwards."""
-    name = f"prime_ledger_test_{secrets.token_hex(6)}"
-    admin = create_engine(postgres_url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    try:
-        yield make_url(postgres_url).set(database=name).render_as_string(hide_password=False)
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
-
-
-def new_postgres_schema(database_url: str) -> str:
-    schema = f"t_{secrets.token_hex(6)}"
-    engine = create_engine(database_url, isolation_level="AUTOCOMMIT")
-    with engine.connect() as conn:
-        conn.execute(text(f'CREATE SCHEMA "{schema}"'))
-    engine.dispose()
-    return make_url(database_url).update_query_dict({"options": f"-csearch_path={schema}"}).render_as_string(False)
+    with scratch_postgres_database(postgres_url) as url:
+        yield url
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])

@@ -1,0 +1,391 @@
+"""Load on the ledger: N simulated workers against a real `prime-coordinator start` on 127.0.0.1.
+
+For each backend (SQLite, then PostgreSQL) this starts the coordinator as its own process,
+then a load generator as another process (so client-side signing and the server do not share
+one interpreter): every simulated worker registers, heartbeats every ``--period-s`` seconds,
+and once per period leases a task and submits its rollouts, each request signed with its own
+pre-generated Ed25519 key. After ``--duration-s`` it prints ONE JSON object: per backend and
+endpoint the request count, p50/p99 latency (as the client saw it, queueing included),
+requests/s and errors, and a ``summary`` with the p99 of the slowest endpoint per backend.
+
+The coordinator runs with its per-IP limit raised (all simulated workers share 127.0.0.1);
+per-node limits stay at their defaults.
+
+    python bench/ledger_load.py            # 1000 workers, 60 s per backend
+    python bench/ledger_load.py --quick    # 200 workers, 15 s per backend
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+if str(REPO_ROOT) not in sys.path:  # run as a script: make the repo's packages importable
+    sys.path.insert(0, str(REPO_ROOT))
+
+import httpx  # noqa: E402
+import tomli_w  # noqa: E402
+
+from coordinator.task_source import SourcePrompt  # noqa: E402
+from protocol.identity import NodeIdentity  # noqa: E402
+from protocol.ledger_client import HEADER_SUBMISSION_SIGNATURE  # noqa: E402
+from protocol.signing import sign_document, sign_request  # noqa: E402
+
+ENDPOINTS = ("register", "heartbeat", "lease", "submit")
+TASK_NAME = "bench"
+
+
+class BenchTaskSource:
+    """Deterministic prompts for the bench: the coordinator loads it by `bench.ledger_load:BenchTaskSource`."""
+
+    def has_task(self, task_name: str) -> bool:
+        return task_name == TASK_NAME
+
+    def prompt_group(self, task_name: str, group_index: int, num_prompts: int) -> Sequence[SourcePrompt]:
+        return [SourcePrompt(token_ids=(1, 2 + group_index % 5000, 3 + k), text="") for k in range(num_prompts)]
+
+
+# ---- load generator (child process) ---------------------------------------------------------------
+# A minimal keep-alive HTTP/1.1 client over asyncio streams: httpx's per-request overhead (~2 ms
+# of client CPU) would make the generator, not the ledger, the bottleneck on a 2-core machine.
+
+
+class Connection:
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+
+    async def request(self, method: str, path: str, body: bytes, headers: dict[str, str]) -> tuple[int, bytes]:
+        lines = [f"{method} {path} HTTP/1.1", "Host: 127.0.0.1", f"Content-Length: {len(body)}"]
+        lines += [f"{name}: {value}" for name, value in headers.items()]
+        self.writer.write(("\r\n".join(lines) + "\r\n\r\n").encode() + body)
+        status = int((await self.reader.readline()).split(b" ", 2)[1])
+        length = 0
+        while (line := await self.reader.readline()) not in (b"\r\n", b""):
+            name, _, value = line.partition(b":")
+            if name.strip().lower() == b"content-length":
+                length = int(value)
+        return status, await self.reader.readexactly(length)
+
+
+class Pool:
+    def __init__(self, host: str, port: int, size: int) -> None:
+        self.host, self.port, self.size = host, port, size
+        self.idle: asyncio.Queue[Connection | None] = asyncio.Queue()
+        for _ in range(size):
+            self.idle.put_nowait(None)  # connected lazily
+
+    async def request(self, method: str, path: str, body: bytes, headers: dict[str, str]) -> tuple[int, bytes]:
+        conn = await self.idle.get()
+        try:
+            if conn is None:
+                conn = Connection(*await asyncio.open_connection(self.host, self.port))
+            result = await conn.request(method, path, body, headers)
+        except BaseException:
+            if conn is not None:
+                conn.writer.close()
+            self.idle.put_nowait(None)
+            raise
+        self.idle.put_nowait(conn)
+        return result
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.latencies_s: dict[str, list[float]] = {name: [] for name in ENDPOINTS}
+        self.errors: dict[str, int] = dict.fromkeys(ENDPOINTS, 0)
+        self.error_kinds: dict[str, int] = {}
+
+    def error(self, endpoint: str, kind: str) -> None:
+        self.errors[endpoint] += 1
+        key = f"{endpoint}: {kind}"
+        self.error_kinds[key] = self.error_kinds.get(key, 0) + 1
+
+
+class SimulatedWorker:
+    def __init__(self, identity: NodeIdentity, pool: Pool, recorder: Recorder) -> None:
+        self.identity = identity
+        self.pool = pool
+        self.recorder = recorder
+
+    async def call(
+        self, endpoint: str, path: str, document: dict[str, Any], extra: dict[str, str] | None = None
+    ) -> dict[str, Any] | None:
+        body = json.dumps(document).encode()
+        headers = {"Content-Type": "application/json", **sign_request(self.identity, "POST", path, body)}
+        headers.update(extra or {})
+        started = time.perf_counter()
+        try:
+            status, answer = await self.pool.request("POST", path, body, headers)
+        except (OSError, asyncio.IncompleteReadError, ValueError, IndexError) as exc:
+            self.recorder.error(endpoint, type(exc).__name__)
+            return None
+        elapsed_s = time.perf_counter() - started
+        if status >= 400:
+            self.recorder.error(endpoint, f"{status} {json.loads(answer).get('error', '?') if answer else ''}")
+            return None
+        self.recorder.latencies_s[endpoint].append(elapsed_s)
+        result: dict[str, Any] = json.loads(answer)
+        return result
+
+    async def submit(self, task: dict[str, Any]) -> None:
+        rollouts = [
+            {
+                "v": 1,  # the submission signature covers the full wire form, defaults included
+                "prompt_index": prompt["prompt_index"],
+                "sample_index": sample,
+                "completion_ids": [7] * 16,
+                "logprobs": [-1.0] * 16,
+                "finish_reason": "length",
+                "proof_b64": "QUJD" * 8,
+            }
+            for prompt in task["prompts"]
+            for sample in range(task["group_size"])
+        ]
+        document = {
+            "v": 1,
+            "lease_id": task["lease_id"],
+            "task_id": task["task_id"],
+            "policy_version": task["policy_version"],
+            "engine": "vllm",
+            "rollouts": rollouts,
+        }
+        signature = sign_document(self.identity, document)
+        await self.call("submit", "/v1/submissions", document, {HEADER_SUBMISSION_SIGNATURE: signature})
+
+    async def run(self, stop_at: float, period_s: float, rng: random.Random) -> None:
+        loop = asyncio.get_running_loop()
+        await asyncio.sleep(rng.uniform(0, period_s))  # workers join spread over one period
+        hardware = {"accelerator": "cpu", "num_devices": 1, "memory_bytes": 2**34}
+        register = {"v": 1, "role": "worker", "hardware": hardware, "engine": "vllm", "software_version": "bench"}
+        if await self.call("register", "/v1/nodes/register", register) is None:
+            return
+        next_beat = loop.time() + period_s
+        next_task = loop.time() + rng.uniform(0, period_s)
+        while (wake := min(next_beat, next_task)) < stop_at:
+            await asyncio.sleep(max(0.0, wake - loop.time()))
+            if loop.time() >= next_beat:
+                beat = {"v": 1, "policy_versions_held": [0], "engine": "vllm", "tokens_per_s": 100.0}
+                await self.call("heartbeat", "/v1/nodes/heartbeat", beat)
+                next_beat = max(next_beat + period_s, loop.time())  # a late worker skips, it does not burst
+            if loop.time() >= next_task:
+                leased = await self.call("lease", "/v1/leases", {"v": 1, "max_tasks": 1, "policy_versions_held": [0]})
+                for task in leased["tasks"] if leased else []:
+                    await self.submit(task)
+                next_task = max(next_task + period_s, loop.time())
+
+
+async def generate_load(
+    url: str, num_workers: int, duration_s: float, period_s: float, num_connections: int, seed: int
+) -> dict[str, Any]:
+    identities = [NodeIdentity.generate() for _ in range(num_workers)]  # before the clock starts
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    recorder = Recorder()
+    pool = Pool(host, int(port), num_connections)
+    rng = random.Random(seed)
+    started = time.perf_counter()
+    stop_at = asyncio.get_running_loop().time() + duration_s
+    await asyncio.gather(*(SimulatedWorker(i, pool, recorder).run(stop_at, period_s, rng) for i in identities))
+    elapsed_s = time.perf_counter() - started
+    return {
+        "elapsed_s": elapsed_s,
+        "latencies_s": recorder.latencies_s,
+        "errors": recorder.errors,
+        "error_kinds": recorder.error_kinds,
+    }
+
+
+# ---- orchestration (parent process) -----------------------------------------------------------------
+
+
+def percentile_ms(values: list[float], fraction: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return round(ordered[min(len(ordered) - 1, int(fraction * len(ordered)))] * 1000, 2)
+
+
+def summarize(raw: dict[str, Any]) -> dict[str, Any]:
+    elapsed_s = raw["elapsed_s"]
+    endpoints = {}
+    for name in ENDPOINTS:
+        latencies = raw["latencies_s"][name]
+        endpoints[name] = {
+            "count": len(latencies),
+            "errors": raw["errors"][name],
+            "p50_ms": percentile_ms(latencies, 0.50),
+            "p99_ms": percentile_ms(latencies, 0.99),
+            "requests_per_s": round(len(latencies) / elapsed_s, 1),
+        }
+    num_requests = sum(len(values) for values in raw["latencies_s"].values())
+    p99s = [entry["p99_ms"] for entry in endpoints.values() if entry["p99_ms"] is not None]
+    return {
+        "elapsed_s": round(elapsed_s, 1),
+        "requests": num_requests,
+        "requests_per_s": round(num_requests / elapsed_s, 1),
+        "errors": sum(raw["errors"].values()),
+        "error_kinds": raw["error_kinds"],
+        "slowest_p99_ms": max(p99s) if p99s else None,
+        "endpoints": endpoints,
+    }
+
+
+def log(message: str) -> None:
+    print(f"[ledger_load] {message}", file=sys.stderr, flush=True)
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def wait_healthy(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError("coordinator exited during start-up (see its log)")
+        try:
+            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError("coordinator did not become healthy")
+
+
+def run_backend(backend: str, ledger_url: str, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    config = {
+        "run_name": f"bench-{backend}",
+        "data_dir": str(workdir / backend),
+        "task": TASK_NAME,
+        "task_source": "bench.ledger_load:BenchTaskSource",
+        "api": {"host": "127.0.0.1", "port": port, "ip_rate_per_s": 1e6, "ip_burst": 1_000_000},
+        "ledger": {"url": ledger_url},
+        "scheduling": {"prompts_per_task": 2, "group_size": 2, "max_tokens": 16, "lease_ttl_s": 600},
+    }
+    config_path = workdir / f"{backend}.toml"
+    config_path.write_text(tomli_w.dumps(config))
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    script = Path(sys.executable).parent / "prime-coordinator"
+    log_path = workdir / f"{backend}.log"
+    with log_path.open("wb") as server_log:
+        server = subprocess.Popen(
+            [str(script), "start", "-c", str(config_path), "--log-level", "warning"], stderr=server_log, env=env
+        )
+    try:
+        wait_healthy(url, server)
+        log(f"{backend}: coordinator pid {server.pid} on {url}; {args.workers} workers for {args.duration_s} s")
+        generator = [sys.executable, str(Path(__file__).resolve()), "--generate", url]
+        generator += ["--workers", str(args.workers), "--duration-s", str(args.duration_s)]
+        generator += ["--period-s", str(args.period_s), "--connections", str(args.connections)]
+        done = subprocess.run(generator, capture_output=True, text=True, env=env, check=False)
+        if done.returncode != 0:
+            raise RuntimeError(f"load generator failed: {done.stderr[-2000:]}")
+        result = summarize(json.loads(done.stdout))
+        result["server_log_tail"] = log_path.read_text()[-500:]
+        return result
+    finally:
+        if server.poll() is None:
+            os.kill(server.pid, signal.SIGTERM)
+            try:
+                server.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.kill(server.pid, signal.SIGKILL)
+                server.wait()
+
+
+def run_postgresql(server_url: str, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.engine import make_url
+
+    name = f"prime_ledger_bench_{os.getpid()}_{random.randrange(1 << 30)}"
+    admin = create_engine(server_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    try:
+        url = make_url(server_url).set(database=name).render_as_string(hide_password=False)
+        return run_backend("postgresql", url, args, workdir)
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="200 workers, 15 s per backend (under a minute)")
+    parser.add_argument("--workers", type=int, default=None, help="simulated workers (default 1000; quick 200)")
+    parser.add_argument("--duration-s", type=float, default=None, help="seconds of load per backend (60; quick 15)")
+    parser.add_argument("--period-s", type=float, default=10.0, help="heartbeat and task period per worker")
+    parser.add_argument("--connections", type=int, default=64, help="keep-alive connections the workers share")
+    parser.add_argument("--backends", default="sqlite,postgresql", help="comma-separated: sqlite, postgresql")
+    parser.add_argument(
+        "--postgres-url",
+        default=os.environ.get("PRIME_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"),
+        help="a PostgreSQL server (a scratch database is created on it and dropped)",
+    )
+    parser.add_argument("--generate", metavar="URL", help=argparse.SUPPRESS)  # child mode: the load generator
+    args = parser.parse_args(argv)
+    args.workers = args.workers or (200 if args.quick else 1000)
+    args.duration_s = args.duration_s or (15.0 if args.quick else 60.0)
+    if args.generate:
+        raw = asyncio.run(
+            generate_load(args.generate, args.workers, args.duration_s, args.period_s, args.connections, seed=1)
+        )
+        print(json.dumps(raw))
+        return
+    runners: dict[str, Callable[[Path], dict[str, Any]]] = {
+        "sqlite": lambda workdir: run_backend("sqlite", "", args, workdir),
+        "postgresql": lambda workdir: run_postgresql(args.postgres_url, args, workdir),
+    }
+    results: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="ledger-load-") as tmp:
+        for backend in args.backends.split(","):
+            try:
+                results[backend] = runners[backend](Path(tmp))
+            except Exception as exc:  # report the failure in the figures rather than lose the other backend
+                results[backend] = {"failed": f"{type(exc).__name__}: {exc}"}
+    summary: dict[str, Any] = {"workers": args.workers}
+    for backend in ("sqlite", "postgresql"):
+        summary[f"{backend}_p99_ms"] = results.get(backend, {}).get("slowest_p99_ms")
+        summary[f"{backend}_errors"] = results.get(backend, {}).get("errors")
+    print(
+        json.dumps(
+            {
+                "bench": "ledger_load",
+                "workers": args.workers,
+                "duration_s_per_backend": args.duration_s,
+                "period_s": args.period_s,
+                "machine": {
+                    "cpus": os.cpu_count(),
+                    "python": platform.python_version(),
+                    "platform": platform.platform(),
+                },
+                "backends": results,
+                "summary": summary,
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,238 @@
+"""The shared HTTP app and the client library, in process (httpx.ASGITransport): no sockets.
+
+A small transport routes each host name to its own app, so one test can run a good origin,
+a corrupting one and a forging one side by side.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from protocol.errors import IntegrityError, NotFoundError, RemoteUnavailableError
+from protocol.identity import NodeIdentity
+from shardcast.client import fetch_version
+from shardcast.origin import OriginSource, publish_checkpoint
+from shardcast.server import create_app
+from shardcast.store import VersionStore
+from shardcast.transfer import TransferOptions
+
+SHARD = 8192
+pytestmark = pytest.mark.anyio
+FAST = TransferOptions(num_parallel=4, backoff_base_s=0.01, backoff_max_s=0.05, fsync_enabled=False)
+
+
+class HostRouter(httpx.AsyncBaseTransport):
+    """Sends each request to the ASGI app registered for its host; unknown hosts refuse to connect."""
+
+    def __init__(self, apps: dict[str, Any]) -> None:
+        self.transports = {host: httpx.ASGITransport(app=app) for host, app in apps.items()}
+        self.requests: list[str] = []
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        self.requests.append(f"{request.url.host}{request.url.path}")
+        transport = self.transports.get(request.url.host)
+        if transport is None:
+            raise httpx.ConnectError(f"no route to {request.url.host}", request=request)
+        return await transport.handle_async_request(request)
+
+
+def make_checkpoint(directory: Path, size: int = 50_000) -> Path:
+    (directory / "tokenizer").mkdir(parents=True)
+    (directory / "model.safetensors").write_bytes(os.urandom(size))
+    (directory / "config.json").write_text('{"hidden_size": 8}')
+    (directory / "tokenizer" / "vocab.json").write_text('{"a": 0}')
+    (directory / "empty.txt").write_bytes(b"")
+    return directory
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"  # the client and relay are asyncio code
+
+
+@pytest.fixture
+def coordinator() -> NodeIdentity:
+    return NodeIdentity.generate()
+
+
+@pytest.fixture
+def origin_store(tmp_path: Path, coordinator: NodeIdentity) -> VersionStore:
+    store = VersionStore(tmp_path / "origin")
+    publish_checkpoint(make_checkpoint(tmp_path / "ckpt"), 1, coordinator, store, shard_size_bytes=SHARD)
+    return store
+
+
+def same_tree(a: Path, b: Path) -> bool:
+    files_a = sorted(p.relative_to(a) for p in a.rglob("*") if p.is_file() and not p.name.startswith("."))
+    files_b = sorted(p.relative_to(b) for p in b.rglob("*") if p.is_file() and not p.name.startswith("."))
+    return files_a == files_b and all((a / p).read_bytes() == (b / p).read_bytes() for p in files_a)
+
+
+async def test_routes_and_refusals(origin_store: VersionStore) -> None:
+    app = create_app(OriginSource(origin_store))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://origin") as http:
+        listing = (await http.get("/versions")).json()
+        assert listing["latest"] == 1 and listing["versions"][0]["num_shards"] == 7
+        manifest = json.loads((await http.get("/v/1/manifest.json")).content)["manifest"]
+        shard = await http.get("/v/1/shards/1")
+        assert shard.status_code == 200 and len(shard.content) == SHARD
+        assert shard.headers["accept-ranges"] == "bytes"
+        assert shard.headers["etag"] == f'"{manifest["shards"][1]["hash"]}"'
+        part = await http.get("/v/1/shards/1", headers={"Range": "bytes=10-19"})
+        assert part.status_code == 206 and part.content == shard.content[10:20]
+        assert part.headers["content-range"] == f"bytes 10-19/{SHARD}"
+        tail = await http.get("/v/1/shards/1", headers={"Range": "bytes=-5"})
+        assert tail.content == shard.content[-5:]
+        head = await http.head("/v/1/shards/1")
+        assert head.status_code == 200 and head.headers["content-length"] == str(SHARD) and head.content == b""
+        refusals = {
+            "/v/abc/manifest.json": (400, "malformed"),
+            "/v/-1/shards/0": (400, "malformed"),
+            "/v/99999999999999999999/shards/0": (400, "malformed"),
+            "/v/7/manifest.json": (404, "not_found"),
+            "/v/1/shards/7": (404, "not_found"),
+            "/v/1/shards/x1": (400, "malformed"),
+            "/nothing": (404, "http"),
+        }
+        for path, (status, code) in refusals.items():
+            response = await http.get(path)
+            assert (response.status_code, response.json()["error"]) == (status, code), path
+            assert response.json()["detail"]
+        bad_range = await http.get("/v/1/shards/0", headers={"Range": "bytes=oops"})
+        assert bad_range.status_code == 400 and bad_range.json()["error"] == "bad_range"
+        past_end = await http.get("/v/1/shards/0", headers={"Range": f"bytes={SHARD}-"})
+        assert past_end.status_code == 416 and past_end.headers["content-range"] == f"bytes */{SHARD}"
+        assert (await http.post("/versions")).status_code == 405
+        assert (await http.get("/healthz")).json()["status"] == "ok"
+        metrics = (await http.get("/metrics")).text
+        assert 'shardcast_requests_total{route="shard",status="206"} 2.0' in metrics
+        assert "shardcast_served_bytes_total" in metrics
+
+
+async def test_client_downloads_verified_files_in_place(
+    tmp_path: Path, origin_store: VersionStore, coordinator: NodeIdentity
+) -> None:
+    router = HostRouter({"origin": create_app(OriginSource(origin_store))})
+    events: list[dict[str, Any]] = []
+    path = await fetch_version(
+        1, ["http://origin"], coordinator.node_id, tmp_path / "out", FAST, router, events.append
+    )
+    assert path == tmp_path / "out" / "v1"
+    assert same_tree(path, tmp_path / "ckpt")
+    assert (path / "empty.txt").stat().st_size == 0
+    assert [e["event"] for e in events][:2] == ["start", "manifest"] and events[-1]["event"] == "done"
+    assert not (tmp_path / "out" / ".partial-v1").exists()
+    again: list[dict[str, Any]] = []
+    await fetch_version(1, ["http://origin"], coordinator.node_id, tmp_path / "out", FAST, router, again.append)
+    assert again[-1]["cached"] is True
+
+
+async def test_corrupt_relay_is_detected_banned_and_routed_around(
+    tmp_path: Path, origin_store: VersionStore, coordinator: NodeIdentity
+) -> None:
+    evil_store = VersionStore(tmp_path / "evil")
+    shutil.copytree(origin_store.version_dir(1), evil_store.version_dir(1))
+    for index in range(7):  # every shard corrupt: whatever the evil relay serves is caught
+        shard = evil_store.shard_path(1, index)
+        data = bytearray(shard.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        shard.write_bytes(bytes(data))
+    router = HostRouter({"good": create_app(OriginSource(origin_store)), "evil": create_app(OriginSource(evil_store))})
+    events: list[dict[str, Any]] = []
+    path = await fetch_version(
+        1, ["http://evil", "http://good"], coordinator.node_id, tmp_path / "out", FAST, router, events.append
+    )
+    assert same_tree(path, tmp_path / "ckpt")
+    failures = [e for e in events if e["event"] == "shard_failed"]
+    assert failures and all(e["source"] == "http://evil" and e["kind"] == "integrity" for e in failures)
+    # banned at the first bad shard: only requests already in flight then can fail too
+    assert len(failures) <= FAST.num_parallel
+    assert all(e["source"] == "http://good" for e in events if e["event"] == "shard_done")
+    relays = {r["url"]: r for r in events[-1]["relays"]}
+    assert relays["http://evil"]["banned"] and not relays["http://good"]["banned"]
+
+
+async def test_only_corrupt_sources_fail_with_integrity_error_and_expose_nothing(
+    tmp_path: Path, origin_store: VersionStore, coordinator: NodeIdentity
+) -> None:
+    shard = origin_store.shard_path(1, 3)
+    shard.write_bytes(b"x" * shard.stat().st_size)
+    router = HostRouter({"origin": create_app(OriginSource(origin_store))})
+    with pytest.raises(IntegrityError, match="shard 3"):
+        await fetch_version(1, ["http://origin"], coordinator.node_id, tmp_path / "out", FAST, router)
+    assert not (tmp_path / "out" / "v1").exists()
+
+
+async def test_forged_manifest_is_refused(tmp_path: Path, origin_store: VersionStore) -> None:
+    router = HostRouter({"origin": create_app(OriginSource(origin_store))})
+    someone_else = NodeIdentity.generate().node_id
+    with pytest.raises(IntegrityError, match="signed by"):
+        await fetch_version(1, ["http://origin"], someone_else, tmp_path / "out", FAST, router)
+    assert not (tmp_path / "out" / "v1").exists()
+    assert not any("shards" in request for request in router.requests)
+
+
+async def test_missing_version_and_unreachable_relays(
+    tmp_path: Path, origin_store: VersionStore, coordinator: NodeIdentity
+) -> None:
+    router = HostRouter({"origin": create_app(OriginSource(origin_store))})
+    with pytest.raises(NotFoundError):
+        await fetch_version(5, ["http://origin"], coordinator.node_id, tmp_path / "out", FAST, router)
+    with pytest.raises(RemoteUnavailableError):
+        await fetch_version(1, ["http://nowhere"], coordinator.node_id, tmp_path / "out", FAST, router)
+
+
+class FailAfter(httpx.AsyncBaseTransport):
+    """Passes ``budget`` shard requests through, then fails every one (an interrupted download)."""
+
+    def __init__(self, inner: httpx.AsyncBaseTransport, budget: int) -> None:
+        self.inner = inner
+        self.budget = budget
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if "/shards/" in request.url.path:
+            if self.budget <= 0:
+                raise httpx.ReadError("connection reset", request=request)
+            self.budget -= 1
+        return await self.inner.handle_async_request(request)
+
+
+async def test_interrupted_download_resumes_keeping_verified_shards(
+    tmp_path: Path, origin_store: VersionStore, coordinator: NodeIdentity
+) -> None:
+    router = HostRouter({"origin": create_app(OriginSource(origin_store))})
+    options = FAST.model_copy(update={"num_parallel": 1, "max_attempts_per_shard": 2})
+    with pytest.raises(RemoteUnavailableError):
+        await fetch_version(1, ["http://origin"], coordinator.node_id, tmp_path / "out", options, FailAfter(router, 4))
+    assert (tmp_path / "out" / ".partial-v1").is_dir() and not (tmp_path / "out" / "v1").exists()
+    events: list[dict[str, Any]] = []
+    path = await fetch_version(1, ["http://origin"], coordinator.node_id, tmp_path / "out", FAST, router, events.append)
+    resumed = next(e for e in events if e["event"] == "manifest")
+    assert resumed["num_shards_resumed"] == 4
+    assert sum(1 for e in events if e["event"] == "shard_done") == 3
+    assert same_tree(path, tmp_path / "ckpt")
+
+
+async def test_two_downloads_of_one_version_do_not_collide(
+    tmp_path: Path, origin_store: VersionStore, coordinator: NodeIdentity
+) -> None:
+    router = HostRouter({"origin": create_app(OriginSource(origin_store))})
+    out = tmp_path / "out"
+    paths = await asyncio.gather(
+        *(asyncio.to_thread(_download_blocking, coordinator.node_id, out, router) for _ in range(2))
+    )
+    assert paths[0] == paths[1] and same_tree(paths[0], tmp_path / "ckpt")
+
+
+def _download_blocking(coordinator_id: str, out: Path, router: httpx.AsyncBaseTransport) -> Path:
+    from shardcast.client import download_version
+
+    return download_version(1, ["http://origin"], coordinator_id, out, FAST, router)

@@ -1,0 +1,77 @@
+"""Publishing: atomic version directories, retention that spares the announced version."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from protocol.errors import ConflictError, ProtocolError
+from protocol.identity import NodeIdentity
+from shardcast.manifest import load_verified_manifest
+from shardcast.origin import publish_checkpoint
+from shardcast.store import VersionStore, versions_to_prune
+
+
+def make_checkpoint(root: Path, version: int, size: int = 20_000) -> Path:
+    directory = root / f"ckpt{version}"
+    (directory / "tok").mkdir(parents=True)
+    (directory / "model.safetensors").write_bytes(os.urandom(size))
+    (directory / "config.json").write_text(f'{{"version": {version}}}')
+    (directory / "tok" / "vocab.json").write_text("{}")
+    return directory
+
+
+def test_versions_to_prune() -> None:
+    assert versions_to_prune([1, 2, 3, 4, 5], keep=2, protected=[]) == [1, 2, 3]
+    assert versions_to_prune([1, 2, 3, 4, 5], keep=2, protected=[2]) == [1, 3]
+    assert versions_to_prune([5, 1], keep=3, protected=[]) == []
+    with pytest.raises(ValueError):
+        versions_to_prune([1], keep=0, protected=[])
+
+
+def test_publish_writes_verifiable_shards_and_prunes(tmp_path: Path) -> None:
+    coordinator = NodeIdentity.generate()
+    store = VersionStore(tmp_path / "store")
+    for version in range(1, 5):
+        signed = publish_checkpoint(
+            make_checkpoint(tmp_path, version), version, coordinator, store, shard_size_bytes=4096, keep_versions=2
+        )
+        assert store.announced() == version
+    assert store.versions() == [3, 4]
+    assert list(store.staging.iterdir()) == [] and list(store.trash.iterdir()) == []
+    raw = store.manifest_path(4).read_bytes()
+    manifest = load_verified_manifest(raw, coordinator.node_id, 4).manifest
+    assert manifest == signed.manifest
+    assert [f.path for f in manifest.files] == ["config.json", "model.safetensors", "tok/vocab.json"]
+    concatenated = b"".join(store.shard_path(4, s.index).read_bytes() for s in manifest.shards)
+    ckpt = tmp_path / "ckpt4"
+    assert concatenated == b"".join((ckpt / f.path).read_bytes() for f in manifest.files)
+
+
+def test_republishing_or_going_back_is_refused_and_failures_leave_nothing(tmp_path: Path) -> None:
+    coordinator = NodeIdentity.generate()
+    store = VersionStore(tmp_path / "store")
+    publish_checkpoint(make_checkpoint(tmp_path, 2), 2, coordinator, store, shard_size_bytes=4096)
+    with pytest.raises(ConflictError, match="already published"):
+        publish_checkpoint(make_checkpoint(tmp_path, 3), 2, coordinator, store, shard_size_bytes=4096)
+    with pytest.raises(ConflictError, match="not newer"):
+        publish_checkpoint(tmp_path / "ckpt3", 1, coordinator, store, shard_size_bytes=4096)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(ProtocolError, match="no files"):
+        publish_checkpoint(empty, 5, coordinator, store)
+    with pytest.raises(ProtocolError, match="shard size"):
+        publish_checkpoint(tmp_path / "ckpt3", 6, coordinator, store, shard_size_bytes=100)
+    assert store.versions() == [2]
+    assert list(store.staging.iterdir()) == []
+
+
+def test_prune_never_removes_the_protected_version(tmp_path: Path) -> None:
+    store = VersionStore(tmp_path)
+    for version in (1, 2, 3):
+        staged = store.new_staging_dir(f"v{version}")
+        store.install_version(staged, version)
+    assert store.prune(keep=1, protected={1}) == [2]
+    assert store.versions() == [1, 3]

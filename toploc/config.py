@@ -1,0 +1,37 @@
+"""The TOPLOC section of a validator's (or coordinator's) config: proof layout and acceptance thresholds.
+
+Defaults are the thresholds calibrated for float32 runs by ``bench/toploc_calibrate.py``, whose
+data is kept in ``toploc/calibration/float32_cpu.json`` (a unit test keeps the two in step).
+Honest work under every variation calibrated there (batch sizes 1 to 64, left padding, 1 or 2
+torch threads, states captured during generation vs recomputed by prefill) stays far inside
+them; the attacks of the TOPLOC issue land far outside. A bfloat16 run needs its own
+calibration on its hardware (the TOPLOC paper's bf16 thresholds are mean 10, median 8 and 38
+exponent mismatches, far looser than these float32 ones).
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from protocol.config import Section
+
+
+class ToplocConfig(Section):
+    """How proofs are laid out and when a rollout's proof and tokens are accepted."""
+
+    chunk_size: int = Field(default=32, ge=1, le=4096)
+    """Decode tokens per proof chunk (one polynomial each)."""
+    topk: int = Field(default=128, ge=1, le=4096)
+    """Activations committed per chunk (the largest by magnitude); 258 bytes per chunk at 128."""
+    max_exp_mismatches: int = Field(default=8, ge=0)
+    """Most top-k entries per chunk whose bf16 exponent may differ from the recomputed one."""
+    max_sign_mismatches: int = Field(default=2, ge=0)
+    """Most top-k entries per chunk whose exponent agrees but whose sign does not."""
+    max_mant_err_mean: float = Field(default=0.1, ge=0)
+    """Largest mean |mantissa difference| (7-bit units) over a chunk's exponent-matching entries."""
+    max_mant_err_median: float = Field(default=0.0, ge=0)
+    """Largest median |mantissa difference| over a chunk's exponent-matching entries."""
+    sampling_tolerance: float = Field(default=1e-3, ge=0)
+    """Largest accepted gap between the best noisy score and the claimed token's (near ties)."""
+    logprob_tolerance: float = Field(default=1e-3, ge=0)
+    """Largest accepted |claimed - recomputed| log-probability of a token."""

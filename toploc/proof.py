@@ -1,0 +1,275 @@
+"""TOPLOC proofs: build them from final hidden states, parse them, and measure them against recomputed states.
+
+Layout. The completion's hidden states (n, hidden), aligned as in worker.engines.base (row i
+drew token i), are cut into chunks of ``chunk_size`` rows (32: one proof per 32 decode tokens;
+the last chunk may be shorter). In each chunk, flattened row-major, the ``k = min(topk, numel)``
+entries of largest magnitude are committed as a polynomial over GF(65497) (toploc.field): the
+points are (flat index mod m, code of the value), m the chunk's injective modulus. A chunk is
+``2 + 2k`` bytes, big-endian: m, then the k coefficients, constant first (258 bytes at k=128).
+A rollout's proof is its chunks concatenated; its length follows from (n, hidden, topk,
+chunk_size), so a proof of any other length is malformed.
+
+Value code (the rule for every activation dtype). The committed code of a value is the 16-bit
+pattern of its bfloat16 rounding (round to nearest even): sign bit, 8 exponent bits, 7
+mantissa bits. bf16 activations are committed exactly; fp32 activations are rounded first (the
+top-k is chosen on the unrounded magnitudes). All three fields are compared: the reference
+toploc never checks the sign, so a prover could flip every sign and pass. Non-finite
+activations cannot be committed and raise ProofError, as do empty inputs and malformed proofs:
+there is no fallback to a null proof. Every finite bf16 pattern is below 0xFF80 < 65497, so
+codes are field elements as they are.
+
+Checking a chunk (as the TOPLOC paper does, plus the sign): the verifier takes the top-k of its
+own recomputed chunk, evaluates the polynomial at those indices, and compares each claimed code
+with its own: exponent mismatches, sign mismatches where the exponents agree, and the mean and
+median absolute mantissa difference (in units of the 7-bit mantissa) where the exponents agree.
+An index that is not in the prover's top-k evaluates to noise and so shows up as a mismatch.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from protocol.errors import ProofError
+from toploc.field import PRIME, evaluate, injective_moduli, interpolate
+
+DEFAULT_TOPK = 128
+DEFAULT_CHUNK_SIZE = 32
+_NOT_MATCHED = 1 << 20  # sorts after every real mantissa difference (< 128)
+_BLOCK_ELEMENTS = 1 << 18  # chunks are ranked a few at a time so each block stays in cache
+
+
+@dataclass(frozen=True)
+class ChunkCheck:
+    """How far one chunk's commitment is from the recomputed states (all are error measures)."""
+
+    exp_mismatches: int
+    sign_mismatches: int
+    mant_err_mean: float
+    mant_err_median: float
+
+
+def _chunk_bounds(num_rows: int, chunk_size: int) -> list[tuple[int, int]]:  # (first row, end row)
+    return [(start, min(start + chunk_size, num_rows)) for start in range(0, num_rows, chunk_size)]
+
+
+def _chunk_topk(num_rows: int, hidden_size: int, topk: int) -> int:
+    return min(topk, num_rows * hidden_size)
+
+
+def proof_size_bytes(
+    num_tokens: int, hidden_size: int, topk: int = DEFAULT_TOPK, chunk_size: int = DEFAULT_CHUNK_SIZE
+) -> int:
+    """The exact length of a valid proof for a completion of ``num_tokens`` tokens."""
+    return sum(
+        2 + 2 * _chunk_topk(end - start, hidden_size, topk) for start, end in _chunk_bounds(num_tokens, chunk_size)
+    )
+
+
+def value_codes(values: torch.Tensor) -> torch.Tensor:
+    """The committed 16-bit codes (int64 in [0, 2^16)) of activation values: bf16 bit patterns."""
+    return values.to(torch.bfloat16).view(torch.int16).to(torch.int64) & 0xFFFF
+
+
+def _check_states(hidden_states: torch.Tensor, topk: int, chunk_size: int) -> torch.Tensor:
+    if not isinstance(hidden_states, torch.Tensor) or hidden_states.dim() != 2:
+        raise ProofError(
+            f"hidden states must be a (tokens, hidden) tensor, got {getattr(hidden_states, 'shape', None)}"
+        )
+    if hidden_states.shape[0] == 0 or hidden_states.shape[1] == 0:
+        raise ProofError("no hidden states to commit to (empty completion or hidden size 0)")
+    if topk < 1 or chunk_size < 1:
+        raise ProofError(f"topk ({topk}) and chunk_size ({chunk_size}) must be >= 1")
+    if not hidden_states.is_floating_point():
+        raise ProofError(f"hidden states must be floating point, got {hidden_states.dtype}")
+    states = hidden_states.detach().cpu()
+    if states.dtype not in (torch.float32, torch.bfloat16):
+        states = states.to(torch.float32)
+    return states
+
+
+@dataclass(frozen=True)
+class _Group:
+    """Consecutive chunks of one rollout with the same number of rows, ranked: (chunks, k) each."""
+
+    k: int
+    indices: torch.Tensor
+    codes: torch.Tensor
+
+
+def _rank(states: torch.Tensor, topk: int, chunk_size: int, finite_required: bool) -> list[_Group]:
+    """The committed entries of every chunk of one rollout: the full chunks, then the short last one."""
+    num_rows, hidden_size = states.shape
+    num_full = num_rows // chunk_size
+    spans = [(0, num_full, chunk_size)] if num_full else []
+    if num_rows % chunk_size:
+        spans.append((num_full * chunk_size, 1, num_rows % chunk_size))
+    groups = []
+    for first_row, num_chunks, rows_per_chunk in spans:
+        flat = states[first_row : first_row + num_chunks * rows_per_chunk].reshape(num_chunks, -1)
+        k = _chunk_topk(rows_per_chunk, hidden_size, topk)
+        # A few chunks at a time, so each block of magnitudes stays in cache.
+        rows_per_block = max(1, _BLOCK_ELEMENTS // flat.shape[1])
+        indices, codes = [], []
+        for start in range(0, num_chunks, rows_per_block):
+            block = flat[start : start + rows_per_block]
+            magnitudes = block.abs()
+            if finite_required and not bool(torch.isfinite(magnitudes.amax()).item()):  # amax propagates NaN
+                raise ProofError("hidden states contain NaN or infinity; a proof cannot commit to them")
+            top = magnitudes.topk(k, dim=-1, sorted=False).indices
+            indices.append(top)
+            codes.append(value_codes(block.gather(1, top)))
+        groups.append(_Group(k, torch.cat(indices), torch.cat(codes)))
+    return groups
+
+
+def _by_k(groups: list[list[_Group]]) -> dict[int, list[tuple[int, int]]]:
+    """(rollout, group) positions of every group, keyed by k, so each k is one batched field op."""
+    positions: dict[int, list[tuple[int, int]]] = {}
+    for rollout, rollout_groups in enumerate(groups):
+        for position, group in enumerate(rollout_groups):
+            positions.setdefault(group.k, []).append((rollout, position))
+    return positions
+
+
+def build_proofs(
+    hidden_states: list[torch.Tensor], topk: int = DEFAULT_TOPK, chunk_size: int = DEFAULT_CHUNK_SIZE
+) -> list[bytes]:
+    """Proof bytes for each completion's final hidden states (tokens, hidden); ProofError if any is impossible.
+
+    Chunks of all completions are interpolated together (one torch op per step for the batch).
+    """
+    ranked = [_rank(_check_states(states, topk, chunk_size), topk, chunk_size, True) for states in hidden_states]
+    words: list[list[torch.Tensor | None]] = [[None] * len(groups) for groups in ranked]
+    for positions in _by_k(ranked).values():
+        indices = torch.cat([ranked[r][g].indices for r, g in positions])
+        codes = torch.cat([ranked[r][g].codes for r, g in positions])
+        if bool(((codes & 0x7F80) == 0x7F80).any()):  # bf16 overflow of a finite fp32 value
+            raise ProofError("an activation overflows bfloat16; a proof cannot commit to it")
+        moduli = injective_moduli(indices)
+        coefficients = interpolate(indices % moduli.reshape(-1, 1), codes)
+        table = torch.cat([moduli.reshape(-1, 1), coefficients], dim=1)
+        sizes = [ranked[r][g].indices.shape[0] for r, g in positions]
+        for (r, g), part in zip(positions, torch.split(table, sizes), strict=True):
+            words[r][g] = part
+    return [
+        torch.cat([w.reshape(-1) for w in rollout_words if w is not None])
+        .to(torch.int32)
+        .numpy()
+        .astype(">u2")
+        .tobytes()
+        for rollout_words in words
+    ]
+
+
+def build_proof(hidden_states: torch.Tensor, topk: int = DEFAULT_TOPK, chunk_size: int = DEFAULT_CHUNK_SIZE) -> bytes:
+    """The proof bytes of one completion's final hidden states (tokens, hidden); ProofError if impossible."""
+    return build_proofs([hidden_states], topk, chunk_size)[0]
+
+
+def _parse(
+    proof: bytes, groups: list[_Group], num_rows: int, hidden_size: int, topk: int, chunk_size: int
+) -> list[torch.Tensor]:
+    """The (chunks, 1 + k) words of each group: modulus then coefficients; ProofError when malformed."""
+    if not isinstance(proof, bytes | bytearray):
+        raise ProofError(f"a proof is bytes, got {type(proof).__name__}")
+    expected = proof_size_bytes(num_rows, hidden_size, topk, chunk_size)
+    if len(proof) != expected:
+        raise ProofError(
+            f"proof is {len(proof)} bytes but {num_rows} tokens of hidden size {hidden_size} need {expected}"
+            f" (topk {topk}, one chunk per {chunk_size} tokens)"
+        )
+    octets = torch.frombuffer(bytearray(proof), dtype=torch.uint8).to(torch.int64)
+    words = octets[0::2] * 256 + octets[1::2]
+    tables = []
+    offset = 0
+    for group in groups:
+        num_chunks = group.indices.shape[0]
+        table = words[offset : offset + num_chunks * (group.k + 1)].reshape(num_chunks, group.k + 1)
+        offset += num_chunks * (group.k + 1)
+        moduli = table[:, 0]
+        if bool(((moduli < group.k) | (moduli > PRIME)).any()):
+            raise ProofError(f"proof has a chunk modulus outside [{group.k}, {PRIME}] (a null or corrupt proof)")
+        if bool((table[:, 1:] >= PRIME).any()):
+            raise ProofError(f"proof has a coefficient outside the field GF({PRIME})")
+        tables.append(table)
+    return tables
+
+
+def check_proofs(
+    hidden_states: list[torch.Tensor],
+    proofs: list[bytes],
+    topk: int = DEFAULT_TOPK,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+) -> list[list[ChunkCheck] | ProofError]:
+    """For each completion, per-chunk error measures of its proof against recomputed states,
+    or the ProofError saying why the proof (or the states) cannot be checked."""
+    if len(hidden_states) != len(proofs):
+        raise ValueError(f"{len(hidden_states)} state tensors for {len(proofs)} proofs")
+    outcome: list[list[ChunkCheck] | ProofError] = []
+    ranked: list[list[_Group]] = []
+    tables: list[list[torch.Tensor]] = []
+    for states, proof in zip(hidden_states, proofs, strict=True):
+        try:
+            checked = _check_states(states, topk, chunk_size)
+            groups = _rank(checked, topk, chunk_size, finite_required=False)
+            tables.append(_parse(proof, groups, checked.shape[0], checked.shape[1], topk, chunk_size))
+            ranked.append(groups)
+            outcome.append([])
+        except ProofError as exc:
+            ranked.append([])
+            tables.append([])
+            outcome.append(exc)
+    results: list[list[list[ChunkCheck]]] = [[[] for _ in groups] for groups in ranked]
+    for positions in _by_k(ranked).values():
+        indices = torch.cat([ranked[r][g].indices for r, g in positions])
+        mine = torch.cat([ranked[r][g].codes for r, g in positions])
+        table = torch.cat([tables[r][g] for r, g in positions])
+        claimed = evaluate(table[:, 1:], indices % table[:, :1])
+        checks = _compare(claimed, mine)
+        offset = 0
+        for r, g in positions:
+            num_chunks = ranked[r][g].indices.shape[0]
+            results[r][g] = checks[offset : offset + num_chunks]
+            offset += num_chunks
+    for r, rollout_results in enumerate(results):
+        if not isinstance(outcome[r], ProofError):
+            outcome[r] = [check for group_checks in rollout_results for check in group_checks]
+    return outcome
+
+
+def check_proof(
+    hidden_states: torch.Tensor, proof: bytes, topk: int = DEFAULT_TOPK, chunk_size: int = DEFAULT_CHUNK_SIZE
+) -> list[ChunkCheck]:
+    """Per-chunk error measures of ``proof`` against recomputed states; ProofError if the proof is malformed."""
+    result = check_proofs([hidden_states], [proof], topk, chunk_size)[0]
+    if isinstance(result, ProofError):
+        raise result
+    return result
+
+
+def _compare(claimed: torch.Tensor, mine: torch.Tensor) -> list[ChunkCheck]:
+    """Chunk measures from claimed and recomputed codes, both (chunks, k)."""
+    exp_equal = ((claimed >> 7) & 0xFF) == ((mine >> 7) & 0xFF)
+    sign_differs = (claimed >> 15) != (mine >> 15)
+    mant_err = ((claimed & 0x7F) - (mine & 0x7F)).abs()
+    num_matched = exp_equal.sum(dim=-1)
+    num_sign_mismatches = (sign_differs & exp_equal).sum(dim=-1)
+    sums = torch.where(exp_equal, mant_err, 0).sum(dim=-1)
+    ordered = torch.where(exp_equal, mant_err, _NOT_MATCHED).sort(dim=-1).values
+    middle = ((num_matched - 1).clamp(min=0) // 2).reshape(-1, 1)
+    medians = ordered.gather(1, middle).reshape(-1)
+    k = claimed.shape[1]
+    return [
+        ChunkCheck(
+            exp_mismatches=k - matched,
+            sign_mismatches=signs,
+            mant_err_mean=total / matched if matched else math.inf,
+            mant_err_median=float(median) if matched else math.inf,
+        )
+        for matched, signs, total, median in zip(
+            num_matched.tolist(), num_sign_mismatches.tolist(), sums.tolist(), medians.tolist(), strict=True
+        )
+    ]

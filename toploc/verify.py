@@ -1,0 +1,209 @@
+"""The validator's one entry point: ``verify_rollout`` checks a submitted rollout against a prefill.
+
+Given the task's sampling params, seed and the sample's noise stream, the rollout's tokens,
+claimed log-probabilities, finish reason and proof bytes, and the validator's own prefill of
+prompt + completion with the same policy (a ``PrefillResult``: hidden states and float32
+logits aligned so that row i drew token i), it returns a :class:`RolloutVerdict` whose
+``reasons`` say every check that failed:
+
+- shape: lengths agree, 1 <= tokens <= max_tokens, token ids inside the vocabulary, logprobs finite;
+- termination: "stop" ends with an EOS id, "length" has exactly max_tokens tokens, and no EOS
+  id appears before the last token (the sampler stops there);
+- TOPLOC: every proof chunk within the thresholds of :class:`toploc.config.ToplocConfig`;
+- sampling replay: every token is the argmax of ``logits / T + g`` recomputed, within
+  ``sampling_tolerance`` for near ties (catches tokens from another model or temperature even
+  when the proof was built by an honest prefill);
+- logprobs: each claimed value within ``logprob_tolerance`` of ``log_softmax(logits / T)``.
+
+Malformed input (a proof of the wrong length or with values outside the field, out-of-vocab
+ids) is a rejection with a reason, never an exception. ``precheck_rollout`` runs the checks
+that need no model, so a validator can refuse junk before spending a prefill on it (and must:
+an out-of-vocabulary id cannot be prefilled).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+from protocol.errors import ProofError
+from protocol.schemas import SamplingParams
+from toploc.config import ToplocConfig
+from toploc.proof import ChunkCheck, check_proof
+from toploc.sampling import sampling_gaps
+
+MAX_REASONS = 16
+
+
+class Recomputed(Protocol):
+    """What verification needs from a prefill (worker.engines.base.PrefillResult has it)."""
+
+    hidden_states: torch.Tensor
+    logits: torch.Tensor
+
+
+@dataclass(frozen=True)
+class RolloutVerdict:
+    """Accepted when no check failed; ``reasons`` name each failure for the worker and the ledger."""
+
+    accepted: bool
+    reasons: tuple[str, ...]
+    chunks: tuple[ChunkCheck, ...] = field(default=(), repr=False)
+    """Per-chunk proof measures (empty when the proof was not checked)."""
+    max_sampling_gap: float = math.nan
+    """Largest noisy-score gap of a claimed token (0 when every token is the exact noisy argmax)."""
+    max_logprob_error: float = math.nan
+
+
+def decode_proof_b64(proof_b64: str) -> bytes:
+    """The proof bytes of a Rollout's ``proof_b64``; ProofError when it is not valid base64."""
+    try:
+        return base64.b64decode(proof_b64, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise ProofError(f"proof is not valid base64: {exc}") from exc
+
+
+def _termination_reasons(
+    completion_ids: Sequence[int], finish_reason: str, max_tokens: int, eos_token_ids: Sequence[int]
+) -> list[str]:
+    reasons = []
+    eos = set(eos_token_ids)
+    early_eos = [i for i, token in enumerate(completion_ids[:-1]) if token in eos]
+    if early_eos:
+        reasons.append(f"termination: EOS at position {early_eos[0]} but the completion goes on")
+    if finish_reason == "stop" and completion_ids and completion_ids[-1] not in eos:
+        reasons.append("termination: finish_reason 'stop' but the last token is not an EOS id (truncated completion)")
+    elif finish_reason == "length" and len(completion_ids) != max_tokens:
+        reasons.append(
+            f"termination: finish_reason 'length' but {len(completion_ids)} tokens != max_tokens {max_tokens}"
+        )
+    elif finish_reason not in ("stop", "length"):
+        reasons.append(f"termination: unknown finish_reason {finish_reason!r}")
+    return reasons
+
+
+def precheck_rollout(
+    *,
+    sampling: SamplingParams,
+    completion_ids: Sequence[int],
+    logprobs: Sequence[float],
+    finish_reason: str,
+    eos_token_ids: Sequence[int],
+    vocab_size: int,
+) -> list[str]:
+    """Reasons to reject a rollout that need no model: lengths, vocabulary, termination, logprob values."""
+    if sampling.top_k is not None:
+        raise ValueError("verifiable sampling draws from the full vocabulary; tasks must not set top_k")
+    reasons = []
+    num_tokens = len(completion_ids)
+    if num_tokens == 0:
+        reasons.append("shape: empty completion (at least one token is always drawn)")
+    if num_tokens > sampling.max_tokens:
+        reasons.append(f"shape: {num_tokens} tokens > max_tokens {sampling.max_tokens}")
+    if len(logprobs) != num_tokens:
+        reasons.append(f"shape: {len(logprobs)} logprobs for {num_tokens} tokens")
+    outside = [t for t in completion_ids if not 0 <= t < vocab_size]
+    if outside:
+        reasons.append(f"shape: {len(outside)} token ids outside the vocabulary [0, {vocab_size}), e.g. {outside[0]}")
+    if any(not math.isfinite(lp) or lp > 0 for lp in logprobs):
+        reasons.append("logprobs: a claimed logprob is not a finite number <= 0")
+    reasons.extend(_termination_reasons(completion_ids, finish_reason, sampling.max_tokens, eos_token_ids))
+    return reasons
+
+
+def _proof_reasons(checks: Sequence[ChunkCheck], config: ToplocConfig) -> list[str]:
+    limits = (
+        ("exponent mismatches", "exp_mismatches", config.max_exp_mismatches),
+        ("sign mismatches", "sign_mismatches", config.max_sign_mismatches),
+        ("mantissa error mean", "mant_err_mean", config.max_mant_err_mean),
+        ("mantissa error median", "mant_err_median", config.max_mant_err_median),
+    )
+    reasons = []
+    for label, attribute, limit in limits:
+        failing = [
+            (i, getattr(check, attribute)) for i, check in enumerate(checks) if getattr(check, attribute) > limit
+        ]
+        if failing:
+            chunk, worst = max(failing, key=lambda item: item[1])
+            reasons.append(
+                f"toploc: {len(failing)}/{len(checks)} chunks over the {label} limit {limit}"
+                f" (worst: chunk {chunk} at {worst:.4g})"
+            )
+    return reasons
+
+
+def verify_rollout(
+    *,
+    sampling: SamplingParams,
+    seed: int,
+    stream: int,
+    prompt_ids: Sequence[int],
+    completion_ids: Sequence[int],
+    logprobs: Sequence[float],
+    finish_reason: str,
+    proof: bytes,
+    prefill: Recomputed,
+    eos_token_ids: Sequence[int],
+    config: ToplocConfig | None = None,
+) -> RolloutVerdict:
+    """Every check of one rollout against the validator's prefill of prompt + completion."""
+    config = config or ToplocConfig()
+    vocab_size = prefill.logits.shape[-1]
+    reasons = precheck_rollout(
+        sampling=sampling,
+        completion_ids=completion_ids,
+        logprobs=logprobs,
+        finish_reason=finish_reason,
+        eos_token_ids=eos_token_ids,
+        vocab_size=vocab_size,
+    )
+    if not prompt_ids:
+        reasons.append("shape: empty prompt")
+    if reasons:
+        return RolloutVerdict(accepted=False, reasons=tuple(reasons[:MAX_REASONS]))
+    num_tokens = len(completion_ids)
+    if prefill.hidden_states.shape[0] != num_tokens or prefill.logits.shape[0] != num_tokens:
+        raise ValueError(
+            f"the prefill has {prefill.hidden_states.shape[0]} state rows and {prefill.logits.shape[0]} logit rows"
+            f" for {num_tokens} completion tokens: prefill prompt + this completion"
+        )
+
+    checks: list[ChunkCheck] = []
+    try:
+        checks = check_proof(prefill.hidden_states, proof, config.topk, config.chunk_size)
+    except ProofError as exc:
+        reasons.append(f"toploc: malformed proof: {exc.message}")
+    reasons.extend(_proof_reasons(checks, config))
+
+    tokens = torch.tensor(list(completion_ids), dtype=torch.int64)
+    logits = prefill.logits.to(torch.float32)
+    gaps = sampling_gaps(logits, sampling.temperature, seed, stream, tokens)
+    off_draw = (gaps > config.sampling_tolerance).nonzero().reshape(-1)
+    if off_draw.numel():
+        first = int(off_draw[0])
+        reasons.append(
+            f"sampling: {off_draw.numel()}/{num_tokens} tokens are not the seeded draw"
+            f" (first at position {first}, gap {float(gaps[first]):.4g} > {config.sampling_tolerance})"
+        )
+    recomputed = torch.log_softmax(logits / sampling.temperature, dim=-1).gather(1, tokens.reshape(-1, 1)).reshape(-1)
+    errors = (recomputed.to(torch.float64) - torch.tensor(list(logprobs), dtype=torch.float64)).abs()
+    wrong = (errors > config.logprob_tolerance).nonzero().reshape(-1)
+    if wrong.numel():
+        first = int(wrong[0])
+        reasons.append(
+            f"logprobs: {wrong.numel()}/{num_tokens} claimed logprobs differ from the recomputed ones"
+            f" (first at position {first} by {float(errors[first]):.4g} > {config.logprob_tolerance})"
+        )
+    return RolloutVerdict(
+        accepted=not reasons,
+        reasons=tuple(reasons[:MAX_REASONS]),
+        chunks=tuple(checks),
+        max_sampling_gap=float(gaps.max()),
+        max_logprob_error=float(errors.max()),
+    )
