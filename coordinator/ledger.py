@@ -236,7 +236,7 @@ class Ledger:
         return RegisterResponse(node_id=node_id, role=request.role, approved=approved, current_policy_version=current)
 
     def heartbeat(self, node_id: str, request: HeartbeatRequest) -> HeartbeatResponse:
-        with self.db.write() as conn:
+        with self.db.write(durable=False) as conn:  # liveness is soft state
             self._node(conn, node_id, None)
             values: dict[str, Any] = {
                 "last_seen": self.clock(),
