@@ -23,7 +23,6 @@ import json
 import os
 import platform
 import random
-import signal
 import subprocess
 import sys
 import tempfile
@@ -36,9 +35,9 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:  # run as a script: make the repo's packages importable
     sys.path.insert(0, str(REPO_ROOT))
 
-import httpx  # noqa: E402
 import tomli_w  # noqa: E402
 
+from coordinator.process import CoordinatorProcess  # noqa: E402
 from coordinator.task_source import SourcePrompt  # noqa: E402
 from protocol.identity import NodeIdentity  # noqa: E402
 from protocol.ledger_client import HEADER_SUBMISSION_SIGNATURE  # noqa: E402
@@ -256,20 +255,6 @@ def free_port() -> int:
         return port
 
 
-def wait_healthy(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 60) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError("coordinator exited during start-up (see its log)")
-        try:
-            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError("coordinator did not become healthy")
-
-
 def run_backend(backend: str, ledger_url: str, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -285,14 +270,9 @@ def run_backend(backend: str, ledger_url: str, args: argparse.Namespace, workdir
     config_path = workdir / f"{backend}.toml"
     config_path.write_text(tomli_w.dumps(config))
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-    script = Path(sys.executable).parent / "prime-coordinator"
-    log_path = workdir / f"{backend}.log"
-    with log_path.open("wb") as server_log:
-        server = subprocess.Popen(
-            [str(script), "start", "-c", str(config_path), "--log-level", "warning"], stderr=server_log, env=env
-        )
+    server = CoordinatorProcess(config_path, workdir / f"{backend}.log", env)
     try:
-        wait_healthy(url, server)
+        server.start(url, ("--log-level", "warning"))
         log(f"{backend}: coordinator pid {server.pid} on {url}; {args.workers} workers for {args.duration_s} s")
         generator = [sys.executable, str(Path(__file__).resolve()), "--generate", url]
         generator += ["--workers", str(args.workers), "--duration-s", str(args.duration_s)]
@@ -301,16 +281,10 @@ def run_backend(backend: str, ledger_url: str, args: argparse.Namespace, workdir
         if done.returncode != 0:
             raise RuntimeError(f"load generator failed: {done.stderr[-2000:]}")
         result = summarize(json.loads(done.stdout))
-        result["server_log_tail"] = log_path.read_text()[-500:]
+        result["server_log_tail"] = server.log_path.read_text()[-500:]
         return result
     finally:
-        if server.poll() is None:
-            os.kill(server.pid, signal.SIGTERM)
-            try:
-                server.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.kill(server.pid, signal.SIGKILL)
-                server.wait()
+        server.stop()
 
 
 def run_postgresql(server_url: str, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:

@@ -148,9 +148,10 @@ class Ledger:
         row = conn.execute(query.with_for_update() if lock else query).one()
         return row
 
-    def _node(self, conn: Connection, node_id: str, role: Role | None) -> Row[Any]:
+    def _node(self, conn: Connection, node_id: str, role: Role | None, lock: bool = False) -> Row[Any]:
         """The node's row, or a 403 saying why it may not act in ``role`` (None: in any role)."""
-        row = conn.execute(select(nodes).where(nodes.c.node_id == node_id)).first()
+        query = select(nodes).where(nodes.c.node_id == node_id)
+        row = conn.execute(query.with_for_update() if lock else query).first()
         if row is None:
             raise ForbiddenError(f"node {node_id} is not registered; call POST /v1/nodes/register first")
         if row.banned:
@@ -256,8 +257,9 @@ class Ledger:
     def lease(self, node_id: str, request: LeaseRequest) -> LeaseResponse:
         now = self.clock()
         with self.db.write() as conn:
-            self._node(conn, node_id, "worker")
-            run = self._run(conn, lock=True)
+            # One lease call per node at a time (its cap holds); different nodes do not wait for each other.
+            self._node(conn, node_id, "worker", lock=True)
+            run = self._run(conn)
             if now >= self._next_expiry_check:  # at most once a second per process; maintenance does it too
                 self._expire_overdue(conn, now)
                 self._next_expiry_check = now + 1.0
@@ -278,10 +280,14 @@ class Ledger:
                 return LeaseResponse(tasks=[], retry_after_s=RETRY_EMPTY_S)
             task_rows: list[Any] = list(
                 conn.execute(
-                    select(tasks).where(tasks.c.state == "open").order_by(tasks.c.group_index).limit(count)
+                    select(tasks)
+                    .where(tasks.c.state == "open")
+                    .order_by(tasks.c.group_index)
+                    .limit(count)
+                    .with_for_update(skip_locked=True)  # PostgreSQL: concurrent leases claim different tasks
                 ).all()
             )
-            task_rows += self._new_tasks(conn, run, count - len(task_rows), now)
+            task_rows += self._new_tasks(conn, count - len(task_rows), now)
             if not task_rows:
                 return LeaseResponse(tasks=[], retry_after_s=RETRY_EMPTY_S)
             version = choose_policy_version(
@@ -307,10 +313,23 @@ class Ledger:
             self._live_workers = (now, count)
         return count
 
-    def _new_tasks(self, conn: Connection, run: Row[Any], count: int, now: float) -> list[Any]:
+    def _next_group_index(self, conn: Connection) -> int:
+        """The next prompt group to draw from the source.
+
+        SQLite serializes writers, so a counter in run_state is enough. PostgreSQL uses a sequence
+        (no row lock held until commit, so concurrent leases do not queue behind each other); an
+        index drawn by a transaction that then rolls back is skipped, never reused.
+        """
+        if self.db.is_sqlite:
+            index = int(self._run(conn).next_group_index)
+            conn.execute(update(run_state).where(run_state.c.id == _RUN_ROW_ID).values(next_group_index=index + 1))
+            return index
+        return int(conn.exec_driver_sql("SELECT nextval('group_index_seq')").scalar_one())
+
+    def _new_tasks(self, conn: Connection, count: int, now: float) -> list[Any]:
         created: list[Any] = []
-        next_index = int(run.next_group_index)
         for _ in range(max(0, count)):
+            next_index = self._next_group_index(conn)
             group = self.task_source.prompt_group(self.config.task, next_index, self.scheduling.prompts_per_task)
             if not group:
                 break
@@ -329,9 +348,6 @@ class Ledger:
             }
             conn.execute(insert(tasks).values(**values))
             created.append(SimpleNamespace(**values))
-            next_index += 1
-        if created:
-            conn.execute(update(run_state).where(run_state.c.id == _RUN_ROW_ID).values(next_group_index=next_index))
         return created
 
     def _issue(
