@@ -35,6 +35,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:  # run as a script: make the repo's packages importable
     sys.path.insert(0, str(REPO_ROOT))
 
+import httpx  # noqa: E402
 import tomli_w  # noqa: E402
 
 from coordinator.process import CoordinatorProcess  # noqa: E402
@@ -87,12 +88,15 @@ class Pool:
         for _ in range(size):
             self.idle.put_nowait(None)  # connected lazily
 
-    async def request(self, method: str, path: str, body: bytes, headers: dict[str, str]) -> tuple[int, bytes]:
+    async def request(
+        self, method: str, path: str, body: bytes, headers: Callable[[], dict[str, str]]
+    ) -> tuple[int, bytes]:
+        """Send on the next free connection; ``headers`` is called then (signatures carry a timestamp)."""
         conn = await self.idle.get()
         try:
             if conn is None:
                 conn = Connection(*await asyncio.open_connection(self.host, self.port))
-            result = await conn.request(method, path, body, headers)
+            result = await conn.request(method, path, body, headers())
         except BaseException:
             if conn is not None:
                 conn.writer.close()
@@ -124,8 +128,11 @@ class SimulatedWorker:
         self, endpoint: str, path: str, document: dict[str, Any], extra: dict[str, str] | None = None
     ) -> dict[str, Any] | None:
         body = json.dumps(document).encode()
-        headers = {"Content-Type": "application/json", **sign_request(self.identity, "POST", path, body)}
-        headers.update(extra or {})
+
+        def headers() -> dict[str, str]:
+            signed = sign_request(self.identity, "POST", path, body)
+            return {"Content-Type": "application/json", **signed, **(extra or {})}
+
         started = time.perf_counter()
         try:
             status, answer = await self.pool.request("POST", path, body, headers)
@@ -242,6 +249,45 @@ def summarize(raw: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+ROUTES = {
+    "register": "/v1/nodes/register",
+    "heartbeat": "/v1/nodes/heartbeat",
+    "lease": "/v1/leases",
+    "submit": "/v1/submissions",
+}
+
+
+def server_side_latency(metrics_text: str) -> dict[str, dict[str, float | None]]:
+    """Per endpoint, the bucket bounds holding the server's own p50/p99 (from its Prometheus histogram).
+
+    The client-side figures include queueing in the client and the kernel; these do not.
+    """
+    from prometheus_client.parser import text_string_to_metric_families
+
+    buckets: dict[str, list[tuple[float, float]]] = {}
+    for family in text_string_to_metric_families(metrics_text):
+        if family.name != "prime_ledger_request_seconds":
+            continue
+        for sample in family.samples:
+            if sample.name.endswith("_bucket"):
+                buckets.setdefault(sample.labels["route"], []).append((float(sample.labels["le"]), sample.value))
+    found: dict[str, dict[str, float | None]] = {}
+    for endpoint, route in ROUTES.items():
+        cumulative = sorted(buckets.get(route, []))
+        total = cumulative[-1][1] if cumulative else 0.0
+
+        def bound(
+            fraction: float, cumulative: list[tuple[float, float]] = cumulative, total: float = total
+        ) -> float | None:
+            for upper_s, count in cumulative:
+                if total and count >= fraction * total:
+                    return None if upper_s == float("inf") else upper_s * 1000
+            return None
+
+        found[endpoint] = {"count": total, "p50_ms_at_most": bound(0.50), "p99_ms_at_most": bound(0.99)}
+    return found
+
+
 def log(message: str) -> None:
     print(f"[ledger_load] {message}", file=sys.stderr, flush=True)
 
@@ -281,6 +327,7 @@ def run_backend(backend: str, ledger_url: str, args: argparse.Namespace, workdir
         if done.returncode != 0:
             raise RuntimeError(f"load generator failed: {done.stderr[-2000:]}")
         result = summarize(json.loads(done.stdout))
+        result["server_side"] = server_side_latency(httpx.get(f"{url}/metrics", timeout=30).text)
         result["server_log_tail"] = server.log_path.read_text()[-500:]
         return result
     finally:

@@ -41,6 +41,7 @@ from coordinator.storage.tables import (
     tasks,
 )
 from coordinator.task_source import TaskSource
+from coordinator.views import RUN_ROW_ID, LedgerViews
 from protocol.errors import (
     ConfigError,
     ConflictError,
@@ -50,14 +51,11 @@ from protocol.errors import (
     StalePolicyError,
 )
 from protocol.schemas import (
-    Event,
-    EventPage,
     HeartbeatRequest,
     HeartbeatResponse,
     LeaseRequest,
     LeaseResponse,
     LeaseState,
-    NodeStats,
     PendingSubmission,
     PendingSubmissions,
     Prompt,
@@ -65,8 +63,6 @@ from protocol.schemas import (
     RegisterRequest,
     RegisterResponse,
     Role,
-    RunStats,
-    RunStatus,
     SamplingParams,
     SignedManifest,
     SubmitRequest,
@@ -80,14 +76,13 @@ from protocol.signing import canonical_json, verify_document
 HEARTBEAT_INTERVAL_S = 10.0
 RETRY_EMPTY_S = 2.0
 MAX_POLICY_VERSION = 2**31 - 1  # stored as a 32-bit INTEGER
-_RUN_ROW_ID = 1
 
 
 def _dumps(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), sort_keys=True)
 
 
-class Ledger:
+class Ledger(LedgerViews):
     """The run's single source of truth, over one :class:`Database`."""
 
     def __init__(
@@ -98,13 +93,11 @@ class Ledger:
         coordinator_id: str,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self.db = database
+        super().__init__(database, config.scheduling, clock)
         self.config = config
-        self.scheduling = config.scheduling
         self.trust = config.trust
         self.task_source = task_source
         self.coordinator_id = coordinator_id
-        self.clock = clock
         self.ban_policy = BanPolicy(ban_after_rejections=config.trust.ban_after_rejections)
         if not task_source.has_task(config.task):
             raise ConfigError(f"task {config.task!r} is not provided by the configured task source")
@@ -115,12 +108,12 @@ class Ledger:
 
     def _load_or_create_run(self) -> str:
         with self.db.write() as conn:
-            row = conn.execute(select(run_state).where(run_state.c.id == _RUN_ROW_ID)).first()
+            row = conn.execute(select(run_state).where(run_state.c.id == RUN_ROW_ID)).first()
             if row is None:
                 secret = new_run_secret()
                 conn.execute(
                     insert(run_state).values(
-                        id=_RUN_ROW_ID,
+                        id=RUN_ROW_ID,
                         run_name=self.config.run_name,
                         secret_hex=secret,
                         current_policy_version=0,
@@ -142,11 +135,6 @@ class Ledger:
         conn.execute(
             insert(events).values(at=self.clock(), kind=kind, node_id=node_id, subject=subject, data_json=_dumps(data))
         )
-
-    def _run(self, conn: Connection, lock: bool = False) -> Row[Any]:
-        query = select(run_state).where(run_state.c.id == _RUN_ROW_ID)
-        row = conn.execute(query.with_for_update() if lock else query).one()
-        return row
 
     def _node(self, conn: Connection, node_id: str, role: Role | None, lock: bool = False) -> Row[Any]:
         """The node's row, or a 403 saying why it may not act in ``role`` (None: in any role)."""
@@ -297,10 +285,6 @@ class Ledger:
             leased = [self._issue(conn, node_id, row, version, sampling, now) for row in task_rows]
         return LeaseResponse(tasks=leased, retry_after_s=0.0)
 
-    @property
-    def _live_s(self) -> float:
-        return self.scheduling.worker_live_s
-
     def _num_live_workers(self, conn: Connection, now: float) -> int:
         """Live workers, counted at most once a second (the fair share needs a rough figure, fast)."""
         counted_at, count = self._live_workers
@@ -322,7 +306,7 @@ class Ledger:
         """
         if self.db.is_sqlite:
             index = int(self._run(conn).next_group_index)
-            conn.execute(update(run_state).where(run_state.c.id == _RUN_ROW_ID).values(next_group_index=index + 1))
+            conn.execute(update(run_state).where(run_state.c.id == RUN_ROW_ID).values(next_group_index=index + 1))
             return index
         return int(conn.exec_driver_sql("SELECT nextval('group_index_seq')").scalar_one())
 
@@ -602,7 +586,7 @@ class Ledger:
                     published_at=now,
                 )
             )
-            conn.execute(update(run_state).where(run_state.c.id == _RUN_ROW_ID).values(current_policy_version=version))
+            conn.execute(update(run_state).where(run_state.c.id == RUN_ROW_ID).values(current_policy_version=version))
             oldest = version - self.scheduling.async_level
             for lease_id, task_id, node_id in conn.execute(
                 select(leases.c.lease_id, leases.c.task_id, leases.c.node_id).where(
@@ -615,89 +599,3 @@ class Ledger:
                 conn, "publish", self.coordinator_id, str(version), total_size_bytes=signed.manifest.total_size_bytes
             )
         return PublishResponse(version=version, published_at=now)
-
-    def manifest(self, version: int | None) -> SignedManifest:
-        with self.db.read() as conn:
-            query = select(policy_versions)
-            query = (
-                query.order_by(policy_versions.c.version.desc())
-                if version is None
-                else query.where(policy_versions.c.version == version)
-            )
-            row = conn.execute(query.limit(1)).first()
-        if row is None:
-            raise NotFoundError(f"policy version {'(any)' if version is None else version} has not been published")
-        return SignedManifest.model_validate(
-            {"manifest": json.loads(row.manifest_json), "signer": row.signer, "signature_b64": row.signature}
-        )
-
-    # ---- read-only views -----------------------------------------------------------------------
-
-    def status(self) -> RunStatus:
-        now = self.clock()
-        with self.db.read() as conn:
-            run = self._run(conn)
-            live: dict[str, int] = dict(
-                conn.execute(
-                    select(nodes.c.role, func.count())
-                    .where(nodes.c.last_seen >= now - self._live_s, nodes.c.banned.is_(False))
-                    .group_by(nodes.c.role)
-                ).all()
-            )
-            task_counts: dict[str, int] = dict(
-                conn.execute(select(tasks.c.state, func.count()).group_by(tasks.c.state)).all()
-            )
-            sub_counts: dict[str, int] = dict(
-                conn.execute(select(submissions.c.status, func.count()).group_by(submissions.c.status)).all()
-            )
-        return RunStatus(
-            run_name=run.run_name,
-            current_policy_version=run.current_policy_version,
-            async_level=self.scheduling.async_level,
-            num_workers_live=live.get("worker", 0),
-            num_validators_live=live.get("validator", 0),
-            num_tasks_open=task_counts.get("open", 0) + task_counts.get("leased", 0),
-            num_submissions_pending=sub_counts.get("pending", 0),
-            num_submissions_accepted=sub_counts.get("accepted", 0),
-            num_submissions_rejected=sub_counts.get("rejected", 0),
-        )
-
-    def stats(self, limit: int) -> RunStats:
-        with self.db.read() as conn:
-            rows = conn.execute(select(nodes).order_by(nodes.c.last_seen.desc()).limit(limit)).all()
-        node_stats = [
-            NodeStats(
-                node_id=row.node_id,
-                role=row.role,
-                approved=row.approved,
-                banned=row.banned,
-                ban_reason=row.ban_reason,
-                num_accepted=row.num_accepted,
-                num_rejected=row.num_rejected,
-                last_seen=row.last_seen,
-            )
-            for row in rows
-        ]
-        return RunStats(status=self.status(), nodes=node_stats)
-
-    def events(self, after: int, limit: int) -> EventPage:
-        with self.db.read() as conn:
-            rows = conn.execute(
-                select(events).where(events.c.event_id > after).order_by(events.c.event_id).limit(limit)
-            ).all()
-        found = [
-            Event(
-                event_id=row.event_id,
-                at=row.at,
-                kind=row.kind,
-                node_id=row.node_id,
-                subject=row.subject,
-                data=json.loads(row.data_json),
-            )
-            for row in rows
-        ]
-        return EventPage(events=found, next_after=found[-1].event_id if found else after)
-
-    def ping(self) -> None:
-        with self.db.read() as conn:
-            conn.execute(select(1))
