@@ -88,19 +88,8 @@ class LedgerViews:
     def stats(self, limit: int) -> RunStats:
         with self.db.read() as conn:
             rows = conn.execute(select(nodes).order_by(nodes.c.last_seen.desc()).limit(limit)).all()
-        node_stats = [
-            NodeStats(
-                node_id=row.node_id,
-                role=row.role,
-                approved=row.approved,
-                banned=row.banned,
-                ban_reason=row.ban_reason,
-                num_accepted=row.num_accepted,
-                num_rejected=row.num_rejected,
-                last_seen=row.last_seen,
-            )
-            for row in rows
-        ]
+        fields = [name for name in NodeStats.model_fields if name != "v"]  # all are columns of nodes
+        node_stats = [NodeStats.model_validate({name: row._mapping[name] for name in fields}) for row in rows]
         return RunStats(status=self.status(), nodes=node_stats)
 
     def events(self, after: int, limit: int) -> EventPage:
