@@ -7,9 +7,13 @@ event log in that same transaction, and returns a wire message or raises a
 :class:`~protocol.errors.RequestRefused` saying why. It knows nothing of HTTP.
 
 Concurrency: SQLite runs one write transaction at a time (see
-:mod:`coordinator.storage.engine`); on PostgreSQL the run-state row is locked while leases
-are handed out or a version is published, and the lease or submission row while it changes,
-so several API replicas can share one database.
+:mod:`coordinator.storage.engine`). On PostgreSQL a lease call locks its node's row (so the
+per-node cap holds), claims open tasks with ``FOR UPDATE SKIP LOCKED`` and draws new group
+indices from a sequence, so leases to different workers do not queue behind one another; a
+submission or verdict locks its lease or submission row, and publishing locks the run-state
+row. Several API replicas can share one database; the network-wide lease cap is then
+approximate by at most the number of concurrent lease calls. Read-only views live in
+:mod:`coordinator.views`.
 """
 
 from __future__ import annotations
@@ -18,13 +22,15 @@ import hashlib
 import json
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from types import SimpleNamespace
 from typing import Any
 
 from sqlalchemy import Connection, Row, func, insert, select, update
 
 from coordinator.config import CoordinatorConfig
+from coordinator.replay import NonceClaim, claim_nonce
 from coordinator.reputation import BanPolicy, ban_reason
 from coordinator.scheduling import choose_policy_version, grant_count, rollout_problems, staleness_problem
 from coordinator.seeds import new_run_secret, sampling_seed
@@ -48,6 +54,7 @@ from protocol.errors import (
     ForbiddenError,
     NotFoundError,
     ProtocolError,
+    ReplayedNonceError,
     StalePolicyError,
 )
 from protocol.schemas import (
@@ -131,6 +138,20 @@ class Ledger(LedgerViews):
 
     # ---- helpers -------------------------------------------------------------------------------
 
+    @contextmanager
+    def _write(self, nonce: NonceClaim | None, durable: bool = True) -> Iterator[Connection]:
+        """A write transaction that first claims the signed request's nonce (in the same commit).
+
+        One transaction per request instead of two; a request refused by the ledger rolls back its
+        nonce with everything else, which is harmless: replaying it changes nothing either.
+        """
+        with self.db.write(durable) as conn:
+            if nonce is not None and not claim_nonce(conn, nonce, self.clock()):
+                raise ReplayedNonceError(
+                    f"nonce {nonce.nonce} was already used by node {nonce.node_id}; requests cannot be replayed"
+                )
+            yield conn
+
     def _event(self, conn: Connection, kind: str, node_id: str | None, subject: str | None, **data: Any) -> None:
         conn.execute(
             insert(events).values(at=self.clock(), kind=kind, node_id=node_id, subject=subject, data_json=_dumps(data))
@@ -174,18 +195,33 @@ class Ledger(LedgerViews):
                 leases.c.state == "active", leases.c.deadline < now
             )
         ).all()
+        num_expired = 0
         for lease_id, task_id, node_id in overdue:
-            self._end_lease(conn, lease_id, task_id, "expired")
-            self._event(conn, "expire", node_id, lease_id, task_id=task_id, reason="deadline passed")
-        return len(overdue)
+            if self._end_lease(conn, lease_id, task_id, "expired"):
+                self._event(conn, "expire", node_id, lease_id, task_id=task_id, reason="deadline passed")
+                num_expired += 1
+        return num_expired
 
-    def _end_lease(self, conn: Connection, lease_id: str, task_id: str, state: str) -> None:
-        conn.execute(update(leases).where(leases.c.lease_id == lease_id).values(state=state))
+    def _end_lease(self, conn: Connection, lease_id: str, task_id: str, state: str) -> bool:
+        """End an active lease and re-queue its task; False when it was no longer active.
+
+        The ``state = 'active'`` condition matters on PostgreSQL: two transactions may both have
+        seen the lease overdue; the second one's UPDATE waits for the first and then matches
+        nothing, so it cannot re-open a task that was meanwhile leased to someone else.
+        """
+        ended = conn.execute(
+            update(leases).where(leases.c.lease_id == lease_id, leases.c.state == "active").values(state=state)
+        )
+        if ended.rowcount != 1:
+            return False
         conn.execute(update(tasks).where(tasks.c.task_id == task_id, tasks.c.state == "leased").values(state="open"))
+        return True
 
     # ---- nodes ---------------------------------------------------------------------------------
 
-    def register(self, node_id: str, ip: str, request: RegisterRequest) -> RegisterResponse:
+    def register(
+        self, node_id: str, ip: str, request: RegisterRequest, nonce: NonceClaim | None = None
+    ) -> RegisterResponse:
         approved = request.role == "worker" or self.trust.validators_open or node_id in self.trust.approved_validators
         if not approved:
             raise ForbiddenError(
@@ -201,7 +237,7 @@ class Ledger(LedgerViews):
             "engine": request.engine,
             "software_version": request.software_version,
         }
-        with self.db.write() as conn:
+        with self._write(nonce) as conn:
             row = conn.execute(select(nodes).where(nodes.c.node_id == node_id)).first()
             if row is not None and row.banned:
                 raise ForbiddenError(f"node {node_id} is banned: {row.ban_reason}")
@@ -224,8 +260,8 @@ class Ledger(LedgerViews):
             current = self._run(conn).current_policy_version
         return RegisterResponse(node_id=node_id, role=request.role, approved=approved, current_policy_version=current)
 
-    def heartbeat(self, node_id: str, request: HeartbeatRequest) -> HeartbeatResponse:
-        with self.db.write(durable=False) as conn:  # liveness is soft state
+    def heartbeat(self, node_id: str, request: HeartbeatRequest, nonce: NonceClaim | None = None) -> HeartbeatResponse:
+        with self._write(nonce, durable=False) as conn:  # liveness is soft state
             self._node(conn, node_id, None)
             values: dict[str, Any] = {
                 "last_seen": self.clock(),
@@ -242,9 +278,9 @@ class Ledger(LedgerViews):
 
     # ---- leases --------------------------------------------------------------------------------
 
-    def lease(self, node_id: str, request: LeaseRequest) -> LeaseResponse:
+    def lease(self, node_id: str, request: LeaseRequest, nonce: NonceClaim | None = None) -> LeaseResponse:
         now = self.clock()
-        with self.db.write() as conn:
+        with self._write(nonce) as conn:
             # One lease call per node at a time (its cap holds); different nodes do not wait for each other.
             self._node(conn, node_id, "worker", lock=True)
             run = self._run(conn)
@@ -368,9 +404,9 @@ class Ledger(LedgerViews):
             raise ForbiddenError(f"lease {lease_id} belongs to another node")
         return row
 
-    def renew(self, node_id: str, lease_id: str) -> LeaseState:
+    def renew(self, node_id: str, lease_id: str, nonce: NonceClaim | None = None) -> LeaseState:
         now = self.clock()
-        with self.db.write() as conn:
+        with self._write(nonce) as conn:
             self._node(conn, node_id, "worker")
             row = self._own_lease(conn, node_id, lease_id)
             if row.state != "active" or row.deadline < now:
@@ -382,8 +418,8 @@ class Ledger(LedgerViews):
             self._event(conn, "renew", node_id, lease_id, deadline=deadline)
         return LeaseState(lease_id=lease_id, task_id=row.task_id, state="active", deadline=deadline)
 
-    def abandon(self, node_id: str, lease_id: str) -> LeaseState:
-        with self.db.write() as conn:
+    def abandon(self, node_id: str, lease_id: str, nonce: NonceClaim | None = None) -> LeaseState:
+        with self._write(nonce) as conn:
             self._node(conn, node_id, "worker")
             row = self._own_lease(conn, node_id, lease_id)
             if row.state == "active":
@@ -403,12 +439,14 @@ class Ledger(LedgerViews):
 
     # ---- submissions ---------------------------------------------------------------------------
 
-    def submit(self, node_id: str, request: SubmitRequest, worker_signature: str) -> SubmitResponse:
+    def submit(
+        self, node_id: str, request: SubmitRequest, worker_signature: str, nonce: NonceClaim | None = None
+    ) -> SubmitResponse:
         document = request.model_dump(mode="json")
         verify_document(node_id, document, worker_signature)
         body_sha256 = hashlib.sha256(canonical_json(document)).hexdigest()
         now = self.clock()
-        with self.db.write() as conn:
+        with self._write(nonce) as conn:
             self._node(conn, node_id, "worker")
             lease = self._own_lease(conn, node_id, request.lease_id)
             earlier = conn.execute(select(submissions).where(submissions.c.lease_id == request.lease_id)).first()
@@ -469,8 +507,8 @@ class Ledger(LedgerViews):
                 "their deadline"
             )
 
-    def pending(self, validator_id: str, limit: int) -> PendingSubmissions:
-        with self.db.write() as conn:
+    def pending(self, validator_id: str, limit: int, nonce: NonceClaim | None = None) -> PendingSubmissions:
+        with self._write(nonce) as conn:
             self._node(conn, validator_id, "validator")
             self._touch(conn, validator_id)
         with self.db.read() as conn:
@@ -496,9 +534,9 @@ class Ledger(LedgerViews):
             ]
         return PendingSubmissions(submissions=found)
 
-    def post_verdict(self, validator_id: str, verdict: Verdict) -> VerdictResponse:
+    def post_verdict(self, validator_id: str, verdict: Verdict, nonce: NonceClaim | None = None) -> VerdictResponse:
         now = self.clock()
-        with self.db.write() as conn:
+        with self._write(nonce) as conn:
             self._node(conn, validator_id, "validator")
             sub = conn.execute(
                 select(submissions).where(submissions.c.submission_id == verdict.submission_id).with_for_update()
@@ -563,7 +601,7 @@ class Ledger(LedgerViews):
 
     # ---- policy versions -----------------------------------------------------------------------
 
-    def publish(self, signed: SignedManifest) -> PublishResponse:
+    def publish(self, signed: SignedManifest, nonce: NonceClaim | None = None) -> PublishResponse:
         if signed.signer != self.coordinator_id:
             raise ForbiddenError(f"manifests must be signed by the coordinator {self.coordinator_id}")
         verify_document(signed.signer, signed.manifest.model_dump(mode="json"), signed.signature_b64)
@@ -571,7 +609,7 @@ class Ledger(LedgerViews):
         if version > MAX_POLICY_VERSION:
             raise ProtocolError(f"policy version {version} is over the limit {MAX_POLICY_VERSION}")
         now = self.clock()
-        with self.db.write() as conn:
+        with self._write(nonce) as conn:
             run = self._run(conn, lock=True)
             if version <= run.current_policy_version:
                 raise ConflictError(
@@ -593,8 +631,8 @@ class Ledger(LedgerViews):
                     leases.c.state == "active", leases.c.policy_version < oldest
                 )
             ).all():
-                self._end_lease(conn, lease_id, task_id, "expired")
-                self._event(conn, "expire", node_id, lease_id, task_id=task_id, reason=f"policy moved to {version}")
+                if self._end_lease(conn, lease_id, task_id, "expired"):
+                    self._event(conn, "expire", node_id, lease_id, task_id=task_id, reason=f"policy moved to {version}")
             self._event(
                 conn, "publish", self.coordinator_id, str(version), total_size_bytes=signed.manifest.total_size_bytes
             )
