@@ -23,7 +23,6 @@ import json
 import os
 import platform
 import random
-import signal
 import subprocess
 import sys
 import tempfile
@@ -39,6 +38,7 @@ if str(REPO_ROOT) not in sys.path:  # run as a script: make the repo's packages 
 import httpx  # noqa: E402
 import tomli_w  # noqa: E402
 
+from coordinator.process import CoordinatorProcess  # noqa: E402
 from coordinator.task_source import SourcePrompt  # noqa: E402
 from protocol.identity import NodeIdentity  # noqa: E402
 from protocol.ledger_client import HEADER_SUBMISSION_SIGNATURE  # noqa: E402
@@ -88,12 +88,15 @@ class Pool:
         for _ in range(size):
             self.idle.put_nowait(None)  # connected lazily
 
-    async def request(self, method: str, path: str, body: bytes, headers: dict[str, str]) -> tuple[int, bytes]:
+    async def request(
+        self, method: str, path: str, body: bytes, headers: Callable[[], dict[str, str]]
+    ) -> tuple[int, bytes]:
+        """Send on the next free connection; ``headers`` is called then (signatures carry a timestamp)."""
         conn = await self.idle.get()
         try:
             if conn is None:
                 conn = Connection(*await asyncio.open_connection(self.host, self.port))
-            result = await conn.request(method, path, body, headers)
+            result = await conn.request(method, path, body, headers())
         except BaseException:
             if conn is not None:
                 conn.writer.close()
@@ -125,8 +128,11 @@ class SimulatedWorker:
         self, endpoint: str, path: str, document: dict[str, Any], extra: dict[str, str] | None = None
     ) -> dict[str, Any] | None:
         body = json.dumps(document).encode()
-        headers = {"Content-Type": "application/json", **sign_request(self.identity, "POST", path, body)}
-        headers.update(extra or {})
+
+        def headers() -> dict[str, str]:
+            signed = sign_request(self.identity, "POST", path, body)
+            return {"Content-Type": "application/json", **signed, **(extra or {})}
+
         started = time.perf_counter()
         try:
             status, answer = await self.pool.request("POST", path, body, headers)
@@ -243,6 +249,45 @@ def summarize(raw: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+ROUTES = {
+    "register": "/v1/nodes/register",
+    "heartbeat": "/v1/nodes/heartbeat",
+    "lease": "/v1/leases",
+    "submit": "/v1/submissions",
+}
+
+
+def server_side_latency(metrics_text: str) -> dict[str, dict[str, float | None]]:
+    """Per endpoint, the bucket bounds holding the server's own p50/p99 (from its Prometheus histogram).
+
+    The client-side figures include queueing in the client and the kernel; these do not.
+    """
+    from prometheus_client.parser import text_string_to_metric_families
+
+    buckets: dict[str, list[tuple[float, float]]] = {}
+    for family in text_string_to_metric_families(metrics_text):
+        if family.name != "prime_ledger_request_seconds":
+            continue
+        for sample in family.samples:
+            if sample.name.endswith("_bucket"):
+                buckets.setdefault(sample.labels["route"], []).append((float(sample.labels["le"]), sample.value))
+    found: dict[str, dict[str, float | None]] = {}
+    for endpoint, route in ROUTES.items():
+        cumulative = sorted(buckets.get(route, []))
+        total = cumulative[-1][1] if cumulative else 0.0
+
+        def bound(
+            fraction: float, cumulative: list[tuple[float, float]] = cumulative, total: float = total
+        ) -> float | None:
+            for upper_s, count in cumulative:
+                if total and count >= fraction * total:
+                    return None if upper_s == float("inf") else upper_s * 1000
+            return None
+
+        found[endpoint] = {"count": total, "p50_ms_at_most": bound(0.50), "p99_ms_at_most": bound(0.99)}
+    return found
+
+
 def log(message: str) -> None:
     print(f"[ledger_load] {message}", file=sys.stderr, flush=True)
 
@@ -254,20 +299,6 @@ def free_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
-
-
-def wait_healthy(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 60) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError("coordinator exited during start-up (see its log)")
-        try:
-            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError("coordinator did not become healthy")
 
 
 def run_backend(backend: str, ledger_url: str, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
@@ -285,14 +316,9 @@ def run_backend(backend: str, ledger_url: str, args: argparse.Namespace, workdir
     config_path = workdir / f"{backend}.toml"
     config_path.write_text(tomli_w.dumps(config))
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-    script = Path(sys.executable).parent / "prime-coordinator"
-    log_path = workdir / f"{backend}.log"
-    with log_path.open("wb") as server_log:
-        server = subprocess.Popen(
-            [str(script), "start", "-c", str(config_path), "--log-level", "warning"], stderr=server_log, env=env
-        )
+    server = CoordinatorProcess(config_path, workdir / f"{backend}.log", env)
     try:
-        wait_healthy(url, server)
+        server.start(url, ("--log-level", "warning"))
         log(f"{backend}: coordinator pid {server.pid} on {url}; {args.workers} workers for {args.duration_s} s")
         generator = [sys.executable, str(Path(__file__).resolve()), "--generate", url]
         generator += ["--workers", str(args.workers), "--duration-s", str(args.duration_s)]
@@ -301,16 +327,11 @@ def run_backend(backend: str, ledger_url: str, args: argparse.Namespace, workdir
         if done.returncode != 0:
             raise RuntimeError(f"load generator failed: {done.stderr[-2000:]}")
         result = summarize(json.loads(done.stdout))
-        result["server_log_tail"] = log_path.read_text()[-500:]
+        result["server_side"] = server_side_latency(httpx.get(f"{url}/metrics", timeout=30).text)
+        result["server_log_tail"] = server.log_path.read_text()[-500:]
         return result
     finally:
-        if server.poll() is None:
-            os.kill(server.pid, signal.SIGTERM)
-            try:
-                server.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.kill(server.pid, signal.SIGKILL)
-                server.wait()
+        server.stop()
 
 
 def run_postgresql(server_url: str, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:

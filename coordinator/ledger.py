@@ -7,9 +7,13 @@ event log in that same transaction, and returns a wire message or raises a
 :class:`~protocol.errors.RequestRefused` saying why. It knows nothing of HTTP.
 
 Concurrency: SQLite runs one write transaction at a time (see
-:mod:`coordinator.storage.engine`); on PostgreSQL the run-state row is locked while leases
-are handed out or a version is published, and the lease or submission row while it changes,
-so several API replicas can share one database.
+:mod:`coordinator.storage.engine`). On PostgreSQL a lease call locks its node's row (so the
+per-node cap holds), claims open tasks with ``FOR UPDATE SKIP LOCKED`` and draws new group
+indices from a sequence, so leases to different workers do not queue behind one another; a
+submission or verdict locks its lease or submission row, and publishing locks the run-state
+row. Several API replicas can share one database; the network-wide lease cap is then
+approximate by at most the number of concurrent lease calls. Read-only views live in
+:mod:`coordinator.views`.
 """
 
 from __future__ import annotations
@@ -18,13 +22,15 @@ import hashlib
 import json
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from types import SimpleNamespace
 from typing import Any
 
 from sqlalchemy import Connection, Row, func, insert, select, update
 
 from coordinator.config import CoordinatorConfig
+from coordinator.replay import NonceClaim, claim_nonce
 from coordinator.reputation import BanPolicy, ban_reason
 from coordinator.scheduling import choose_policy_version, grant_count, rollout_problems, staleness_problem
 from coordinator.seeds import new_run_secret, sampling_seed
@@ -41,23 +47,22 @@ from coordinator.storage.tables import (
     tasks,
 )
 from coordinator.task_source import TaskSource
+from coordinator.views import RUN_ROW_ID, LedgerViews
 from protocol.errors import (
     ConfigError,
     ConflictError,
     ForbiddenError,
     NotFoundError,
     ProtocolError,
+    ReplayedNonceError,
     StalePolicyError,
 )
 from protocol.schemas import (
-    Event,
-    EventPage,
     HeartbeatRequest,
     HeartbeatResponse,
     LeaseRequest,
     LeaseResponse,
     LeaseState,
-    NodeStats,
     PendingSubmission,
     PendingSubmissions,
     Prompt,
@@ -65,8 +70,6 @@ from protocol.schemas import (
     RegisterRequest,
     RegisterResponse,
     Role,
-    RunStats,
-    RunStatus,
     SamplingParams,
     SignedManifest,
     SubmitRequest,
@@ -80,14 +83,13 @@ from protocol.signing import canonical_json, verify_document
 HEARTBEAT_INTERVAL_S = 10.0
 RETRY_EMPTY_S = 2.0
 MAX_POLICY_VERSION = 2**31 - 1  # stored as a 32-bit INTEGER
-_RUN_ROW_ID = 1
 
 
 def _dumps(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), sort_keys=True)
 
 
-class Ledger:
+class Ledger(LedgerViews):
     """The run's single source of truth, over one :class:`Database`."""
 
     def __init__(
@@ -98,13 +100,11 @@ class Ledger:
         coordinator_id: str,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self.db = database
+        super().__init__(database, config.scheduling, clock)
         self.config = config
-        self.scheduling = config.scheduling
         self.trust = config.trust
         self.task_source = task_source
         self.coordinator_id = coordinator_id
-        self.clock = clock
         self.ban_policy = BanPolicy(ban_after_rejections=config.trust.ban_after_rejections)
         if not task_source.has_task(config.task):
             raise ConfigError(f"task {config.task!r} is not provided by the configured task source")
@@ -115,12 +115,12 @@ class Ledger:
 
     def _load_or_create_run(self) -> str:
         with self.db.write() as conn:
-            row = conn.execute(select(run_state).where(run_state.c.id == _RUN_ROW_ID)).first()
+            row = conn.execute(select(run_state).where(run_state.c.id == RUN_ROW_ID)).first()
             if row is None:
                 secret = new_run_secret()
                 conn.execute(
                     insert(run_state).values(
-                        id=_RUN_ROW_ID,
+                        id=RUN_ROW_ID,
                         run_name=self.config.run_name,
                         secret_hex=secret,
                         current_policy_version=0,
@@ -138,19 +138,29 @@ class Ledger:
 
     # ---- helpers -------------------------------------------------------------------------------
 
+    @contextmanager
+    def _write(self, nonce: NonceClaim | None, durable: bool = True) -> Iterator[Connection]:
+        """A write transaction that first claims the signed request's nonce (in the same commit).
+
+        One transaction per request instead of two; a request refused by the ledger rolls back its
+        nonce with everything else, which is harmless: replaying it changes nothing either.
+        """
+        with self.db.write(durable) as conn:
+            if nonce is not None and not claim_nonce(conn, nonce, self.clock()):
+                raise ReplayedNonceError(
+                    f"nonce {nonce.nonce} was already used by node {nonce.node_id}; requests cannot be replayed"
+                )
+            yield conn
+
     def _event(self, conn: Connection, kind: str, node_id: str | None, subject: str | None, **data: Any) -> None:
         conn.execute(
             insert(events).values(at=self.clock(), kind=kind, node_id=node_id, subject=subject, data_json=_dumps(data))
         )
 
-    def _run(self, conn: Connection, lock: bool = False) -> Row[Any]:
-        query = select(run_state).where(run_state.c.id == _RUN_ROW_ID)
-        row = conn.execute(query.with_for_update() if lock else query).one()
-        return row
-
-    def _node(self, conn: Connection, node_id: str, role: Role | None) -> Row[Any]:
+    def _node(self, conn: Connection, node_id: str, role: Role | None, lock: bool = False) -> Row[Any]:
         """The node's row, or a 403 saying why it may not act in ``role`` (None: in any role)."""
-        row = conn.execute(select(nodes).where(nodes.c.node_id == node_id)).first()
+        query = select(nodes).where(nodes.c.node_id == node_id)
+        row = conn.execute(query.with_for_update() if lock else query).first()
         if row is None:
             raise ForbiddenError(f"node {node_id} is not registered; call POST /v1/nodes/register first")
         if row.banned:
@@ -185,18 +195,33 @@ class Ledger:
                 leases.c.state == "active", leases.c.deadline < now
             )
         ).all()
+        num_expired = 0
         for lease_id, task_id, node_id in overdue:
-            self._end_lease(conn, lease_id, task_id, "expired")
-            self._event(conn, "expire", node_id, lease_id, task_id=task_id, reason="deadline passed")
-        return len(overdue)
+            if self._end_lease(conn, lease_id, task_id, "expired"):
+                self._event(conn, "expire", node_id, lease_id, task_id=task_id, reason="deadline passed")
+                num_expired += 1
+        return num_expired
 
-    def _end_lease(self, conn: Connection, lease_id: str, task_id: str, state: str) -> None:
-        conn.execute(update(leases).where(leases.c.lease_id == lease_id).values(state=state))
+    def _end_lease(self, conn: Connection, lease_id: str, task_id: str, state: str) -> bool:
+        """End an active lease and re-queue its task; False when it was no longer active.
+
+        The ``state = 'active'`` condition matters on PostgreSQL: two transactions may both have
+        seen the lease overdue; the second one's UPDATE waits for the first and then matches
+        nothing, so it cannot re-open a task that was meanwhile leased to someone else.
+        """
+        ended = conn.execute(
+            update(leases).where(leases.c.lease_id == lease_id, leases.c.state == "active").values(state=state)
+        )
+        if ended.rowcount != 1:
+            return False
         conn.execute(update(tasks).where(tasks.c.task_id == task_id, tasks.c.state == "leased").values(state="open"))
+        return True
 
     # ---- nodes ---------------------------------------------------------------------------------
 
-    def register(self, node_id: str, ip: str, request: RegisterRequest) -> RegisterResponse:
+    def register(
+        self, node_id: str, ip: str, request: RegisterRequest, nonce: NonceClaim | None = None
+    ) -> RegisterResponse:
         approved = request.role == "worker" or self.trust.validators_open or node_id in self.trust.approved_validators
         if not approved:
             raise ForbiddenError(
@@ -212,7 +237,7 @@ class Ledger:
             "engine": request.engine,
             "software_version": request.software_version,
         }
-        with self.db.write() as conn:
+        with self._write(nonce) as conn:
             row = conn.execute(select(nodes).where(nodes.c.node_id == node_id)).first()
             if row is not None and row.banned:
                 raise ForbiddenError(f"node {node_id} is banned: {row.ban_reason}")
@@ -235,8 +260,8 @@ class Ledger:
             current = self._run(conn).current_policy_version
         return RegisterResponse(node_id=node_id, role=request.role, approved=approved, current_policy_version=current)
 
-    def heartbeat(self, node_id: str, request: HeartbeatRequest) -> HeartbeatResponse:
-        with self.db.write() as conn:
+    def heartbeat(self, node_id: str, request: HeartbeatRequest, nonce: NonceClaim | None = None) -> HeartbeatResponse:
+        with self._write(nonce, durable=False) as conn:  # liveness is soft state
             self._node(conn, node_id, None)
             values: dict[str, Any] = {
                 "last_seen": self.clock(),
@@ -253,11 +278,12 @@ class Ledger:
 
     # ---- leases --------------------------------------------------------------------------------
 
-    def lease(self, node_id: str, request: LeaseRequest) -> LeaseResponse:
+    def lease(self, node_id: str, request: LeaseRequest, nonce: NonceClaim | None = None) -> LeaseResponse:
         now = self.clock()
-        with self.db.write() as conn:
-            self._node(conn, node_id, "worker")
-            run = self._run(conn, lock=True)
+        with self._write(nonce) as conn:
+            # One lease call per node at a time (its cap holds); different nodes do not wait for each other.
+            self._node(conn, node_id, "worker", lock=True)
+            run = self._run(conn)
             if now >= self._next_expiry_check:  # at most once a second per process; maintenance does it too
                 self._expire_overdue(conn, now)
                 self._next_expiry_check = now + 1.0
@@ -278,10 +304,14 @@ class Ledger:
                 return LeaseResponse(tasks=[], retry_after_s=RETRY_EMPTY_S)
             task_rows: list[Any] = list(
                 conn.execute(
-                    select(tasks).where(tasks.c.state == "open").order_by(tasks.c.group_index).limit(count)
+                    select(tasks)
+                    .where(tasks.c.state == "open")
+                    .order_by(tasks.c.group_index)
+                    .limit(count)
+                    .with_for_update(skip_locked=True)  # PostgreSQL: concurrent leases claim different tasks
                 ).all()
             )
-            task_rows += self._new_tasks(conn, run, count - len(task_rows), now)
+            task_rows += self._new_tasks(conn, count - len(task_rows), now)
             if not task_rows:
                 return LeaseResponse(tasks=[], retry_after_s=RETRY_EMPTY_S)
             version = choose_policy_version(
@@ -290,10 +320,6 @@ class Ledger:
             sampling = SamplingParams(temperature=self.scheduling.temperature, max_tokens=self.scheduling.max_tokens)
             leased = [self._issue(conn, node_id, row, version, sampling, now) for row in task_rows]
         return LeaseResponse(tasks=leased, retry_after_s=0.0)
-
-    @property
-    def _live_s(self) -> float:
-        return self.scheduling.worker_live_s
 
     def _num_live_workers(self, conn: Connection, now: float) -> int:
         """Live workers, counted at most once a second (the fair share needs a rough figure, fast)."""
@@ -307,10 +333,23 @@ class Ledger:
             self._live_workers = (now, count)
         return count
 
-    def _new_tasks(self, conn: Connection, run: Row[Any], count: int, now: float) -> list[Any]:
+    def _next_group_index(self, conn: Connection) -> int:
+        """The next prompt group to draw from the source.
+
+        SQLite serializes writers, so a counter in run_state is enough. PostgreSQL uses a sequence
+        (no row lock held until commit, so concurrent leases do not queue behind each other); an
+        index drawn by a transaction that then rolls back is skipped, never reused.
+        """
+        if self.db.is_sqlite:
+            index = int(self._run(conn).next_group_index)
+            conn.execute(update(run_state).where(run_state.c.id == RUN_ROW_ID).values(next_group_index=index + 1))
+            return index
+        return int(conn.exec_driver_sql("SELECT nextval('group_index_seq')").scalar_one())
+
+    def _new_tasks(self, conn: Connection, count: int, now: float) -> list[Any]:
         created: list[Any] = []
-        next_index = int(run.next_group_index)
         for _ in range(max(0, count)):
+            next_index = self._next_group_index(conn)
             group = self.task_source.prompt_group(self.config.task, next_index, self.scheduling.prompts_per_task)
             if not group:
                 break
@@ -329,9 +368,6 @@ class Ledger:
             }
             conn.execute(insert(tasks).values(**values))
             created.append(SimpleNamespace(**values))
-            next_index += 1
-        if created:
-            conn.execute(update(run_state).where(run_state.c.id == _RUN_ROW_ID).values(next_group_index=next_index))
         return created
 
     def _issue(
@@ -368,9 +404,9 @@ class Ledger:
             raise ForbiddenError(f"lease {lease_id} belongs to another node")
         return row
 
-    def renew(self, node_id: str, lease_id: str) -> LeaseState:
+    def renew(self, node_id: str, lease_id: str, nonce: NonceClaim | None = None) -> LeaseState:
         now = self.clock()
-        with self.db.write() as conn:
+        with self._write(nonce) as conn:
             self._node(conn, node_id, "worker")
             row = self._own_lease(conn, node_id, lease_id)
             if row.state != "active" or row.deadline < now:
@@ -382,8 +418,8 @@ class Ledger:
             self._event(conn, "renew", node_id, lease_id, deadline=deadline)
         return LeaseState(lease_id=lease_id, task_id=row.task_id, state="active", deadline=deadline)
 
-    def abandon(self, node_id: str, lease_id: str) -> LeaseState:
-        with self.db.write() as conn:
+    def abandon(self, node_id: str, lease_id: str, nonce: NonceClaim | None = None) -> LeaseState:
+        with self._write(nonce) as conn:
             self._node(conn, node_id, "worker")
             row = self._own_lease(conn, node_id, lease_id)
             if row.state == "active":
@@ -403,12 +439,14 @@ class Ledger:
 
     # ---- submissions ---------------------------------------------------------------------------
 
-    def submit(self, node_id: str, request: SubmitRequest, worker_signature: str) -> SubmitResponse:
+    def submit(
+        self, node_id: str, request: SubmitRequest, worker_signature: str, nonce: NonceClaim | None = None
+    ) -> SubmitResponse:
         document = request.model_dump(mode="json")
         verify_document(node_id, document, worker_signature)
         body_sha256 = hashlib.sha256(canonical_json(document)).hexdigest()
         now = self.clock()
-        with self.db.write() as conn:
+        with self._write(nonce) as conn:
             self._node(conn, node_id, "worker")
             lease = self._own_lease(conn, node_id, request.lease_id)
             earlier = conn.execute(select(submissions).where(submissions.c.lease_id == request.lease_id)).first()
@@ -469,8 +507,8 @@ class Ledger:
                 "their deadline"
             )
 
-    def pending(self, validator_id: str, limit: int) -> PendingSubmissions:
-        with self.db.write() as conn:
+    def pending(self, validator_id: str, limit: int, nonce: NonceClaim | None = None) -> PendingSubmissions:
+        with self._write(nonce) as conn:
             self._node(conn, validator_id, "validator")
             self._touch(conn, validator_id)
         with self.db.read() as conn:
@@ -496,9 +534,9 @@ class Ledger:
             ]
         return PendingSubmissions(submissions=found)
 
-    def post_verdict(self, validator_id: str, verdict: Verdict) -> VerdictResponse:
+    def post_verdict(self, validator_id: str, verdict: Verdict, nonce: NonceClaim | None = None) -> VerdictResponse:
         now = self.clock()
-        with self.db.write() as conn:
+        with self._write(nonce) as conn:
             self._node(conn, validator_id, "validator")
             sub = conn.execute(
                 select(submissions).where(submissions.c.submission_id == verdict.submission_id).with_for_update()
@@ -563,7 +601,7 @@ class Ledger:
 
     # ---- policy versions -----------------------------------------------------------------------
 
-    def publish(self, signed: SignedManifest) -> PublishResponse:
+    def publish(self, signed: SignedManifest, nonce: NonceClaim | None = None) -> PublishResponse:
         if signed.signer != self.coordinator_id:
             raise ForbiddenError(f"manifests must be signed by the coordinator {self.coordinator_id}")
         verify_document(signed.signer, signed.manifest.model_dump(mode="json"), signed.signature_b64)
@@ -571,7 +609,7 @@ class Ledger:
         if version > MAX_POLICY_VERSION:
             raise ProtocolError(f"policy version {version} is over the limit {MAX_POLICY_VERSION}")
         now = self.clock()
-        with self.db.write() as conn:
+        with self._write(nonce) as conn:
             run = self._run(conn, lock=True)
             if version <= run.current_policy_version:
                 raise ConflictError(
@@ -586,102 +624,16 @@ class Ledger:
                     published_at=now,
                 )
             )
-            conn.execute(update(run_state).where(run_state.c.id == _RUN_ROW_ID).values(current_policy_version=version))
+            conn.execute(update(run_state).where(run_state.c.id == RUN_ROW_ID).values(current_policy_version=version))
             oldest = version - self.scheduling.async_level
             for lease_id, task_id, node_id in conn.execute(
                 select(leases.c.lease_id, leases.c.task_id, leases.c.node_id).where(
                     leases.c.state == "active", leases.c.policy_version < oldest
                 )
             ).all():
-                self._end_lease(conn, lease_id, task_id, "expired")
-                self._event(conn, "expire", node_id, lease_id, task_id=task_id, reason=f"policy moved to {version}")
+                if self._end_lease(conn, lease_id, task_id, "expired"):
+                    self._event(conn, "expire", node_id, lease_id, task_id=task_id, reason=f"policy moved to {version}")
             self._event(
                 conn, "publish", self.coordinator_id, str(version), total_size_bytes=signed.manifest.total_size_bytes
             )
         return PublishResponse(version=version, published_at=now)
-
-    def manifest(self, version: int | None) -> SignedManifest:
-        with self.db.read() as conn:
-            query = select(policy_versions)
-            query = (
-                query.order_by(policy_versions.c.version.desc())
-                if version is None
-                else query.where(policy_versions.c.version == version)
-            )
-            row = conn.execute(query.limit(1)).first()
-        if row is None:
-            raise NotFoundError(f"policy version {'(any)' if version is None else version} has not been published")
-        return SignedManifest.model_validate(
-            {"manifest": json.loads(row.manifest_json), "signer": row.signer, "signature_b64": row.signature}
-        )
-
-    # ---- read-only views -----------------------------------------------------------------------
-
-    def status(self) -> RunStatus:
-        now = self.clock()
-        with self.db.read() as conn:
-            run = self._run(conn)
-            live: dict[str, int] = dict(
-                conn.execute(
-                    select(nodes.c.role, func.count())
-                    .where(nodes.c.last_seen >= now - self._live_s, nodes.c.banned.is_(False))
-                    .group_by(nodes.c.role)
-                ).all()
-            )
-            task_counts: dict[str, int] = dict(
-                conn.execute(select(tasks.c.state, func.count()).group_by(tasks.c.state)).all()
-            )
-            sub_counts: dict[str, int] = dict(
-                conn.execute(select(submissions.c.status, func.count()).group_by(submissions.c.status)).all()
-            )
-        return RunStatus(
-            run_name=run.run_name,
-            current_policy_version=run.current_policy_version,
-            async_level=self.scheduling.async_level,
-            num_workers_live=live.get("worker", 0),
-            num_validators_live=live.get("validator", 0),
-            num_tasks_open=task_counts.get("open", 0) + task_counts.get("leased", 0),
-            num_submissions_pending=sub_counts.get("pending", 0),
-            num_submissions_accepted=sub_counts.get("accepted", 0),
-            num_submissions_rejected=sub_counts.get("rejected", 0),
-        )
-
-    def stats(self, limit: int) -> RunStats:
-        with self.db.read() as conn:
-            rows = conn.execute(select(nodes).order_by(nodes.c.last_seen.desc()).limit(limit)).all()
-        node_stats = [
-            NodeStats(
-                node_id=row.node_id,
-                role=row.role,
-                approved=row.approved,
-                banned=row.banned,
-                ban_reason=row.ban_reason,
-                num_accepted=row.num_accepted,
-                num_rejected=row.num_rejected,
-                last_seen=row.last_seen,
-            )
-            for row in rows
-        ]
-        return RunStats(status=self.status(), nodes=node_stats)
-
-    def events(self, after: int, limit: int) -> EventPage:
-        with self.db.read() as conn:
-            rows = conn.execute(
-                select(events).where(events.c.event_id > after).order_by(events.c.event_id).limit(limit)
-            ).all()
-        found = [
-            Event(
-                event_id=row.event_id,
-                at=row.at,
-                kind=row.kind,
-                node_id=row.node_id,
-                subject=row.subject,
-                data=json.loads(row.data_json),
-            )
-            for row in rows
-        ]
-        return EventPage(events=found, next_after=found[-1].event_id if found else after)
-
-    def ping(self) -> None:
-        with self.db.read() as conn:
-            conn.execute(select(1))

@@ -19,7 +19,7 @@ from fastapi import Path as FastApiPath
 from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 
-from coordinator.api.auth import SignedCaller
+from coordinator.api.auth import SignedCaller, SignedRequest
 from coordinator.api.errors import install_error_handlers
 from coordinator.api.middleware import BodySizeLimit, IpRateLimit, RequestMetrics
 from coordinator.config import CoordinatorConfig
@@ -81,60 +81,60 @@ def create_app(config: CoordinatorConfig, ledger: Ledger, replay_cache: Database
     app.add_middleware(RequestMetrics, metrics=metrics)
     app.add_middleware(IpRateLimit, limiter=RateLimiter(api.ip_rate_per_s, api.ip_burst), exempt_paths=_UNMETERED_PATHS)
     app.add_middleware(BodySizeLimit, max_body_bytes=api.max_body_bytes)  # outermost: before anything reads
-    caller = SignedCaller(replay_cache, config.trust.max_clock_skew_s, RateLimiter(api.node_rate_per_s, api.node_burst))
-    Caller = Annotated[str, Depends(caller)]  # noqa: N806 - a type alias, named like one
+    caller = SignedCaller(config.trust.max_clock_skew_s, RateLimiter(api.node_rate_per_s, api.node_burst))
+    Caller = Annotated[SignedRequest, Depends(caller)]  # noqa: N806 - a type alias, named like one
 
     @app.post("/v1/nodes/register", tags=["nodes"])
-    def register(body: RegisterRequest, node_id: Caller, request: Request) -> RegisterResponse:
+    def register(body: RegisterRequest, caller: Caller, request: Request) -> RegisterResponse:
         """Register (or update) the calling node: workers are permissionless, validators need approval."""
         ip = request.client.host if request.client else "unknown"
-        return ledger.register(node_id, ip, body)
+        return ledger.register(caller.node_id, ip, body, caller.nonce)
 
     @app.post("/v1/nodes/heartbeat", tags=["nodes"])
-    def heartbeat(body: HeartbeatRequest, node_id: Caller) -> HeartbeatResponse:
+    def heartbeat(body: HeartbeatRequest, caller: Caller) -> HeartbeatResponse:
         """Report liveness, engine and policy versions held."""
-        return ledger.heartbeat(node_id, body)
+        return ledger.heartbeat(caller.node_id, body, caller.nonce)
 
     @app.post("/v1/leases", tags=["leases"])
-    def lease(body: LeaseRequest, node_id: Caller) -> LeaseResponse:
+    def lease(body: LeaseRequest, caller: Caller) -> LeaseResponse:
         """Lease up to max_tasks tasks (fewer, or none with a retry delay, when caps or fair share bind)."""
-        return ledger.lease(node_id, body)
+        return ledger.lease(caller.node_id, body, caller.nonce)
 
     @app.post("/v1/leases/renew", tags=["leases"])
-    def renew(body: LeaseRenewal, node_id: Caller) -> LeaseState:
+    def renew(body: LeaseRenewal, caller: Caller) -> LeaseState:
         """Push an active lease's deadline out by one lease TTL."""
-        return ledger.renew(node_id, body.lease_id)
+        return ledger.renew(caller.node_id, body.lease_id, caller.nonce)
 
     @app.post("/v1/leases/abandon", tags=["leases"])
-    def abandon(body: LeaseRenewal, node_id: Caller) -> LeaseState:
+    def abandon(body: LeaseRenewal, caller: Caller) -> LeaseState:
         """Give a lease back; its task is re-issued at once."""
-        return ledger.abandon(node_id, body.lease_id)
+        return ledger.abandon(caller.node_id, body.lease_id, caller.nonce)
 
     @app.post("/v1/submissions", tags=["submissions"])
     def submit(
         body: SubmitRequest,
-        node_id: Caller,
+        caller: Caller,
         submission_signature: Annotated[str, Header(alias=HEADER_SUBMISSION_SIGNATURE, max_length=256)],
     ) -> SubmitResponse:
         """Submit a leased task's rollouts; a repeat of the same submission is answered as a duplicate."""
-        return ledger.submit(node_id, body, submission_signature)
+        return ledger.submit(caller.node_id, body, submission_signature, caller.nonce)
 
     @app.get("/v1/submissions/pending", tags=["validation"])
-    def pending(node_id: Caller, limit: Annotated[int, Query(ge=1, le=256)] = 16) -> PendingSubmissions:
+    def pending(caller: Caller, limit: Annotated[int, Query(ge=1, le=256)] = 16) -> PendingSubmissions:
         """Submissions awaiting a verdict, oldest first (approved validators only)."""
-        return ledger.pending(node_id, limit)
+        return ledger.pending(caller.node_id, limit, caller.nonce)
 
     @app.post("/v1/verdicts", tags=["validation"])
-    def verdict(body: Verdict, node_id: Caller) -> VerdictResponse:
+    def verdict(body: Verdict, caller: Caller) -> VerdictResponse:
         """Accept or reject a submission (approved validators only)."""
-        return ledger.post_verdict(node_id, body)
+        return ledger.post_verdict(caller.node_id, body, caller.nonce)
 
     @app.post("/v1/policy-versions", tags=["policy"])
-    def publish(body: SignedManifest, node_id: Caller) -> PublishResponse:
+    def publish(body: SignedManifest, caller: Caller) -> PublishResponse:
         """Publish a policy version under its signed manifest (coordinator-internal: its own key only)."""
-        if node_id != ledger.coordinator_id:
+        if caller.node_id != ledger.coordinator_id:
             raise ForbiddenError("only the coordinator itself publishes policy versions")
-        return ledger.publish(body)
+        return ledger.publish(body, caller.nonce)
 
     @app.get("/v1/policy-versions/latest", tags=["policy", "public"])
     def latest_manifest() -> SignedManifest:

@@ -5,6 +5,8 @@ SQLite allows one writer at a time. Write transactions here begin with ``BEGIN I
 are serialized inside the process by a lock, so threads queue in Python rather than spin in
 SQLite's busy handler. Reads begin deferred and run concurrently (WAL). PostgreSQL gets a
 connection pool; its write transactions lock the rows they change (``FOR UPDATE``).
+SQLite's ``synchronous=NORMAL`` (the default here) already survives a killed process, which
+is what acknowledged writes must survive; ``FULL`` adds power-cut safety at an fsync per commit.
 """
 
 from __future__ import annotations
@@ -37,7 +39,8 @@ class Database:
             )
             self._install_sqlite_hooks(sqlite_synchronous)
         else:
-            self.engine = create_engine(url, pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=True)
+            # No pre-ping (a round trip per transaction); recycle connections instead.
+            self.engine = create_engine(url, pool_size=pool_size, max_overflow=pool_size, pool_recycle=300)
 
     def _install_sqlite_hooks(self, synchronous: str) -> None:
         @event.listens_for(self.engine, "connect")
@@ -56,10 +59,17 @@ class Database:
             conn.exec_driver_sql("BEGIN IMMEDIATE" if conn.get_execution_options().get(_WRITE_OPTION) else "BEGIN")
 
     @contextmanager
-    def write(self) -> Iterator[Connection]:
-        """One write transaction: committed when the block ends, rolled back if it raises."""
+    def write(self, durable: bool = True) -> Iterator[Connection]:
+        """One write transaction: committed when the block ends, rolled back if it raises.
+
+        ``durable=False`` is for soft state (nonces, heartbeats): on PostgreSQL its commit does not
+        wait for the WAL flush, so a crash of the database server (not of the coordinator) may lose
+        the last fraction of a second of it. Leases, submissions and verdicts are always durable.
+        """
         if self._write_lock is None:
             with self.engine.begin() as conn:
+                if not durable:
+                    conn.exec_driver_sql("SET LOCAL synchronous_commit = off")
                 yield conn
             return
         with self._write_lock, self.engine.connect() as conn:

@@ -10,6 +10,8 @@ rather than misread.
 - v1: run state, nodes, tasks, leases, submissions, accepted groups, policy versions, events.
 - v2: the durable replay cache (``nonces``), lease expiry index, and triggers that make
   ``events`` append-only.
+- v3: PostgreSQL only: a sequence for prompt-group indices (carried on from run_state), so
+  concurrent leases need no run-wide row lock. Nothing changes on SQLite.
 """
 
 from __future__ import annotations
@@ -76,6 +78,11 @@ _V2_POSTGRESQL = [
     "FOR EACH ROW EXECUTE FUNCTION events_append_only()",
 ]
 
+_V3_POSTGRESQL = [
+    "CREATE SEQUENCE group_index_seq MINVALUE 0 START 0",
+    "SELECT setval('group_index_seq', COALESCE((SELECT next_group_index FROM run_state WHERE id = 1), 0), false)",
+]
+
 _SPELLING = {
     "sqlite": {"id": "INTEGER PRIMARY KEY AUTOINCREMENT", "float": "REAL", "bool": "BOOLEAN"},
     "postgresql": {"id": "BIGSERIAL PRIMARY KEY", "float": "DOUBLE PRECISION", "bool": "BOOLEAN"},
@@ -85,11 +92,12 @@ _SPELLING = {
 def steps(dialect: str) -> list[Sequence[str]]:
     """The DDL of every migration step for ``dialect``; step i brings the schema to version i + 1."""
     v2_specific = _V2_SQLITE if dialect == "sqlite" else _V2_POSTGRESQL
+    v3 = [] if dialect == "sqlite" else _V3_POSTGRESQL
     spelling = _SPELLING[dialect]
-    return [[statement.format(**spelling) for statement in step] for step in (_V1, _V2_COMMON + v2_specific)]
+    return [[statement.format(**spelling) for statement in step] for step in (_V1, _V2_COMMON + v2_specific, v3)]
 
 
-LATEST_VERSION = 2
+LATEST_VERSION = 3
 _MIGRATION_LOCK_ID = 7_253_001
 
 

@@ -8,19 +8,14 @@ exist: either submitted, or active and renewable by its worker.
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 import tomli_w
 from sqlalchemy import select
 
+from coordinator.process import CoordinatorProcess
 from coordinator.storage.engine import Database
 from coordinator.storage.tables import leases, submissions
 from protocol.errors import ConflictError, PrimeError
@@ -39,45 +34,6 @@ from tests.ledger_helpers import (
 REPO_ROOT = Path(__file__).resolve().parents[2]
 NUM_WORKERS = 4
 KILL_AFTER_ACKS = 40
-
-
-class CoordinatorProcess:
-    """One `prime-coordinator start` process that this test started and stops by its PID."""
-
-    def __init__(self, config_path: Path, log_path: Path) -> None:
-        self.config_path = config_path
-        self.log_path = log_path
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self, url: str) -> None:
-        script = Path(sys.executable).parent / "prime-coordinator"
-        env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-        with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen([str(script), "start", "-c", str(self.config_path)], stderr=log, env=env)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, f"coordinator exited early:\n{self.log_path.read_text()}"
-            try:
-                if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
-        raise AssertionError(f"coordinator did not come up:\n{self.log_path.read_text()}")
-
-    def kill(self) -> None:
-        assert self.proc is not None
-        os.kill(self.proc.pid, signal.SIGKILL)
-        self.proc.wait(timeout=10)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.kill(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=10)
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
@@ -134,7 +90,7 @@ def test_sigkill_loses_no_acknowledged_submission_and_no_lease(tmp_path: Path, l
     }
     config_path = tmp_path / "crash.toml"
     config_path.write_text(tomli_w.dumps(config))
-    coordinator = CoordinatorProcess(config_path, tmp_path / "coordinator.log")
+    coordinator = CoordinatorProcess(config_path, tmp_path / "coordinator.log", {"PYTHONPATH": str(REPO_ROOT)})
     stream = Stream()
     try:
         coordinator.start(url)

@@ -80,9 +80,10 @@ async def test_replayed_nonce(harness: LedgerHarness, http: httpx.AsyncClient) -
 
 async def test_replay_is_refused_after_a_restart(harness: LedgerHarness, make_harness: MakeHarness) -> None:
     identity = NodeIdentity.generate()
+    await leased_task(harness, identity)
     headers = {"Content-Type": "application/json", **sign_request(identity, "POST", "/v1/leases", LEASE_BODY)}
     async with raw_client(harness) as client:
-        await client.post("/v1/leases", content=LEASE_BODY, headers=headers)
+        assert (await client.post("/v1/leases", content=LEASE_BODY, headers=headers)).status_code == 200
     restarted = make_harness()  # same database, new process state
     async with raw_client(restarted) as client:
         refusal(await client.post("/v1/leases", content=LEASE_BODY, headers=headers), 401, "replayed_nonce")
