@@ -40,6 +40,7 @@ import pydantic
 
 from protocol.errors import IntegrityError, NotFoundError, PrimeError, RemoteUnavailableError
 from protocol.schemas import PolicyManifest, ShardEntry, SignedManifest, VersionsResponse
+from shardcast.fetchers import make_fetcher
 from shardcast.manifest import LOCAL_MANIFEST_NAME, FileSpan, load_verified_manifest, new_hasher, shard_spans
 from shardcast.scoring import Scoreboard
 from shardcast.transfer import EventSink, ShardWriter, TransferOptions, fetch_shards, http_timeout, no_events
@@ -108,7 +109,7 @@ class _InPlaceWriter:
         self.files = files
         self.spans = spans
 
-    def write(self, offset: int, data: bytes) -> None:
+    def write(self, offset: int, data: memoryview) -> None:
         self.files.write(self.spans, offset, data)
 
     def commit(self) -> None:
@@ -244,7 +245,12 @@ async def fetch_version(
                         "bytes_resumed": sum(manifest.shards[i].size_bytes for i in done),
                     }
                 )
-                await fetch_shards(http, manifest, pending, scoreboard, _InPlaceSink(files, manifest), options, emit)
+                fetcher = make_fetcher(http, transport, options.connect_timeout_s, options.read_timeout_s)
+                try:
+                    in_place = _InPlaceSink(files, manifest)
+                    await fetch_shards(fetcher, manifest, pending, scoreboard, in_place, options, emit)
+                finally:
+                    await fetcher.aclose()
                 await asyncio.to_thread(files.close, options.fsync_enabled)
                 synced = True
             finally:

@@ -29,6 +29,7 @@ import pydantic
 from protocol.errors import IntegrityError, NotFoundError, NotReadyError, PrimeError
 from protocol.schemas import PolicyManifest, ShardEntry, VersionInfo, VersionsResponse
 from shardcast.config import RelayConfig
+from shardcast.fetchers import make_fetcher
 from shardcast.manifest import load_verified_manifest, new_hasher
 from shardcast.metrics import ShardcastMetrics
 from shardcast.scoring import Scoreboard
@@ -88,7 +89,7 @@ class _RelayShardWriter:
         self.part = relay.store.staging / f"v{mirrored.version}-{shard.index}-{uuid.uuid4().hex[:8]}.part"
         self.fd = os.open(self.part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
 
-    def write(self, offset: int, data: bytes) -> None:
+    def write(self, offset: int, data: memoryview) -> None:
         os.pwrite(self.fd, data, offset)
 
     def commit(self) -> None:
@@ -156,6 +157,7 @@ class RelayMirror:
             ),
             transport=transport,
         )
+        self.fetcher = make_fetcher(self.http, transport, self.options.connect_timeout_s, self.options.read_timeout_s)
         self.versions: dict[int, MirroredVersion] = {}
 
     # --- serving -------------------------------------------------------------------------------
@@ -290,7 +292,7 @@ class RelayMirror:
         pending = [shard for shard, ready in zip(mirrored.manifest.shards, mirrored.ready, strict=True) if not ready]
         try:
             await fetch_shards(
-                self.http,
+                self.fetcher,
                 mirrored.manifest,
                 pending,
                 self.scoreboard,
@@ -331,6 +333,7 @@ class RelayMirror:
         for mirrored in self.versions.values():
             if mirrored.task is not None:
                 mirrored.task.cancel()
+        await self.fetcher.aclose()
         await self.http.aclose()
 
 
