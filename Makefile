@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test lint typecheck unit install clean-venv
+.PHONY: demo test lint typecheck unit install clean-venv bench-shardcast
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +35,10 @@ unit: install
 
 demo: install
 	$(BIN)/python -m coordinator.demo
+
+# SHARDCAST vs shardcast==0.3.2 (installed on first use into .bench-venv/, never into .venv) and curl.
+bench-shardcast: install
+	$(BIN)/python bench/shardcast_bench.py $(BENCH_ARGS)
 
 clean-venv:
 	rm -rf $(VENV)

@@ -22,6 +22,7 @@ Prints one JSON object; ``summary.speedup_vs_reference`` is reference / ours end
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -191,13 +192,15 @@ def run_ours(work: Path, checkpoint_dir: Path, shard_size: int, num_clients: int
         )
         for index, port in enumerate(relay_ports):
             procs.start(
-                [str(BIN / "prime-relay"), "serve", "--upstream", origin_url, "--port", str(port)]
-                + ["--coordinator-id", coordinator_id, "--data-dir", str(work / f"relay{index}")]
-                + ["--set", "poll_interval_s=0.1"],
+                [
+                    *(str(BIN / "prime-relay"), "serve", "--upstream", origin_url, "--port", str(port)),
+                    *("--coordinator-id", coordinator_id, "--data-dir", str(work / f"relay{index}")),
+                    *("--set", "poll_interval_s=0.1"),
+                ],
                 logs / f"relay{index}.log",
             )
         for url in [origin_url, *relay_urls]:
-            wait_until(lambda url=url: http_ok(f"{url}/healthz"), 30, f"{url} to start")
+            wait_until(functools.partial(http_ok, f"{url}/healthz"), 30, f"{url} to start")
         started = time.monotonic()
         subprocess.run(
             [str(BIN / "prime-relay"), "publish", str(checkpoint_dir), "--version", "1"]
@@ -348,7 +351,7 @@ def run_reference(work: Path, python: Path, checkpoint_file: Path, shard_size: i
                 env=node_env(f"middle{index}"),
             )
         for url in middle_urls:
-            wait_until(lambda url=url: http_ok(f"{url}/data1.bin"), 60, f"reference middle {url}")
+            wait_until(functools.partial(http_ok, f"{url}/data1.bin"), 60, f"reference middle {url}")
         client_envs = [node_env(f"client{i}") for i in range(num_clients)]
         started = time.monotonic()
         origin.stdin.write(f"{checkpoint_file}\n".encode())

@@ -12,7 +12,9 @@ Plain HTTP, so ``curl -O http://relay/v/3/shards/0`` works, and shards are immut
 HTTP cache may front a server. What is served comes from a :class:`ShardSource`: the origin's
 published store or a relay's mirror (which may hold a request for a shard it is still
 verifying). Bad input gets a 4xx with a JSON ``ErrorBody`` saying why; files are streamed in
-1 MiB slices from an already-open descriptor, so pruning a version never cuts a response short.
+1 MiB slices from an already-open descriptor (or handed to the server whole when it supports
+the ASGI zero-copy send extension, as :mod:`shardcast.asgi_server` does), so pruning a version
+never cuts a response short.
 """
 
 from __future__ import annotations
@@ -99,6 +101,12 @@ class FileSliceResponse(Response):
             await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
             if not self.send_body or self.length == 0:
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
+                return
+            if "http.response.zerocopysend" in scope.get("extensions", {}):
+                with open(self.fd, "rb", closefd=False) as file:
+                    message = {"type": "http.response.zerocopysend", "file": file, "offset": self.start}
+                    await send({**message, "count": self.length, "more_body": False})
+                self.metrics.bytes_served.inc(self.length)
                 return
             async with anyio.create_task_group() as group:
 
@@ -237,14 +245,12 @@ def _route_kind(path: str) -> str:
 async def serve_http(
     app: Starlette, host: str, port: int, background: Callable[[], Coroutine[Any, Any, None]] | None = None
 ) -> None:
-    """Serve ``app`` with uvicorn until SIGINT/SIGTERM, running ``background`` alongside (cancelled at the end)."""
-    import uvicorn
+    """Serve ``app`` until SIGINT/SIGTERM with the zero-copy server, running ``background`` alongside."""
+    from shardcast.asgi_server import serve_asgi
 
-    config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False, lifespan="off")
-    server = uvicorn.Server(config)
     task = asyncio.create_task(background()) if background is not None else None
     try:
-        await server.serve()
+        await serve_asgi(app, host, port)
     finally:
         if task is not None:
             task.cancel()
@@ -252,14 +258,8 @@ async def serve_http(
 
 
 def run_event_loop(main: Callable[[], Awaitable[None]]) -> None:
-    """Run ``main`` on uvloop when it is installed (less overhead per chunk), else on asyncio."""
-    try:
-        import uvloop
-    except ImportError:  # pragma: no cover - uvloop comes with uvicorn[standard]
-        asyncio.run(_call(main))
-        return
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        runner.run(_call(main))
+    """Run ``main`` on asyncio's own loop: its ``loop.sendfile`` is the zero-copy one (uvloop has none)."""
+    asyncio.run(_call(main))
 
 
 async def _call(main: Callable[[], Awaitable[None]]) -> None:
