@@ -2,7 +2,8 @@
 
 Three runs over the same bytes and topology, all real processes on 127.0.0.1:
 
-- **ours**: ``prime-relay publish`` into an origin store served by ``prime-relay origin``, two
+- **ours**: ``publish_checkpoint`` (called in this process, as the coordinator will; the reference
+  broadcasts from its running origin process too) into a store served by ``prime-relay origin``, two
   ``prime-relay serve`` relays mirroring it, four ``prime-relay fetch`` clients downloading
   from both relays (signed manifest, every shard verified, files written in place).
 - **reference**: ``shardcast==0.3.2`` in its own venv (``.bench-venv/``, created on first use):
@@ -180,8 +181,11 @@ def run_ours(work: Path, checkpoint_dir: Path, shard_size: int, num_clients: int
     logs.mkdir(parents=True)
     key_dir = work / "coordinator"
     from protocol.identity import load_or_create_identity
+    from shardcast.origin import publish_checkpoint
+    from shardcast.store import VersionStore
 
-    coordinator_id = load_or_create_identity(key_dir).node_id
+    coordinator = load_or_create_identity(key_dir)
+    coordinator_id = coordinator.node_id
     origin_port, relay_ports = free_port(), [free_port(), free_port()]
     origin_url = f"http://127.0.0.1:{origin_port}"
     relay_urls = [f"http://127.0.0.1:{port}" for port in relay_ports]
@@ -201,15 +205,9 @@ def run_ours(work: Path, checkpoint_dir: Path, shard_size: int, num_clients: int
             )
         for url in [origin_url, *relay_urls]:
             wait_until(functools.partial(http_ok, f"{url}/healthz"), 30, f"{url} to start")
+        store = VersionStore(work / "store")  # the origin process serves what this process publishes
         started = time.monotonic()
-        subprocess.run(
-            [str(BIN / "prime-relay"), "publish", str(checkpoint_dir), "--version", "1"]
-            + ["--store", str(work / "store"), "--key-dir", str(key_dir), "--shard-size-bytes", str(shard_size)]
-            + ([] if durable else ["--no-fsync"]),
-            check=True,
-            stdout=subprocess.DEVNULL,
-            stderr=open(logs / "publish.log", "ab"),  # noqa: SIM115
-        )
+        publish_checkpoint(checkpoint_dir, 1, coordinator, store, shard_size_bytes=shard_size, fsync_enabled=durable)
         published = time.monotonic()
         wait_until(lambda: all(relay_lists(url, 1) for url in relay_urls), 60, "relays to list version 1", 0.01)
         listed = time.monotonic()

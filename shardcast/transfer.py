@@ -269,6 +269,6 @@ def _no_source_left(
     message = f"shard {index} of version {version} could not be fetched {tried} ({errors})"
     if kinds == {"missing"}:
         return NotFoundError(message)
-    if "integrity" in kinds:
+    if "integrity" in kinds or any(scoreboard.is_banned(url) for url in scoreboard.sources):
         return IntegrityError(message)
     return RemoteUnavailableError(message)

@@ -164,7 +164,7 @@ async def test_only_corrupt_sources_fail_with_integrity_error_and_expose_nothing
     shard = origin_store.shard_path(1, 3)
     shard.write_bytes(b"x" * shard.stat().st_size)
     router = HostRouter({"origin": create_app(OriginSource(origin_store))})
-    with pytest.raises(IntegrityError, match="shard 3"):
+    with pytest.raises(IntegrityError, match="shards/3: blake3 .* is not the signed hash"):
         await fetch_version(1, ["http://origin"], coordinator.node_id, tmp_path / "out", FAST, router)
     assert not (tmp_path / "out" / "v1").exists()
 
@@ -234,3 +234,16 @@ def _download_blocking(coordinator_id: str, out: Path, router: httpx.AsyncBaseTr
     from shardcast.client import download_version
 
     return download_version(1, ["http://origin"], coordinator_id, out, FAST, router)
+
+
+async def test_origin_app_mounts_under_a_prefix_as_the_coordinator_will(
+    tmp_path: Path, origin_store: VersionStore, coordinator: NodeIdentity
+) -> None:
+    from starlette.applications import Starlette
+    from starlette.routing import Mount
+
+    coordinator_app = Starlette(routes=[Mount("/shardcast", app=create_app(OriginSource(origin_store)))])
+    router = HostRouter({"coordinator": coordinator_app})
+    path = await fetch_version(1, ["http://coordinator/shardcast"], coordinator.node_id, tmp_path / "out", FAST, router)
+    assert same_tree(path, tmp_path / "ckpt")
+    assert "coordinator/shardcast/v/1/shards/0" in router.requests
