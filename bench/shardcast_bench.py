@@ -434,6 +434,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         log(f"writing a {size_mib} MiB checkpoint")
         checkpoint_dir = scratch / "checkpoint"
         checkpoint_file = make_checkpoint(checkpoint_dir, size_bytes)
+        # each run starts with no dirty pages left by the previous step, so neither pays the other's writeback
+        os.sync()
         log("running ours")
         ours = run_ours(scratch / "ours", checkpoint_dir, shard_size, args.clients, args.durable)
         result["curl"] = ours.pop("curl")
@@ -443,6 +445,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.skip_reference:
             result["reference"] = {"skipped": True}
         else:
+            os.sync()
             log(f"running the reference shardcast=={REFERENCE_VERSION}")
             try:
                 python = ensure_reference_venv(args.bench_venv)

@@ -10,7 +10,8 @@ core also hashes and writes, that copy is what serving costs.
 Scope, on purpose: one request at a time per connection (no pipelining), keep-alive, no
 request bodies (SHARDCAST has no route that takes one: a request announcing one gets 413),
 bodies delimited by Content-Length (else the connection closes after the body). Heads are
-capped at 64 KiB. HEAD responses carry no body whatever the app sends.
+capped at 64 KiB; a connection idle for ``IDLE_TIMEOUT_S`` between requests is closed. HEAD
+responses carry no body whatever the app sends.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from starlette.types import ASGIApp, Message
 
 log = logging.getLogger("shardcast.http")
 _MAX_HEAD_BYTES = 64 * 1024
+IDLE_TIMEOUT_S = 75.0
 _REASONS = {200: "OK", 206: "Partial Content", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
             413: "Payload Too Large", 416: "Range Not Satisfiable", 431: "Request Header Fields Too Large",
             500: "Internal Server Error", 503: "Service Unavailable"}  # fmt: skip
@@ -43,18 +45,31 @@ class _Connection(asyncio.Protocol):
         self.closed = self.loop.create_future()
         self._writable = asyncio.Event()
         self._writable.set()
+        self._idle_timer: asyncio.TimerHandle | None = None
+        self._task: asyncio.Task[None] | None = None
 
     # --- asyncio.Protocol ---------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
+        self._arm_idle_timer()
 
     def data_received(self, data: bytes) -> None:
         self.buffer += data
         if not self.busy:
             self._next_request()
+        elif len(self.buffer) > 2 * _MAX_HEAD_BYTES and self.transport is not None:
+            self.transport.close()  # a client flooding us while its request is served
+
+    def _arm_idle_timer(self) -> None:
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+        if self.transport is not None:
+            self._idle_timer = self.loop.call_later(IDLE_TIMEOUT_S, self.transport.close)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
         if not self.closed.done():
             self.closed.set_result(None)
         self._writable.set()
@@ -110,7 +125,9 @@ class _Connection(asyncio.Protocol):
             "extensions": {"http.response.zerocopysend": {}},
         }
         self.busy = True
-        self.loop.create_task(self._serve(scope, keep_alive))
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+        self._task = self.loop.create_task(self._serve(scope, keep_alive))  # held: the loop keeps weak refs
 
     async def _serve(self, scope: dict[str, Any], keep_alive: bool) -> None:
         exchange = _Exchange(self, scope["method"] == "HEAD", keep_alive)
@@ -129,6 +146,7 @@ class _Connection(asyncio.Protocol):
             exchange.keep_alive = False
         if exchange.keep_alive and self.transport is not None and not self.transport.is_closing():
             self.busy = False
+            self._arm_idle_timer()
             if self.buffer:
                 self._next_request()
         elif self.transport is not None:
