@@ -2,6 +2,9 @@
 
 Three runs over the same bytes and topology, all real processes on 127.0.0.1:
 
+Clients on both sides are started before the clock and have imported what they need; they are
+told the version once the relays hold it, as a running worker is when a version is announced.
+
 - **ours**: ``publish_checkpoint`` (called in this process, as the coordinator will; the reference
   broadcasts from its running origin process too) into a store served by ``prime-relay origin``, two
   ``prime-relay serve`` relays mirroring it, four ``prime-relay fetch`` clients downloading
@@ -88,10 +91,54 @@ elif mode == "middle":
         time.sleep(1)
 elif mode == "client":
     from shardcast.client_node import ClientNode
-    servers, out_dir, version, out_file = sys.argv[2].split(","), sys.argv[3], sys.argv[4], sys.argv[5]
+    servers, out_dir, out_file = sys.argv[2].split(","), sys.argv[3], sys.argv[4]
+    print("ready", flush=True)
+    version = sys.stdin.readline().strip()
     result = ClientNode(servers, out_dir).download_version(version, out_file)
     sys.exit(0 if result else 1)
 '''
+
+OUR_CLIENT = r'''
+"""A worker-like process: imports first, then downloads the version it is told (benchmark harness)."""
+import json, sys
+from pathlib import Path
+from shardcast.client import download_version
+from shardcast.transfer import TransferOptions
+
+relays, coordinator_id, out, fsync = sys.argv[1].split(","), sys.argv[2], Path(sys.argv[3]), sys.argv[4] == "1"
+print("ready", flush=True)
+version = int(sys.stdin.readline())
+emit = lambda event: print(json.dumps(event), flush=True)
+download_version(version, relays, coordinator_id, out, TransferOptions(fsync_enabled=fsync), on_event=emit)
+'''
+
+
+def start_waiting_clients(
+    procs: Processes, argvs: list[list[str]], logs: Path, envs: Sequence[dict[str, str] | None] = (), **kwargs: Any
+) -> list[subprocess.Popen[bytes]]:
+    """Start client processes that import what they need, say "ready", and wait for a version on stdin.
+
+    Both systems' clients are warm, as a worker is when a new version is announced; interpreter
+    start-up is not part of either figure.
+    """
+    clients = []
+    for index, argv in enumerate(argvs):
+        env = envs[index] if envs else None
+        log_path = logs / f"client{index}.log"
+        proc = procs.start(argv, log_path, stdout=subprocess.PIPE, stdin=subprocess.PIPE, env=env, **kwargs)
+        clients.append(proc)
+    for proc in clients:
+        assert proc.stdout is not None
+        if proc.stdout.readline().strip() != b"ready":
+            raise RuntimeError(f"a client did not start; see {logs}")
+    return clients
+
+
+def tell(clients: list[subprocess.Popen[bytes]], line: str) -> None:
+    for proc in clients:
+        assert proc.stdin is not None
+        proc.stdin.write(f"{line}\n".encode())
+        proc.stdin.flush()
 
 
 def free_port() -> int:
@@ -205,25 +252,33 @@ def run_ours(work: Path, checkpoint_dir: Path, shard_size: int, num_clients: int
             )
         for url in [origin_url, *relay_urls]:
             wait_until(functools.partial(http_ok, f"{url}/healthz"), 30, f"{url} to start")
+        argvs = [
+            [
+                sys.executable,
+                "-c",
+                OUR_CLIENT,
+                ",".join(relay_urls),
+                coordinator_id,
+                str(work / f"client{index}"),
+                "01"[durable],
+            ]
+            for index in range(num_clients)
+        ]
+        clients = start_waiting_clients(procs, argvs, logs)
         store = VersionStore(work / "store")  # the origin process serves what this process publishes
         started = time.monotonic()
         publish_checkpoint(checkpoint_dir, 1, coordinator, store, shard_size_bytes=shard_size, fsync_enabled=durable)
         published = time.monotonic()
         wait_until(lambda: all(relay_lists(url, 1) for url in relay_urls), 60, "relays to list version 1", 0.01)
         listed = time.monotonic()
-        clients = []
-        for index in range(num_clients):
-            argv = [str(BIN / "prime-relay"), "fetch", "1", "--coordinator-id", coordinator_id]
-            argv += [item for url in relay_urls for item in ("--relay", url)]
-            argv += ["--out", str(work / f"client{index}"), "--json-events"] + ([] if durable else ["--no-fsync"])
-            clients.append(procs.start(argv, logs / f"client{index}.log", stdout=subprocess.PIPE))
+        tell(clients, "1")
         per_client = []
         for proc in clients:
             out, _ = proc.communicate(timeout=1800)
             per_client.append(time.monotonic() - listed)
             (logs / f"client{len(per_client) - 1}.events").write_bytes(out)
             events = [json.loads(line) for line in out.decode().splitlines() if line.strip()]
-            if proc.returncode != 0 or events[-1]["event"] != "done":
+            if proc.returncode != 0 or not events or events[-1]["event"] != "done":
                 raise RuntimeError(f"our client failed: {events[-1:]}")
         finished = time.monotonic()
         source = file_digest(checkpoint_dir / "model.safetensors")
@@ -357,7 +412,12 @@ def run_reference(work: Path, python: Path, checkpoint_file: Path, shard_size: i
             )
         for url in middle_urls:
             wait_until(functools.partial(http_ok, f"{url}/data1.bin"), 60, f"reference middle {url}")
-        client_envs = [node_env(f"client{i}") for i in range(num_clients)]
+        argvs = [
+            [str(python), str(wrapper), "client", ",".join(middle_urls), *client_paths(work, index)]
+            for index in range(num_clients)
+        ]
+        envs = [node_env(f"client{index}") for index in range(num_clients)]
+        clients = start_waiting_clients(procs, argvs, logs, envs, cwd=work)
         started = time.monotonic()
         origin.stdin.write(f"{checkpoint_file}\n".encode())
         origin.stdin.flush()
@@ -373,12 +433,7 @@ def run_reference(work: Path, python: Path, checkpoint_file: Path, shard_size: i
 
         wait_until(mirrored, 1800, "reference middle nodes to mirror the version", 0.01)
         listed = time.monotonic()
-        clients = []
-        for index in range(num_clients):
-            out_dir = work / f"client{index}"
-            argv = [str(python), str(wrapper), "client", ",".join(middle_urls), str(out_dir), version]
-            argv.append(str(out_dir / "model.safetensors"))
-            clients.append(procs.start(argv, logs / f"client{index}.log", env=client_envs[index], cwd=work))
+        tell(clients, version)
         per_client = []
         for proc in clients:
             code = proc.wait(timeout=1800)
@@ -393,6 +448,11 @@ def run_reference(work: Path, python: Path, checkpoint_file: Path, shard_size: i
     timings = stage_times(started, published, listed, finished, per_client)
     timings["relays_mirrored_s"] = timings.pop("relays_s")
     return {"version": REFERENCE_VERSION, **timings, "bit_identical": identical}
+
+
+def client_paths(work: Path, index: int) -> tuple[str, str]:
+    """The reference client's output directory and reassembled file."""
+    return str(work / f"client{index}"), str(work / f"client{index}" / "model.safetensors")
 
 
 def ratio(numerator: float | None, denominator: float | None) -> float | None:

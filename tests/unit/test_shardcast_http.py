@@ -164,7 +164,7 @@ async def test_only_corrupt_sources_fail_with_integrity_error_and_expose_nothing
     shard = origin_store.shard_path(1, 3)
     shard.write_bytes(b"x" * shard.stat().st_size)
     router = HostRouter({"origin": create_app(OriginSource(origin_store))})
-    with pytest.raises(IntegrityError, match="shards/3: blake3 .* is not the signed hash"):
+    with pytest.raises(IntegrityError, match=r"shards/3: blake3 .* is not the signed hash"):
         await fetch_version(1, ["http://origin"], coordinator.node_id, tmp_path / "out", FAST, router)
     assert not (tmp_path / "out" / "v1").exists()
 
