@@ -241,7 +241,15 @@ async def fetch_shards(
             if remaining == 0 and not finished.done():
                 finished.set_result(None)
 
-    workers = [asyncio.create_task(worker()) for _ in range(min(options.num_parallel, len(pending)))]
+    async def guarded_worker() -> None:
+        try:
+            await worker()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a local failure (disk full, a bug): stop the transfer, never hang it
+            give_up(PrimeError(f"transfer of version {manifest.version} stopped: {type(exc).__name__}: {exc}"))
+
+    workers = [asyncio.create_task(guarded_worker()) for _ in range(min(options.num_parallel, len(pending)))]
     try:
         await finished
     finally:

@@ -19,6 +19,7 @@ import pytest
 from protocol.errors import IntegrityError, NotFoundError, RemoteUnavailableError
 from protocol.identity import NodeIdentity
 from shardcast.client import fetch_version
+from shardcast.manifest import load_verified_manifest
 from shardcast.origin import OriginSource, publish_checkpoint
 from shardcast.server import create_app
 from shardcast.store import VersionStore
@@ -247,3 +248,32 @@ async def test_origin_app_mounts_under_a_prefix_as_the_coordinator_will(
     path = await fetch_version(1, ["http://coordinator/shardcast"], coordinator.node_id, tmp_path / "out", FAST, router)
     assert same_tree(path, tmp_path / "ckpt")
     assert "coordinator/shardcast/v/1/shards/0" in router.requests
+
+
+async def test_a_local_write_failure_stops_the_transfer_instead_of_hanging(
+    tmp_path: Path, origin_store: VersionStore, coordinator: NodeIdentity
+) -> None:
+    from protocol.errors import PrimeError
+    from shardcast.fetchers import HttpxFetcher
+    from shardcast.scoring import Scoreboard
+    from shardcast.transfer import fetch_shards
+
+    class FullDisk:
+        def open_shard(self, shard: Any) -> Any:
+            raise OSError(28, "No space left on device")
+
+    signed = load_verified_manifest(origin_store.manifest_path(1).read_bytes(), coordinator.node_id)
+    router = HostRouter({"origin": create_app(OriginSource(origin_store))})
+    async with httpx.AsyncClient(transport=router) as http:
+        with pytest.raises(PrimeError, match="No space left"):
+            await asyncio.wait_for(
+                fetch_shards(
+                    HttpxFetcher(http),
+                    signed.manifest,
+                    signed.manifest.shards,
+                    Scoreboard(["http://origin"]),
+                    FullDisk(),
+                    FAST,
+                ),
+                timeout=10,
+            )
