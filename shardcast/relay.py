@@ -33,6 +33,7 @@ from shardcast.fetchers import make_fetcher
 from shardcast.manifest import load_verified_manifest, new_hasher
 from shardcast.metrics import ShardcastMetrics
 from shardcast.scoring import Scoreboard
+from shardcast.server import Segment
 from shardcast.store import MANIFEST_NAME, VersionStore, write_file_atomically
 from shardcast.transfer import ShardWriter, TransferOptions, fetch_shards, http_timeout
 
@@ -184,13 +185,14 @@ class RelayMirror:
     def manifest_bytes(self, version: int) -> bytes:
         return self._held(version).raw_manifest
 
-    async def shard_file(self, version: int, index: int) -> tuple[Path, ShardEntry]:
+    async def shard_segments(self, version: int, index: int) -> tuple[list[Segment], ShardEntry]:
         mirrored = self._held(version)
         if index >= len(mirrored.ready):
             raise NotFoundError(f"shard index {index} is out of range: version {version} has {len(mirrored.ready)}")
         if not await mirrored.wait_ready(index, self.config.shard_wait_s):
             raise NotReadyError(f"shard {index} of version {version} is still being mirrored; retry shortly")
-        return self.store.shard_path(version, index), mirrored.manifest.shards[index]
+        shard = mirrored.manifest.shards[index]
+        return [Segment(self.store.shard_path(version, index), 0, shard.size_bytes)], shard
 
     # --- mirroring -----------------------------------------------------------------------------
 

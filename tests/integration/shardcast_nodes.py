@@ -151,3 +151,17 @@ def stream_events(proc: subprocess.Popen[bytes]) -> Iterator[dict[str, Any]]:
     for line in proc.stdout:
         if line.strip():
             yield json.loads(line)
+
+
+def corrupt_shard(version_dir: Path, index: int) -> None:
+    """Flip one byte inside shard ``index`` of a stored version (origin layout: files under files/)."""
+    from protocol.schemas import SignedManifest
+    from shardcast.manifest import shard_spans
+
+    manifest = SignedManifest.model_validate_json((version_dir / "manifest.json").read_bytes()).manifest
+    span = max(shard_spans(manifest, manifest.shards[index]), key=lambda s: s.length)
+    with open(version_dir / "files" / span.path, "r+b") as handle:
+        handle.seek(span.file_offset + span.length // 2)
+        byte = handle.read(1)
+        handle.seek(-1, 1)
+        handle.write(bytes([byte[0] ^ 0x01]))

@@ -28,6 +28,7 @@ from shardcast.store import VersionStore
 from shardcast.transfer import TransferOptions
 from tests.integration.shardcast_nodes import (
     Nodes,
+    corrupt_shard,
     events_of,
     get_json,
     holds,
@@ -139,10 +140,7 @@ def test_corrupting_relay_is_detected_demoted_and_routed_around(
     # the test's bad relay: a server over a copy of the version with shard 3 flipped (genuine manifest)
     evil_store = tmp_path / "evil-store"
     shutil.copytree(store / "v1", evil_store / "v1")
-    shard = evil_store / "v1" / "shards" / "3"
-    data = bytearray(shard.read_bytes())
-    data[12345] ^= 0x01
-    shard.write_bytes(bytes(data))
+    corrupt_shard(evil_store / "v1", 3)
     evil = nodes.origin(evil_store)
     # a client that asks the evil relay for shard 3 first
     fetch = nodes.fetch(1, [evil, good], coordinator.node_id, tmp_path / "client", "--parallel", "4")
@@ -206,14 +204,14 @@ def test_publishing_while_pruning_never_exposes_a_half_written_version(
         while not stop.is_set():
             for version_dir in store.glob("v*"):
                 try:
-                    names = {p.name for p in (version_dir / "shards").iterdir()}
                     manifest = json.loads((version_dir / "manifest.json").read_bytes())["manifest"]
+                    sizes = {f["path"]: (version_dir / "files" / f["path"]).stat().st_size for f in manifest["files"]}
                 except FileNotFoundError:
                     if version_dir.exists():
-                        problems.append(f"{version_dir.name} is visible without its manifest or shards")
+                        problems.append(f"{version_dir.name} is visible without its manifest or files")
                     continue  # pruned between glob and listing: gone at once, also fine
-                if names != {str(shard["index"]) for shard in manifest["shards"]}:
-                    problems.append(f"{version_dir.name}: shards {sorted(names)} on disk")
+                if sizes != {f["path"]: f["size_bytes"] for f in manifest["files"]}:
+                    problems.append(f"{version_dir.name}: files on disk {sizes}")
 
     threads = [threading.Thread(target=publisher), threading.Thread(target=watch_store)]
     for thread in threads:

@@ -24,6 +24,7 @@ from shardcast.origin import OriginSource, publish_checkpoint
 from shardcast.server import create_app
 from shardcast.store import VersionStore
 from shardcast.transfer import TransferOptions
+from tests.integration.shardcast_nodes import corrupt_shard
 
 SHARD = 8192
 pytestmark = pytest.mark.anyio
@@ -140,10 +141,7 @@ async def test_corrupt_relay_is_detected_banned_and_routed_around(
     evil_store = VersionStore(tmp_path / "evil")
     shutil.copytree(origin_store.version_dir(1), evil_store.version_dir(1))
     for index in range(7):  # every shard corrupt: whatever the evil relay serves is caught
-        shard = evil_store.shard_path(1, index)
-        data = bytearray(shard.read_bytes())
-        data[len(data) // 2] ^= 0xFF
-        shard.write_bytes(bytes(data))
+        corrupt_shard(evil_store.version_dir(1), index)
     router = HostRouter({"good": create_app(OriginSource(origin_store)), "evil": create_app(OriginSource(evil_store))})
     events: list[dict[str, Any]] = []
     path = await fetch_version(
@@ -162,8 +160,7 @@ async def test_corrupt_relay_is_detected_banned_and_routed_around(
 async def test_only_corrupt_sources_fail_with_integrity_error_and_expose_nothing(
     tmp_path: Path, origin_store: VersionStore, coordinator: NodeIdentity
 ) -> None:
-    shard = origin_store.shard_path(1, 3)
-    shard.write_bytes(b"x" * shard.stat().st_size)
+    corrupt_shard(origin_store.version_dir(1), 3)
     router = HostRouter({"origin": create_app(OriginSource(origin_store))})
     with pytest.raises(IntegrityError, match=r"shards/3: blake3 .* is not the signed hash"):
         await fetch_version(1, ["http://origin"], coordinator.node_id, tmp_path / "out", FAST, router)
