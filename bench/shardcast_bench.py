@@ -30,9 +30,11 @@ import functools
 import json
 import os
 import platform
+import resource
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -132,6 +134,33 @@ def start_waiting_clients(
         if proc.stdout.readline().strip() != b"ready":
             raise RuntimeError(f"a client did not start; see {logs}")
     return clients
+
+
+def process_cpu_s(pid: int) -> float:
+    """CPU seconds of a running process and of the children it has reaped (0 once it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError):
+        return 0.0
+    return sum(int(value) for value in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+
+
+class CpuMeter:
+    """CPU seconds one system spends between two points: its running processes (read from /proc),
+    the ones reaped meanwhile (their whole use shows in RUSAGE_CHILDREN), and this process's own
+    (publishing, for ours). Less sensitive than wall time to what else the machine is running."""
+
+    def __init__(self, procs: Processes) -> None:
+        self.procs = procs
+        self.start = self._now()
+
+    def _now(self) -> float:
+        children = resource.getrusage(resource.RUSAGE_CHILDREN)
+        running = sum(process_cpu_s(proc.pid) for proc in self.procs.procs if proc.returncode is None)
+        return children.ru_utime + children.ru_stime + running + time.process_time()
+
+    def elapsed(self) -> float:
+        return round(self._now() - self.start, 2)
 
 
 def tell(clients: list[subprocess.Popen[bytes]], line: str) -> None:
@@ -266,6 +295,7 @@ def run_ours(work: Path, checkpoint_dir: Path, shard_size: int, num_clients: int
         ]
         clients = start_waiting_clients(procs, argvs, logs)
         store = VersionStore(work / "store")  # the origin process serves what this process publishes
+        meter = CpuMeter(procs)
         started = time.monotonic()
         publish_checkpoint(checkpoint_dir, 1, coordinator, store, shard_size_bytes=shard_size, fsync_enabled=durable)
         published = time.monotonic()
@@ -281,6 +311,7 @@ def run_ours(work: Path, checkpoint_dir: Path, shard_size: int, num_clients: int
             if proc.returncode != 0 or not events or events[-1]["event"] != "done":
                 raise RuntimeError(f"our client failed: {events[-1:]}")
         finished = time.monotonic()
+        cpu_s = meter.elapsed()
         source = file_digest(checkpoint_dir / "model.safetensors")
         identical = all(
             file_digest(work / f"client{i}" / "v1" / "model.safetensors") == source for i in range(num_clients)
@@ -290,7 +321,7 @@ def run_ours(work: Path, checkpoint_dir: Path, shard_size: int, num_clients: int
         procs.stop_all()
     timings = stage_times(started, published, listed, finished, per_client)
     timings["relays_listed_s"] = timings.pop("relays_s")
-    return {**timings, "bit_identical": identical, "curl": curl}
+    return {**timings, "cpu_s": cpu_s, "bit_identical": identical, "curl": curl}
 
 
 def stage_times(
@@ -418,6 +449,7 @@ def run_reference(work: Path, python: Path, checkpoint_file: Path, shard_size: i
         ]
         envs = [node_env(f"client{index}") for index in range(num_clients)]
         clients = start_waiting_clients(procs, argvs, logs, envs, cwd=work)
+        meter = CpuMeter(procs)
         started = time.monotonic()
         origin.stdin.write(f"{checkpoint_file}\n".encode())
         origin.stdin.flush()
@@ -441,18 +473,24 @@ def run_reference(work: Path, python: Path, checkpoint_file: Path, shard_size: i
             if code != 0:
                 raise RuntimeError(f"reference client failed (exit {code}); see {logs}")
         finished = time.monotonic()
+        cpu_s = meter.elapsed()
         source = file_digest(checkpoint_file)
         identical = all(file_digest(work / f"client{i}" / "model.safetensors") == source for i in range(num_clients))
     finally:
         procs.stop_all()
     timings = stage_times(started, published, listed, finished, per_client)
     timings["relays_mirrored_s"] = timings.pop("relays_s")
-    return {"version": REFERENCE_VERSION, **timings, "bit_identical": identical}
+    return {"version": REFERENCE_VERSION, **timings, "cpu_s": cpu_s, "bit_identical": identical}
 
 
 def client_paths(work: Path, index: int) -> tuple[str, str]:
     """The reference client's output directory and reassembled file."""
     return str(work / f"client{index}"), str(work / f"client{index}" / "model.safetensors")
+
+
+def median_of(rounds: list[dict[str, Any]], system: str, key: str) -> float | None:
+    values = [entry[system][key] for entry in rounds if key in entry.get(system, {})]
+    return round(statistics.median(values), 3) if values else None
 
 
 def ratio(numerator: float | None, denominator: float | None) -> float | None:
@@ -475,6 +513,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="Let ours fsync (its default in production); off by default because the reference never fsyncs.",
     )
+    parser.add_argument("--repeat", type=int, default=1, help="Rounds (alternating order); figures are medians.")
     parser.add_argument("--keep", action="store_true", help="Keep the scratch directory (logs, events) for a look.")
     args = parser.parse_args(argv)
     size_mib, shard_mib = (64, 4) if args.quick else (args.size_mib, args.shard_size_mib)
@@ -490,43 +529,58 @@ def main(argv: Sequence[str] | None = None) -> int:
         "topology": "origin -> 2 relays (each mirrors the origin) -> clients (each downloads from both relays)",
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
     }
+    rounds: list[dict[str, Any]] = []
     try:
         log(f"writing a {size_mib} MiB checkpoint")
         checkpoint_dir = scratch / "checkpoint"
         checkpoint_file = make_checkpoint(checkpoint_dir, size_bytes)
-        # each run starts with no dirty pages left by the previous step, so neither pays the other's writeback
-        os.sync()
-        log("running ours")
-        ours = run_ours(scratch / "ours", checkpoint_dir, shard_size, args.clients, args.durable)
-        result["curl"] = ours.pop("curl")
-        result["ours"] = ours
-        if not args.keep:
-            shutil.rmtree(scratch / "ours", ignore_errors=True)
-        if args.skip_reference:
-            result["reference"] = {"skipped": True}
-        else:
-            os.sync()
-            log(f"running the reference shardcast=={REFERENCE_VERSION}")
-            try:
-                python = ensure_reference_venv(args.bench_venv)
-                result["reference"] = run_reference(
-                    scratch / "reference", python, checkpoint_file, shard_size, args.clients
-                )
-            except (RuntimeError, TimeoutError, subprocess.CalledProcessError) as exc:
-                result["reference"] = {"error": str(exc)}
+        python = None if args.skip_reference else ensure_reference_venv(args.bench_venv)
+        for number in range(args.repeat):
+            # alternate who goes first, so neither always meets the machine in the same state
+            order = ["ours", "reference"] if number % 2 == 0 else ["reference", "ours"]
+            entry: dict[str, Any] = {}
+            for system in order if python is not None else ["ours"]:
+                os.sync()  # start with no dirty pages left by the previous run: nobody pays another's writeback
+                work = scratch / f"{system}{number}"
+                log(f"round {number + 1}/{args.repeat}: running {system}")
+                if system == "ours":
+                    entry["ours"] = run_ours(work, checkpoint_dir, shard_size, args.clients, args.durable)
+                    entry["curl"] = entry["ours"].pop("curl")
+                else:
+                    assert python is not None
+                    try:
+                        entry["reference"] = run_reference(work, python, checkpoint_file, shard_size, args.clients)
+                    except (RuntimeError, TimeoutError, subprocess.CalledProcessError) as exc:
+                        entry["reference"] = {"error": str(exc)}
+                if not args.keep:
+                    shutil.rmtree(work, ignore_errors=True)
+            rounds.append(entry)
     finally:
         if args.keep:
             log(f"kept {scratch}")
         else:
             shutil.rmtree(scratch, ignore_errors=True)
-    reference_s = result["reference"].get("end_to_end_s")
+    if args.repeat == 1:
+        result.update(rounds[0])
+    else:
+        result["rounds"] = rounds
+    ours_s = median_of(rounds, "ours", "end_to_end_s")
+    reference_s = median_of(rounds, "reference", "end_to_end_s")
+    ours_clients_s = median_of(rounds, "ours", "clients_s")
+    curl_s = median_of(rounds, "curl", "clients_s")
+    ours_cpu_s, reference_cpu_s = median_of(rounds, "ours", "cpu_s"), median_of(rounds, "reference", "cpu_s")
     result["summary"] = {
-        "speedup_vs_reference": ratio(reference_s, result["ours"]["end_to_end_s"]),
-        "speedup_vs_curl": ratio(result["curl"].get("clients_s"), result["ours"]["clients_s"]),
-        "ours_end_to_end_s": result["ours"]["end_to_end_s"],
+        "speedup_vs_reference": ratio(reference_s, ours_s),
+        "speedup_vs_curl": ratio(curl_s, ours_clients_s),
+        "cpu_ratio_reference_over_ours": ratio(reference_cpu_s, ours_cpu_s),
+        "ours_end_to_end_s": ours_s,
         "reference_end_to_end_s": reference_s,
-        "curl_clients_s": result["curl"].get("clients_s"),
-        "ours_clients_s": result["ours"]["clients_s"],
+        "ours_clients_s": ours_clients_s,
+        "curl_clients_s": curl_s,
+        "ours_cpu_s": ours_cpu_s,
+        "reference_cpu_s": reference_cpu_s,
+        "num_rounds": args.repeat,
+        "how": "medians over rounds; speedups are time ratios (reference/ours end to end; curl/ours client phase)",
     }
     print(json.dumps(result))
     return 0

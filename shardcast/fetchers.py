@@ -16,7 +16,7 @@ is read. Two implementations:
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Protocol, cast
 from urllib.parse import urlsplit
 
@@ -40,8 +40,9 @@ class ShardFetcher(Protocol):
 
 
 class HttpxFetcher:
-    def __init__(self, http: httpx.AsyncClient) -> None:
+    def __init__(self, http: httpx.AsyncClient, owns_client: bool = False) -> None:
         self.http = http
+        self.owns_client = owns_client
 
     async def get(self, url: str, consume: BodyConsumer) -> int:
         async with self.http.stream("GET", url, headers={"Accept-Encoding": "identity"}) as response:
@@ -51,7 +52,8 @@ class HttpxFetcher:
             return response.status_code
 
     async def aclose(self) -> None:
-        """The httpx client belongs to the caller."""
+        if self.owns_client:
+            await self.http.aclose()
 
 
 class _Connection(asyncio.BufferedProtocol):
@@ -215,13 +217,43 @@ class SocketFetcher:
         self._idle.clear()
 
 
-def make_fetcher(
-    http: httpx.AsyncClient, transport: httpx.AsyncBaseTransport | None, connect_timeout_s: float, read_timeout_s: float
+def open_fetcher(
+    urls: Sequence[str],
+    transport: httpx.AsyncBaseTransport | None,
+    connect_timeout_s: float,
+    read_timeout_s: float,
+    max_connections: int = 64,
 ) -> ShardFetcher:
-    """The socket reader for real networks; the httpx client when a transport was injected (tests, proxies)."""
+    """A fetcher for ``urls``: the socket reader when all are plain http:// (no httpx client, no CA
+    bundle to load: a client starts faster), httpx for https:// ones or when a transport is injected."""
+    plain = all(url.startswith("http://") for url in urls)
+    if transport is None and plain:
+        return SocketFetcher(connect_timeout_s, read_timeout_s)
+    http = httpx.AsyncClient(
+        timeout=httpx.Timeout(read_timeout_s, connect=connect_timeout_s),
+        limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
+        transport=transport,
+    )
+    through_httpx = HttpxFetcher(http, owns_client=True)
     if transport is not None:
-        return HttpxFetcher(http)
-    return _SchemeRouter(HttpxFetcher(http), SocketFetcher(connect_timeout_s, read_timeout_s))
+        return through_httpx
+    return _SchemeRouter(through_httpx, SocketFetcher(connect_timeout_s, read_timeout_s))
+
+
+async def get_bytes(fetcher: ShardFetcher, url: str, max_bytes: int) -> tuple[int, bytes]:
+    """GET a small document (a manifest): the status and, for a 200, the body (at most ``max_bytes``)."""
+    parts: list[bytes] = []
+    size = 0
+
+    def collect(chunk: memoryview) -> None:
+        nonlocal size
+        size += len(chunk)
+        if size > max_bytes:
+            raise FetchTransportError(f"{url}: more than {max_bytes} bytes")
+        parts.append(bytes(chunk))
+
+    status = await fetcher.get(url, collect)
+    return status, b"".join(parts)
 
 
 class _SchemeRouter:
@@ -238,3 +270,4 @@ class _SchemeRouter:
 
     async def aclose(self) -> None:
         await self.plain.aclose()
+        await self.fallback.aclose()

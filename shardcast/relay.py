@@ -29,7 +29,7 @@ import pydantic
 from protocol.errors import IntegrityError, NotFoundError, NotReadyError, PrimeError
 from protocol.schemas import PolicyManifest, ShardEntry, VersionInfo, VersionsResponse
 from shardcast.config import RelayConfig
-from shardcast.fetchers import make_fetcher
+from shardcast.fetchers import open_fetcher
 from shardcast.manifest import load_verified_manifest, new_hasher
 from shardcast.metrics import ShardcastMetrics
 from shardcast.scoring import Scoreboard
@@ -151,14 +151,14 @@ class RelayMirror:
         self.metrics = metrics or ShardcastMetrics("relay")
         self.options = TransferOptions(num_parallel=config.num_parallel)
         self.scoreboard = Scoreboard(self.upstreams, ban_s=config.upstream_ban_s)
-        self.http = httpx.AsyncClient(
-            timeout=http_timeout(self.options),
-            limits=httpx.Limits(
-                max_connections=4 * config.num_parallel, max_keepalive_connections=2 * config.num_parallel
-            ),
-            transport=transport,
+        self.http = httpx.AsyncClient(timeout=http_timeout(self.options), transport=transport)  # control requests
+        self.fetcher = open_fetcher(
+            self.upstreams,
+            transport,
+            self.options.connect_timeout_s,
+            self.options.read_timeout_s,
+            4 * config.num_parallel,
         )
-        self.fetcher = make_fetcher(self.http, transport, self.options.connect_timeout_s, self.options.read_timeout_s)
         self.versions: dict[int, MirroredVersion] = {}
 
     # --- serving -------------------------------------------------------------------------------
