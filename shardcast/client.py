@@ -40,9 +40,10 @@ import pydantic
 
 from protocol.errors import IntegrityError, NotFoundError, PrimeError, RemoteUnavailableError
 from protocol.schemas import PolicyManifest, ShardEntry, SignedManifest, VersionsResponse
+from shardcast.fetchers import ShardFetcher, get_bytes, open_fetcher
 from shardcast.manifest import LOCAL_MANIFEST_NAME, FileSpan, load_verified_manifest, new_hasher, shard_spans
 from shardcast.scoring import Scoreboard
-from shardcast.transfer import EventSink, ShardWriter, TransferOptions, fetch_shards, http_timeout, no_events
+from shardcast.transfer import EventSink, ShardWriter, TransferOptions, fetch_shards, no_events
 
 PARTIAL_PREFIX = ".partial-v"
 _HASH_CHUNK_BYTES = 8 * 1024 * 1024
@@ -108,7 +109,7 @@ class _InPlaceWriter:
         self.files = files
         self.spans = spans
 
-    def write(self, offset: int, data: bytes) -> None:
+    def write(self, offset: int, data: memoryview) -> None:
         self.files.write(self.spans, offset, data)
 
     def commit(self) -> None:
@@ -145,8 +146,11 @@ def _read_local_manifest(directory: Path, coordinator_id: str, version: int) -> 
         return None
 
 
+MAX_MANIFEST_BYTES = 512 * 1024 * 1024
+
+
 async def fetch_manifest(
-    http: httpx.AsyncClient,
+    fetcher: ShardFetcher,
     scoreboard: Scoreboard,
     version: int,
     coordinator_id: str,
@@ -157,27 +161,27 @@ async def fetch_manifest(
     missing = 0
     for relay in scoreboard.ranked():
         try:
-            response = await http.get(f"{relay}/v/{version}/manifest.json")
-        except httpx.HTTPError as exc:
+            status, raw = await get_bytes(fetcher, f"{relay}/v/{version}/manifest.json", MAX_MANIFEST_BYTES)
+        except (httpx.HTTPError, OSError, TimeoutError) as exc:
             scoreboard.record(relay, "network", error=str(exc))
             problems.append(f"{relay}: {type(exc).__name__}")
             continue
-        if response.status_code == 404:
+        if status == 404:
             missing += 1
             problems.append(f"{relay}: does not hold version {version}")
             continue
-        if response.status_code != 200:
-            scoreboard.record(relay, "network", error=f"HTTP {response.status_code}")
-            problems.append(f"{relay}: HTTP {response.status_code}")
+        if status != 200:
+            scoreboard.record(relay, "network", error=f"HTTP {status}")
+            problems.append(f"{relay}: HTTP {status}")
             continue
         try:
-            signed = load_verified_manifest(response.content, coordinator_id, version)
+            signed = load_verified_manifest(raw, coordinator_id, version)
         except IntegrityError as exc:
             scoreboard.record(relay, "integrity", error=exc.message)
             emit({"event": "manifest_refused", "version": version, "source": relay, "reason": exc.message})
             problems.append(f"{relay}: {exc.message}")
             continue
-        return response.content, signed
+        return raw, signed
     summary = "; ".join(problems) or "no relay left to ask"
     if missing == len(scoreboard.sources):
         raise NotFoundError(f"no relay holds version {version} ({summary})")
@@ -212,44 +216,17 @@ async def fetch_version(
         if _read_local_manifest(final, coordinator_id, version) is not None:
             emit({"event": "done", "version": version, "path": str(final), "seconds": 0.0, "bytes": 0, "cached": True})
             return final
-        scoreboard = Scoreboard([url.rstrip("/") for url in relays], backoff_base_s=options.backoff_base_s)
-        limits = httpx.Limits(max_connections=2 * options.num_parallel, max_keepalive_connections=options.num_parallel)
-        async with httpx.AsyncClient(timeout=http_timeout(options), limits=limits, transport=transport) as http:
-            raw, signed = await fetch_manifest(http, scoreboard, version, coordinator_id, emit)
-            manifest = signed.manifest
+        urls = [url.rstrip("/") for url in relays]
+        scoreboard = Scoreboard(urls, backoff_base_s=options.backoff_base_s)
+        fetcher = open_fetcher(
+            urls, transport, options.connect_timeout_s, options.read_timeout_s, 2 * options.num_parallel
+        )
+        try:
+            raw, signed = await fetch_manifest(fetcher, scoreboard, version, coordinator_id, emit)
             partial = dest_root / f"{PARTIAL_PREFIX}{version}"
-            previous = _read_local_manifest(partial, coordinator_id, version)
-            resuming = previous is not None and previous.manifest == manifest
-            if not resuming:
-                shutil.rmtree(partial, ignore_errors=True)
-                partial.mkdir()
-                (partial / LOCAL_MANIFEST_NAME).write_bytes(raw)
-            files = _PreallocatedFiles(partial, manifest, create=not resuming)
-            synced = False
-            try:
-                done = set()
-                if resuming:
-                    checks = await asyncio.gather(
-                        *(asyncio.to_thread(files.matches, manifest, shard) for shard in manifest.shards)
-                    )
-                    done = {shard.index for shard, ok in zip(manifest.shards, checks, strict=True) if ok}
-                pending = [shard for shard in manifest.shards if shard.index not in done]
-                emit(
-                    {
-                        "event": "manifest",
-                        "version": version,
-                        "num_shards": len(manifest.shards),
-                        "total_bytes": manifest.total_size_bytes,
-                        "num_shards_resumed": len(done),
-                        "bytes_resumed": sum(manifest.shards[i].size_bytes for i in done),
-                    }
-                )
-                await fetch_shards(http, manifest, pending, scoreboard, _InPlaceSink(files, manifest), options, emit)
-                await asyncio.to_thread(files.close, options.fsync_enabled)
-                synced = True
-            finally:
-                if not synced:
-                    files.close(sync=False)
+            await _download_into(partial, raw, signed.manifest, coordinator_id, fetcher, scoreboard, options, emit)
+        finally:
+            await fetcher.aclose()
         if final.exists():  # left by something else and not a verified version: set it aside
             os.rename(final, dest_root / f".stale-v{version}-{int(time.time())}")
         os.rename(partial, final)
@@ -259,12 +236,55 @@ async def fetch_version(
                 "version": version,
                 "path": str(final),
                 "seconds": round(time.monotonic() - started, 3),
-                "bytes": manifest.total_size_bytes,
+                "bytes": signed.manifest.total_size_bytes,
                 "cached": False,
                 "relays": scoreboard.snapshot(),
             }
         )
         return final
+
+
+async def _download_into(
+    partial: Path,
+    raw_manifest: bytes,
+    manifest: PolicyManifest,
+    coordinator_id: str,
+    fetcher: ShardFetcher,
+    scoreboard: Scoreboard,
+    options: TransferOptions,
+    emit: EventSink,
+) -> None:
+    """Fill ``partial`` with the verified version, resuming what an earlier attempt left there."""
+    previous = _read_local_manifest(partial, coordinator_id, manifest.version)
+    resuming = previous is not None and previous.manifest == manifest
+    if not resuming:
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir()
+        (partial / LOCAL_MANIFEST_NAME).write_bytes(raw_manifest)
+    files = _PreallocatedFiles(partial, manifest, create=not resuming)
+    synced = False
+    try:
+        done = set()
+        if resuming:
+            checks = await asyncio.gather(*(asyncio.to_thread(files.matches, manifest, s) for s in manifest.shards))
+            done = {shard.index for shard, ok in zip(manifest.shards, checks, strict=True) if ok}
+        pending = [shard for shard in manifest.shards if shard.index not in done]
+        emit(
+            {
+                "event": "manifest",
+                "version": manifest.version,
+                "num_shards": len(manifest.shards),
+                "total_bytes": manifest.total_size_bytes,
+                "num_shards_resumed": len(done),
+                "bytes_resumed": sum(manifest.shards[i].size_bytes for i in done),
+            }
+        )
+        await fetch_shards(fetcher, manifest, pending, scoreboard, _InPlaceSink(files, manifest), options, emit)
+        await asyncio.to_thread(files.close, options.fsync_enabled)
+        synced = True
+    finally:
+        if not synced:
+            files.close(sync=False)
 
 
 def download_version(

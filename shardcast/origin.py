@@ -1,8 +1,10 @@
 """The SHARDCAST origin: publish a checkpoint directory as a signed, sharded version, and serve it.
 
-:func:`publish_checkpoint` reads the checkpoint once, writing each shard and hashing it in the
-same pass, signs the manifest with the coordinator's key, and renames the finished version
-directory into the store: a version is there complete or not at all. It then announces the
+:func:`publish_checkpoint` places the checkpoint's files in the store (hard links, so no copy,
+when the filesystem allows), hashes each shard of their concatenation, signs the manifest with
+the coordinator's key, and renames the finished version directory into the store: a version is
+there complete or not at all. A shard is served straight from the parts of the files it
+covers (:class:`~shardcast.server.Segment`), so the origin keeps no second copy of the bytes. It then announces the
 new version and prunes old ones, keeping the newest ``keep_versions`` (choose at least
 ``async_level + 1`` so every version a worker may still use stays downloadable) and never the
 announced one. :class:`OriginSource` serves the store through :func:`shardcast.server.create_app`;
@@ -13,11 +15,12 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import time
 from pathlib import Path
 from typing import Literal
 
-from protocol.errors import ConflictError, NotFoundError
+from protocol.errors import ConflictError, NotFoundError, ProtocolError
 from protocol.identity import NodeIdentity
 from protocol.schemas import PolicyManifest, ShardEntry, SignedManifest, VersionInfo, VersionsResponse
 from shardcast.manifest import (
@@ -29,14 +32,17 @@ from shardcast.manifest import (
     parse_signed_manifest,
     plan_files,
     plan_shards,
+    shard_spans,
     sign_manifest,
     spans_of_range,
 )
 from shardcast.metrics import ShardcastMetrics
+from shardcast.server import Segment
 from shardcast.store import MANIFEST_NAME, VersionStore, fsync_dir, write_file_atomically
 
 log = logging.getLogger("shardcast.origin")
-_COPY_CHUNK_BYTES = 8 * 1024 * 1024
+_READ_CHUNK_BYTES = 8 * 1024 * 1024
+FILES_DIR = "files"
 
 
 def publish_checkpoint(
@@ -49,11 +55,16 @@ def publish_checkpoint(
     keep_versions: int = 3,
     now: float | None = None,
     fsync_enabled: bool = True,
+    link_enabled: bool = True,
 ) -> SignedManifest:
-    """Shard, hash, sign and atomically publish ``checkpoint_dir`` as ``version``; then announce and prune.
+    """Hash, sign and atomically publish ``checkpoint_dir`` as ``version``; then announce and prune.
 
-    With ``fsync_enabled`` (the default) the shards are on disk before the version appears, so a
-    crash cannot leave a published version with missing bytes; off, publishing is faster.
+    The files enter the store as hard links when ``link_enabled`` and the store is on the same
+    filesystem (no copy at all), else as copies. A hard link shares the checkpoint's bytes, so a
+    published checkpoint must never be rewritten in place (write each version to a new
+    directory, as the trainer does); if that cannot be promised, pass ``link_enabled=False``.
+    The hashes are taken from the files as placed in the store, so they describe what is served.
+    With ``fsync_enabled`` (the default) the files are on disk before the version appears.
     """
     if version in store.versions():
         raise ConflictError(f"version {version} is already published in {store.root}; versions are immutable")
@@ -63,9 +74,8 @@ def publish_checkpoint(
     files = list_checkpoint_files(checkpoint_dir)
     staged = store.new_staging_dir(f"v{version}")
     try:
-        hashes = _write_shards(
-            checkpoint_dir, files, staged / "shards", shard_size_bytes, hash_algorithm, fsync_enabled
-        )
+        _place_files(checkpoint_dir, files, staged / FILES_DIR, link_enabled, fsync_enabled)
+        hashes = _hash_shards(staged / FILES_DIR, files, shard_size_bytes, hash_algorithm)
         manifest = make_manifest(
             version, files, hashes, shard_size_bytes, hash_algorithm, time.time() if now is None else now
         )
@@ -89,40 +99,48 @@ def publish_checkpoint(
     return signed
 
 
-def _write_shards(
-    checkpoint_dir: Path,
-    files: list[tuple[str, int]],
-    shards_dir: Path,
-    shard_size_bytes: int,
-    hash_algorithm: HashAlgorithm,
-    fsync_enabled: bool,
-) -> list[str]:
-    shards_dir.mkdir()
-    entries = plan_files(files)
-    total = sum(size for _, size in files)
-    hashes: list[str] = []
-    buffer = bytearray(_COPY_CHUNK_BYTES)
-    for index, (offset, size) in enumerate(plan_shards(total, shard_size_bytes)):
-        hasher = new_hasher(hash_algorithm)
-        with open(shards_dir / str(index), "wb") as out:
-            for span in spans_of_range(entries, offset, size):
-                with open(checkpoint_dir / span.path, "rb") as source:
-                    source.seek(span.file_offset)
-                    left = span.length
-                    while left > 0:
-                        view = memoryview(buffer)[: min(left, len(buffer))]
-                        num_read = source.readinto(view)
-                        if not num_read:
-                            raise OSError(f"{span.path} shrank while it was being published")
-                        hasher.update(view[:num_read])
-                        out.write(view[:num_read])
-                        left -= num_read
-            out.flush()
-            if fsync_enabled:
-                os.fsync(out.fileno())
-        hashes.append(hasher.hexdigest())
+def _place_files(
+    checkpoint_dir: Path, files: list[tuple[str, int]], files_dir: Path, link_enabled: bool, fsync_enabled: bool
+) -> None:
+    for relative, size in files:
+        source, target = checkpoint_dir / relative, files_dir / relative
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            if not link_enabled:
+                raise OSError("linking disabled")
+            os.link(source, target)
+        except OSError:  # another filesystem, or links not wanted: copy (in the kernel where possible)
+            shutil.copyfile(source, target)
+        if target.stat().st_size != size:
+            raise ProtocolError(f"{source} changed size while it was being published")
+        if fsync_enabled:
+            with open(target, "rb") as handle:
+                os.fsync(handle.fileno())
     if fsync_enabled:
-        fsync_dir(shards_dir)
+        for directory in {(files_dir / relative).parent for relative, _ in files}:
+            fsync_dir(directory)
+
+
+def _hash_shards(
+    files_dir: Path, files: list[tuple[str, int]], shard_size_bytes: int, algorithm: HashAlgorithm
+) -> list[str]:
+    entries = plan_files(files)
+    hashes: list[str] = []
+    buffer = bytearray(_READ_CHUNK_BYTES)
+    for offset, size in plan_shards(sum(size for _, size in files), shard_size_bytes):
+        hasher = new_hasher(algorithm)
+        for span in spans_of_range(entries, offset, size):
+            with open(files_dir / span.path, "rb") as source:
+                source.seek(span.file_offset)
+                left = span.length
+                while left > 0:
+                    view = memoryview(buffer)[: min(left, len(buffer))]
+                    num_read = source.readinto(view)
+                    if not num_read:
+                        raise ProtocolError(f"{span.path} shrank while it was being published")
+                    hasher.update(view[:num_read])
+                    left -= num_read
+        hashes.append(hasher.hexdigest())
     return hashes
 
 
@@ -177,8 +195,14 @@ class OriginSource:
     def manifest_bytes(self, version: int) -> bytes:
         return self._load(version)[0]
 
-    async def shard_file(self, version: int, index: int) -> tuple[Path, ShardEntry]:
+    def files_dir(self, version: int) -> Path:
+        return self.store.version_dir(version) / FILES_DIR
+
+    async def shard_segments(self, version: int, index: int) -> tuple[list[Segment], ShardEntry]:
         manifest = self._load(version)[1]
         if index >= len(manifest.shards):
             raise NotFoundError(f"shard index {index} is out of range: version {version} has {len(manifest.shards)}")
-        return self.store.shard_path(version, index), manifest.shards[index]
+        shard = manifest.shards[index]
+        files_dir = self.files_dir(version)
+        segments = [Segment(files_dir / s.path, s.file_offset, s.length) for s in shard_spans(manifest, shard)]
+        return segments, shard

@@ -29,9 +29,11 @@ import pydantic
 from protocol.errors import IntegrityError, NotFoundError, NotReadyError, PrimeError
 from protocol.schemas import PolicyManifest, ShardEntry, VersionInfo, VersionsResponse
 from shardcast.config import RelayConfig
+from shardcast.fetchers import open_fetcher
 from shardcast.manifest import load_verified_manifest, new_hasher
 from shardcast.metrics import ShardcastMetrics
 from shardcast.scoring import Scoreboard
+from shardcast.server import Segment
 from shardcast.store import MANIFEST_NAME, VersionStore, write_file_atomically
 from shardcast.transfer import ShardWriter, TransferOptions, fetch_shards, http_timeout
 
@@ -88,7 +90,7 @@ class _RelayShardWriter:
         self.part = relay.store.staging / f"v{mirrored.version}-{shard.index}-{uuid.uuid4().hex[:8]}.part"
         self.fd = os.open(self.part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
 
-    def write(self, offset: int, data: bytes) -> None:
+    def write(self, offset: int, data: memoryview) -> None:
         os.pwrite(self.fd, data, offset)
 
     def commit(self) -> None:
@@ -149,12 +151,13 @@ class RelayMirror:
         self.metrics = metrics or ShardcastMetrics("relay")
         self.options = TransferOptions(num_parallel=config.num_parallel)
         self.scoreboard = Scoreboard(self.upstreams, ban_s=config.upstream_ban_s)
-        self.http = httpx.AsyncClient(
-            timeout=http_timeout(self.options),
-            limits=httpx.Limits(
-                max_connections=4 * config.num_parallel, max_keepalive_connections=2 * config.num_parallel
-            ),
-            transport=transport,
+        self.http = httpx.AsyncClient(timeout=http_timeout(self.options), transport=transport)  # control requests
+        self.fetcher = open_fetcher(
+            self.upstreams,
+            transport,
+            self.options.connect_timeout_s,
+            self.options.read_timeout_s,
+            4 * config.num_parallel,
         )
         self.versions: dict[int, MirroredVersion] = {}
 
@@ -182,13 +185,14 @@ class RelayMirror:
     def manifest_bytes(self, version: int) -> bytes:
         return self._held(version).raw_manifest
 
-    async def shard_file(self, version: int, index: int) -> tuple[Path, ShardEntry]:
+    async def shard_segments(self, version: int, index: int) -> tuple[list[Segment], ShardEntry]:
         mirrored = self._held(version)
         if index >= len(mirrored.ready):
             raise NotFoundError(f"shard index {index} is out of range: version {version} has {len(mirrored.ready)}")
         if not await mirrored.wait_ready(index, self.config.shard_wait_s):
             raise NotReadyError(f"shard {index} of version {version} is still being mirrored; retry shortly")
-        return self.store.shard_path(version, index), mirrored.manifest.shards[index]
+        shard = mirrored.manifest.shards[index]
+        return [Segment(self.store.shard_path(version, index), 0, shard.size_bytes)], shard
 
     # --- mirroring -----------------------------------------------------------------------------
 
@@ -290,7 +294,7 @@ class RelayMirror:
         pending = [shard for shard, ready in zip(mirrored.manifest.shards, mirrored.ready, strict=True) if not ready]
         try:
             await fetch_shards(
-                self.http,
+                self.fetcher,
                 mirrored.manifest,
                 pending,
                 self.scoreboard,
@@ -331,6 +335,7 @@ class RelayMirror:
         for mirrored in self.versions.values():
             if mirrored.task is not None:
                 mirrored.task.cancel()
+        await self.fetcher.aclose()
         await self.http.aclose()
 
 

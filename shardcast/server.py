@@ -11,8 +11,11 @@ Routes (all GET, shards also HEAD)::
 Plain HTTP, so ``curl -O http://relay/v/3/shards/0`` works, and shards are immutable, so any
 HTTP cache may front a server. What is served comes from a :class:`ShardSource`: the origin's
 published store or a relay's mirror (which may hold a request for a shard it is still
-verifying). Bad input gets a 4xx with a JSON ``ErrorBody`` saying why; files are streamed in
-1 MiB slices from an already-open descriptor, so pruning a version never cuts a response short.
+verifying). A shard is served from :class:`Segment` s: the relay's shard file, or the parts of
+the origin's checkpoint files it covers. Bad input gets a 4xx with a JSON ``ErrorBody`` saying
+why; files are streamed in 1 MiB slices from already-open descriptors (or handed to the server
+whole when it supports the ASGI zero-copy send extension, as :mod:`shardcast.asgi_server`
+does), so pruning a version never cuts a response short.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
@@ -40,6 +44,28 @@ CHUNK_BYTES = 1024 * 1024
 _MAX_VERSION = 2**62
 
 
+@dataclass(frozen=True)
+class Segment:
+    """``length`` bytes at ``offset`` of the file at ``path``: a piece of a shard as stored."""
+
+    path: Path
+    offset: int
+    length: int
+
+
+def slice_segments(segments: list[Segment], start: int, length: int) -> list[Segment]:
+    """The pieces of ``segments`` (laid end to end) that cover bytes [start, start + length)."""
+    pieces: list[Segment] = []
+    position = 0
+    for segment in segments:
+        lo = max(start, position)
+        hi = min(start + length, position + segment.length)
+        if lo < hi:
+            pieces.append(Segment(segment.path, segment.offset + lo - position, hi - lo))
+        position += segment.length
+    return pieces
+
+
 class ShardSource(Protocol):
     """What a server serves from; implemented by the origin and by the relay."""
 
@@ -52,8 +78,8 @@ class ShardSource(Protocol):
         """The signed manifest as stored; NotFoundError if the version is not held."""
         ...
 
-    async def shard_file(self, version: int, index: int) -> tuple[Path, ShardEntry]:
-        """Path of a verified shard; NotFoundError, or NotReadyError while it is still being mirrored."""
+    async def shard_segments(self, version: int, index: int) -> tuple[list[Segment], ShardEntry]:
+        """Where a verified shard's bytes lie, in order; NotFoundError, or NotReadyError while still mirrored."""
         ...
 
 
@@ -73,24 +99,24 @@ def error_response(status_code: int, code: str, detail: str, headers: dict[str, 
 
 
 class FileSliceResponse(Response):
-    """Streams ``length`` bytes at ``start`` of an open file, stopping when the client goes away."""
+    """Streams pieces of already-open files in order, stopping when the client goes away."""
 
     def __init__(
         self,
-        fd: int,
-        start: int,
-        length: int,
+        parts: list[tuple[int, int, int]],
+        fds: list[int],
         status_code: int,
         headers: dict[str, str],
         send_body: bool,
         metrics: ShardcastMetrics,
     ) -> None:
         super().__init__(status_code=status_code, headers=headers, media_type="application/octet-stream")
+        self.length = sum(length for _, _, length in parts)
         self.raw_headers = [(k, v) for k, v in self.raw_headers if k != b"content-length"]
-        self.raw_headers.append((b"content-length", str(length).encode()))
-        self.fd = fd
-        self.start = start
-        self.length = length
+        self.raw_headers.append((b"content-length", str(self.length).encode()))
+        self.parts = parts
+        """(fd, offset, length) of each piece, in body order."""
+        self.fds = fds
         self.send_body = send_body
         self.metrics = metrics
 
@@ -99,6 +125,14 @@ class FileSliceResponse(Response):
             await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
             if not self.send_body or self.length == 0:
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
+                return
+            if "http.response.zerocopysend" in scope.get("extensions", {}):
+                for number, (fd, offset, length) in enumerate(self.parts):
+                    with open(fd, "rb", closefd=False) as file:
+                        more = number < len(self.parts) - 1
+                        message = {"type": "http.response.zerocopysend", "file": file, "offset": offset}
+                        await send({**message, "count": length, "more_body": more})
+                    self.metrics.bytes_served.inc(length)
                 return
             async with anyio.create_task_group() as group:
 
@@ -114,18 +148,22 @@ class FileSliceResponse(Response):
                 group.start_soon(stream)
                 group.start_soon(watch_disconnect)
         finally:
-            os.close(self.fd)
+            for fd in self.fds:
+                os.close(fd)
 
     async def _stream(self, send: Send) -> None:
-        offset, left = self.start, self.length
-        while left > 0:
-            chunk = await anyio.to_thread.run_sync(os.pread, self.fd, min(CHUNK_BYTES, left), offset)
-            if not chunk:
-                raise OSError(f"shard file ended {left} bytes early")
-            offset += len(chunk)
-            left -= len(chunk)
-            await send({"type": "http.response.body", "body": chunk, "more_body": left > 0})
-            self.metrics.bytes_served.inc(len(chunk))
+        left_total = self.length
+        for fd, start, length in self.parts:
+            offset, left = start, length
+            while left > 0:
+                chunk = await anyio.to_thread.run_sync(os.pread, fd, min(CHUNK_BYTES, left), offset)
+                if not chunk:
+                    raise OSError(f"a stored file ended {left} bytes early")
+                offset += len(chunk)
+                left -= len(chunk)
+                left_total -= len(chunk)
+                await send({"type": "http.response.body", "body": chunk, "more_body": left_total > 0})
+                self.metrics.bytes_served.inc(len(chunk))
 
 
 def create_app(source: ShardSource) -> Starlette:
@@ -149,35 +187,37 @@ def create_app(source: ShardSource) -> Starlette:
     async def shard(request: Request) -> Response:
         version = parse_index(request.path_params["version"], "version")
         index = parse_index(request.path_params["index"], "shard index")
-        path, entry = await source.shard_file(version, index)
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except FileNotFoundError as exc:
-            raise NotFoundError(f"version {version} was just removed; ask for a newer one") from exc
-        try:
-            size = os.fstat(fd).st_size
-            headers = {
-                "accept-ranges": "bytes",
-                "etag": f'"{entry.hash}"',
-                "cache-control": "public, max-age=31536000, immutable",
-                "x-shard-hash": entry.hash,
-            }
-            range_header = request.headers.get("range")
-            start, length, status = 0, size, 200
-            if range_header is not None:
+        segments, entry = await source.shard_segments(version, index)
+        size = sum(segment.length for segment in segments)
+        headers = {
+            "accept-ranges": "bytes",
+            "etag": f'"{entry.hash}"',
+            "cache-control": "public, max-age=31536000, immutable",
+            "x-shard-hash": entry.hash,
+        }
+        range_header = request.headers.get("range")
+        status = 200
+        if range_header is not None:
+            try:
                 byte_range = parse_range(range_header, size)
-                start, length, status = byte_range.start, byte_range.length, 206
-                headers["content-range"] = byte_range.content_range(size)
-        except MalformedRange as exc:
-            os.close(fd)
-            return error_response(400, "bad_range", str(exc))
-        except RangeError as exc:
-            os.close(fd)
-            return error_response(416, "range_not_satisfiable", str(exc), {"content-range": f"bytes */{size}"})
-        except BaseException:
-            os.close(fd)
-            raise
-        return FileSliceResponse(fd, start, length, status, headers, request.method != "HEAD", metrics)
+            except MalformedRange as exc:
+                return error_response(400, "bad_range", str(exc))
+            except RangeError as exc:
+                return error_response(416, "range_not_satisfiable", str(exc), {"content-range": f"bytes */{size}"})
+            segments = slice_segments(segments, byte_range.start, byte_range.length)
+            status = 206
+            headers["content-range"] = byte_range.content_range(size)
+        fds: dict[Path, int] = {}
+        try:
+            for segment in segments:
+                if segment.path not in fds:
+                    fds[segment.path] = os.open(segment.path, os.O_RDONLY)
+        except FileNotFoundError as exc:
+            for fd in fds.values():
+                os.close(fd)
+            raise NotFoundError(f"version {version} was just removed; ask for a newer one") from exc
+        parts = [(fds[segment.path], segment.offset, segment.length) for segment in segments]
+        return FileSliceResponse(parts, list(fds.values()), status, headers, request.method != "HEAD", metrics)
 
     async def prime_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, PrimeError)
@@ -237,14 +277,12 @@ def _route_kind(path: str) -> str:
 async def serve_http(
     app: Starlette, host: str, port: int, background: Callable[[], Coroutine[Any, Any, None]] | None = None
 ) -> None:
-    """Serve ``app`` with uvicorn until SIGINT/SIGTERM, running ``background`` alongside (cancelled at the end)."""
-    import uvicorn
+    """Serve ``app`` until SIGINT/SIGTERM with the zero-copy server, running ``background`` alongside."""
+    from shardcast.asgi_server import serve_asgi
 
-    config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False, lifespan="off")
-    server = uvicorn.Server(config)
     task = asyncio.create_task(background()) if background is not None else None
     try:
-        await server.serve()
+        await serve_asgi(app, host, port)
     finally:
         if task is not None:
             task.cancel()
@@ -252,14 +290,8 @@ async def serve_http(
 
 
 def run_event_loop(main: Callable[[], Awaitable[None]]) -> None:
-    """Run ``main`` on uvloop when it is installed (less overhead per chunk), else on asyncio."""
-    try:
-        import uvloop
-    except ImportError:  # pragma: no cover - uvloop comes with uvicorn[standard]
-        asyncio.run(_call(main))
-        return
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        runner.run(_call(main))
+    """Run ``main`` on asyncio's own loop: its ``loop.sendfile`` is the zero-copy one (uvloop has none)."""
+    asyncio.run(_call(main))
 
 
 async def _call(main: Callable[[], Awaitable[None]]) -> None:

@@ -4,7 +4,8 @@
 
     root/
       v{N}/manifest.json    the signed manifest, byte for byte what is served
-      v{N}/shards/{i}       shard i (only ever present once complete and verified)
+      v{N}/files/...        origin: the checkpoint's files (shards are served from their spans)
+      v{N}/shards/{i}       relay: shard i (only ever present once complete and verified)
       .staging/             versions (origin) and shards (relay) still being written
       .trash/               versions being deleted
       announced             origin: the version currently announced (never pruned)

@@ -2,7 +2,8 @@
 
 The one engine behind both the relay (mirroring from upstreams) and the client (downloading
 from relays). ``num_parallel`` tasks take shards from a queue; each picks a source from the
-:class:`~shardcast.scoring.Scoreboard`, streams ``GET {source}/v/{N}/shards/{i}`` into a
+:class:`~shardcast.scoring.Scoreboard`, streams ``GET {source}/v/{N}/shards/{i}`` (through a
+:class:`~shardcast.fetchers.ShardFetcher`) into a
 :class:`ShardSink`, hashing as the bytes arrive, and commits the shard only when its hash is
 the one the coordinator signed. A failed shard goes back on the queue with exponential
 backoff and another source is tried (the failing one is excluded for that shard); after
@@ -24,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from protocol.errors import IntegrityError, NotFoundError, PrimeError, RemoteUnavailableError
 from protocol.schemas import PolicyManifest, ShardEntry
+from shardcast.fetchers import ShardFetcher
 from shardcast.manifest import new_hasher
 from shardcast.scoring import Outcome, Scoreboard
 
@@ -61,8 +63,8 @@ class TransferOptions(BaseModel):
 class ShardWriter(Protocol):
     """Where the bytes of one shard go while it is fetched."""
 
-    def write(self, offset: int, data: bytes) -> None:
-        """Store ``data`` at ``offset`` within the shard."""
+    def write(self, offset: int, data: memoryview) -> None:
+        """Store ``data`` at ``offset`` within the shard (copy it: the buffer is reused)."""
         ...
 
     def commit(self) -> None:
@@ -96,7 +98,7 @@ def shard_url(source: str, version: int, index: int) -> str:
 
 
 async def fetch_shard(
-    http: httpx.AsyncClient,
+    fetcher: ShardFetcher,
     source: str,
     manifest: PolicyManifest,
     shard: ShardEntry,
@@ -106,7 +108,7 @@ async def fetch_shard(
     writer = sink.open_shard(shard)
     committed = False
     try:
-        await _stream_verified(http, source, manifest, shard, writer)
+        await _stream_verified(fetcher, source, manifest, shard, writer)
         writer.commit()
         committed = True
     finally:
@@ -115,27 +117,30 @@ async def fetch_shard(
 
 
 async def _stream_verified(
-    http: httpx.AsyncClient, source: str, manifest: PolicyManifest, shard: ShardEntry, writer: ShardWriter
+    fetcher: ShardFetcher, source: str, manifest: PolicyManifest, shard: ShardEntry, writer: ShardWriter
 ) -> None:
     url = shard_url(source, manifest.version, shard.index)
     hasher = new_hasher(manifest.hash_algorithm)
     received = 0
+
+    def consume(chunk: memoryview) -> None:
+        nonlocal received
+        if received + len(chunk) > shard.size_bytes:
+            raise ShardFetchError("integrity", f"{url}: more than the {shard.size_bytes} bytes signed")
+        hasher.update(chunk)
+        writer.write(received, chunk)
+        received += len(chunk)
+
     try:
-        async with http.stream("GET", url, headers={"Accept-Encoding": "identity"}) as response:
-            if response.status_code == 503:
-                raise ShardFetchError("not_ready", f"{url}: not mirrored yet")
-            if response.status_code == 404:
-                raise ShardFetchError("missing", f"{url}: 404 (source does not hold this version)")
-            if response.status_code != 200:
-                raise ShardFetchError("network", f"{url}: HTTP {response.status_code}")
-            async for chunk in response.aiter_raw():
-                if received + len(chunk) > shard.size_bytes:
-                    raise ShardFetchError("integrity", f"{url}: more than the {shard.size_bytes} bytes signed")
-                hasher.update(chunk)
-                writer.write(received, chunk)
-                received += len(chunk)
-    except httpx.HTTPError as exc:
+        status = await fetcher.get(url, consume)
+    except (httpx.HTTPError, OSError, TimeoutError) as exc:
         raise ShardFetchError("network", f"{url}: {type(exc).__name__}: {exc}") from exc
+    if status == 503:
+        raise ShardFetchError("not_ready", f"{url}: not mirrored yet")
+    if status == 404:
+        raise ShardFetchError("missing", f"{url}: 404 (source does not hold this version)")
+    if status != 200:
+        raise ShardFetchError("network", f"{url}: HTTP {status}")
     if received != shard.size_bytes:
         raise ShardFetchError("network", f"{url}: got {received} of {shard.size_bytes} bytes")
     digest = hasher.hexdigest()
@@ -152,7 +157,7 @@ _OUTCOME: dict[FailureKind, Outcome] = {
 
 
 async def fetch_shards(
-    http: httpx.AsyncClient,
+    fetcher: ShardFetcher,
     manifest: PolicyManifest,
     pending: Sequence[ShardEntry],
     scoreboard: Scoreboard,
@@ -201,7 +206,7 @@ async def fetch_shards(
             scoreboard.started(source)
             started = time.monotonic()
             try:
-                await fetch_shard(http, source, manifest, shard, sink)
+                await fetch_shard(fetcher, source, manifest, shard, sink)
             except ShardFetchError as failure:
                 scoreboard.record(source, _OUTCOME[failure.kind], error=failure.reason)
                 emit(_failure_event(manifest.version, index, source, failure))
@@ -236,7 +241,15 @@ async def fetch_shards(
             if remaining == 0 and not finished.done():
                 finished.set_result(None)
 
-    workers = [asyncio.create_task(worker()) for _ in range(min(options.num_parallel, len(pending)))]
+    async def guarded_worker() -> None:
+        try:
+            await worker()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a local failure (disk full, a bug): stop the transfer, never hang it
+            give_up(PrimeError(f"transfer of version {manifest.version} stopped: {type(exc).__name__}: {exc}"))
+
+    workers = [asyncio.create_task(guarded_worker()) for _ in range(min(options.num_parallel, len(pending)))]
     try:
         await finished
     finally:
@@ -264,6 +277,6 @@ def _no_source_left(
     message = f"shard {index} of version {version} could not be fetched {tried} ({errors})"
     if kinds == {"missing"}:
         return NotFoundError(message)
-    if "integrity" in kinds:
+    if "integrity" in kinds or any(scoreboard.is_banned(url) for url in scoreboard.sources):
         return IntegrityError(message)
     return RemoteUnavailableError(message)

@@ -19,10 +19,12 @@ import pytest
 from protocol.errors import IntegrityError, NotFoundError, RemoteUnavailableError
 from protocol.identity import NodeIdentity
 from shardcast.client import fetch_version
+from shardcast.manifest import load_verified_manifest
 from shardcast.origin import OriginSource, publish_checkpoint
 from shardcast.server import create_app
 from shardcast.store import VersionStore
 from shardcast.transfer import TransferOptions
+from tests.integration.shardcast_nodes import corrupt_shard
 
 SHARD = 8192
 pytestmark = pytest.mark.anyio
@@ -122,9 +124,7 @@ async def test_client_downloads_verified_files_in_place(
 ) -> None:
     router = HostRouter({"origin": create_app(OriginSource(origin_store))})
     events: list[dict[str, Any]] = []
-    path = await fetch_version(
-        1, ["http://origin"], coordinator.node_id, tmp_path / "out", FAST, router, events.append
-    )
+    path = await fetch_version(1, ["http://origin"], coordinator.node_id, tmp_path / "out", FAST, router, events.append)
     assert path == tmp_path / "out" / "v1"
     assert same_tree(path, tmp_path / "ckpt")
     assert (path / "empty.txt").stat().st_size == 0
@@ -141,10 +141,7 @@ async def test_corrupt_relay_is_detected_banned_and_routed_around(
     evil_store = VersionStore(tmp_path / "evil")
     shutil.copytree(origin_store.version_dir(1), evil_store.version_dir(1))
     for index in range(7):  # every shard corrupt: whatever the evil relay serves is caught
-        shard = evil_store.shard_path(1, index)
-        data = bytearray(shard.read_bytes())
-        data[len(data) // 2] ^= 0xFF
-        shard.write_bytes(bytes(data))
+        corrupt_shard(evil_store.version_dir(1), index)
     router = HostRouter({"good": create_app(OriginSource(origin_store)), "evil": create_app(OriginSource(evil_store))})
     events: list[dict[str, Any]] = []
     path = await fetch_version(
@@ -163,10 +160,9 @@ async def test_corrupt_relay_is_detected_banned_and_routed_around(
 async def test_only_corrupt_sources_fail_with_integrity_error_and_expose_nothing(
     tmp_path: Path, origin_store: VersionStore, coordinator: NodeIdentity
 ) -> None:
-    shard = origin_store.shard_path(1, 3)
-    shard.write_bytes(b"x" * shard.stat().st_size)
+    corrupt_shard(origin_store.version_dir(1), 3)
     router = HostRouter({"origin": create_app(OriginSource(origin_store))})
-    with pytest.raises(IntegrityError, match="shard 3"):
+    with pytest.raises(IntegrityError, match=r"shards/3: blake3 .* is not the signed hash"):
         await fetch_version(1, ["http://origin"], coordinator.node_id, tmp_path / "out", FAST, router)
     assert not (tmp_path / "out" / "v1").exists()
 
@@ -236,3 +232,45 @@ def _download_blocking(coordinator_id: str, out: Path, router: httpx.AsyncBaseTr
     from shardcast.client import download_version
 
     return download_version(1, ["http://origin"], coordinator_id, out, FAST, router)
+
+
+async def test_origin_app_mounts_under_a_prefix_as_the_coordinator_will(
+    tmp_path: Path, origin_store: VersionStore, coordinator: NodeIdentity
+) -> None:
+    from starlette.applications import Starlette
+    from starlette.routing import Mount
+
+    coordinator_app = Starlette(routes=[Mount("/shardcast", app=create_app(OriginSource(origin_store)))])
+    router = HostRouter({"coordinator": coordinator_app})
+    path = await fetch_version(1, ["http://coordinator/shardcast"], coordinator.node_id, tmp_path / "out", FAST, router)
+    assert same_tree(path, tmp_path / "ckpt")
+    assert "coordinator/shardcast/v/1/shards/0" in router.requests
+
+
+async def test_a_local_write_failure_stops_the_transfer_instead_of_hanging(
+    tmp_path: Path, origin_store: VersionStore, coordinator: NodeIdentity
+) -> None:
+    from protocol.errors import PrimeError
+    from shardcast.fetchers import HttpxFetcher
+    from shardcast.scoring import Scoreboard
+    from shardcast.transfer import fetch_shards
+
+    class FullDisk:
+        def open_shard(self, shard: Any) -> Any:
+            raise OSError(28, "No space left on device")
+
+    signed = load_verified_manifest(origin_store.manifest_path(1).read_bytes(), coordinator.node_id)
+    router = HostRouter({"origin": create_app(OriginSource(origin_store))})
+    async with httpx.AsyncClient(transport=router) as http:
+        with pytest.raises(PrimeError, match="No space left"):
+            await asyncio.wait_for(
+                fetch_shards(
+                    HttpxFetcher(http),
+                    signed.manifest,
+                    signed.manifest.shards,
+                    Scoreboard(["http://origin"]),
+                    FullDisk(),
+                    FAST,
+                ),
+                timeout=10,
+            )

@@ -38,3 +38,16 @@ def test_malformed(header: str) -> None:
 def test_unsatisfiable(header: str, size: int) -> None:
     with pytest.raises(UnsatisfiableRange):
         parse_range(header, size)
+
+
+def test_slice_segments_maps_a_range_onto_file_pieces() -> None:
+    from pathlib import Path
+
+    from shardcast.server import Segment, slice_segments
+
+    a, b = Path("a"), Path("b")
+    segments = [Segment(a, 100, 10), Segment(b, 0, 20)]
+    assert slice_segments(segments, 0, 30) == segments
+    assert slice_segments(segments, 5, 10) == [Segment(a, 105, 5), Segment(b, 0, 5)]
+    assert slice_segments(segments, 12, 3) == [Segment(b, 2, 3)]
+    assert slice_segments(segments, 29, 1) == [Segment(b, 19, 1)]

@@ -45,9 +45,19 @@ def test_publish_writes_verifiable_shards_and_prunes(tmp_path: Path) -> None:
     manifest = load_verified_manifest(raw, coordinator.node_id, 4).manifest
     assert manifest == signed.manifest
     assert [f.path for f in manifest.files] == ["config.json", "model.safetensors", "tok/vocab.json"]
-    concatenated = b"".join(store.shard_path(4, s.index).read_bytes() for s in manifest.shards)
     ckpt = tmp_path / "ckpt4"
-    assert concatenated == b"".join((ckpt / f.path).read_bytes() for f in manifest.files)
+    for entry in manifest.files:  # hard links: the store holds no second copy of the bytes
+        assert (store.version_dir(4) / "files" / entry.path).stat().st_ino == (ckpt / entry.path).stat().st_ino
+
+
+def test_publish_copies_when_links_are_not_wanted(tmp_path: Path) -> None:
+    coordinator = NodeIdentity.generate()
+    store = VersionStore(tmp_path / "store")
+    ckpt = make_checkpoint(tmp_path, 1)
+    publish_checkpoint(ckpt, 1, coordinator, store, shard_size_bytes=4096, link_enabled=False)
+    stored = store.version_dir(1) / "files" / "model.safetensors"
+    assert stored.stat().st_ino != (ckpt / "model.safetensors").stat().st_ino
+    assert stored.read_bytes() == (ckpt / "model.safetensors").read_bytes()
 
 
 def test_republishing_or_going_back_is_refused_and_failures_leave_nothing(tmp_path: Path) -> None:
