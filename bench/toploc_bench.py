@@ -109,7 +109,7 @@ def on_tiny_model(num_rollouts: int, max_tokens: int, repeats: int) -> dict[str,
     from toploc.proof import build_proofs
     from toploc.sampling import sample_stream
     from toploc.tiny_model import save_tiny_qwen2
-    from toploc.verify import verify_rollout
+    from toploc.verify import Claim, SampleTask, verify_claims
     from worker.engines.base import GenerationRequest
     from worker.engines.hf import HFEngine
 
@@ -141,21 +141,17 @@ def on_tiny_model(num_rollouts: int, max_tokens: int, repeats: int) -> dict[str,
         prefills = engine.prefill([r.prompt_ids for r in requests], [g.completion_ids for g in results])
         prefill_s.append(time.perf_counter() - started)
         started = time.perf_counter()
-        verdicts = [
-            verify_rollout(
-                sampling=sampling,
-                seed=request.seed,
-                stream=request.stream,
-                prompt_ids=request.prompt_ids,
-                completion_ids=result.completion_ids,
-                logprobs=result.logprobs,
-                finish_reason=result.finish_reason,
-                proof=proof,
-                prefill=prefill,
-                eos_token_ids=request.eos_token_ids,
+        claims = [
+            Claim(
+                SampleTask(request.prompt_ids, sampling, request.seed, request.stream, request.eos_token_ids),
+                result.completion_ids,
+                result.logprobs,
+                result.finish_reason,
+                proof,
             )
-            for request, result, proof, prefill in zip(requests, results, proofs, prefills, strict=True)
+            for request, result, proof in zip(requests, results, proofs, strict=True)
         ]
+        verdicts = verify_claims(claims, prefills)
         checks_s.append(time.perf_counter() - started)
         accepted = sum(v.accepted for v in verdicts)
     generation = statistics.median(generate_s)

@@ -40,8 +40,8 @@ from toploc.config import ToplocConfig
 from toploc.proof import ChunkCheck, build_proofs, check_proofs
 from toploc.sampling import sample_stream, sampling_gaps
 from toploc.tiny_model import TINY_EOS_TOKEN_ID, perturb_checkpoint, save_tiny_qwen2
-from toploc.verify import verify_rollout
-from worker.adversary import Claim, SampleTask, attack_suite, honest_claims, other_model_tokens_proven_by_policy
+from toploc.verify import Claim, RolloutVerdict, SampleTask, verify_claims
+from worker.adversary import attack_suite, generation_request, honest_claims, other_model_tokens_proven_by_policy
 from worker.engines.base import GenerationResult, PrefillResult
 from worker.engines.hf import HFEngine
 
@@ -79,11 +79,9 @@ def make_tasks(num_prompts: int, group_size: int, max_tokens: int, vocab_size: i
 
 
 def _generate(engine: HFEngine, tasks: list[SampleTask], batch_size: int, threads: int) -> list[GenerationResult]:
-    from worker.adversary import _request
-
     torch.set_num_threads(threads)
     engine.max_batch_size = batch_size
-    return engine.generate([_request(task, i) for i, task in enumerate(tasks)])
+    return engine.generate([generation_request(task, i) for i, task in enumerate(tasks)])
 
 
 def _prefill(
@@ -185,25 +183,10 @@ def thresholds_from(honest: dict[str, Any]) -> dict[str, float]:
     }
 
 
-def verify_claims(engine: HFEngine, claims: list[Claim], config: ToplocConfig) -> list[Any]:
+def _verify(engine: HFEngine, claims: list[Claim], config: ToplocConfig) -> list[RolloutVerdict]:
     engine.max_batch_size = 64
     prefills = engine.prefill([c.task.prompt_ids for c in claims], [c.completion_ids for c in claims])
-    return [
-        verify_rollout(
-            sampling=c.task.sampling,
-            seed=c.task.seed,
-            stream=c.task.stream,
-            prompt_ids=c.task.prompt_ids,
-            completion_ids=c.completion_ids,
-            logprobs=c.logprobs,
-            finish_reason=c.finish_reason,
-            proof=c.proof,
-            prefill=p,
-            eos_token_ids=c.task.eos_token_ids,
-            config=config,
-        )
-        for c, p in zip(claims, prefills, strict=True)
-    ]
+    return verify_claims(claims, prefills, config)
 
 
 def _attacks(model_dir: Path, work: Path, tasks: list[SampleTask], config: ToplocConfig) -> dict[str, Any]:
@@ -221,7 +204,7 @@ def _attacks(model_dir: Path, work: Path, tasks: list[SampleTask], config: Toplo
     report = {}
     for name, attack in attacks.items():
         claims = attack(tasks)
-        verdicts = verify_claims(policy, claims, config)
+        verdicts = _verify(policy, claims, config)
         checks = Counter(reason.split(":")[0] for v in verdicts for reason in v.reasons)
         worst_chunk_means = [max((c.mant_err_mean for c in v.chunks), default=math.nan) for v in verdicts]
         same_tokens = sum(c.completion_ids in honest_tokens for c in claims)

