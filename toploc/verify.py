@@ -239,21 +239,27 @@ def _replay(claim: Claim, prefill: Recomputed, config: ToplocConfig, reasons: li
     tokens = torch.tensor(claim.completion_ids, dtype=torch.int64)
     logits = prefill.logits.to(torch.float32)
     gaps = sampling_gaps(logits, task.sampling.temperature, task.seed, task.stream, tokens)
-    off_draw = (gaps > config.sampling_tolerance).nonzero().reshape(-1)
-    if off_draw.numel():
-        first = int(off_draw[0])
-        reasons.append(
-            f"sampling: {off_draw.numel()}/{num_tokens} tokens are not the seeded draw"
-            f" (first at position {first}, gap {float(gaps[first]):.4g} > {config.sampling_tolerance})"
-        )
     scaled = torch.log_softmax(logits / task.sampling.temperature, dim=-1)
     recomputed = scaled.gather(1, tokens.reshape(-1, 1)).reshape(-1)
     errors = (recomputed.to(torch.float64) - torch.tensor(claim.logprobs, dtype=torch.float64)).abs()
-    wrong = (errors > config.logprob_tolerance).nonzero().reshape(-1)
-    if wrong.numel():
-        first = int(wrong[0])
-        reasons.append(
-            f"logprobs: {wrong.numel()}/{num_tokens} claimed logprobs differ from the recomputed ones"
-            f" (first at position {first} by {float(errors[first]):.4g} > {config.logprob_tolerance})"
-        )
+    for values, limit, what in (
+        (
+            gaps,
+            config.sampling_tolerance,
+            "sampling: {count}/{total} tokens are not the seeded draw (first at"
+            " position {first}, gap {value:.4g} > {limit})",
+        ),
+        (
+            errors,
+            config.logprob_tolerance,
+            "logprobs: {count}/{total} claimed logprobs differ from the recomputed"
+            " ones (first at position {first} by {value:.4g} > {limit})",
+        ),
+    ):
+        over = (values > limit).nonzero().reshape(-1)
+        if over.numel():
+            first = int(over[0])
+            reasons.append(
+                what.format(count=over.numel(), total=num_tokens, first=first, value=float(values[first]), limit=limit)
+            )
     return float(gaps.max()), float(errors.max())

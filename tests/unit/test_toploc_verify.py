@@ -42,8 +42,11 @@ def claims(engine: HFEngine) -> list[Claim]:
     return honest_claims(engine, tasks)
 
 
-def _verify(engine: HFEngine, claim: Claim, config: ToplocConfig | None = None) -> RolloutVerdict:
-    prefill = engine.prefill([claim.task.prompt_ids], [claim.completion_ids])[0]
+def _verify(
+    engine: HFEngine, claim: Claim, config: ToplocConfig | None = None, prefilled_ids: list[int] | None = None
+) -> RolloutVerdict:
+    completion = claim.completion_ids if prefilled_ids is None else prefilled_ids
+    prefill = engine.prefill([claim.task.prompt_ids], [completion])[0]
     return verify_rollout(
         sampling=claim.task.sampling,
         seed=claim.task.seed,
@@ -128,21 +131,8 @@ def test_prechecks_name_each_problem() -> None:
 
 
 def test_prefill_of_another_completion_is_a_caller_error(engine: HFEngine, claims: list[Claim]) -> None:
-    claim = claims[0]
-    prefill = engine.prefill([claim.task.prompt_ids], [claim.completion_ids[:-1]])[0]
     with pytest.raises(ValueError, match="prefill"):
-        verify_rollout(
-            sampling=claim.task.sampling,
-            seed=claim.task.seed,
-            stream=claim.task.stream,
-            prompt_ids=claim.task.prompt_ids,
-            completion_ids=claim.completion_ids,
-            logprobs=claim.logprobs,
-            finish_reason=claim.finish_reason,
-            proof=claim.proof,
-            prefill=prefill,
-            eos_token_ids=claim.task.eos_token_ids,
-        )
+        _verify(engine, claims[0], prefilled_ids=claims[0].completion_ids[:-1])
 
 
 def test_wrong_seed_or_stream_fails_the_replay(engine: HFEngine, claims: list[Claim]) -> None:
