@@ -48,21 +48,37 @@ def sample_stream(prompt_index: int, sample_index: int) -> int:
     return prompt_index * MAX_GROUP_STREAMS + sample_index
 
 
+def stream_states(seeds: Sequence[int], streams: torch.Tensor, device: torch.device | str = "cpu") -> torch.Tensor:
+    """The hash state of each row after absorbing its (seed, stream): int64 (rows,), reusable at every position."""
+    if any(not 0 <= seed < 2**63 for seed in seeds):
+        raise ValueError("seed must be in [0, 2^63)")
+    streams = streams.to(device=device, dtype=torch.int64).reshape(-1)
+    if len(seeds) != streams.numel():
+        raise ValueError(f"need one seed per row: {len(seeds)} seeds for {streams.numel()} rows")
+    states = torch.empty_like(streams)
+    seed_of_row = torch.tensor(list(seeds), dtype=torch.int64, device=device)
+    for seed in sorted(set(seeds)):
+        rows = (seed_of_row == seed).nonzero().reshape(-1)
+        group = streams[rows]
+        state = torch.full_like(group, _mix32(torch.tensor(seed & _MASK32)).item())
+        state = _absorb(state, torch.full_like(group, seed >> 32))
+        state = _absorb(state, group)
+        states[rows] = _absorb(state, group >> 32)
+    return states
+
+
+def bits_at(states: torch.Tensor, positions: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Hash bits (rows, vocab_size) at ``positions`` for rows whose (seed, stream) states are ``states``."""
+    state = _absorb(states.reshape(-1, 1), positions.to(device=states.device, dtype=torch.int64).reshape(-1, 1))
+    return _absorb(state, torch.arange(vocab_size, device=states.device, dtype=torch.int64).reshape(1, -1))
+
+
 def uniform_bits(
     seed: int, streams: torch.Tensor, positions: torch.Tensor, vocab_size: int, device: torch.device | str = "cpu"
 ) -> torch.Tensor:
     """The 32-bit hash of (seed, stream, position, token id), int64 in [0, 2^32), shape (rows, vocab_size)."""
-    if not 0 <= seed < 2**63:
-        raise ValueError("seed must be in [0, 2^63)")
-    streams = streams.to(device=device, dtype=torch.int64).reshape(-1, 1)
-    positions = positions.to(device=device, dtype=torch.int64).reshape(-1, 1)
-    token_ids = torch.arange(vocab_size, device=device, dtype=torch.int64).reshape(1, -1)
-    state = torch.full_like(streams, _mix32(torch.tensor(seed & _MASK32)).item())
-    state = _absorb(state, torch.full_like(streams, seed >> 32))
-    state = _absorb(state, streams)
-    state = _absorb(state, streams >> 32)
-    state = _absorb(state, positions)
-    return _absorb(state, token_ids)
+    streams = streams.reshape(-1)
+    return bits_at(stream_states([seed] * streams.numel(), streams, device), positions, vocab_size)
 
 
 def uniform_of_bits(bits: torch.Tensor) -> torch.Tensor:
@@ -119,17 +135,18 @@ def noisy_scores_rows(
     exactly :func:`noisy_scores` (the same float32 operations in the same order), so engines and
     validators may batch rows from different tasks without changing any draw.
     """
-    if len(seeds) != logits.shape[0]:
-        raise ValueError(f"need one seed per row: {len(seeds)} seeds for {logits.shape[0]} rows")
+    return noisy_scores_at(logits, temperatures, stream_states(seeds, streams, logits.device), positions)
+
+
+def noisy_scores_at(
+    logits: torch.Tensor, temperatures: torch.Tensor, states: torch.Tensor, positions: torch.Tensor
+) -> torch.Tensor:
+    """:func:`noisy_scores_rows` from precomputed :func:`stream_states` (what an engine keeps per sample)."""
     temperatures = temperatures.to(device=logits.device, dtype=torch.float32).reshape(-1)
     if bool((temperatures <= 0).any()):
         raise ValueError("verifiable sampling needs temperature > 0")
     scores = logits.to(torch.float32) / temperatures.reshape(-1, 1)
-    seed_of_row = torch.tensor(seeds, dtype=torch.int64)
-    for seed in sorted(set(seeds)):
-        rows = (seed_of_row == seed).nonzero().reshape(-1).to(logits.device)
-        scores[rows] += gumbel_noise(seed, streams[rows], positions[rows], logits.shape[-1], logits.device)
-    return scores
+    return scores + gumbel_of_bits(bits_at(states, positions, logits.shape[-1]))
 
 
 _REPLAY_BLOCK_ELEMENTS = 1 << 16  # rows replayed together: a block's hash stays in cache
