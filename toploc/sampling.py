@@ -149,7 +149,7 @@ def noisy_scores_at(
     return scores + gumbel_of_bits(bits_at(states, positions, logits.shape[-1]))
 
 
-_REPLAY_BLOCK_ELEMENTS = 1 << 16  # rows replayed together: a block's hash stays in cache
+_REPLAY_BLOCK_ELEMENTS = 1 << 17  # rows replayed together: a block's hash stays in cache
 _REPLAY_MARGIN = 1e-3  # slack on the pruning bound, far above float rounding of the scores
 
 
@@ -173,11 +173,11 @@ def sampling_gaps(
     tokens = token_ids.to(device=logits.device, dtype=torch.int64).reshape(-1, 1)
     gaps = torch.empty(num_tokens, dtype=torch.float32, device=logits.device)
     rows_per_block = max(1, _REPLAY_BLOCK_ELEMENTS // vocab_size)
+    state = stream_states([seed], torch.tensor([stream]), logits.device)
     for start in range(0, num_tokens, rows_per_block):
         end = min(start + rows_per_block, num_tokens)
         positions = torch.arange(start, end, dtype=torch.int64)
-        streams = torch.full((end - start,), stream, dtype=torch.int64)
-        bits = uniform_bits(seed, streams, positions, vocab_size, logits.device)
+        bits = bits_at(state.expand(end - start), positions, vocab_size)
         block = scaled[start:end]
         claimed_bits = bits.gather(1, tokens[start:end])
         claimed = (block.gather(1, tokens[start:end]) + gumbel_of_bits(claimed_bits)).reshape(-1)
