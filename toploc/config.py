@@ -27,11 +27,11 @@ class ToplocConfig(Section):
     """Most top-k entries per chunk whose bf16 exponent may differ from the recomputed one."""
     max_sign_mismatches: int = Field(default=2, ge=0)
     """Most top-k entries per chunk whose exponent agrees but whose sign does not."""
-    max_mant_err_mean: float = Field(default=0.1, ge=0)
+    max_mant_err_mean: float = Field(default=0.0625, ge=0)
     """Largest mean |mantissa difference| (7-bit units) over a chunk's exponent-matching entries."""
-    max_mant_err_median: float = Field(default=0.0, ge=0)
+    max_mant_err_median: float = Field(default=0.5, ge=0)
     """Largest median |mantissa difference| over a chunk's exponent-matching entries."""
-    sampling_tolerance: float = Field(default=1e-3, ge=0)
+    sampling_tolerance: float = Field(default=1e-4, ge=0)
     """Largest accepted gap between the best noisy score and the claimed token's (near ties)."""
-    logprob_tolerance: float = Field(default=1e-3, ge=0)
+    logprob_tolerance: float = Field(default=1e-4, ge=0)
     """Largest accepted |claimed - recomputed| log-probability of a token."""

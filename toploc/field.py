@@ -92,14 +92,16 @@ def interpolate(xs: torch.Tensor, ys: torch.Tensor) -> torch.Tensor:
         numerator = divided[:, step:] - divided[:, step - 1 : k - 1] + PRIME
         divided[:, step:] = numerator * inverse_gaps[:, offsets[step - 1] : offsets[step]] % PRIME
     # Expand the Newton form from the innermost term out: P <- P * (X - x_i) + d_i.
+    # After the step for x_i the polynomial has degree k - 1 - i: only that many + 1 columns are live.
     negated_xs = PRIME - xs
     coefficients = torch.zeros_like(divided)
     coefficients[:, 0] = divided[:, k - 1]
     for i in range(k - 2, -1, -1):
-        expanded = coefficients * negated_xs[:, i : i + 1]
-        expanded[:, 1:] += coefficients[:, :-1]
+        live = k - i
+        expanded = coefficients[:, :live] * negated_xs[:, i : i + 1]
+        expanded[:, 1:] += coefficients[:, : live - 1]
         expanded[:, 0] += divided[:, i]
-        coefficients = expanded % PRIME
+        coefficients[:, :live] = expanded % PRIME
     return coefficients
 
 

@@ -30,9 +30,9 @@ class TinyModelSpec:
     num_key_value_heads: int = 2
     max_position_embeddings: int = 1024
     logit_scale: float = 8.0
-    """Multiplies lm_head after init, so logits have a spread of a few nats as in trained models."""
+    """Multiplies lm_head after init: logits then have a standard deviation of ~1.3 nats, not ~0.16."""
     eos_bias: float = 1.5
-    """Raises the EOS logit by about 1.7x this on average (~2% per step at 1.5) (see save_tiny_qwen2); 0 disables."""
+    """Raises the EOS logit by about 1.7x this on average (a few % per step at 1.5); 0 disables."""
 
 
 def save_tiny_qwen2(path: Path, seed: int = 0, spec: TinyModelSpec | None = None) -> Path:

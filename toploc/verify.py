@@ -1,4 +1,4 @@
-"""The validator's one entry point: ``verify_rollout`` checks a submitted rollout against a prefill.
+"""The validator's entry point: ``verify_rollout`` checks a submitted rollout against a prefill.
 
 Given the task's sampling params, seed and the sample's noise stream, the rollout's tokens,
 claimed log-probabilities, finish reason and proof bytes, and the validator's own prefill of
@@ -18,7 +18,10 @@ logits aligned so that row i drew token i), it returns a :class:`RolloutVerdict`
 Malformed input (a proof of the wrong length or with values outside the field, out-of-vocab
 ids) is a rejection with a reason, never an exception. ``precheck_rollout`` runs the checks
 that need no model, so a validator can refuse junk before spending a prefill on it (and must:
-an out-of-vocabulary id cannot be prefilled).
+an out-of-vocabulary id cannot be prefilled). ``verify_claims`` does the same for many
+rollouts at once (the proof checks of all of them share each field operation). Only the
+caller's own mistakes raise (ValueError): a prefill of another completion, or a task with
+``top_k`` set, which verifiable sampling does not support.
 """
 
 from __future__ import annotations
@@ -28,14 +31,14 @@ import binascii
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Literal, Protocol
 
 import torch
 
 from protocol.errors import ProofError
 from protocol.schemas import SamplingParams
 from toploc.config import ToplocConfig
-from toploc.proof import ChunkCheck, check_proof
+from toploc.proof import ChunkCheck, check_proofs
 from toploc.sampling import sampling_gaps
 
 MAX_REASONS = 16
@@ -59,6 +62,30 @@ class RolloutVerdict:
     max_sampling_gap: float = math.nan
     """Largest noisy-score gap of a claimed token (0 when every token is the exact noisy argmax)."""
     max_logprob_error: float = math.nan
+
+
+@dataclass(frozen=True)
+class SampleTask:
+    """One sample as the ledger issued it: what the validator replays the claim against."""
+
+    prompt_ids: list[int]
+    sampling: SamplingParams
+    seed: int
+    """The task's sampling seed (Task.sampling_seed)."""
+    stream: int
+    """toploc.sampling.sample_stream(prompt_index, sample_index)."""
+    eos_token_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Claim:
+    """What a worker submitted for one SampleTask."""
+
+    task: SampleTask
+    completion_ids: list[int]
+    logprobs: list[float]
+    finish_reason: Literal["stop", "length"]
+    proof: bytes
 
 
 def decode_proof_b64(proof_b64: str) -> bytes:
@@ -146,64 +173,95 @@ def verify_rollout(
     prompt_ids: Sequence[int],
     completion_ids: Sequence[int],
     logprobs: Sequence[float],
-    finish_reason: str,
+    finish_reason: Literal["stop", "length"],
     proof: bytes,
     prefill: Recomputed,
     eos_token_ids: Sequence[int],
     config: ToplocConfig | None = None,
 ) -> RolloutVerdict:
     """Every check of one rollout against the validator's prefill of prompt + completion."""
+    task = SampleTask(list(prompt_ids), sampling, seed, stream, tuple(eos_token_ids))
+    claim = Claim(task, list(completion_ids), list(logprobs), finish_reason, proof)
+    return verify_claims([claim], [prefill], config)[0]
+
+
+def verify_claims(
+    claims: Sequence[Claim], prefills: Sequence[Recomputed], config: ToplocConfig | None = None
+) -> list[RolloutVerdict]:
+    """:func:`verify_rollout` for many rollouts; ``prefills[i]`` recomputes prompt + completion of ``claims[i]``."""
     config = config or ToplocConfig()
-    vocab_size = prefill.logits.shape[-1]
-    reasons = precheck_rollout(
-        sampling=sampling,
-        completion_ids=completion_ids,
-        logprobs=logprobs,
-        finish_reason=finish_reason,
-        eos_token_ids=eos_token_ids,
-        vocab_size=vocab_size,
-    )
-    if not prompt_ids:
-        reasons.append("shape: empty prompt")
-    if reasons:
-        return RolloutVerdict(accepted=False, reasons=tuple(reasons[:MAX_REASONS]))
-    num_tokens = len(completion_ids)
-    if prefill.hidden_states.shape[0] != num_tokens or prefill.logits.shape[0] != num_tokens:
-        raise ValueError(
-            f"the prefill has {prefill.hidden_states.shape[0]} state rows and {prefill.logits.shape[0]} logit rows"
-            f" for {num_tokens} completion tokens: prefill prompt + this completion"
+    if len(claims) != len(prefills):
+        raise ValueError(f"{len(claims)} claims but {len(prefills)} prefills")
+    reasons: list[list[str]] = []
+    for claim, prefill in zip(claims, prefills, strict=True):
+        found = precheck_rollout(
+            sampling=claim.task.sampling,
+            completion_ids=claim.completion_ids,
+            logprobs=claim.logprobs,
+            finish_reason=claim.finish_reason,
+            eos_token_ids=claim.task.eos_token_ids,
+            vocab_size=prefill.logits.shape[-1],
         )
+        if not claim.task.prompt_ids:
+            found.append("shape: empty prompt")
+        num_tokens = len(claim.completion_ids)
+        if not found and (prefill.hidden_states.shape[0] != num_tokens or prefill.logits.shape[0] != num_tokens):
+            raise ValueError(
+                f"a prefill has {prefill.hidden_states.shape[0]} state rows and {prefill.logits.shape[0]} logit rows"
+                f" for {num_tokens} completion tokens: prefill prompt + that completion"
+            )
+        reasons.append(found)
+    checked = [i for i, found in enumerate(reasons) if not found]
+    outcomes = check_proofs(
+        [prefills[i].hidden_states for i in checked], [claims[i].proof for i in checked], config.topk, config.chunk_size
+    )
+    verdicts: dict[int, RolloutVerdict] = {}
+    for i, outcome in zip(checked, outcomes, strict=True):
+        chunks: list[ChunkCheck] = []
+        if isinstance(outcome, ProofError):
+            reasons[i].append(f"toploc: malformed proof: {outcome.message}")
+        else:
+            chunks = outcome
+            reasons[i].extend(_proof_reasons(chunks, config))
+        max_gap, max_error = _replay(claims[i], prefills[i], config, reasons[i])
+        verdicts[i] = RolloutVerdict(
+            accepted=not reasons[i],
+            reasons=tuple(reasons[i][:MAX_REASONS]),
+            chunks=tuple(chunks),
+            max_sampling_gap=max_gap,
+            max_logprob_error=max_error,
+        )
+    return [verdicts.get(i) or RolloutVerdict(False, tuple(found[:MAX_REASONS])) for i, found in enumerate(reasons)]
 
-    checks: list[ChunkCheck] = []
-    try:
-        checks = check_proof(prefill.hidden_states, proof, config.topk, config.chunk_size)
-    except ProofError as exc:
-        reasons.append(f"toploc: malformed proof: {exc.message}")
-    reasons.extend(_proof_reasons(checks, config))
 
-    tokens = torch.tensor(list(completion_ids), dtype=torch.int64)
+def _replay(claim: Claim, prefill: Recomputed, config: ToplocConfig, reasons: list[str]) -> tuple[float, float]:
+    """Sampling replay and logprob checks; appends reasons, returns (max sampling gap, max logprob error)."""
+    task = claim.task
+    num_tokens = len(claim.completion_ids)
+    tokens = torch.tensor(claim.completion_ids, dtype=torch.int64)
     logits = prefill.logits.to(torch.float32)
-    gaps = sampling_gaps(logits, sampling.temperature, seed, stream, tokens)
-    off_draw = (gaps > config.sampling_tolerance).nonzero().reshape(-1)
-    if off_draw.numel():
-        first = int(off_draw[0])
-        reasons.append(
-            f"sampling: {off_draw.numel()}/{num_tokens} tokens are not the seeded draw"
-            f" (first at position {first}, gap {float(gaps[first]):.4g} > {config.sampling_tolerance})"
-        )
-    recomputed = torch.log_softmax(logits / sampling.temperature, dim=-1).gather(1, tokens.reshape(-1, 1)).reshape(-1)
-    errors = (recomputed.to(torch.float64) - torch.tensor(list(logprobs), dtype=torch.float64)).abs()
-    wrong = (errors > config.logprob_tolerance).nonzero().reshape(-1)
-    if wrong.numel():
-        first = int(wrong[0])
-        reasons.append(
-            f"logprobs: {wrong.numel()}/{num_tokens} claimed logprobs differ from the recomputed ones"
-            f" (first at position {first} by {float(errors[first]):.4g} > {config.logprob_tolerance})"
-        )
-    return RolloutVerdict(
-        accepted=not reasons,
-        reasons=tuple(reasons[:MAX_REASONS]),
-        chunks=tuple(checks),
-        max_sampling_gap=float(gaps.max()),
-        max_logprob_error=float(errors.max()),
-    )
+    gaps = sampling_gaps(logits, task.sampling.temperature, task.seed, task.stream, tokens)
+    scaled = torch.log_softmax(logits / task.sampling.temperature, dim=-1)
+    recomputed = scaled.gather(1, tokens.reshape(-1, 1)).reshape(-1)
+    errors = (recomputed.to(torch.float64) - torch.tensor(claim.logprobs, dtype=torch.float64)).abs()
+    for values, limit, what in (
+        (
+            gaps,
+            config.sampling_tolerance,
+            "sampling: {count}/{total} tokens are not the seeded draw (first at"
+            " position {first}, gap {value:.4g} > {limit})",
+        ),
+        (
+            errors,
+            config.logprob_tolerance,
+            "logprobs: {count}/{total} claimed logprobs differ from the recomputed"
+            " ones (first at position {first} by {value:.4g} > {limit})",
+        ),
+    ):
+        over = (values > limit).nonzero().reshape(-1)
+        if over.numel():
+            first = int(over[0])
+            reasons.append(
+                what.format(count=over.numel(), total=num_tokens, first=first, value=float(values[first]), limit=limit)
+            )
+    return float(gaps.max()), float(errors.max())

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from toploc.sampling import draw_tokens, sample_stream, uniform_noise
+from toploc.sampling import draw_tokens, noisy_scores, noisy_scores_rows, sample_stream, sampling_gaps, uniform_noise
 
 # Pinned outputs: the noise is part of the protocol (workers and validators on different
 # machines and versions must agree), so any change to the hash must fail this test.
@@ -50,3 +50,20 @@ def test_sample_stream_bounds() -> None:
         sample_stream(0, 1 << 16)
     with pytest.raises(ValueError):
         draw_tokens(torch.zeros(1, 3), 0.0, 1, torch.zeros(1), torch.zeros(1))
+
+
+@pytest.mark.parametrize(("vocab_size", "spread"), [(7, 1.0), (1024, 1.3), (1024, 8.0), (5000, 3.0)])
+def test_replay_gaps_equal_the_full_computation(vocab_size: int, spread: float) -> None:
+    """sampling_gaps prunes the vocabulary by a bound on the hash; the gaps must not change at all."""
+    generator = torch.Generator().manual_seed(vocab_size)
+    logits = torch.randn(150, vocab_size, generator=generator) * spread
+    positions = torch.arange(150)
+    streams = torch.full((150,), sample_stream(3, 1))
+    scores = noisy_scores(logits, 0.9, 77, streams, positions)
+    tokens = scores.argmax(dim=-1)
+    tokens[::5] = torch.randint(0, vocab_size, (30,), generator=generator)  # some claims off the draw
+    expected = scores.max(dim=-1).values - scores.gather(1, tokens.reshape(-1, 1)).reshape(-1)
+    gaps = sampling_gaps(logits, 0.9, 77, sample_stream(3, 1), tokens)
+    assert torch.equal(gaps, expected)
+    assert float(gaps[1::5].max()) == 0.0
+    assert bool((noisy_scores_rows(logits, torch.full((150,), 0.9), [77] * 150, streams, positions) == scores).all())

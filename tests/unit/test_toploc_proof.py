@@ -143,3 +143,13 @@ def test_states_that_cannot_be_committed_raise() -> None:
         build_proof(torch.zeros(64))
     with pytest.raises(ProofError, match="floating point"):
         build_proof(torch.zeros(4, 64, dtype=torch.int64))
+
+
+def test_chunk_whose_top_indices_collide_mod_the_prime_round_trips() -> None:
+    """Two committed indices 65497 apart force a smaller modulus; build and check must agree exactly."""
+    states = _states(32, 2048) * 0.01
+    flat = states.view(-1)
+    flat[5], flat[5 + PRIME] = 50.0, -60.0
+    proof = build_proof(states)
+    assert int.from_bytes(proof[:2], "big") < PRIME
+    assert check_proof(states, proof) == [EXACT]

@@ -23,7 +23,7 @@ from typing import Any, Literal
 
 import torch
 
-from toploc.sampling import noisy_scores_rows
+from toploc.sampling import noisy_scores_at, stream_states
 from worker.engines.base import GenerationRequest, GenerationResult, PrefillResult
 
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -143,13 +143,13 @@ class HFEngine:
         next_positions = position_ids[:, -1] + 1
 
         temperatures = torch.tensor([r.temperature for r in requests], dtype=torch.float32)
-        streams = torch.tensor([r.stream for r in requests], dtype=torch.int64)
-        seeds = [r.seed for r in requests]
+        # The (seed, stream) part of every row's noise hash, once per batch instead of once per token.
+        states = stream_states([r.seed for r in requests], torch.tensor([r.stream for r in requests]), self.device)
         max_tokens = [r.max_tokens for r in requests]
         eos_sets = [frozenset(r.eos_token_ids) for r in requests]
         tokens: list[list[int]] = [[] for _ in range(num_rows)]
         logprobs: list[list[float]] = [[] for _ in range(num_rows)]
-        states: list[list[torch.Tensor]] = [[] for _ in range(num_rows)]
+        rows_drawn: list[list[torch.Tensor]] = [[] for _ in range(num_rows)]
         finish: list[Literal["stop", "length"]] = ["length"] * num_rows
         live = list(range(num_rows))  # request index of each row still in the batch
 
@@ -157,19 +157,18 @@ class HFEngine:
             logits = self._logits(hidden)
             live_tensor = torch.tensor(live, dtype=torch.long)
             positions = torch.tensor([len(tokens[i]) for i in live], dtype=torch.int64)
-            scores = noisy_scores_rows(
-                logits, temperatures[live_tensor], [seeds[i] for i in live], streams[live_tensor], positions
-            )
+            scores = noisy_scores_at(logits, temperatures[live_tensor], states[live_tensor.to(self.device)], positions)
             drawn = scores.argmax(dim=-1)
             drawn_logprobs = torch.log_softmax(logits / temperatures[live_tensor].reshape(-1, 1).to(logits.device), -1)
             drawn_logprobs = drawn_logprobs.gather(1, drawn.reshape(-1, 1)).reshape(-1)
             hidden_f32 = hidden.to(torch.float32).cpu()
             keep: list[int] = []
-            for row, index in enumerate(live):
-                token = int(drawn[row])
+            for row, (index, token, logprob) in enumerate(
+                zip(live, drawn.tolist(), drawn_logprobs.tolist(), strict=True)
+            ):
                 tokens[index].append(token)
-                logprobs[index].append(float(drawn_logprobs[row]))
-                states[index].append(hidden_f32[row])
+                logprobs[index].append(logprob)
+                rows_drawn[index].append(hidden_f32[row])
                 if token in eos_sets[index]:
                     finish[index] = "stop"
                 elif len(tokens[index]) < max_tokens[index]:
@@ -195,7 +194,7 @@ class HFEngine:
                 completion_ids=tokens[i],
                 logprobs=logprobs[i],
                 finish_reason=finish[i],
-                hidden_states=torch.stack(states[i]),
+                hidden_states=torch.stack(rows_drawn[i]),
             )
             for i, request in enumerate(requests)
         ]

@@ -1,0 +1,155 @@
+"""verify_rollout: honest rollouts pass; malformed or inconsistent ones get clear reasons, never a crash."""
+
+from __future__ import annotations
+
+import base64
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from protocol.errors import ProofError
+from protocol.schemas import SamplingParams
+from toploc.config import ToplocConfig
+from toploc.sampling import sample_stream
+from toploc.tiny_model import TINY_EOS_TOKEN_ID, save_tiny_qwen2
+from toploc.verify import Claim, RolloutVerdict, SampleTask, decode_proof_b64, precheck_rollout, verify_rollout
+from worker.adversary import honest_claims
+from worker.engines.hf import HFEngine
+
+CALIBRATION = Path(__file__).resolve().parents[2] / "toploc" / "calibration" / "float32_cpu.json"
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory: pytest.TempPathFactory) -> HFEngine:
+    return HFEngine(save_tiny_qwen2(tmp_path_factory.mktemp("tiny"), seed=0))
+
+
+@pytest.fixture(scope="module")
+def claims(engine: HFEngine) -> list[Claim]:
+    tasks = [
+        SampleTask(
+            prompt_ids=[3 + i, 40, 500 + i],
+            sampling=SamplingParams(temperature=0.8 + 0.1 * i, max_tokens=40),
+            seed=11,
+            stream=sample_stream(i, 0),
+            eos_token_ids=(TINY_EOS_TOKEN_ID,),
+        )
+        for i in range(6)
+    ]
+    return honest_claims(engine, tasks)
+
+
+def _verify(
+    engine: HFEngine, claim: Claim, config: ToplocConfig | None = None, prefilled_ids: list[int] | None = None
+) -> RolloutVerdict:
+    completion = claim.completion_ids if prefilled_ids is None else prefilled_ids
+    prefill = engine.prefill([claim.task.prompt_ids], [completion])[0]
+    return verify_rollout(
+        sampling=claim.task.sampling,
+        seed=claim.task.seed,
+        stream=claim.task.stream,
+        prompt_ids=claim.task.prompt_ids,
+        completion_ids=claim.completion_ids,
+        logprobs=claim.logprobs,
+        finish_reason=claim.finish_reason,
+        proof=claim.proof,
+        prefill=prefill,
+        eos_token_ids=claim.task.eos_token_ids,
+        config=config,
+    )
+
+
+def test_honest_rollouts_are_accepted(engine: HFEngine, claims: list[Claim]) -> None:
+    for claim in claims:
+        verdict = _verify(engine, claim)
+        assert verdict.accepted, verdict.reasons
+        assert verdict.reasons == ()
+        assert len(verdict.chunks) == (len(claim.completion_ids) + 31) // 32
+        assert verdict.max_sampling_gap <= ToplocConfig().sampling_tolerance
+        assert verdict.max_logprob_error <= ToplocConfig().logprob_tolerance
+
+
+def _one_reason(verdict: RolloutVerdict, prefix: str) -> str:
+    assert not verdict.accepted
+    matching = [r for r in verdict.reasons if r.startswith(prefix)]
+    assert matching, verdict.reasons
+    return matching[0]
+
+
+def test_malformed_proofs_are_rejections(engine: HFEngine, claims: list[Claim]) -> None:
+    claim = claims[0]
+    for bad in (b"", claim.proof[:-2], bytes(len(claim.proof)), b"\xff" * len(claim.proof), claim.proof + b"\x00\x01"):
+        reason = _one_reason(_verify(engine, replace(claim, proof=bad)), "toploc: malformed proof")
+        assert len(reason) < 512
+
+
+def test_inflated_logprobs_are_caught(engine: HFEngine, claims: list[Claim]) -> None:
+    claim = claims[1]
+    inflated = [min(0.0, lp + 0.05) for lp in claim.logprobs]
+    assert "logprobs" in _one_reason(_verify(engine, replace(claim, logprobs=inflated)), "logprobs")
+
+
+def test_prechecks_name_each_problem() -> None:
+    sampling = SamplingParams(temperature=1.0, max_tokens=4)
+
+    def reasons(ids: list[int], logprobs: list[float] | None = None, finish: str = "length") -> list[str]:
+        return precheck_rollout(
+            sampling=sampling,
+            completion_ids=ids,
+            logprobs=[-1.0] * len(ids) if logprobs is None else logprobs,
+            finish_reason=finish,
+            eos_token_ids=[1],
+            vocab_size=100,
+        )
+
+    assert reasons([5, 6, 7, 8]) == []
+    assert reasons([5, 6, 1], finish="stop") == []
+    assert reasons([5, 6, 7, 1]) == [], "an EOS drawn as the last allowed token may be reported as length"
+    assert any("empty completion" in r for r in reasons([], finish="stop"))
+    assert any("max_tokens" in r for r in reasons([5, 6, 7, 8, 9]))
+    assert any("logprobs for" in r for r in reasons([5, 6, 7, 8], [-1.0]))
+    assert any("outside the vocabulary" in r for r in reasons([5, 6, 100, 8]))
+    assert any("outside the vocabulary" in r for r in reasons([5, -6, 7, 8]))
+    assert any("truncated" in r for r in reasons([5, 6, 7], finish="stop"))
+    assert any("!= max_tokens" in r for r in reasons([5, 6, 7]))
+    assert any("goes on" in r for r in reasons([5, 1, 7, 8]))
+    assert any("unknown finish_reason" in r for r in reasons([5, 6, 7, 8], finish="abort"))
+    assert any("finite" in r for r in reasons([5, 6, 7, 8], [-1.0, float("nan"), -1.0, -1.0]))
+    assert any("finite" in r for r in reasons([5, 6, 7, 8], [-1.0, 0.5, -1.0, -1.0]))
+    with pytest.raises(ValueError, match="top_k"):
+        precheck_rollout(
+            sampling=SamplingParams(temperature=1.0, max_tokens=4, top_k=5),
+            completion_ids=[5],
+            logprobs=[-1.0],
+            finish_reason="length",
+            eos_token_ids=[],
+            vocab_size=100,
+        )
+
+
+def test_prefill_of_another_completion_is_a_caller_error(engine: HFEngine, claims: list[Claim]) -> None:
+    with pytest.raises(ValueError, match="prefill"):
+        _verify(engine, claims[0], prefilled_ids=claims[0].completion_ids[:-1])
+
+
+def test_wrong_seed_or_stream_fails_the_replay(engine: HFEngine, claims: list[Claim]) -> None:
+    claim = claims[2]
+    other_seed = replace(claim, task=replace(claim.task, seed=claim.task.seed + 1))
+    other_stream = replace(claim, task=replace(claim.task, stream=sample_stream(0, 7)))
+    _one_reason(_verify(engine, other_seed), "sampling")
+    _one_reason(_verify(engine, other_stream), "sampling")
+
+
+def test_proof_base64() -> None:
+    assert decode_proof_b64(base64.b64encode(b"\x01\x02").decode()) == b"\x01\x02"
+    with pytest.raises(ProofError, match="base64"):
+        decode_proof_b64("not base64!")
+
+
+def test_config_defaults_are_the_kept_calibration() -> None:
+    calibrated = json.loads(CALIBRATION.read_text())["summary"]["thresholds"]
+    defaults = ToplocConfig().model_dump()
+    for key, value in calibrated.items():
+        assert defaults[key] == pytest.approx(value), key

@@ -1,0 +1,163 @@
+"""Honest and dishonest workers' rollouts, for the TOPLOC attack suite, calibration and validator tests.
+
+A toploc.verify.SampleTask is what the ledger asks of one sample (prompt, sampling params,
+seed, noise stream, EOS ids); a toploc.verify.Claim is what a worker submits for it (tokens,
+logprobs, finish reason, proof bytes). :func:`honest_claims` is what a correct worker sends. Each
+attack of the TOPLOC issue is a function with the same shape, and each is as strong as the
+attacker can cheaply make it: wherever the attack does not need them wrong, it repairs the
+proof and the logprobs with a prefill of the right model, so only the cheat itself remains.
+Attacks that need a second model (another random init, the policy with 1% weight noise, the
+policy in bf16) take it as an engine.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+
+import torch
+
+from toploc.proof import build_proofs
+from toploc.verify import Claim, SampleTask
+from worker.engines.base import GenerationRequest, GenerationResult
+from worker.engines.hf import HFEngine
+
+
+def generation_request(task: SampleTask, uid: int, **changes: object) -> GenerationRequest:
+    """The engine request for a task (``changes`` override fields, as an attack may)."""
+    request = GenerationRequest(
+        uid=str(uid),
+        prompt_ids=task.prompt_ids,
+        max_tokens=task.sampling.max_tokens,
+        temperature=task.sampling.temperature,
+        seed=task.seed,
+        stream=task.stream,
+        eos_token_ids=task.eos_token_ids,
+    )
+    return replace(request, **changes)  # type: ignore[arg-type]
+
+
+def _claims(
+    tasks: Sequence[SampleTask], results: Sequence[GenerationResult], topk: int, chunk_size: int
+) -> list[Claim]:
+    proofs = build_proofs([r.hidden_states for r in results], topk, chunk_size)
+    return [
+        Claim(task, r.completion_ids, r.logprobs, r.finish_reason, proof)
+        for task, r, proof in zip(tasks, results, proofs, strict=True)
+    ]
+
+
+def honest_claims(engine: HFEngine, tasks: Sequence[SampleTask], topk: int = 128, chunk_size: int = 32) -> list[Claim]:
+    """What a correct worker submits: generation with the task's sampling, proofs from its own states."""
+    results = engine.generate([generation_request(task, i) for i, task in enumerate(tasks)])
+    return _claims(tasks, results, topk, chunk_size)
+
+
+def repaired(engine: HFEngine, claims: Sequence[Claim], topk: int = 128, chunk_size: int = 32) -> list[Claim]:
+    """The same tokens with proofs and logprobs rebuilt by a prefill of ``engine`` (the right model)."""
+    prefills = engine.prefill([c.task.prompt_ids for c in claims], [c.completion_ids for c in claims])
+    proofs = build_proofs([p.hidden_states for p in prefills], topk, chunk_size)
+    fixed = []
+    for claim, prefill, proof in zip(claims, prefills, proofs, strict=True):
+        tokens = torch.tensor(claim.completion_ids)
+        scaled = torch.log_softmax(prefill.logits / claim.task.sampling.temperature, dim=-1)
+        logprobs = scaled.gather(1, tokens.reshape(-1, 1)).reshape(-1).tolist()
+        fixed.append(replace(claim, logprobs=logprobs, proof=proof))
+    return fixed
+
+
+def other_model(policy: HFEngine, other: HFEngine, tasks: Sequence[SampleTask]) -> list[Claim]:
+    """Everything generated and proven by another model (a random init, or noisy weights, or bf16)."""
+    return honest_claims(other, tasks)
+
+
+def other_model_tokens_proven_by_policy(policy: HFEngine, other: HFEngine, tasks: Sequence[SampleTask]) -> list[Claim]:
+    """Tokens from a cheap model; proofs and logprobs from an honest prefill of the policy."""
+    return repaired(policy, honest_claims(other, tasks))
+
+
+def altered_prompt(policy: HFEngine, tasks: Sequence[SampleTask], seed: int = 0) -> list[Claim]:
+    """Generate for a prompt with one token changed, claim it answers the issued prompt."""
+    rng = random.Random(seed)
+    changed = []
+    for task in tasks:
+        prompt = list(task.prompt_ids)
+        position = rng.randrange(len(prompt))
+        prompt[position] = (prompt[position] + rng.randrange(1, policy.vocab_size)) % policy.vocab_size
+        changed.append(replace(task, prompt_ids=prompt))
+    return [replace(claim, task=task) for claim, task in zip(honest_claims(policy, changed), tasks, strict=True)]
+
+
+def altered_token(policy: HFEngine, tasks: Sequence[SampleTask], seed: int = 0) -> list[Claim]:
+    """An honest rollout with one non-EOS completion token swapped for another non-EOS token.
+
+    Completions that are a lone EOS have no such token and are left out of the returned claims.
+    """
+    rng = random.Random(seed)
+    altered = []
+    for claim in honest_claims(policy, tasks):
+        tokens = list(claim.completion_ids)
+        candidates = [i for i, t in enumerate(tokens) if t not in claim.task.eos_token_ids]
+        if not candidates:
+            continue
+        position = rng.choice(candidates)
+        replacement = tokens[position]
+        while replacement == tokens[position] or replacement in claim.task.eos_token_ids:
+            replacement = rng.randrange(policy.vocab_size)
+        tokens[position] = replacement
+        altered.append(replace(claim, completion_ids=tokens))
+    return altered
+
+
+def flipped_signs(policy: HFEngine, tasks: Sequence[SampleTask]) -> list[Claim]:
+    """Honest tokens and logprobs, proof committed to the negated states (passes the reference toploc)."""
+    results = policy.generate([generation_request(task, i) for i, task in enumerate(tasks)])
+    negated = [replace(r, hidden_states=-r.hidden_states) for r in results]
+    return _claims(tasks, negated, 128, 32)
+
+
+def other_temperature(policy: HFEngine, tasks: Sequence[SampleTask], factor: float) -> list[Claim]:
+    """Sample at ``factor`` times the task's temperature (a tiny factor is greedy) and pass it off as the task's."""
+    requests = [
+        generation_request(task, i, temperature=task.sampling.temperature * factor) for i, task in enumerate(tasks)
+    ]
+    return repaired(policy, _claims(tasks, policy.generate(requests), 128, 32))
+
+
+def truncated_claimed_finished(policy: HFEngine, tasks: Sequence[SampleTask], seed: int = 0) -> list[Claim]:
+    """Cut an honest completion short and claim it stopped at EOS; proof and logprobs cut to match.
+
+    One-token completions cannot be cut, so they are left out of the returned claims.
+    """
+    rng = random.Random(seed)
+    cut = []
+    for claim in honest_claims(policy, tasks):
+        if len(claim.completion_ids) < 2:
+            continue
+        keep = rng.randrange(1, len(claim.completion_ids))
+        cut.append(replace(claim, completion_ids=claim.completion_ids[:keep], logprobs=claim.logprobs[:keep]))
+    return [replace(c, finish_reason="stop") for c in repaired(policy, cut)]
+
+
+Attack = Callable[[Sequence[SampleTask]], list[Claim]]
+
+
+def attack_suite(
+    policy: HFEngine, random_init: HFEngine, noisy: HFEngine, low_precision: HFEngine
+) -> dict[str, Attack]:
+    """Every attack of the TOPLOC issue, by name, as a function of the tasks."""
+    return {
+        "other_model_random_init": lambda tasks: other_model(policy, random_init, tasks),
+        "other_model_weight_noise_1pct": lambda tasks: other_model(policy, noisy, tasks),
+        "altered_prompt_token": lambda tasks: altered_prompt(policy, tasks),
+        "altered_completion_token": lambda tasks: altered_token(policy, tasks),
+        "flipped_signs": lambda tasks: flipped_signs(policy, tasks),
+        "lower_precision_bf16": lambda tasks: other_model(policy, low_precision, tasks),
+        "greedy_as_sampling": lambda tasks: other_temperature(policy, tasks, 1e-4),
+        "other_temperature_half": lambda tasks: other_temperature(policy, tasks, 0.5),
+        "cheap_model_tokens_policy_proofs": lambda tasks: other_model_tokens_proven_by_policy(
+            policy, random_init, tasks
+        ),
+        "truncated_claimed_finished": lambda tasks: truncated_claimed_finished(policy, tasks),
+    }
