@@ -14,6 +14,8 @@ same bits without relying on signed overflow; the final transform runs in float6
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 _MASK32 = 0xFFFFFFFF
@@ -87,3 +89,46 @@ def draw_tokens(
 ) -> torch.Tensor:
     """The tokens drawn for each row of ``logits`` (rows, vocab)."""
     return noisy_scores(logits, temperature, seed, streams, positions).argmax(dim=-1)
+
+
+def noisy_scores_rows(
+    logits: torch.Tensor,
+    temperatures: torch.Tensor,
+    seeds: Sequence[int],
+    streams: torch.Tensor,
+    positions: torch.Tensor,
+) -> torch.Tensor:
+    """``logits / T + g`` for rows that may each have their own temperature and seed (a mixed batch).
+
+    Row i uses ``temperatures[i]`` and ``seeds[i]``; with one seed and one temperature this is
+    exactly :func:`noisy_scores` (the same float32 operations in the same order), so engines and
+    validators may batch rows from different tasks without changing any draw.
+    """
+    if len(seeds) != logits.shape[0]:
+        raise ValueError(f"need one seed per row: {len(seeds)} seeds for {logits.shape[0]} rows")
+    temperatures = temperatures.to(device=logits.device, dtype=torch.float32).reshape(-1)
+    if bool((temperatures <= 0).any()):
+        raise ValueError("verifiable sampling needs temperature > 0")
+    scores = logits.to(torch.float32) / temperatures.reshape(-1, 1)
+    seed_of_row = torch.tensor(seeds, dtype=torch.int64)
+    for seed in sorted(set(seeds)):
+        rows = (seed_of_row == seed).nonzero().reshape(-1).to(logits.device)
+        scores[rows] += gumbel_noise(seed, streams[rows], positions[rows], logits.shape[-1], logits.device)
+    return scores
+
+
+def sampling_gaps(
+    logits: torch.Tensor, temperature: float, seed: int, stream: int, token_ids: torch.Tensor
+) -> torch.Tensor:
+    """How far each claimed token's noisy score is below the best one (0 when it is the noisy argmax).
+
+    ``logits`` (n, vocab) are the recomputed logits that drew completion tokens 0..n-1 of one
+    sample; positions are 0..n-1 on ``stream``. A validator accepts a token whose gap is within a
+    calibrated tolerance, since honest recomputation differs from generation by rounding.
+    """
+    num_tokens = logits.shape[0]
+    positions = torch.arange(num_tokens, dtype=torch.int64)
+    streams = torch.full((num_tokens,), stream, dtype=torch.int64)
+    scores = noisy_scores(logits, temperature, seed, streams, positions)
+    chosen = scores.gather(1, token_ids.to(device=scores.device, dtype=torch.int64).reshape(-1, 1)).reshape(-1)
+    return scores.max(dim=-1).values - chosen

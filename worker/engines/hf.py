@@ -1,0 +1,261 @@
+"""The HF transformers backend of the engine interface: batched generation with a KV cache.
+
+Requests are sorted by prompt length and cut into batches of at most ``max_batch_size``;
+each batch is left-padded, with an attention mask and position ids that start at 0 on each
+row's first real token, so a row's numbers do not depend on its padding. Every token is drawn
+by the verifiable sampler (``argmax(logits / T + g)``, toploc.sampling) on the row's own noise
+stream at position = completion tokens drawn so far; the engine keeps the final-norm hidden
+state that drew it (the decoder's ``last_hidden_state``, which for Qwen2 and other HF causal
+LMs is the output of the last norm, i.e. ``output_hidden_states[-1]``) and its log-probability
+under ``log_softmax(logits / T)``. A row stops at one of its EOS ids (kept in the completion,
+finish reason "stop") or at ``max_tokens`` ("length"); finished rows leave the batch and the
+KV cache. ``prefill`` recomputes the same rows for prompt + completion in one forward pass,
+as a validator does. Hidden states come back as float32 whatever the model dtype (exact for
+bf16). Runs on CPU in float32 by default; ``dtype="bfloat16"`` exists for GPU-like runs and
+tests. Weights reload in place from an HF safetensors directory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+from toploc.sampling import noisy_scores_rows
+from worker.engines.base import GenerationRequest, GenerationResult, PrefillResult
+
+DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class HFEngine:
+    """Generation and prefill with an HF causal LM loaded from a local checkpoint directory."""
+
+    name: Literal["hf"] = "hf"
+
+    def __init__(
+        self,
+        checkpoint_dir: Path,
+        *,
+        dtype: Literal["float32", "bfloat16", "float16"] = "float32",
+        device: str = "cpu",
+        max_batch_size: int = 64,
+        num_threads: int | None = None,
+        attn_implementation: str = "sdpa",
+    ) -> None:
+        from transformers import AutoModelForCausalLM
+
+        if max_batch_size < 1:
+            raise ValueError("max_batch_size must be >= 1")
+        if num_threads is not None:
+            # Process-wide: torch has one intra-op pool. Set here so a worker's engine owns it.
+            torch.set_num_threads(num_threads)
+        self.dtype = DTYPES[dtype]
+        self.device = torch.device(device)
+        self.max_batch_size = max_batch_size
+        loader: Any = AutoModelForCausalLM
+        self.model: Any = loader.from_pretrained(
+            checkpoint_dir, dtype=self.dtype, attn_implementation=attn_implementation
+        ).to(self.device)
+        self.model.eval()
+        self._decoder: Any = self.model.base_model
+        self._head: Any = self.model.get_output_embeddings()
+        self.pad_token_id = 0
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self._head.weight.shape[0])
+
+    @property
+    def max_positions(self) -> int:
+        return int(getattr(self.model.config, "max_position_embeddings", 1 << 30))
+
+    def _check_ids(self, ids: Sequence[int], what: str) -> None:
+        vocab_size = self.vocab_size
+        for token_id in ids:
+            if not 0 <= token_id < vocab_size:
+                raise ValueError(f"{what}: token id {token_id} is outside the vocabulary [0, {vocab_size})")
+
+    def _forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor, cache: Any
+    ) -> torch.Tensor:
+        """Final-norm hidden states (batch, len, hidden) for the new tokens; ``cache`` is extended in place."""
+        output = self._decoder(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=cache,
+            use_cache=cache is not None,
+        )
+        hidden: torch.Tensor = output.last_hidden_state
+        return hidden
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits: torch.Tensor = self._head(hidden)
+        return logits.to(torch.float32)
+
+    def _left_pad(self, sequences: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(input_ids, attention_mask, position_ids), each (batch, longest), padded on the left."""
+        longest = max(len(seq) for seq in sequences)
+        input_ids = torch.full((len(sequences), longest), self.pad_token_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(sequences), longest), dtype=torch.long)
+        for row, seq in enumerate(sequences):
+            if seq:
+                input_ids[row, longest - len(seq) :] = torch.tensor(seq, dtype=torch.long)
+                attention_mask[row, longest - len(seq) :] = 1
+        position_ids = (attention_mask.cumsum(dim=-1) - 1).clamp(min=0)
+        return input_ids.to(self.device), attention_mask.to(self.device), position_ids.to(self.device)
+
+    def _batches(self, lengths: Sequence[int]) -> list[list[int]]:
+        """Indices grouped into batches of similar length (less padding), each <= max_batch_size."""
+        order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+        return [order[i : i + self.max_batch_size] for i in range(0, len(order), self.max_batch_size)]
+
+    @torch.inference_mode()
+    def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        for request in requests:
+            if not request.prompt_ids:
+                raise ValueError(f"request {request.uid}: empty prompt")
+            if request.max_tokens < 1:
+                raise ValueError(f"request {request.uid}: max_tokens must be >= 1")
+            if request.temperature <= 0:
+                raise ValueError(f"request {request.uid}: verifiable sampling needs temperature > 0")
+            if len(request.prompt_ids) + request.max_tokens > self.max_positions:
+                raise ValueError(
+                    f"request {request.uid}: prompt ({len(request.prompt_ids)}) + max_tokens ({request.max_tokens})"
+                    f" exceeds the model's {self.max_positions} positions"
+                )
+            self._check_ids(request.prompt_ids, f"request {request.uid} prompt")
+        results: list[GenerationResult | None] = [None] * len(requests)
+        for batch in self._batches([len(r.prompt_ids) for r in requests]):
+            for index, result in zip(batch, self._generate_batch([requests[i] for i in batch]), strict=True):
+                results[index] = result
+        return [result for result in results if result is not None]
+
+    def _generate_batch(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        from transformers import DynamicCache
+
+        num_rows = len(requests)
+        input_ids, attention_mask, position_ids = self._left_pad([r.prompt_ids for r in requests])
+        cache = DynamicCache(config=self.model.config)
+        hidden = self._forward(input_ids, attention_mask, position_ids, cache)[:, -1]
+        next_positions = position_ids[:, -1] + 1
+
+        temperatures = torch.tensor([r.temperature for r in requests], dtype=torch.float32)
+        streams = torch.tensor([r.stream for r in requests], dtype=torch.int64)
+        seeds = [r.seed for r in requests]
+        max_tokens = [r.max_tokens for r in requests]
+        eos_sets = [frozenset(r.eos_token_ids) for r in requests]
+        tokens: list[list[int]] = [[] for _ in range(num_rows)]
+        logprobs: list[list[float]] = [[] for _ in range(num_rows)]
+        states: list[list[torch.Tensor]] = [[] for _ in range(num_rows)]
+        finish: list[Literal["stop", "length"]] = ["length"] * num_rows
+        live = list(range(num_rows))  # request index of each row still in the batch
+
+        while live:
+            logits = self._logits(hidden)
+            live_tensor = torch.tensor(live, dtype=torch.long)
+            positions = torch.tensor([len(tokens[i]) for i in live], dtype=torch.int64)
+            scores = noisy_scores_rows(
+                logits, temperatures[live_tensor], [seeds[i] for i in live], streams[live_tensor], positions
+            )
+            drawn = scores.argmax(dim=-1)
+            drawn_logprobs = torch.log_softmax(logits / temperatures[live_tensor].reshape(-1, 1).to(logits.device), -1)
+            drawn_logprobs = drawn_logprobs.gather(1, drawn.reshape(-1, 1)).reshape(-1)
+            hidden_f32 = hidden.to(torch.float32).cpu()
+            keep: list[int] = []
+            for row, index in enumerate(live):
+                token = int(drawn[row])
+                tokens[index].append(token)
+                logprobs[index].append(float(drawn_logprobs[row]))
+                states[index].append(hidden_f32[row])
+                if token in eos_sets[index]:
+                    finish[index] = "stop"
+                elif len(tokens[index]) < max_tokens[index]:
+                    keep.append(row)
+            if not keep:
+                break
+            if len(keep) < len(live):
+                keep_tensor = torch.tensor(keep, dtype=torch.long, device=self.device)
+                cache.batch_select_indices(keep_tensor)
+                attention_mask = attention_mask[keep_tensor]
+                next_positions = next_positions[keep_tensor]
+                drawn = drawn[keep_tensor]
+                live = [live[row] for row in keep]
+            attention_mask = torch.cat([attention_mask, attention_mask.new_ones((len(live), 1))], dim=1)
+            hidden = self._forward(
+                drawn.reshape(-1, 1).to(self.device), attention_mask, next_positions.reshape(-1, 1), cache
+            )[:, -1]
+            next_positions = next_positions + 1
+
+        return [
+            GenerationResult(
+                uid=request.uid,
+                completion_ids=tokens[i],
+                logprobs=logprobs[i],
+                finish_reason=finish[i],
+                hidden_states=torch.stack(states[i]),
+            )
+            for i, request in enumerate(requests)
+        ]
+
+    @torch.inference_mode()
+    def prefill(self, prompts: list[list[int]], completions: list[list[int]]) -> list[PrefillResult]:
+        if len(prompts) != len(completions):
+            raise ValueError(f"{len(prompts)} prompts but {len(completions)} completions")
+        for index, (prompt, completion) in enumerate(zip(prompts, completions, strict=True)):
+            if not prompt:
+                raise ValueError(f"prefill {index}: empty prompt")
+            self._check_ids(prompt, f"prefill {index} prompt")
+            self._check_ids(completion, f"prefill {index} completion")
+            if len(prompt) + len(completion) > self.max_positions:
+                raise ValueError(f"prefill {index}: longer than the model's {self.max_positions} positions")
+        results: list[PrefillResult | None] = [None] * len(prompts)
+        # The last completion token never drew anything: the forward pass stops before it.
+        sequences = [p + c[:-1] for p, c in zip(prompts, completions, strict=True)]
+        for batch in self._batches([len(s) for s in sequences]):
+            input_ids, attention_mask, position_ids = self._left_pad([sequences[i] for i in batch])
+            hidden = self._forward(input_ids, attention_mask, position_ids, None)
+            width = input_ids.shape[1]
+            for row, index in enumerate(batch):
+                num_completion = len(completions[index])
+                end = width  # the sequence is right-aligned
+                start = end - num_completion
+                rows = hidden[row, start:end]
+                results[index] = PrefillResult(
+                    hidden_states=rows.to(torch.float32).cpu(), logits=self._logits(rows).cpu()
+                )
+        return [result for result in results if result is not None]
+
+    def load_weights(self, checkpoint_dir: Path) -> None:
+        """Copy the weights of an HF safetensors checkpoint into the loaded model, in place."""
+        from safetensors.torch import load_file
+
+        files = sorted(Path(checkpoint_dir).glob("*.safetensors"))
+        if not files:
+            raise FileNotFoundError(f"no *.safetensors files in {checkpoint_dir}")
+        state: dict[str, torch.Tensor] = {}
+        for file in files:
+            state.update(load_file(str(file)))
+        expected = set(self.model.state_dict())
+        tied = {"lm_head.weight"} if getattr(self.model.config, "tie_word_embeddings", False) else set()
+        missing = expected - set(state) - tied
+        unexpected = set(state) - expected
+        if missing or unexpected:
+            raise ValueError(
+                f"checkpoint {checkpoint_dir} does not match the loaded model: "
+                f"missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]}"
+            )
+        with torch.no_grad():
+            parameters = self.model.state_dict()
+            for key, tensor in state.items():
+                if parameters[key].shape != tensor.shape:
+                    raise ValueError(f"{key}: checkpoint shape {tuple(tensor.shape)} != {tuple(parameters[key].shape)}")
+            for key, tensor in state.items():
+                parameters[key].copy_(tensor.to(parameters[key].dtype))
+
+    def close(self) -> None:
+        self.model = None
+        self._decoder = None
+        self._head = None
