@@ -24,6 +24,8 @@ log = logging.getLogger("trainer.builtin")
 
 BUILTIN_PREFIX = "builtin:"
 TINY_QWEN2 = "tiny-qwen2"
+REVERSE_START = "tiny-qwen2-reverse-start"
+"""The RL start point: an early SFT checkpoint of tiny-qwen2 on reverse_text (trainer.start)."""
 TOKENIZER_VOCAB_SIZE = 320
 TOKENIZER_CORPUS_EXAMPLES = 4000
 INIT_SEED = 0
@@ -96,7 +98,13 @@ def _build_tiny_qwen2(output_dir: Path) -> None:
     save_hf_tokenizer(tokenizer, output_dir, config.max_position_embeddings)
 
 
-_BUILDERS = {TINY_QWEN2: _build_tiny_qwen2}
+def _build_reverse_start(output_dir: Path) -> None:
+    from trainer.start import build_start_checkpoint
+
+    build_start_checkpoint(output_dir, str(resolve_model_path(BUILTIN_PREFIX + TINY_QWEN2, output_dir.parent)))
+
+
+_BUILDERS = {TINY_QWEN2: _build_tiny_qwen2, REVERSE_START: _build_reverse_start}
 
 
 def resolve_model_path(name: str, cache_dir: Path | None = None) -> Path:
@@ -114,7 +122,7 @@ def resolve_model_path(name: str, cache_dir: Path | None = None) -> Path:
     if (target / "config.json").is_file():
         return target
     root.mkdir(parents=True, exist_ok=True)
-    log.info("building built-in model %s in %s (first use; a few seconds)", name, target)
+    log.info("building built-in model %s in %s (first use, once)", name, target)
     staging = Path(tempfile.mkdtemp(prefix=f".{builtin}-", dir=root))
     staging.chmod(0o755)
     try:

@@ -49,7 +49,9 @@ class ParallelConfig(Section):
 
 class PackingConfig(Section):
     micro_batch_tokens: int = Field(default=4096, ge=16)
-    """Tokens per packed micro-batch (one row; samples concatenated without padding)."""
+    """Tokens (padding included) per micro-batch; one forward/backward each, gradients accumulated."""
+    row_tokens: int = Field(default=256, ge=16)
+    """Longest packed row: samples are concatenated into rows of at most this many tokens."""
     enabled: bool = True
     """False pads each sample to the longest of its micro-batch instead (the baseline the bench compares)."""
 

@@ -27,10 +27,14 @@ def format_metrics(record: dict[str, Any]) -> str:
 
 
 class MetricsLogger:
-    """Appends records to ``path`` (JSONL) and logs a summary line; a no-op off rank 0."""
+    """Appends records to ``path`` (JSONL) and logs a summary line (every ``console_every``); no-op off rank 0."""
 
-    def __init__(self, path: Path | None, enabled: bool = True, wandb_project: str | None = None) -> None:
+    def __init__(
+        self, path: Path | None, enabled: bool = True, wandb_project: str | None = None, console_every: int = 1
+    ) -> None:
         self.enabled = enabled
+        self.console_every = console_every
+        self._count = 0
         self._file = None
         self._wandb: Any = None
         if enabled and path is not None:
@@ -52,7 +56,9 @@ class MetricsLogger:
             self._file.flush()
         if self._wandb is not None:
             self._wandb.log(record, step=record.get("step"))
-        log.info(format_metrics(record))
+        self._count += 1
+        if self._count % self.console_every == 0 or "step" not in record:
+            log.info(format_metrics(record))
 
     def close(self) -> None:
         if self._file is not None:

@@ -1,10 +1,13 @@
 """Packing variable-length samples into micro-batches, and dealing them to ranks.
 
 A :class:`TrainSample` is prompt + completion token ids with per-completion-token data
-(advantage, the engine's logprobs). Packing concatenates whole samples into one row of at
-most ``micro_batch_tokens`` tokens, first-fit-decreasing, with position ids restarting at 0 at
-each sample; SDPA then attends within each sample only (a block-diagonal causal mask), so
-no token is padding. The unpacked baseline pads each sample of a micro-batch to the longest.
+(advantage, the engine's logprobs). Packing concatenates whole samples into rows of at most
+``row_tokens`` tokens (first-fit-decreasing), with position ids restarting at 0 at each
+sample and a block-diagonal causal mask, so a token attends within its own sample only; rows
+of similar fill share a micro-batch, so the only padding is the little left at row ends.
+Rows, rather than one long row per micro-batch, because SDPA with a dense mask costs
+O(row length^2) on CPU whatever the mask hides; on GPUs set ``row_tokens`` to
+``micro_batch_tokens``. The unpacked baseline pads each sample of a micro-batch to the longest.
 
 Every per-token tensor of a micro-batch is aligned with the *input* positions: position j
 holds the target token j + 1 of the same sample, and ``loss_mask[j]`` is true where that
@@ -14,6 +17,7 @@ target is a completion token.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -45,23 +49,18 @@ class MicroBatch:
     advantages: torch.Tensor
     inference_logprobs: torch.Tensor
     attention_mask: torch.Tensor | None = None
-    """Only for the padded baseline; packed rows need none."""
+    """Packed: (rows, 1, length, length) block-diagonal causal bool mask; padded: (rows, length) 0/1."""
     num_samples: int = 0
     sample_ids: list[int] = field(default_factory=list)
+    num_real_tokens: int = 0
+    """Tokens that belong to a sample (the rest is padding)."""
 
     @property
     def num_loss_tokens(self) -> int:
         return int(self.loss_mask.sum().item())
 
-    @property
-    def num_input_tokens(self) -> int:
-        """Real (non-padding) tokens."""
-        if self.attention_mask is None:
-            return int(self.input_ids.numel())
-        return int(self.attention_mask.sum().item())
 
-
-def _sample_rows(sample: TrainSample) -> dict[str, list[float] | list[int] | list[bool]]:
+def _sample_rows(sample: TrainSample) -> dict[str, list[Any]]:
     tokens = sample.prompt_ids + sample.completion_ids
     length, first = len(tokens), len(sample.prompt_ids) - 1
     logprobs = sample.inference_logprobs or [0.0] * len(sample.completion_ids)
@@ -90,25 +89,58 @@ _DTYPES = {
 }
 
 
-def _concat(samples: list[TrainSample], ids: list[int]) -> MicroBatch:
-    columns: dict[str, list[float] | list[int] | list[bool]] = {key: [] for key in _DTYPES}
-    for sample in samples:
-        for key, values in _sample_rows(sample).items():
-            columns[key].extend(values)  # type: ignore[arg-type]
-    tensors = {key: torch.tensor([values], dtype=_DTYPES[key]) for key, values in columns.items()}
-    return MicroBatch(**tensors, num_samples=len(samples), sample_ids=ids)
+def _tensors(rows: list[list[dict[str, list[Any]]]], width: int, pad_id: int) -> dict[str, torch.Tensor]:
+    """Rows of concatenated samples, each padded at its end to ``width``."""
+    tensors: dict[str, torch.Tensor] = {}
+    for key, dtype in _DTYPES.items():
+        fill = pad_id if key == "input_ids" else 0
+        table = []
+        for row in rows:
+            values = [v for sample in row for v in sample[key]]
+            table.append(values + [fill] * (width - len(values)))
+        tensors[key] = torch.tensor(table, dtype=dtype)
+    return tensors
+
+
+def _block_causal_mask(rows: list[list[dict[str, list[Any]]]], width: int) -> torch.Tensor:
+    """(rows, 1, width, width) bool: a token attends to earlier tokens of its own sample only.
+
+    The padding at a row's end forms its own block, so no query row is fully masked.
+    """
+    segment = torch.zeros((len(rows), width), dtype=torch.long)
+    for r, row in enumerate(rows):
+        start = 0
+        for index, sample in enumerate(row):
+            length = len(sample["input_ids"])
+            segment[r, start : start + length] = index
+            start += length
+        segment[r, start:] = len(row)
+    same = segment.unsqueeze(2) == segment.unsqueeze(1)
+    causal = torch.ones((width, width), dtype=torch.bool).tril()
+    return (same & causal).unsqueeze(1)
+
+
+def _packed(samples: list[TrainSample], rows: list[list[int]], pad_id: int) -> MicroBatch:
+    sample_rows = [[_sample_rows(samples[i]) for i in row] for row in rows]
+    width = max(sum(samples[i].num_tokens for i in row) for row in rows)
+    tensors = _tensors(sample_rows, width, pad_id)
+    # Position ids restart at 0 for each sample; the end-of-row padding counts from 0 as well.
+    for r, row in enumerate(rows):
+        used = sum(samples[i].num_tokens for i in row)
+        tensors["position_ids"][r, used:] = torch.arange(width - used)
+    ids = [i for row in rows for i in row]
+    real = sum(samples[i].num_tokens for i in ids)
+    mask = _block_causal_mask(sample_rows, width)
+    return MicroBatch(**tensors, attention_mask=mask, num_samples=len(ids), sample_ids=ids, num_real_tokens=real)
 
 
 def _padded(samples: list[TrainSample], ids: list[int], pad_id: int) -> MicroBatch:
-    rows = [_sample_rows(s) for s in samples]
-    width = max(len(r["input_ids"]) for r in rows)
-    tensors: dict[str, torch.Tensor] = {}
-    for key, dtype in _DTYPES.items():
-        fill: float | int | bool = pad_id if key == "input_ids" else False if key == "loss_mask" else 0
-        padded = [list(r[key]) + [fill] * (width - len(r[key])) for r in rows]
-        tensors[key] = torch.tensor(padded, dtype=dtype)
-    attention = torch.tensor([[1] * len(r["input_ids"]) + [0] * (width - len(r["input_ids"])) for r in rows])
-    return MicroBatch(**tensors, attention_mask=attention, num_samples=len(samples), sample_ids=ids)
+    rows = [[_sample_rows(samples[i])] for i in ids]
+    width = max(samples[i].num_tokens for i in ids)
+    tensors = _tensors(rows, width, pad_id)
+    attention = torch.tensor([[1] * samples[i].num_tokens + [0] * (width - samples[i].num_tokens) for i in ids])
+    real = sum(samples[i].num_tokens for i in ids)
+    return MicroBatch(**tensors, attention_mask=attention, num_samples=len(ids), sample_ids=ids, num_real_tokens=real)
 
 
 def plan_bins(lengths: list[int], capacity: int) -> list[list[int]]:
@@ -118,7 +150,7 @@ def plan_bins(lengths: list[int], capacity: int) -> list[list[int]]:
     room: list[int] = []
     for i in order:
         if lengths[i] > capacity:
-            raise ValueError(f"a sample of {lengths[i]} tokens exceeds micro_batch_tokens={capacity}")
+            raise ValueError(f"a sample of {lengths[i]} tokens exceeds the packing capacity of {capacity} tokens")
         for b, free in enumerate(room):
             if lengths[i] <= free:
                 bins[b].append(i)
@@ -130,14 +162,46 @@ def plan_bins(lengths: list[int], capacity: int) -> list[list[int]]:
     return bins
 
 
+def _chunk_rows(widths: list[int], micro_batch_tokens: int) -> list[list[int]]:
+    """Consecutive groups of rows whose (count x widest) stays within ``micro_batch_tokens``."""
+    groups: list[list[int]] = []
+    widest = 0
+    for i, width in enumerate(widths):
+        if groups and (len(groups[-1]) + 1) * max(widest, width) <= micro_batch_tokens:
+            groups[-1].append(i)
+            widest = max(widest, width)
+        else:
+            groups.append([i])
+            widest = width
+    return groups
+
+
 def make_micro_batches(
-    samples: list[TrainSample], micro_batch_tokens: int, packed: bool = True, pad_id: int = 0
+    samples: list[TrainSample],
+    micro_batch_tokens: int,
+    packed: bool = True,
+    row_tokens: int | None = None,
+    pad_id: int = 0,
 ) -> list[MicroBatch]:
-    """Micro-batches of at most ``micro_batch_tokens`` real tokens each, packed or padded."""
-    bins = plan_bins([s.num_tokens for s in samples], micro_batch_tokens)
+    """Micro-batches of at most ``micro_batch_tokens`` tokens (padding included) each.
+
+    Packed: samples go into rows of at most ``row_tokens`` tokens (first-fit-decreasing), rows
+    into micro-batches. Unpacked (the baseline): consecutive samples, one per row, each padded
+    to the longest of its micro-batch.
+    """
+    if not samples:
+        return []
     if packed:
-        return [_concat([samples[i] for i in b], b) for b in bins]
-    return [_padded([samples[i] for i in b], b, pad_id) for b in bins]
+        row_capacity = min(row_tokens or micro_batch_tokens, micro_batch_tokens)
+        rows = plan_bins([s.num_tokens for s in samples], row_capacity)
+        rows.sort(key=lambda row: -sum(samples[i].num_tokens for i in row))
+        widths = [sum(samples[i].num_tokens for i in row) for row in rows]
+        return [_packed(samples, [rows[r] for r in group], pad_id) for group in _chunk_rows(widths, micro_batch_tokens)]
+    lengths = [s.num_tokens for s in samples]
+    if max(lengths) > micro_batch_tokens:
+        raise ValueError(f"a sample of {max(lengths)} tokens exceeds micro_batch_tokens={micro_batch_tokens}")
+    groups = _chunk_rows(lengths, micro_batch_tokens)
+    return [_padded(samples, group, pad_id) for group in groups]
 
 
 def empty_micro_batch() -> MicroBatch:
@@ -159,14 +223,14 @@ def deal_to_ranks(micro_batches: list[MicroBatch], world_size: int) -> list[list
     Ranks that run short get :func:`empty_micro_batch` fillers, since FSDP's collectives
     need every rank to run the same number of forward/backward passes.
     """
-    order = sorted(range(len(micro_batches)), key=lambda i: (-micro_batches[i].num_input_tokens, i))
+    order = sorted(range(len(micro_batches)), key=lambda i: (-micro_batches[i].input_ids.numel(), i))
     per_rank: list[list[MicroBatch]] = [[] for _ in range(world_size)]
     load = [0] * world_size
     count = -(-len(micro_batches) // world_size) if micro_batches else 1
     for i in order:
         rank = min((r for r in range(world_size) if len(per_rank[r]) < count), key=lambda r: (load[r], r))
         per_rank[rank].append(micro_batches[i])
-        load[rank] += micro_batches[i].num_input_tokens
+        load[rank] += micro_batches[i].input_ids.numel()
     for batches in per_rank:
         batches.extend(empty_micro_batch() for _ in range(count - len(batches)))
     return per_rank

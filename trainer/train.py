@@ -85,6 +85,14 @@ class Trainer:
         pad = self.tokenizer.pad_token_id
         return int(pad) if pad is not None else 0
 
+    def _micro_batches(self, samples: list[TrainSample]) -> tuple[list[MicroBatch], list[MicroBatch]]:
+        """All micro-batches of the batch, and this rank's share (same count on every rank)."""
+        packing = self.config.packing
+        micro_batches = make_micro_batches(
+            samples, packing.micro_batch_tokens, packing.enabled, packing.row_tokens, self.pad_id
+        )
+        return micro_batches, deal_to_ranks(micro_batches, self.info.world_size)[self.info.rank]
+
     def _forward_logprobs(self, batch: MicroBatch, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
         device = self.info.device
         output = self.model(
@@ -104,9 +112,7 @@ class Trainer:
         total_loss_tokens = sum(len(s.completion_ids) for s in samples)
         if total_loss_tokens == 0:
             raise ValueError("the batch has no completion tokens to learn from")
-        packing = self.config.packing
-        micro_batches = make_micro_batches(samples, packing.micro_batch_tokens, packing.enabled, self.pad_id)
-        mine = deal_to_ranks(micro_batches, self.info.world_size)[self.info.rank]
+        micro_batches, mine = self._micro_batches(samples)
         # FSDP averages gradients over ranks; scaling by world size turns that into the global token sum.
         scale = self.info.world_size / total_loss_tokens
         sums = torch.zeros(5, dtype=torch.float64)  # loss, entropy, mismatch_kl, dropped, input tokens
@@ -123,7 +129,7 @@ class Trainer:
                     entropy[mask].sum().item(),
                     result.mismatch_kl.item(),
                     result.num_dropped.item(),
-                    float(batch.num_input_tokens if batch.num_samples else 0),
+                    float(batch.num_real_tokens),
                 ],
                 dtype=torch.float64,
             )
@@ -165,9 +171,7 @@ class Trainer:
     @torch.no_grad()
     def completion_loss(self, samples: list[TrainSample]) -> float:
         """Mean teacher-forced NLL of the completion tokens of ``samples`` (no update)."""
-        packing = self.config.packing
-        micro_batches = make_micro_batches(samples, packing.micro_batch_tokens, packing.enabled, self.pad_id)
-        mine = deal_to_ranks(micro_batches, self.info.world_size)[self.info.rank]
+        _, mine = self._micro_batches(samples)
         total = torch.zeros(1, dtype=torch.float64)
         for batch in mine:
             logprobs, _ = self._forward_logprobs(batch, 1.0)
