@@ -44,7 +44,7 @@ def test_mask_mode_drops_far_off_tokens() -> None:
     assert sums.loss.item() == pytest.approx(-2.0 + 0.0 + 0.5)
     assert sums.num_dropped.item() == 1
     assert sums.num_tokens.item() == 3
-    sums.loss.backward()
+    sums.loss.backward()  # type: ignore[no-untyped-call]
     assert logprobs.grad is not None
     # d(-r A)/d logp = -r A on kept tokens, 0 on the dropped one.
     assert logprobs.grad.tolist() == pytest.approx([-2.0, 0.0, 0.5])
@@ -67,16 +67,14 @@ def test_clip_mode_clips_two_sided_with_dual_cap() -> None:
     # min(1.5, 1.28) = 1.28 | min(0.5, 0.8) = 0.5 | min(-0.5, -0.8) = -0.8 | max(min(-5, -1.28), -4) = -4
     assert sums.loss.item() == pytest.approx(-1.28 - 0.5 + 0.8 + 4.0)
     assert sums.num_dropped.item() == 3
-    sums.loss.backward()
+    sums.loss.backward()  # type: ignore[no-untyped-call]
     assert logprobs.grad is not None
     assert logprobs.grad.tolist() == pytest.approx([0.0, -0.5, 0.0, 0.0])
 
 
 def test_non_completion_tokens_do_not_count() -> None:
     logprobs = _lp(0.5, 0.5).requires_grad_()
-    sums = grpo_loss(
-        logprobs, _lp(0.5, 0.01), torch.tensor([1.0, 100.0]), torch.tensor([True, False]), LossConfig()
-    )
+    sums = grpo_loss(logprobs, _lp(0.5, 0.01), torch.tensor([1.0, 100.0]), torch.tensor([True, False]), LossConfig())
     assert sums.loss.item() == pytest.approx(-1.0)
     assert sums.num_tokens.item() == 1
     assert sums.num_dropped.item() == 0
