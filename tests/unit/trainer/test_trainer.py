@@ -2,30 +2,18 @@
 
 from __future__ import annotations
 
-import random
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
+from tests.integration.trainer.fsdp_probe import probe_batch
 from trainer.config import LossConfig, OptimizerConfig, TrainerSection
 from trainer.optim import lr_factor
-from trainer.packing import TrainSample
 from trainer.sft import sft_batch
 from trainer.tasks import get_task
 from trainer.train import Trainer
-
-
-def _rl_batch(trainer: Trainer, seed: int) -> list[TrainSample]:
-    rng = random.Random(seed)
-    out = []
-    for sample in sft_batch(get_task("reverse_text"), trainer.tokenizer, seed, 16):
-        logprobs = [-rng.uniform(0.5, 3.0) for _ in sample.completion_ids]
-        out.append(
-            TrainSample(sample.prompt_ids, sample.completion_ids, rng.uniform(-1, 1), logprobs, reward=rng.random())
-        )
-    return out
 
 
 def _params(trainer: Trainer) -> dict[str, torch.Tensor]:
@@ -41,15 +29,15 @@ def test_resume_reproduces_the_next_step_exactly(tiny_model_dir: Path, tmp_path:
     loss = LossConfig(mask_low=0.99, mask_high=100.0)
     first = Trainer(_section(tiny_model_dir), num_steps=10)
     first.sft_step(sft_batch(get_task("reverse_text"), first.tokenizer, 0, 16))
-    first.rl_step(_rl_batch(first, 1), loss)
+    first.rl_step(probe_batch(first, 1), loss)
     first.save(tmp_path / "ckpt")
-    expected = first.rl_step(_rl_batch(first, 2), loss)
+    expected = first.rl_step(probe_batch(first, 2), loss)
     expected_params = _params(first)
 
     second = Trainer(_section(tiny_model_dir), num_steps=10)
     assert second.resume(tmp_path / "ckpt")
     assert second.step == 2
-    got = second.rl_step(_rl_batch(second, 2), loss)
+    got = second.rl_step(probe_batch(second, 2), loss)
     assert got["loss"] == expected["loss"]
     assert got["lr"] == expected["lr"]
     assert got["grad_norm"] == expected["grad_norm"]
@@ -63,9 +51,9 @@ def test_resume_without_checkpoint_is_false(tiny_model_dir: Path, tmp_path: Path
 
 def test_update_does_not_depend_on_micro_batching(tiny_model_dir: Path) -> None:
     results = []
-    for packing in ({"micro_batch_tokens": 4096}, {"micro_batch_tokens": 64, "row_tokens": 32}, {"enabled": False}):
+    for packing in ({"micro_batch_tokens": 4096}, {"micro_batch_tokens": 96, "row_tokens": 48}, {"enabled": False}):
         trainer = Trainer(_section(tiny_model_dir, **packing), num_steps=10)
-        metrics = trainer.rl_step(_rl_batch(trainer, 5), LossConfig())
+        metrics = trainer.rl_step(probe_batch(trainer, 5), LossConfig())
         results.append((metrics, _params(trainer)))
     (base, base_params), others = results[0], results[1:]
     assert others[0][0]["num_micro_batches"] > base["num_micro_batches"]
