@@ -81,9 +81,11 @@ def _build_tiny_qwen2(output_dir: Path) -> None:
     import torch
     from transformers import GenerationConfig, Qwen2ForCausalLM
 
+    from trainer.model import quiet_transformers
     from trainer.tasks import get_task, task_names
     from trainer.tokenizer import EOS_TOKEN, save_hf_tokenizer, train_tokenizer
 
+    quiet_transformers()
     corpus = [text for name in task_names() for text in get_task(name).corpus(TOKENIZER_CORPUS_EXAMPLES)]
     tokenizer = train_tokenizer(corpus, TOKENIZER_VOCAB_SIZE)
     eos_id = tokenizer.token_to_id(EOS_TOKEN)

@@ -19,10 +19,18 @@ if TYPE_CHECKING:
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
+def quiet_transformers() -> None:
+    """No per-file progress bars from transformers: our logs carry one line per event."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+
+
 def load_model(name: str, dtype: str = "float32", cache_dir: Path | None = None) -> PreTrainedModel:
     """The causal LM at ``name`` (a directory or ``builtin:...``) in ``dtype``, in train mode, on CPU."""
     from transformers import AutoModelForCausalLM
 
+    quiet_transformers()
     path = resolve_model_path(name, cache_dir)
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype=DTYPES[dtype], attn_implementation="sdpa")
     model.train()
