@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from tokenizers import Tokenizer
     from transformers import Qwen2Config
 
 log = logging.getLogger("trainer.builtin")
@@ -77,20 +78,29 @@ def qwen2_config(shape: str, vocab_size: int, eos_token_id: int, max_position_em
     )
 
 
-def _build_tiny_qwen2(output_dir: Path) -> None:
+def builtin_tokenizer() -> Tokenizer:
+    """The built-in tokenizer, trained on the built-in tasks' text (deterministic)."""
+    from trainer.tasks import get_task, task_names
+    from trainer.tokenizer import train_tokenizer
+
+    corpus = [text for name in task_names() for text in get_task(name).corpus(TOKENIZER_CORPUS_EXAMPLES)]
+    return train_tokenizer(corpus, TOKENIZER_VOCAB_SIZE)
+
+
+def build_random_qwen2(output_dir: Path, shape: str = "tiny", tokenizer: Tokenizer | None = None) -> None:
+    """Save a Qwen2 of ``shape`` initialised from :data:`INIT_SEED`, with ``tokenizer`` (default: built-in)."""
     import torch
     from transformers import GenerationConfig, Qwen2ForCausalLM
 
     from trainer.model import quiet_transformers
-    from trainer.tasks import get_task, task_names
-    from trainer.tokenizer import EOS_TOKEN, save_hf_tokenizer, train_tokenizer
+    from trainer.tokenizer import EOS_TOKEN, save_hf_tokenizer
 
     quiet_transformers()
-    corpus = [text for name in task_names() for text in get_task(name).corpus(TOKENIZER_CORPUS_EXAMPLES)]
-    tokenizer = train_tokenizer(corpus, TOKENIZER_VOCAB_SIZE)
+    tokenizer = tokenizer or builtin_tokenizer()
     eos_id = tokenizer.token_to_id(EOS_TOKEN)
-    assert eos_id is not None
-    config = qwen2_config("tiny", tokenizer.get_vocab_size(), eos_id)
+    if eos_id is None:
+        raise ValueError(f"the tokenizer has no {EOS_TOKEN} token")
+    config = qwen2_config(shape, tokenizer.get_vocab_size(), eos_id)
     torch.manual_seed(INIT_SEED)
     model = Qwen2ForCausalLM(config)  # type: ignore[no-untyped-call]
     model.generation_config = GenerationConfig(  # type: ignore[no-untyped-call]
@@ -106,7 +116,7 @@ def _build_reverse_start(output_dir: Path) -> None:
     build_start_checkpoint(output_dir, str(resolve_model_path(BUILTIN_PREFIX + TINY_QWEN2, output_dir.parent)))
 
 
-_BUILDERS = {TINY_QWEN2: _build_tiny_qwen2, REVERSE_START: _build_reverse_start}
+_BUILDERS = {TINY_QWEN2: build_random_qwen2, REVERSE_START: _build_reverse_start}
 
 
 def resolve_model_path(name: str, cache_dir: Path | None = None) -> Path:
