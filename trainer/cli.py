@@ -94,7 +94,7 @@ def evaluate(
     loaded = load_role_config(EvalConfig, config, sets, flags)
     from trainer.builtin import resolve_model_path
     from trainer.model import load_tokenizer
-    from trainer.rollout import evaluate as run_eval
+    from trainer.rollout import RolloutSampler
     from trainer.tasks import get_task
 
     try:
@@ -103,17 +103,9 @@ def evaluate(
     except (FileNotFoundError, ValueError) as exc:
         fail(str(exc))
     engine, request_type = _hf_engine(model_dir)
-    report = run_eval(
-        engine,
-        request_type,
-        task_obj,
-        load_tokenizer(str(model_dir)),
-        num_examples=loaded.num_examples,
-        num_samples=loaded.num_samples,
-        temperature=loaded.temperature,
-        max_tokens=loaded.max_tokens,
-        seed=loaded.seed,
-    )
+    tokenizer = load_tokenizer(str(model_dir))
+    sampler = RolloutSampler(engine, request_type, task_obj, tokenizer, loaded.temperature, loaded.max_tokens)
+    report = sampler.evaluate(loaded.num_examples, loaded.num_samples, loaded.seed)
     typer.echo(json.dumps({"model": str(model_dir), **report.as_dict()}))
 
 

@@ -19,15 +19,7 @@ from typing import Any
 
 from trainer.config import RlConfig
 from trainer.metrics import MetricsLogger
-from trainer.rollout import (
-    EvalReport,
-    RequestFactory,
-    RolloutEngine,
-    evaluate,
-    sample_rollouts,
-    step_seed,
-    to_train_samples,
-)
+from trainer.rollout import EvalReport, RequestFactory, RolloutEngine, RolloutSampler, step_seed, to_train_samples
 from trainer.tasks import get_task
 from trainer.train import Trainer
 
@@ -55,23 +47,14 @@ def run_rl(
     if trainer.info.world_size != 1:
         raise ValueError("the local RL loop runs in one process; the network drives Trainer.rl_step on every rank")
     task = get_task(config.task, config.task_seed)
-    tokenizer = trainer.tokenizer
+    sampler = RolloutSampler(engine, make_request, task, trainer.tokenizer, config.temperature, config.max_tokens)
     policy_dir = config.output_dir / "policy"
     result = RlResult()
 
     def run_eval() -> None:
         if not config.eval_examples:
             return
-        report = evaluate(
-            engine,
-            make_request,
-            task,
-            tokenizer,
-            num_examples=config.eval_examples,
-            temperature=config.temperature,
-            max_tokens=config.max_tokens,
-            seed=EVAL_SEED_OFFSET + config.trainer.seed,
-        )
+        report = sampler.evaluate(config.eval_examples, seed=EVAL_SEED_OFFSET + config.trainer.seed)
         result.evals.append((trainer.step, report))
         metrics.log({"step": trainer.step, **{f"eval_{k}": v for k, v in report.as_dict().items()}})
 
@@ -80,17 +63,7 @@ def run_rl(
         while trainer.step < config.num_steps:
             start = trainer.step * config.prompts_per_step
             examples = [task.example(start + i) for i in range(config.prompts_per_step)]
-            rollouts = sample_rollouts(
-                engine,
-                make_request,
-                task,
-                tokenizer,
-                examples,
-                config.group_size,
-                temperature=config.temperature,
-                max_tokens=config.max_tokens,
-                seed=step_seed(config.trainer.seed, trainer.step),
-            )
+            rollouts = sampler.sample(examples, config.group_size, step_seed(config.trainer.seed, trainer.step))
             samples = to_train_samples(rollouts, config.group_size, config.normalize_std)
             record = trainer.rl_step(samples, config.loss, config.temperature)
             metrics.log(record)

@@ -64,54 +64,6 @@ def step_seed(seed: int, step: int) -> int:
     return (seed * 1_000_003 + step) % (1 << 63)
 
 
-def sample_rollouts(
-    engine: RolloutEngine,
-    make_request: RequestFactory,
-    task: Task,
-    tokenizer: PreTrainedTokenizerBase,
-    examples: list[Example],
-    num_samples: int,
-    *,
-    temperature: float,
-    max_tokens: int,
-    seed: int,
-) -> list[Rollout]:
-    """``num_samples`` completions of each example (prompt-major order), scored by the task."""
-    eos = tokenizer.eos_token_id
-    eos_ids = (int(eos),) if eos is not None else ()
-    prompts = [list(tokenizer.encode(ex.prompt, add_special_tokens=False)) for ex in examples]
-    requests = [
-        make_request(
-            uid=f"{ex.index}-{j}",
-            prompt_ids=prompts[i],
-            max_tokens=max_tokens,
-            temperature=temperature,
-            seed=seed,
-            stream=sample_stream(i, j),
-            eos_token_ids=eos_ids,
-        )
-        for i, ex in enumerate(examples)
-        for j in range(num_samples)
-    ]
-    results = engine.generate(requests)
-    rollouts: list[Rollout] = []
-    for k, result in enumerate(results):
-        example, prompt_ids = examples[k // num_samples], prompts[k // num_samples]
-        text = str(tokenizer.decode(result.completion_ids, skip_special_tokens=True))
-        rollouts.append(
-            Rollout(
-                example=example,
-                prompt_ids=prompt_ids,
-                completion_ids=list(result.completion_ids),
-                logprobs=list(result.logprobs),
-                text=text,
-                reward=task.reward(example, text),
-                finish_reason=result.finish_reason,
-            )
-        )
-    return rollouts
-
-
 def to_train_samples(rollouts: list[Rollout], group_size: int, normalize_std: bool = False) -> list[TrainSample]:
     """Training samples with group-relative advantages (groups are consecutive rollouts)."""
     advantages = batch_advantages([r.reward for r in rollouts], group_size, normalize_std)
@@ -143,38 +95,62 @@ class EvalReport:
         return dict(vars(self))
 
 
-def evaluate(
-    engine: RolloutEngine,
-    make_request: RequestFactory,
-    task: Task,
-    tokenizer: PreTrainedTokenizerBase,
-    *,
-    num_examples: int,
-    num_samples: int = 1,
-    temperature: float = 1.0,
-    max_tokens: int = 32,
-    seed: int = 0,
-) -> EvalReport:
-    """Sampled reward and accuracy of the engine's current policy on the task's fixed eval set."""
-    examples = task.eval_examples(num_examples)
-    rollouts = sample_rollouts(
-        engine,
-        make_request,
-        task,
-        tokenizer,
-        examples,
-        num_samples,
-        temperature=temperature,
-        max_tokens=max_tokens,
-        seed=seed,
-    )
-    count = len(rollouts)
-    return EvalReport(
-        task=task.name,
-        num_examples=num_examples,
-        num_samples=num_samples,
-        reward_mean=sum(r.reward for r in rollouts) / count,
-        accuracy=sum(r.reward >= task.success_threshold for r in rollouts) / count,
-        stop_fraction=sum(r.finish_reason == "stop" for r in rollouts) / count,
-        mean_completion_tokens=sum(len(r.completion_ids) for r in rollouts) / count,
-    )
+@dataclass
+class RolloutSampler:
+    """An engine bound to a task and its tokenizer, sampling at one temperature and token budget."""
+
+    engine: RolloutEngine
+    make_request: RequestFactory
+    task: Task
+    tokenizer: PreTrainedTokenizerBase
+    temperature: float = 1.0
+    max_tokens: int = 32
+
+    def sample(self, examples: list[Example], num_samples: int, seed: int) -> list[Rollout]:
+        """``num_samples`` completions of each example (prompt-major order), scored by the task."""
+        eos = self.tokenizer.eos_token_id
+        eos_ids = (int(eos),) if eos is not None else ()
+        prompts = [list(self.tokenizer.encode(ex.prompt, add_special_tokens=False)) for ex in examples]
+        requests = [
+            self.make_request(
+                uid=f"{ex.index}-{j}",
+                prompt_ids=prompts[i],
+                max_tokens=self.max_tokens,
+                temperature=self.temperature,
+                seed=seed,
+                stream=sample_stream(i, j),
+                eos_token_ids=eos_ids,
+            )
+            for i, ex in enumerate(examples)
+            for j in range(num_samples)
+        ]
+        rollouts: list[Rollout] = []
+        for k, result in enumerate(self.engine.generate(requests)):
+            example = examples[k // num_samples]
+            text = str(self.tokenizer.decode(result.completion_ids, skip_special_tokens=True))
+            rollouts.append(
+                Rollout(
+                    example=example,
+                    prompt_ids=prompts[k // num_samples],
+                    completion_ids=list(result.completion_ids),
+                    logprobs=list(result.logprobs),
+                    text=text,
+                    reward=self.task.reward(example, text),
+                    finish_reason=result.finish_reason,
+                )
+            )
+        return rollouts
+
+    def evaluate(self, num_examples: int, num_samples: int = 1, seed: int = 0) -> EvalReport:
+        """Sampled reward and accuracy of the engine's current policy on the task's fixed eval set."""
+        rollouts = self.sample(self.task.eval_examples(num_examples), num_samples, seed)
+        count = len(rollouts)
+        return EvalReport(
+            task=self.task.name,
+            num_examples=num_examples,
+            num_samples=num_samples,
+            reward_mean=sum(r.reward for r in rollouts) / count,
+            accuracy=sum(r.reward >= self.task.success_threshold for r in rollouts) / count,
+            stop_fraction=sum(r.finish_reason == "stop" for r in rollouts) / count,
+            mean_completion_tokens=sum(len(r.completion_ids) for r in rollouts) / count,
+        )
