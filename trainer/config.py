@@ -132,6 +132,8 @@ class SftConfig(RoleConfig):
     checkpoint: CheckpointConfig = CheckpointConfig()
     resume: bool = True
     """Continue from the latest trainer state in output_dir/checkpoints when there is one."""
+    wandb_project: str | None = None
+    """Also log metrics to this W&B project (needs the wandb package; JSONL is always written)."""
     eval_examples: int = Field(default=64, ge=0)
     """Held-out check after training: teacher-forced completion loss on this many eval pairs (0: skip)."""
 
@@ -178,6 +180,10 @@ class RlConfig(RoleConfig):
     """0: evaluate only before and after training."""
     engine: Literal["hf"] = "hf"
     """Inference engine that generates the rollouts (through the Engine interface)."""
+    resume: bool = True
+    """Continue from the latest trainer state in output_dir/checkpoints when there is one."""
+    wandb_project: str | None = None
+    """Also log metrics to this W&B project (needs the wandb package; JSONL is always written)."""
 
     @model_validator(mode="after")
     def _group_fits_streams(self) -> RlConfig:

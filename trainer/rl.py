@@ -58,7 +58,9 @@ def run_rl(
         result.evals.append((trainer.step, report))
         metrics.log({"step": trainer.step, **{f"eval_{k}": v for k, v in report.as_dict().items()}})
 
-    with MetricsLogger(config.output_dir / "metrics.jsonl") as metrics:
+    if config.resume and trainer.resume(config.output_dir / "checkpoints"):
+        engine.load_weights(trainer.export(policy_dir))
+    with MetricsLogger(config.output_dir / "metrics.jsonl", wandb_project=config.wandb_project) as metrics:
         run_eval()
         while trainer.step < config.num_steps:
             start = trainer.step * config.prompts_per_step
@@ -76,4 +78,5 @@ def run_rl(
                 run_eval()
         if not result.evals or result.evals[-1][0] != trainer.step:
             run_eval()
+    trainer.save(config.output_dir / "checkpoints")
     return result

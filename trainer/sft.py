@@ -67,7 +67,8 @@ def run_sft(config: SftConfig) -> Path:
     checkpoints = config.output_dir / "checkpoints"
     if config.resume:
         trainer.resume(checkpoints)
-    with MetricsLogger(config.output_dir / "metrics.jsonl", enabled=trainer.info.is_main) as metrics:
+    metrics_path = config.output_dir / "metrics.jsonl"
+    with MetricsLogger(metrics_path, trainer.info.is_main, config.wandb_project) as metrics:
         train_sft(trainer, config, metrics)
         if config.eval_examples:
             held_out = trainer.completion_loss(
