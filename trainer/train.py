@@ -64,6 +64,14 @@ def seed_everything(seed: int) -> None:
 
 
 class Trainer:
+    """Model, optimizer, schedule and step of one training run, on this rank.
+
+    Build it on every rank (under torchrun it joins the process group and shards the model);
+    then call :meth:`rl_step` or :meth:`sft_step` with the same full batch on every rank,
+    :meth:`export` to publish the policy, :meth:`save` / :meth:`resume` for exact restarts.
+    ``num_steps`` sizes the LR schedule.
+    """
+
     def __init__(self, config: TrainerSection, num_steps: int, info: DistInfo | None = None) -> None:
         self.config = config
         self.num_steps = num_steps
