@@ -74,8 +74,8 @@ def main() -> None:
     from trainer.builtin import build_random_qwen2, resolve_model_path
 
     tiny = resolve_model_path("builtin:tiny-qwen2")
-    tiny_samples, tiny_steps = (128, 2) if args.quick else (256, 5)
-    big_samples, big_steps = (4, 1) if args.quick else (32, 2)
+    tiny_samples, tiny_steps = (128, 2) if args.quick else (256, 4)
+    big_samples, big_steps = (4, 1) if args.quick else (16, 2)
     runs: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="trainer-bench-") as tmp:
         big = Path(tmp) / "qwen2-50m"
