@@ -1,8 +1,15 @@
-"""`prime-trainer`: SFT and evaluation without the network."""
+"""`prime-trainer`: SFT, a local RL loop, evaluation and the RL start checkpoint, without the network.
+
+Thin entry points: each parses its config and calls one function imported lazily, so
+``--help`` imports neither torch nor transformers. This module is where a concrete engine
+(worker/engines) is wired into the trainer's engine-agnostic rollout code.
+"""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -11,13 +18,24 @@ from protocol.cli import (
     JsonLogsOption,
     LogLevelOption,
     SetOption,
+    fail,
     load_role_config,
-    not_yet_built,
+    run_or_exit,
     start_logging,
 )
-from trainer.config import SftConfig
+from trainer.config import EvalConfig, RlConfig, SftConfig
 
-app = typer.Typer(help="Train and evaluate policies locally (SFT, eval).", no_args_is_help=True)
+app = typer.Typer(help="Train and evaluate policies locally (SFT, RL, eval).", no_args_is_help=True)
+
+
+def _hf_engine(model_dir: Path) -> tuple[Any, Any]:
+    """The HF engine on ``model_dir`` and the Engine interface's request type."""
+    from trainer.model import quiet_transformers
+    from worker.engines.base import GenerationRequest
+    from worker.engines.hf import HFEngine
+
+    quiet_transformers()
+    return HFEngine(model_dir, max_batch_size=256), GenerationRequest
 
 
 @app.command()
@@ -28,16 +46,85 @@ def sft(
     log_level: str = LogLevelOption,
     json_logs: bool = JsonLogsOption,
 ) -> None:
-    """Supervised fine-tuning on a task's prompt/completion pairs (loss on completions only)."""
+    """Supervised fine-tuning on a task's prompt/completion pairs (loss on completions only).
+
+    Runs in one process, or sharded with FSDP2 under torchrun:
+    `torchrun --nproc-per-node 2 -m trainer.cli sft -c configs/sft.toml`.
+    """
     start_logging(log_level, json_logs)
-    load_role_config(SftConfig, config, sets, {"output_dir": output_dir})
-    not_yet_built("SFT", 6)
+    loaded = load_role_config(SftConfig, config, sets, {"output_dir": output_dir})
+    from trainer.sft import run_sft
+
+    run_or_exit("sft", run_sft, loaded)
+
+
+@app.command()
+def rl(
+    config: Path | None = ConfigOption,
+    sets: list[str] | None = SetOption,
+    output_dir: Path | None = typer.Option(None, help="Where metrics, checkpoints and the policy go."),
+    log_level: str = LogLevelOption,
+    json_logs: bool = JsonLogsOption,
+) -> None:
+    """A local synchronous RL run: the trainer and the HF engine in one loop (one process)."""
+    start_logging(log_level, json_logs)
+    loaded = load_role_config(RlConfig, config, sets, {"output_dir": output_dir})
+    from trainer.builtin import resolve_model_path
+    from trainer.rl import run_rl
+
+    engine, request_type = _hf_engine(resolve_model_path(loaded.trainer.model))
+    result = run_rl(loaded, engine, request_type)
+    curve = [(step, round(report.reward_mean, 4)) for step, report in result.evals]
+    typer.echo(json.dumps({"eval_reward_curve": curve}))
 
 
 @app.command("eval")
 def evaluate(
-    model: Path = typer.Argument(..., help="HF checkpoint directory to evaluate."),
-    task: str = typer.Option("reverse_text", help="Built-in task."),
+    config: Path | None = ConfigOption,
+    sets: list[str] | None = SetOption,
+    model: str | None = typer.Option(None, help="HF checkpoint directory or built-in name to evaluate."),
+    task: str | None = typer.Option(None, help="Task whose eval set is run (reverse_text, arithmetic)."),
+    num_examples: int | None = typer.Option(None, help="Eval set size."),
+    log_level: str = LogLevelOption,
+    json_logs: bool = JsonLogsOption,
 ) -> None:
-    """Run a task's eval set and report reward and accuracy."""
-    not_yet_built("eval", 6)
+    """Run a task's eval set with the HF engine; print reward and accuracy as JSON."""
+    start_logging(log_level, json_logs)
+    flags = {"model": model, "task": task, "num_examples": num_examples}
+    loaded = load_role_config(EvalConfig, config, sets, flags)
+    from trainer.builtin import resolve_model_path
+    from trainer.model import load_tokenizer
+    from trainer.rollout import RolloutSampler
+    from trainer.tasks import get_task
+
+    try:
+        model_dir = resolve_model_path(loaded.model)
+        task_obj = get_task(loaded.task, loaded.task_seed)
+    except (FileNotFoundError, ValueError) as exc:
+        fail(str(exc))
+    engine, request_type = _hf_engine(model_dir)
+    tokenizer = load_tokenizer(str(model_dir))
+    sampler = RolloutSampler(engine, request_type, task_obj, tokenizer, loaded.temperature, loaded.max_tokens)
+    report = sampler.evaluate(loaded.num_examples, loaded.num_samples, loaded.seed)
+    typer.echo(json.dumps({"model": str(model_dir), **report.as_dict()}))
+
+
+@app.command("start-checkpoint")
+def start_checkpoint(
+    output_dir: Path | None = typer.Option(
+        None, help="Where to write it (default: the built-in cache, as builtin:tiny-qwen2-reverse-start)."
+    ),
+    log_level: str = LogLevelOption,
+    json_logs: bool = JsonLogsOption,
+) -> None:
+    """Build the demo's RL start checkpoint (an early SFT of the built-in model on reverse_text)."""
+    start_logging(log_level, json_logs)
+    from trainer.builtin import REVERSE_START, resolve_model_path
+    from trainer.start import build_start_checkpoint
+
+    path = resolve_model_path(f"builtin:{REVERSE_START}") if output_dir is None else build_start_checkpoint(output_dir)
+    typer.echo(str(path))
+
+
+if __name__ == "__main__":
+    app()

@@ -1,11 +1,15 @@
-"""Configs of `prime-trainer sft` and `prime-trainer eval`."""
+"""Configs of `prime-trainer sft`, `prime-trainer rl` and `prime-trainer eval`.
+
+The sections (optimizer, parallelism, loss, packing, checkpointing) are shared by the SFT and
+RL configs; the coordinator embeds :class:`TrainerSection` in its own run config.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from protocol.config import RoleConfig, Section
@@ -15,9 +19,92 @@ class OptimizerConfig(Section):
     lr: float = Field(default=3e-4, gt=0)
     """Peak learning rate of AdamW."""
     weight_decay: float = Field(default=0.0, ge=0)
+    """Decoupled weight decay of AdamW."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW's (beta1, beta2)."""
+    eps: float = Field(default=1e-8, gt=0)
+    """AdamW's epsilon."""
     max_grad_norm: float = Field(default=1.0, gt=0)
     """Gradients are clipped to this global norm."""
     warmup_steps: int = Field(default=0, ge=0)
+    """Linear warm-up from 0 to `lr` over this many steps."""
+    schedule: Literal["constant", "cosine", "linear"] = "constant"
+    """After warm-up: constant, cosine decay or linear decay to `min_lr_ratio * lr` at the last step."""
+    min_lr_ratio: float = Field(default=0.0, ge=0, le=1)
+    """Floor of the decaying schedules, as a fraction of `lr`."""
+
+
+class ParallelConfig(Section):
+    """FSDP2 settings; they apply when the trainer runs under torchrun (WORLD_SIZE set)."""
+
+    param_dtype: Literal["float32", "bfloat16"] | None = None
+    """FSDP2 MixedPrecisionPolicy compute dtype of parameters (None: the model's dtype)."""
+    reduce_dtype: Literal["float32", "bfloat16"] = "float32"
+    """Dtype of gradient reduce-scatter."""
+    reshard_after_forward: bool = True
+    """Free the gathered parameters after forward (ZeRO-3); False keeps them until backward (ZeRO-2)."""
+    activation_checkpointing: bool = False
+    """Recompute each decoder block's activations in backward: less memory, about a third more compute."""
+
+
+class PackingConfig(Section):
+    micro_batch_tokens: int = Field(default=4096, ge=16)
+    """Tokens (padding included) per micro-batch; one forward/backward each, gradients accumulated."""
+    row_tokens: int = Field(default=256, ge=16)
+    """Longest packed row: samples are concatenated into rows of at most this many tokens."""
+    enabled: bool = True
+    """False pads each sample to the longest of its micro-batch instead (the baseline the bench compares)."""
+
+
+class LossConfig(Section):
+    """The GRPO-family policy loss with a bounded off-policy correction.
+
+    Tokens are weighted by the importance ratio r = pi_trainer / pi_inference of the sampled
+    token. `correction = "mask"` (default) drops tokens whose ratio left
+    [1 - mask_low, 1 + mask_high] and keeps the plain ratio-weighted gradient for the others:
+    a token the trainer now rates very differently from the sampler is stale or mismatched
+    (async policy lag, engine numerics), its gradient estimate is biased either way, and
+    dropping it bounds the update without the one-sided asymmetry of clipping (prime-rl's
+    choice). `correction = "clip"` is PPO's two-sided clip with a dual-clip cap on negative
+    advantages (INTELLECT-2's choice), which keeps every token but bounds its weight.
+    """
+
+    correction: Literal["mask", "clip"] = "mask"
+    """How tokens with a far-off importance ratio are bounded: dropped ("mask") or clipped ("clip")."""
+    mask_low: float = Field(default=0.2, ge=0, lt=1)
+    """mask: tokens with ratio < 1 - mask_low are dropped."""
+    mask_high: float = Field(default=0.2, ge=0)
+    """mask: tokens with ratio > 1 + mask_high are dropped."""
+    clip_low: float = Field(default=0.2, ge=0, lt=1)
+    """clip: PPO lower clip epsilon."""
+    clip_high: float = Field(default=0.28, ge=0)
+    """clip: PPO upper clip epsilon."""
+    clip_ratio_max: float = Field(default=4.0, gt=1)
+    """clip: for negative advantages the ratio weight is capped at this (dual clip)."""
+    kl_coef: float = Field(default=0.0, ge=0)
+    """Weight of a k3 KL penalty towards the sampling policy's logprobs (0: off)."""
+
+
+class CheckpointConfig(Section):
+    interval_steps: int = Field(default=0, ge=0)
+    """Save the full trainer state every this many steps (0: only at the end)."""
+    export_dtype: Literal["float32", "bfloat16"] = "float32"
+    """Dtype of the exported HF policy weights."""
+
+
+class TrainerSection(Section):
+    """What a trainer needs, whatever drives it (SFT loop, RL loop, the coordinator)."""
+
+    model: str = "builtin:tiny-qwen2"
+    """A local HF checkpoint directory, or `builtin:tiny-qwen2` (made by our code, no download)."""
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    """float32 on CPUs (bf16 is 20-30x slower there); bfloat16 on GPUs."""
+    seed: int = 0
+    """Seeds torch and python RNGs (and the data order)."""
+    optimizer: OptimizerConfig = OptimizerConfig()
+    parallel: ParallelConfig = ParallelConfig()
+    packing: PackingConfig = PackingConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig()
 
 
 class SftConfig(RoleConfig):
@@ -27,11 +114,104 @@ class SftConfig(RoleConfig):
     """A local HF checkpoint directory, or `builtin:tiny-qwen2` (made by our code, no download)."""
     task: str = "reverse_text"
     """Built-in task whose prompt/completion pairs are the SFT data."""
+    task_seed: int = 0
+    """Seed of the task's example generator."""
     output_dir: Path = Path("runs/sft")
-    """Checkpoints and the exported HF policy go here."""
+    """Checkpoints, metrics.jsonl and the exported HF policy (output_dir/policy) go here."""
     num_steps: int = Field(default=300, ge=1)
+    """Optimizer steps."""
     batch_size: int = Field(default=32, ge=1)
+    """Prompt/completion pairs per optimizer step."""
     seed: int = 0
+    """Seeds torch and python RNGs."""
     dtype: Literal["float32", "bfloat16"] = "float32"
     """float32 on CPUs (bf16 is 20-30x slower there); bfloat16 on GPUs."""
     optimizer: OptimizerConfig = OptimizerConfig()
+    parallel: ParallelConfig = ParallelConfig()
+    packing: PackingConfig = PackingConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig()
+    resume: bool = True
+    """Continue from the latest trainer state in output_dir/checkpoints when there is one."""
+    wandb_project: str | None = None
+    """Also log metrics to this W&B project (needs the wandb package; JSONL is always written)."""
+    eval_examples: int = Field(default=64, ge=0)
+    """Held-out check after training: teacher-forced completion loss on this many eval pairs (0: skip)."""
+
+    def trainer_section(self) -> TrainerSection:
+        return TrainerSection(
+            model=self.model,
+            dtype=self.dtype,
+            seed=self.seed,
+            optimizer=self.optimizer,
+            parallel=self.parallel,
+            packing=self.packing,
+            checkpoint=self.checkpoint,
+        )
+
+
+class RlConfig(RoleConfig):
+    """A local RL run: trainer and one engine in a loop, synchronous (the network runs it async)."""
+
+    model_config = SettingsConfigDict(env_prefix="PRIME_TRAINER_")
+
+    trainer: TrainerSection = TrainerSection()
+    task: str = "reverse_text"
+    """Task whose prompts are sampled and whose reward is optimised."""
+    task_seed: int = 0
+    """Seed of the task's example generator."""
+    output_dir: Path = Path("runs/rl")
+    """Checkpoints, metrics.jsonl and exported policies go here."""
+    num_steps: int = Field(default=100, ge=1)
+    """RL steps (one optimizer step each)."""
+    prompts_per_step: int = Field(default=32, ge=1)
+    """Distinct prompts per step."""
+    group_size: int = Field(default=8, ge=2)
+    """Samples per prompt (the GRPO group)."""
+    max_tokens: int = Field(default=32, ge=1)
+    """Generation budget per sample."""
+    temperature: float = Field(default=1.0, gt=0)
+    """Sampling temperature; the trainer computes logprobs at the same temperature."""
+    normalize_std: bool = False
+    """Divide group advantages by the group's reward std (original GRPO)."""
+    loss: LossConfig = LossConfig()
+    eval_examples: int = Field(default=128, ge=0)
+    """Size of the fixed eval set whose sampled reward is reported every `eval_interval_steps`."""
+    eval_interval_steps: int = Field(default=10, ge=0)
+    """0: evaluate only before and after training."""
+    engine: Literal["hf"] = "hf"
+    """Inference engine that generates the rollouts (through the Engine interface)."""
+    resume: bool = True
+    """Continue from the latest trainer state in output_dir/checkpoints when there is one."""
+    wandb_project: str | None = None
+    """Also log metrics to this W&B project (needs the wandb package; JSONL is always written)."""
+
+    @model_validator(mode="after")
+    def _group_fits_streams(self) -> RlConfig:
+        if self.group_size > 1 << 16:
+            raise ValueError("group_size must be below 65536 (toploc.sampling.MAX_GROUP_STREAMS)")
+        return self
+
+
+class EvalConfig(RoleConfig):
+    model_config = SettingsConfigDict(env_prefix="PRIME_TRAINER_")
+
+    model: str = "builtin:tiny-qwen2"
+    """HF checkpoint directory (or built-in name) to evaluate."""
+    task: str = "reverse_text"
+    """Task whose eval set is run."""
+    task_seed: int = 0
+    """Seed of the task's example generator."""
+    num_examples: int = Field(default=128, ge=1)
+    """Size of the eval set (the first examples of the task's eval stream)."""
+    num_samples: int = Field(default=1, ge=1)
+    """Samples per eval prompt."""
+    temperature: float = Field(default=1.0, gt=0)
+    """Sampling temperature (verifiable sampler; T > 0)."""
+    max_tokens: int = Field(default=32, ge=1)
+    """Generation budget per sample."""
+    seed: int = 0
+    """Sampling seed."""
+    engine: Literal["hf"] = "hf"
+    """Inference engine."""
+    batch_size: int = Field(default=256, ge=1)
+    """Requests per engine.generate call."""

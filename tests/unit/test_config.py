@@ -10,7 +10,7 @@ from coordinator.config import CoordinatorConfig
 from protocol.config import RoleConfig, load_config, parse_assignment
 from protocol.errors import ConfigError
 from shardcast.config import RelayConfig
-from trainer.config import SftConfig
+from trainer.config import EvalConfig, RlConfig, SftConfig
 from validator.config import ValidatorConfig
 from worker.config import WorkerConfig
 
@@ -23,6 +23,8 @@ KIND_BY_PREFIX: dict[str, type[RoleConfig]] = {
     "validator": ValidatorConfig,
     "relay": RelayConfig,
     "sft": SftConfig,
+    "rl": RlConfig,
+    "eval": EvalConfig,
 }
 
 

@@ -1,0 +1,64 @@
+"""Two RL steps with a checkpoint between them; run under torchrun (FSDP2) or in-process (one rank).
+
+    torchrun --standalone --nproc-per-node 2 tests/integration/trainer/fsdp_probe.py MODEL_DIR OUT_DIR [--ac]
+
+Rank 0 writes ``metrics.json`` (both steps' metrics) and the policy after step 2 under
+``OUT_DIR/policy``; the trainer state after step 1 goes to ``OUT_DIR/ckpt``.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+from pathlib import Path
+from typing import Any
+
+from trainer.config import LossConfig, OptimizerConfig, ParallelConfig, TrainerSection
+from trainer.packing import TrainSample
+from trainer.tasks import get_task
+from trainer.train import Trainer
+
+LOSS = LossConfig(mask_low=0.99, mask_high=100.0)
+
+
+def probe_batch(trainer: Trainer, seed: int) -> list[TrainSample]:
+    """A fixed RL batch: reverse_text pairs with made-up advantages and engine logprobs."""
+    from trainer.sft import sft_batch
+
+    rng = random.Random(seed)
+    return [
+        TrainSample(
+            s.prompt_ids, s.completion_ids, rng.uniform(-1, 1), [-rng.uniform(0.5, 3) for _ in s.completion_ids]
+        )
+        for s in sft_batch(get_task("reverse_text"), trainer.tokenizer, seed, 24)
+    ]
+
+
+def probe_section(model_dir: Path, activation_checkpointing: bool = False) -> TrainerSection:
+    # Small rows and micro-batches: several micro-batches per rank, so accumulation is exercised.
+    return TrainerSection(
+        model=str(model_dir),
+        optimizer=OptimizerConfig(lr=1e-3, warmup_steps=1, schedule="linear"),
+        parallel=ParallelConfig(activation_checkpointing=activation_checkpointing),
+        packing={"micro_batch_tokens": 128, "row_tokens": 64},
+    )
+
+
+def run_probe(model_dir: Path, out_dir: Path, activation_checkpointing: bool = False) -> list[dict[str, Any]]:
+    trainer = Trainer(probe_section(model_dir, activation_checkpointing), num_steps=4)
+    first = trainer.rl_step(probe_batch(trainer, 1), LOSS)
+    trainer.save(out_dir / "ckpt")
+    second = trainer.rl_step(probe_batch(trainer, 2), LOSS)
+    trainer.export(out_dir / "policy")
+    metrics = [first, second]
+    if trainer.info.is_main:
+        (out_dir / "metrics.json").write_text(json.dumps({"world_size": trainer.info.world_size, "steps": metrics}))
+    from trainer.fsdp import shutdown
+
+    shutdown(trainer.info)
+    return metrics
+
+
+if __name__ == "__main__":
+    run_probe(Path(sys.argv[1]), Path(sys.argv[2]), "--ac" in sys.argv[3:])

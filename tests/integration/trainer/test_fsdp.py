@@ -1,0 +1,69 @@
+"""FSDP2 under torchrun (2 ranks, gloo on CPU) against one unsharded process, and resume across world sizes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.integration.trainer.fsdp_probe import LOSS, probe_batch, probe_section, run_probe
+
+PROBE = Path(__file__).with_name("fsdp_probe.py")
+
+
+def _weights(policy: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(str(policy / "model.safetensors"))
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from trainer.builtin import resolve_model_path
+
+    return resolve_model_path("builtin:tiny-qwen2", tmp_path_factory.mktemp("builtin"))
+
+
+@pytest.mark.slow
+def test_two_fsdp_ranks_match_one_process_and_resume_on_one(model_dir: Path, tmp_path: Path) -> None:
+    sharded_dir, single_dir = tmp_path / "fsdp2", tmp_path / "single"
+    sharded_dir.mkdir()
+    single_dir.mkdir()
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [*command, str(PROBE), str(model_dir), str(sharded_dir), "--ac"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    sharded = json.loads((sharded_dir / "metrics.json").read_text())
+    assert sharded["world_size"] == 2
+
+    single = run_probe(model_dir, single_dir)
+    for got, want in zip(sharded["steps"], single, strict=True):
+        assert got["loss"] == pytest.approx(want["loss"], abs=1e-5)
+        assert got["grad_norm"] == pytest.approx(want["grad_norm"], rel=1e-4)
+        assert got["entropy"] == pytest.approx(want["entropy"], rel=1e-5)
+        assert got["num_micro_batches"] == want["num_micro_batches"] > 2
+    sharded_weights, single_weights = _weights(sharded_dir / "policy"), _weights(single_dir / "policy")
+    assert sharded_weights.keys() == single_weights.keys()
+    for name, value in single_weights.items():
+        torch.testing.assert_close(sharded_weights[name], value, atol=2e-6, rtol=1e-4)
+
+    # The state saved by the two ranks after step 1 resumes in one process and reproduces step 2.
+    from trainer.train import Trainer
+
+    resumed = Trainer(probe_section(model_dir), num_steps=4)
+    assert resumed.resume(sharded_dir / "ckpt")
+    again = resumed.rl_step(probe_batch(resumed, 2), LOSS)
+    assert again["loss"] == pytest.approx(sharded["steps"][1]["loss"], abs=1e-5)
+    for name, value in resumed.model.state_dict().items():
+        torch.testing.assert_close(value, sharded_weights[name], atol=2e-6, rtol=1e-4)

@@ -1,0 +1,75 @@
+"""The built-in model and tokenizer: offline, deterministic, untied, ids stable through AutoTokenizer."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from trainer.tasks import get_task, task_names, task_prompt
+
+TEXTS = [
+    "reverse: ab cde\nedc ba",
+    "12+7=19",
+    "  spaces\tand\ttabs  ",
+    "héllo wörld, ünïcode 日本語!",
+    "it's we'll\r\n",
+]
+
+
+def test_built_model_is_small_untied_qwen2(tiny_model_dir: Path) -> None:
+    config = json.loads((tiny_model_dir / "config.json").read_text())
+    assert config["model_type"] == "qwen2"
+    assert config["tie_word_embeddings"] is False
+    from trainer.model import load_model
+
+    model: Any = load_model(str(tiny_model_dir))
+    num_params = sum(p.numel() for p in model.parameters())
+    assert 100_000 < num_params < 5_000_000
+    assert model.get_input_embeddings().weight.data_ptr() != model.get_output_embeddings().weight.data_ptr()
+
+
+def test_autotokenizer_reload_keeps_ids(tiny_model_dir: Path) -> None:
+    from tokenizers import Tokenizer
+    from transformers import AutoTokenizer
+
+    trained = Tokenizer.from_file(str(tiny_model_dir / "tokenizer.json"))
+    reloaded = AutoTokenizer.from_pretrained(str(tiny_model_dir))
+    assert type(reloaded).__name__.startswith("Qwen2Tokenizer")
+    texts = TEXTS + [t for name in task_names() for t in get_task(name).corpus(50)]
+    for text in texts:
+        ids = trained.encode(text).ids
+        assert reloaded.encode(text, add_special_tokens=False) == ids, text
+        assert reloaded.decode(ids) == text
+    assert reloaded.eos_token == "<|endoftext|>"
+    assert reloaded.eos_token_id == trained.token_to_id("<|endoftext|>")
+    assert 256 <= len(reloaded) <= 1024
+
+
+def test_building_is_deterministic(tiny_model_dir: Path, tmp_path: Path) -> None:
+    from trainer.builtin import resolve_model_path
+
+    again = resolve_model_path("builtin:tiny-qwen2", tmp_path)
+    for name in ("model.safetensors", "tokenizer.json", "config.json"):
+        assert (again / name).read_bytes() == (tiny_model_dir / name).read_bytes(), name
+
+
+def test_unknown_builtin_and_missing_dir_are_explained(tmp_path: Path) -> None:
+    from trainer.builtin import resolve_model_path
+
+    with pytest.raises(ValueError, match="known: builtin:tiny-qwen2"):
+        resolve_model_path("builtin:gpt5", tmp_path)
+    with pytest.raises(FileNotFoundError, match=r"no config\.json"):
+        resolve_model_path(str(tmp_path / "nothing"))
+
+
+def test_task_prompt_gives_text_and_ids(tiny_model_dir: Path) -> None:
+    from trainer.model import load_tokenizer
+
+    tokenizer = load_tokenizer(str(tiny_model_dir))
+    prompt = task_prompt("reverse_text", 17, tokenizer)
+    assert prompt.text == get_task("reverse_text").example(17).prompt
+    assert tokenizer.decode(prompt.token_ids) == prompt.text
+    assert task_prompt("reverse_text", 17, tokenizer) == prompt

@@ -1,0 +1,35 @@
+"""`prime-trainer sft` and `prime-trainer eval` end to end on the built-in model (in-process)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from trainer.cli import app
+
+
+def test_sft_then_eval(tiny_model_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "sft"
+    sets = ["--set", f'model="{tiny_model_dir}"', "--set", "num_steps=3", "--set", "eval_examples=8"]
+    result = CliRunner().invoke(app, ["sft", *sets, "--output-dir", str(out)])
+    assert result.exit_code == 0, result.output
+    assert (out / "policy" / "model.safetensors").is_file()
+    assert (out / "checkpoints" / "latest").read_text().strip() == "step_3"
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if "loss" in r] == [1, 2, 3]
+    assert "eval_completion_loss" in records[-1]
+
+    result = CliRunner().invoke(app, ["eval", "--model", str(out / "policy"), "--num-examples", "6"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(next(line for line in result.output.splitlines() if line.startswith("{")))
+    assert report["num_examples"] == 6
+    assert 0.0 <= report["accuracy"] <= report["reward_mean"] + 1e-9 <= 1.0 + 1e-9
+    assert report["mean_completion_tokens"] > 0
+
+
+def test_eval_of_a_missing_model_fails_clearly(tmp_path: Path) -> None:
+    result = CliRunner().invoke(app, ["eval", "--model", str(tmp_path / "none")])
+    assert result.exit_code == 1
+    assert "no config.json" in result.output

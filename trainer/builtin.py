@@ -1,0 +1,150 @@
+"""The built-in model ``builtin:tiny-qwen2``: built on first use by our code, offline, deterministically.
+
+It is a Qwen2-architecture causal LM of about half a million parameters with untied input
+and output embeddings (tied ones break vLLM's in-place weight reload), randomly initialised
+from a fixed seed, and a small byte-level BPE tokenizer trained on the built-in tasks' text
+(:mod:`trainer.tokenizer`). The pair is written once as an ordinary HF checkpoint directory
+(safetensors, config, tokenizer) under the built-in cache dir (``$PRIME_BUILTIN_DIR``, default
+``~/.prime-network/builtin``); later uses load that directory. Nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
+    from transformers import Qwen2Config
+
+log = logging.getLogger("trainer.builtin")
+
+BUILTIN_PREFIX = "builtin:"
+TINY_QWEN2 = "tiny-qwen2"
+REVERSE_START = "tiny-qwen2-reverse-start"
+"""The RL start point: an early SFT checkpoint of tiny-qwen2 on reverse_text (trainer.start)."""
+TOKENIZER_VOCAB_SIZE = 320
+TOKENIZER_CORPUS_EXAMPLES = 4000
+INIT_SEED = 0
+
+# Shapes of the Qwen2 configs our code builds. "tiny" is the built-in model; "50m" is the
+# larger config the trainer benchmark measures (about 50M parameters with the built-in vocab).
+MODEL_SHAPES: dict[str, dict[str, int]] = {
+    "tiny": {
+        "hidden_size": 128,
+        "intermediate_size": 384,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+    },
+    "50m": {
+        "hidden_size": 512,
+        "intermediate_size": 1536,
+        "num_hidden_layers": 16,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 4,
+    },
+}
+
+
+def builtin_cache_dir() -> Path:
+    return Path(os.environ.get("PRIME_BUILTIN_DIR", Path.home() / ".prime-network" / "builtin"))
+
+
+def is_builtin(name: str) -> bool:
+    return name.startswith(BUILTIN_PREFIX)
+
+
+def qwen2_config(shape: str, vocab_size: int, eos_token_id: int, max_position_embeddings: int = 256) -> Qwen2Config:
+    """A Qwen2 config of one of :data:`MODEL_SHAPES`, untied, fp32."""
+    from transformers import Qwen2Config
+
+    dims: dict[str, Any] = dict(MODEL_SHAPES[shape])
+    return Qwen2Config(
+        vocab_size=vocab_size,
+        max_position_embeddings=max_position_embeddings,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+        use_sliding_window=False,
+        bos_token_id=eos_token_id,
+        eos_token_id=eos_token_id,
+        pad_token_id=eos_token_id,
+        dtype="float32",
+        **dims,
+    )
+
+
+def builtin_tokenizer() -> Tokenizer:
+    """The built-in tokenizer, trained on the built-in tasks' text (deterministic)."""
+    from trainer.tasks import get_task, task_names
+    from trainer.tokenizer import train_tokenizer
+
+    corpus = [text for name in task_names() for text in get_task(name).corpus(TOKENIZER_CORPUS_EXAMPLES)]
+    return train_tokenizer(corpus, TOKENIZER_VOCAB_SIZE)
+
+
+def build_random_qwen2(output_dir: Path, shape: str = "tiny", tokenizer: Tokenizer | None = None) -> None:
+    """Save a Qwen2 of ``shape`` initialised from :data:`INIT_SEED`, with ``tokenizer`` (default: built-in)."""
+    import torch
+    from transformers import GenerationConfig, Qwen2ForCausalLM
+
+    from trainer.model import quiet_transformers
+    from trainer.tokenizer import EOS_TOKEN, save_hf_tokenizer
+
+    quiet_transformers()
+    tokenizer = tokenizer or builtin_tokenizer()
+    eos_id = tokenizer.token_to_id(EOS_TOKEN)
+    if eos_id is None:
+        raise ValueError(f"the tokenizer has no {EOS_TOKEN} token")
+    config = qwen2_config(shape, tokenizer.get_vocab_size(), eos_id)
+    torch.manual_seed(INIT_SEED)
+    model = Qwen2ForCausalLM(config)  # type: ignore[no-untyped-call]
+    model.generation_config = GenerationConfig(  # type: ignore[no-untyped-call]
+        eos_token_id=eos_id, pad_token_id=eos_id, bos_token_id=eos_id
+    )
+    model.save_pretrained(str(output_dir), safe_serialization=True)
+    save_hf_tokenizer(tokenizer, output_dir, config.max_position_embeddings)
+
+
+def _build_reverse_start(output_dir: Path) -> None:
+    from trainer.start import build_start_checkpoint
+
+    build_start_checkpoint(output_dir, str(resolve_model_path(BUILTIN_PREFIX + TINY_QWEN2, output_dir.parent)))
+
+
+_BUILDERS = {TINY_QWEN2: build_random_qwen2, REVERSE_START: _build_reverse_start}
+
+
+def resolve_model_path(name: str, cache_dir: Path | None = None) -> Path:
+    """The local checkpoint directory of ``name``: a path as given, or a built-in built on first use."""
+    if not is_builtin(name):
+        path = Path(name)
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(f"{path} is not an HF checkpoint directory (no config.json); give a local one")
+        return path
+    builtin = name.removeprefix(BUILTIN_PREFIX)
+    if builtin not in _BUILDERS:
+        raise ValueError(f"unknown built-in model {name!r}; known: {', '.join(BUILTIN_PREFIX + b for b in _BUILDERS)}")
+    root = cache_dir or builtin_cache_dir()
+    target = root / builtin
+    if (target / "config.json").is_file():
+        return target
+    root.mkdir(parents=True, exist_ok=True)
+    log.info("building built-in model %s in %s (first use, once)", name, target)
+    staging = Path(tempfile.mkdtemp(prefix=f".{builtin}-", dir=root))
+    staging.chmod(0o755)
+    try:
+        _BUILDERS[builtin](staging)
+        try:
+            staging.rename(target)
+        except OSError:
+            if not (target / "config.json").is_file():  # another process won the race: fine
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    log.info("built-in model %s ready", name)
+    return target

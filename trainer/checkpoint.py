@@ -1,0 +1,158 @@
+"""Trainer checkpoints for exact resume, and export of the policy as an HF checkpoint directory.
+
+A trainer checkpoint ``<dir>/step_<n>/`` holds the full (unsharded) model and optimizer state,
+the scheduler state and step in ``trainer_state.pt`` (written by rank 0), and each rank's RNG
+states in ``rng_rank<r>.pt``. Full state dicts make it independent of the world size: a run
+saved with 2 ranks resumes on 1 and vice versa. ``latest`` names the newest complete one
+(written last, so a crash mid-save never points at half a checkpoint).
+
+The exported policy is what SHARDCAST's origin publishes and what HF and vLLM load:
+``model.safetensors`` (full weights, untied), ``config.json``, ``generation_config.json`` and
+the tokenizer files.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from trainer.fsdp import DistInfo, barrier
+from trainer.model import DTYPES
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+LATEST_FILE = "latest"
+STATE_FILE = "trainer_state.pt"
+
+
+@dataclass
+class TrainerState:
+    """What exact resume needs besides model and optimizer: the step and the scheduler."""
+
+    step: int
+    scheduler: dict[str, Any]
+
+
+def _full_state_options(info: DistInfo, loading: bool) -> Any:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(
+        full_state_dict=True,
+        cpu_offload=info.is_distributed,
+        broadcast_from_rank0=loading and info.is_distributed,
+    )
+
+
+def full_model_state(model: nn.Module, info: DistInfo) -> dict[str, torch.Tensor]:
+    """The unsharded model state dict (on rank 0; other ranks get an empty dict when distributed)."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    state = get_model_state_dict(model, options=_full_state_options(info, loading=False))
+    return {name: value for name, value in state.items() if isinstance(value, torch.Tensor)}
+
+
+def _rng_state() -> dict[str, Any]:
+    state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save_checkpoint(
+    directory: Path, model: nn.Module, optimizer: torch.optim.Optimizer, state: TrainerState, info: DistInfo
+) -> Path:
+    """Write the trainer state of ``state.step`` under ``directory``; returns the step's folder."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    target = directory / f"step_{state.step}"
+    model_state, optim_state = get_state_dict(model, optimizer, options=_full_state_options(info, loading=False))
+    if info.is_main:
+        if target.exists():
+            shutil.rmtree(target)
+        target.mkdir(parents=True)
+        payload = {"model": model_state, "optimizer": optim_state, "step": state.step, "scheduler": state.scheduler}
+        torch.save(payload, target / STATE_FILE)
+    barrier(info)
+    torch.save(_rng_state(), target / f"rng_rank{info.rank}.pt")
+    barrier(info)
+    if info.is_main:
+        (directory / LATEST_FILE).write_text(target.name + "\n")
+    barrier(info)
+    return target
+
+
+def latest_checkpoint(directory: Path) -> Path | None:
+    """The newest complete trainer checkpoint under ``directory``, if any."""
+    marker = directory / LATEST_FILE
+    if not marker.is_file():
+        return None
+    target = directory / marker.read_text().strip()
+    return target if (target / STATE_FILE).is_file() else None
+
+
+def load_checkpoint(target: Path, model: nn.Module, optimizer: torch.optim.Optimizer, info: DistInfo) -> TrainerState:
+    """Restore model, optimizer and this rank's RNG from ``target``; returns step and scheduler state."""
+    from torch.distributed.checkpoint.state_dict import set_state_dict
+
+    payload: dict[str, Any] = {}
+    if info.is_main or not info.is_distributed:
+        payload = torch.load(target / STATE_FILE, map_location="cpu", weights_only=False)
+    set_state_dict(
+        model,
+        optimizer,
+        model_state_dict=payload.get("model", {}),
+        optim_state_dict=payload.get("optimizer", {}),
+        options=_full_state_options(info, loading=True),
+    )
+    meta = [payload.get("step"), payload.get("scheduler")]
+    if info.is_distributed:
+        import torch.distributed as dist
+
+        dist.broadcast_object_list(meta, src=0)
+    rng_file = target / f"rng_rank{info.rank}.pt"
+    if rng_file.is_file():
+        _set_rng_state(torch.load(rng_file, weights_only=False))
+    step, scheduler = meta
+    assert isinstance(step, int) and isinstance(scheduler, dict)
+    return TrainerState(step=step, scheduler=scheduler)
+
+
+def export_policy(
+    directory: Path,
+    model: nn.Module,
+    tokenizer: PreTrainedTokenizerBase,
+    info: DistInfo,
+    dtype: str = "float32",
+) -> Path:
+    """Write the policy as an HF checkpoint directory (rank 0 writes; every rank must call)."""
+    from safetensors.torch import save_file
+
+    state = full_model_state(model, info)
+    if info.is_main:
+        directory.mkdir(parents=True, exist_ok=True)
+        tensors = {name: t.detach().to("cpu", DTYPES[dtype]).contiguous() for name, t in state.items()}
+        save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
+        config: Any = copy.deepcopy(model.config)
+        config.dtype = DTYPES[dtype]
+        config.save_pretrained(str(directory))
+        generation_config: Any = getattr(model, "generation_config", None)
+        if generation_config is not None:
+            generation_config.save_pretrained(str(directory))
+        tokenizer.save_pretrained(str(directory))
+    barrier(info)
+    return directory

@@ -1,0 +1,156 @@
+"""Rollouts and evaluation through an injected engine (worker/engines: the Engine interface).
+
+The trainer package never imports worker/: callers pass the engine and the engine
+interface's request type (``worker.engines.base.GenerationRequest``), so the CLI and the bench
+programs wire a concrete engine in, and worker code may import trainer without a cycle.
+
+Prompt ``i`` of a step is task example ``step * prompts_per_step + i``; its sample ``j`` is
+drawn on noise stream ``sample_stream(i, j)`` with the step's sampling seed, so a rollout is
+reproducible from (seed, step) and the engine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from toploc.sampling import sample_stream
+from trainer.advantages import batch_advantages
+from trainer.packing import TrainSample
+from trainer.tasks import Example, Task
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+
+class Completion(Protocol):
+    """What rollouts read from an engine's GenerationResult."""
+
+    @property
+    def completion_ids(self) -> list[int]: ...
+    @property
+    def logprobs(self) -> list[float]: ...
+    @property
+    def finish_reason(self) -> str: ...
+
+
+class RolloutEngine(Protocol):
+    """The part of worker.engines.base.Engine that rollouts use."""
+
+    def generate(self, requests: list[Any]) -> Sequence[Completion]: ...
+
+    def load_weights(self, checkpoint_dir: Path) -> None: ...
+
+
+RequestFactory = Callable[..., Any]
+"""``worker.engines.base.GenerationRequest`` (keyword arguments as its fields)."""
+
+
+@dataclass
+class Rollout:
+    example: Example
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    logprobs: list[float]
+    text: str
+    reward: float
+    finish_reason: str
+
+
+def step_seed(seed: int, step: int) -> int:
+    """The sampling seed of RL step ``step`` (distinct per step, within the sampler's 63 bits)."""
+    return (seed * 1_000_003 + step) % (1 << 63)
+
+
+def to_train_samples(rollouts: list[Rollout], group_size: int, normalize_std: bool = False) -> list[TrainSample]:
+    """Training samples with group-relative advantages (groups are consecutive rollouts)."""
+    advantages = batch_advantages([r.reward for r in rollouts], group_size, normalize_std)
+    return [
+        TrainSample(
+            prompt_ids=r.prompt_ids,
+            completion_ids=r.completion_ids,
+            advantage=a,
+            inference_logprobs=r.logprobs,
+            reward=r.reward,
+        )
+        for r, a in zip(rollouts, advantages, strict=True)
+    ]
+
+
+@dataclass(frozen=True)
+class EvalReport:
+    task: str
+    num_examples: int
+    num_samples: int
+    reward_mean: float
+    accuracy: float
+    """Fraction of samples whose reward reaches the task's success threshold."""
+    stop_fraction: float
+    """Fraction of samples that ended with EOS (not cut at max_tokens)."""
+    mean_completion_tokens: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(vars(self))
+
+
+@dataclass
+class RolloutSampler:
+    """An engine bound to a task and its tokenizer, sampling at one temperature and token budget."""
+
+    engine: RolloutEngine
+    make_request: RequestFactory
+    task: Task
+    tokenizer: PreTrainedTokenizerBase
+    temperature: float = 1.0
+    max_tokens: int = 32
+
+    def sample(self, examples: list[Example], num_samples: int, seed: int) -> list[Rollout]:
+        """``num_samples`` completions of each example (prompt-major order), scored by the task."""
+        eos = self.tokenizer.eos_token_id
+        eos_ids = (int(eos),) if eos is not None else ()
+        prompts = [list(self.tokenizer.encode(ex.prompt, add_special_tokens=False)) for ex in examples]
+        requests = [
+            self.make_request(
+                uid=f"{ex.index}-{j}",
+                prompt_ids=prompts[i],
+                max_tokens=self.max_tokens,
+                temperature=self.temperature,
+                seed=seed,
+                stream=sample_stream(i, j),
+                eos_token_ids=eos_ids,
+            )
+            for i, ex in enumerate(examples)
+            for j in range(num_samples)
+        ]
+        rollouts: list[Rollout] = []
+        for k, result in enumerate(self.engine.generate(requests)):
+            example = examples[k // num_samples]
+            text = str(self.tokenizer.decode(result.completion_ids, skip_special_tokens=True))
+            rollouts.append(
+                Rollout(
+                    example=example,
+                    prompt_ids=prompts[k // num_samples],
+                    completion_ids=list(result.completion_ids),
+                    logprobs=list(result.logprobs),
+                    text=text,
+                    reward=self.task.reward(example, text),
+                    finish_reason=result.finish_reason,
+                )
+            )
+        return rollouts
+
+    def evaluate(self, num_examples: int, num_samples: int = 1, seed: int = 0) -> EvalReport:
+        """Sampled reward and accuracy of the engine's current policy on the task's fixed eval set."""
+        rollouts = self.sample(self.task.eval_examples(num_examples), num_samples, seed)
+        count = len(rollouts)
+        return EvalReport(
+            task=self.task.name,
+            num_examples=num_examples,
+            num_samples=num_samples,
+            reward_mean=sum(r.reward for r in rollouts) / count,
+            accuracy=sum(r.reward >= self.task.success_threshold for r in rollouts) / count,
+            stop_fraction=sum(r.finish_reason == "stop" for r in rollouts) / count,
+            mean_completion_tokens=sum(len(r.completion_ids) for r in rollouts) / count,
+        )

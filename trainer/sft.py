@@ -1,0 +1,83 @@
+"""Supervised fine-tuning on a task's prompt/completion pairs, loss on the completion tokens only.
+
+Step ``s`` trains on pairs ``s * batch_size ...`` of the task's training stream, so the data
+order is a function of the step and a resumed run continues exactly where it stopped.
+The run writes ``metrics.jsonl``, trainer checkpoints under ``checkpoints/`` and the final
+policy as an HF checkpoint under ``policy/``.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from trainer.config import SftConfig
+from trainer.metrics import MetricsLogger
+from trainer.packing import TrainSample
+from trainer.tasks import Example, Task, get_task
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from trainer.train import Trainer
+
+log = logging.getLogger("trainer.sft")
+
+
+def sft_sample(tokenizer: PreTrainedTokenizerBase, prompt: str, answer: str) -> TrainSample:
+    """Prompt ids, then the answer's ids followed by EOS (the model must learn to stop)."""
+    eos = tokenizer.eos_token_id
+    if eos is None:
+        raise ValueError("the tokenizer has no EOS token; SFT targets need one")
+    prompt_ids = tokenizer.encode(prompt, add_special_tokens=False)
+    completion_ids = [*tokenizer.encode(answer, add_special_tokens=False), int(eos)]
+    return TrainSample(prompt_ids=list(prompt_ids), completion_ids=completion_ids)
+
+
+def sft_batch(task: Task, tokenizer: PreTrainedTokenizerBase, step: int, batch_size: int) -> list[TrainSample]:
+    return [sft_sample(tokenizer, p, a) for p, a in task.sft_pairs(step * batch_size, batch_size)]
+
+
+def eval_samples(task: Task, tokenizer: PreTrainedTokenizerBase, num_examples: int) -> list[TrainSample]:
+    examples: list[Example] = task.eval_examples(num_examples)
+    return [sft_sample(tokenizer, ex.prompt, ex.answer) for ex in examples]
+
+
+def train_sft(trainer: Trainer, config: SftConfig, metrics: MetricsLogger) -> dict[str, Any]:
+    """Run SFT steps from the trainer's current step to ``config.num_steps``; returns the last metrics."""
+    task = get_task(config.task, config.task_seed)
+    checkpoints = config.output_dir / "checkpoints"
+    last: dict[str, Any] = {}
+    while trainer.step < config.num_steps:
+        last = trainer.sft_step(sft_batch(task, trainer.tokenizer, trainer.step, config.batch_size))
+        metrics.log(last)
+        interval = config.checkpoint.interval_steps
+        if interval and trainer.step % interval == 0 and trainer.step < config.num_steps:
+            trainer.save(checkpoints)
+    return last
+
+
+def run_sft(config: SftConfig) -> Path:
+    """`prime-trainer sft`: train, save the trainer state, export the policy; returns the policy dir."""
+    from trainer.fsdp import shutdown
+    from trainer.train import Trainer
+
+    trainer = Trainer(config.trainer_section(), config.num_steps)
+    checkpoints = config.output_dir / "checkpoints"
+    if config.resume:
+        trainer.resume(checkpoints)
+    metrics_path = config.output_dir / "metrics.jsonl"
+    with MetricsLogger(metrics_path, trainer.info.is_main, config.wandb_project) as metrics:
+        train_sft(trainer, config, metrics)
+        if config.eval_examples:
+            held_out = trainer.completion_loss(
+                eval_samples(get_task(config.task, config.task_seed), trainer.tokenizer, config.eval_examples)
+            )
+            metrics.log({"step": trainer.step, "eval_completion_loss": held_out})
+    trainer.save(checkpoints)
+    policy = trainer.export(config.output_dir / "policy")
+    if trainer.info.is_main:
+        log.info("SFT done at step %d; policy exported to %s", trainer.step, policy)
+    shutdown(trainer.info)
+    return policy

@@ -1,0 +1,22 @@
+"""``arithmetic``: add or subtract two integers; reward 1.0 for the exact answer, else 0.0."""
+
+from __future__ import annotations
+
+from trainer.tasks.base import Example, Task
+
+
+class Arithmetic(Task):
+    name = "arithmetic"
+    default_max_tokens = 8
+
+    max_operand = 99
+
+    def example(self, index: int) -> Example:
+        rng = self.rng(index)
+        left, right = rng.randint(0, self.max_operand), rng.randint(0, self.max_operand)
+        if rng.random() < 0.5:
+            return Example(index=index, prompt=f"{left}+{right}=", answer=str(left + right))
+        return Example(index=index, prompt=f"{left}-{right}=", answer=str(left - right))
+
+    def reward(self, example: Example, completion: str) -> float:
+        return 1.0 if completion.strip() == example.answer else 0.0
