@@ -20,7 +20,7 @@ import torch
 
 from toploc.proof import build_proofs
 from toploc.verify import Claim, SampleTask
-from worker.engines.base import GenerationRequest, GenerationResult
+from worker.engines.base import Engine, GenerationRequest, GenerationResult
 from worker.engines.hf import HFEngine
 
 
@@ -48,7 +48,7 @@ def _claims(
     ]
 
 
-def honest_claims(engine: HFEngine, tasks: Sequence[SampleTask], topk: int = 128, chunk_size: int = 32) -> list[Claim]:
+def honest_claims(engine: Engine, tasks: Sequence[SampleTask], topk: int = 128, chunk_size: int = 32) -> list[Claim]:
     """What a correct worker submits: generation with the task's sampling, proofs from its own states."""
     results = engine.generate([generation_request(task, i) for i, task in enumerate(tasks)])
     return _claims(tasks, results, topk, chunk_size)

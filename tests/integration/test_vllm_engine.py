@@ -12,10 +12,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM
+from transformers import AutoModelForCausalLM
 
+from protocol.schemas import SamplingParams
 from toploc.sampling import draw_tokens, sample_stream
+from toploc.tiny_model import TINY_EOS_TOKEN_ID, TinyModelSpec, save_tiny_qwen2
+from toploc.verify import SampleTask, verify_claims
+from worker.adversary import honest_claims
 from worker.engines.base import GenerationRequest, GenerationResult
+from worker.engines.hf import HFEngine
 from worker.engines.vllm import VllmEngine
 
 pytestmark = pytest.mark.slow
@@ -24,27 +29,14 @@ SEED = 1234
 PROMPTS = [[1, 5, 9, 33, 12], [7, 7, 7], [100, 200, 300, 400, 2, 3, 4, 5, 6]]
 
 
-def _tiny_qwen2(seed: int) -> Qwen2ForCausalLM:
-    torch.manual_seed(seed)
-    config = Qwen2Config(
-        vocab_size=512,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=2,  # head_dim 32: vLLM's CPU attention supports 32 and up
-        num_key_value_heads=1,
-        max_position_embeddings=256,
-        tie_word_embeddings=False,
-    )
-    return Qwen2ForCausalLM(config).eval()
+# head_dim 32: vLLM's CPU attention supports head sizes of 32 and up.
+VLLM_SPEC = TinyModelSpec(hidden_size=64, num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256)
 
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     root = tmp_path_factory.mktemp("vllm-models")
-    for name, seed in (("a", 0), ("b", 1)):
-        _tiny_qwen2(seed).save_pretrained(root / name, safe_serialization=True)
-    return root / "a", root / "b"
+    return save_tiny_qwen2(root / "a", seed=0, spec=VLLM_SPEC), save_tiny_qwen2(root / "b", seed=1, spec=VLLM_SPEC)
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +62,7 @@ def _requests(temperature: float, max_tokens: int = 24, eos: tuple[int, ...] = (
 
 
 def _check_against_hf(checkpoint: Path, request: GenerationRequest, result: GenerationResult) -> None:
-    model = Qwen2ForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
     tokens = result.completion_ids
     n = len(tokens)
     assert n > 0
@@ -130,3 +122,28 @@ def test_reload_weights_in_place(engine: VllmEngine, checkpoints: tuple[Path, Pa
 def test_temperature_must_be_positive(engine: VllmEngine) -> None:
     with pytest.raises(ValueError, match="temperature"):
         engine.generate(_requests(0.0))
+
+
+def test_vllm_rollouts_pass_verification_by_hf_prefill(engine: VllmEngine, checkpoints: tuple[Path, Path]) -> None:
+    """Proofs, draws and logprobs of the vLLM engine agree with an HF validator within the calibrated thresholds."""
+    generator = torch.Generator().manual_seed(7)
+    tasks = []
+    for index in range(48):
+        prompt = torch.randint(2, VLLM_SPEC.vocab_size, (int(torch.randint(1, 40, (1,), generator=generator)),))
+        temperature = (0.7, 1.0, 1.3)[index % 3]
+        tasks.append(
+            SampleTask(
+                prompt_ids=prompt.tolist(),
+                sampling=SamplingParams(temperature=temperature, max_tokens=80),
+                seed=SEED + index,
+                stream=sample_stream(index, index % 8),
+                eos_token_ids=(TINY_EOS_TOKEN_ID,),
+            )
+        )
+    claims = honest_claims(engine, tasks)
+    assert {claim.finish_reason for claim in claims} == {"stop", "length"}
+    validator = HFEngine(checkpoints[0], max_batch_size=16)
+    prefills = validator.prefill([c.task.prompt_ids for c in claims], [c.completion_ids for c in claims])
+    verdicts = verify_claims(claims, prefills)
+    rejected = [(i, v.reasons) for i, v in enumerate(verdicts) if not v.accepted]
+    assert rejected == []

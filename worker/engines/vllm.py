@@ -126,6 +126,7 @@ class VllmEngine:
                 max_tokens=request.max_tokens,
                 logprobs=0,
                 stop_token_ids=list(request.eos_token_ids),
+                ignore_eos=True,  # stop only on the request's EOS ids, as the HF engine and validators do
                 detokenize=False,
                 extra_args={"seed": request.seed, "stream": request.stream, "uid": request.uid},
             )
