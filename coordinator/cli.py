@@ -46,3 +46,21 @@ def start(
     from coordinator.service import run
 
     run_or_exit("coordinator", run, loaded)
+
+
+@app.command()
+def publish(
+    checkpoint: Path = typer.Argument(..., help="HF checkpoint directory (safetensors, config, tokenizer)."),
+    version: int | None = typer.Option(None, help="Version number (default: the current one + 1)."),
+    config: Path | None = ConfigOption,
+    sets: list[str] | None = SetOption,
+    data_dir: Path | None = typer.Option(None, help="Run directory (data_dir)."),
+    log_level: str = LogLevelOption,
+    json_logs: bool = JsonLogsOption,
+) -> None:
+    """Publish a checkpoint as the run's next policy version: signed, sharded, served at /shardcast."""
+    start_logging(log_level, json_logs)
+    loaded = load_role_config(CoordinatorConfig, config, sets, {"data_dir": data_dir})
+    from coordinator.service import publish_from_cli
+
+    run_or_exit("coordinator", publish_from_cli, loaded, checkpoint, version)

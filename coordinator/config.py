@@ -72,6 +72,17 @@ class TrustConfig(Section):
     """Signed requests whose timestamp is further than this from the server clock are refused."""
 
 
+class PolicyConfig(Section):
+    start_checkpoint: str = "builtin:tiny-qwen2-reverse-start"
+    """Published as policy version 0 on the first start: a local HF checkpoint directory or a `builtin:` name."""
+    store_dir: Path | None = None
+    """The SHARDCAST origin store; empty means `policies/` in the data dir."""
+    shard_size_bytes: int = Field(default=32 * 1024 * 1024, ge=4096)
+    """Size of the shards a policy version is cut into."""
+    keep_versions: int | None = Field(default=None, ge=1)
+    """Versions kept in the origin store; empty means async_level + 2 (never fewer than async_level + 1)."""
+
+
 class CoordinatorConfig(RoleConfig):
     """Everything an operator sets for one run."""
 
@@ -90,12 +101,27 @@ class CoordinatorConfig(RoleConfig):
     ledger: LedgerConfig = LedgerConfig()
     scheduling: SchedulingConfig = SchedulingConfig()
     trust: TrustConfig = TrustConfig()
+    policy: PolicyConfig = PolicyConfig()
 
     @model_validator(mode="after")
     def _check(self) -> CoordinatorConfig:
         if self.ledger.url and not self.ledger.url.startswith(("sqlite", "postgresql")):
             raise ValueError("ledger.url must be a sqlite:// or postgresql+psycopg:// URL")
+        keep = self.policy.keep_versions
+        if keep is not None and keep < self.scheduling.async_level + 1:
+            raise ValueError(
+                f"policy.keep_versions ({keep}) must be at least scheduling.async_level + 1 "
+                f"({self.scheduling.async_level + 1}): workers may still use that many versions"
+            )
         return self
+
+    @property
+    def policy_store_dir(self) -> Path:
+        return self.policy.store_dir or self.data_dir / "policies"
+
+    @property
+    def policy_keep_versions(self) -> int:
+        return self.policy.keep_versions or self.scheduling.async_level + 2
 
     @property
     def ledger_url(self) -> str:

@@ -492,7 +492,16 @@ class Ledger(LedgerViews):
             )
             conn.execute(update(leases).where(leases.c.lease_id == request.lease_id).values(state="submitted"))
             conn.execute(update(tasks).where(tasks.c.task_id == lease.task_id).values(state="submitted"))
-            self._event(conn, "submit", node_id, submission_id, lease_id=request.lease_id, task_id=lease.task_id)
+            self._event(
+                conn,
+                "submit",
+                node_id,
+                submission_id,
+                lease_id=request.lease_id,
+                task_id=lease.task_id,
+                policy_version=request.policy_version,
+                engine=request.engine,
+            )
         return SubmitResponse(submission_id=submission_id, status="pending", duplicate=False)
 
     @staticmethod
@@ -611,7 +620,8 @@ class Ledger(LedgerViews):
         now = self.clock()
         with self._write(nonce) as conn:
             run = self._run(conn, lock=True)
-            if version <= run.current_policy_version:
+            first = version == 0 and conn.execute(select(policy_versions.c.version).limit(1)).first() is None
+            if version <= run.current_policy_version and not first:
                 raise ConflictError(
                     f"policy version {version} is not newer than the current {run.current_policy_version}"
                 )

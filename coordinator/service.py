@@ -2,14 +2,16 @@
 
 Creates (or loads) the coordinator's node key in the data dir, opens and migrates the ledger
 database, loads the task source, binds the API socket itself (so port 0 works and the real
-address can be logged before serving) and runs uvicorn on it. The orchestrator, trainer and
-SHARDCAST origin join this process with the demo network (issue 9).
+address can be logged before serving) and runs uvicorn on it. The SHARDCAST origin is mounted
+at /shardcast; on the first start the configured start checkpoint is published as policy
+version 0. The orchestrator and trainer join this process with the demo network (issue 9).
 """
 
 from __future__ import annotations
 
 import logging
 import socket
+from pathlib import Path
 
 from coordinator.config import CoordinatorConfig
 
@@ -21,10 +23,14 @@ def run(config: CoordinatorConfig) -> None:
 
     from coordinator.api.app import create_app
     from coordinator.ledger import Ledger
+    from coordinator.policies import policy_store, publish_policy, published_version
     from coordinator.replay import DatabaseReplayCache
     from coordinator.storage.engine import Database
     from coordinator.task_source import EmptyTaskSource, load_task_source
     from protocol.identity import key_path, load_or_create_identity
+    from shardcast.origin import OriginSource
+    from shardcast.server import create_app as create_shardcast_app
+    from trainer.builtin import resolve_model_path
 
     identity = load_or_create_identity(config.data_dir)
     log.info("coordinator node id %s (key %s)", identity.node_id, key_path(config.data_dir))
@@ -43,6 +49,12 @@ def run(config: CoordinatorConfig) -> None:
             status.num_submissions_accepted,
         )
         app = create_app(config, ledger, DatabaseReplayCache(database))
+        store = policy_store(config)
+        if published_version(ledger) is None:
+            start = resolve_model_path(config.policy.start_checkpoint)
+            log.info("publishing the start checkpoint %s as policy v0", start)
+            publish_policy(start, 0, identity, store, ledger, config)
+        app.mount("/shardcast", create_shardcast_app(OriginSource(store)))
         family = socket.AF_INET6 if ":" in config.api.host else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -53,5 +65,25 @@ def run(config: CoordinatorConfig) -> None:
             uvicorn.Config(app, log_config=None, access_log=False, timeout_graceful_shutdown=5, backlog=4096)
         )
         server.run(sockets=[sock])
+    finally:
+        database.dispose()
+
+
+def publish_from_cli(config: CoordinatorConfig, checkpoint: Path, version: int | None) -> None:
+    """`prime-coordinator publish`: the same publication the orchestrator makes, from a shell."""
+    from coordinator.ledger import Ledger
+    from coordinator.policies import policy_store, publish_policy, published_version
+    from coordinator.storage.engine import Database
+    from coordinator.task_source import EmptyTaskSource
+    from protocol.identity import load_or_create_identity
+
+    identity = load_or_create_identity(config.data_dir)
+    database = Database(config.ledger_url, config.ledger.sqlite_synchronous, config.ledger.pool_size)
+    try:
+        ledger = Ledger(database, config, EmptyTaskSource(), identity.node_id)
+        current = published_version(ledger)
+        chosen = version if version is not None else (0 if current is None else current + 1)
+        signed = publish_policy(checkpoint, chosen, identity, policy_store(config), ledger, config)
+        print(f"published policy v{signed.manifest.version} from {checkpoint}")
     finally:
         database.dispose()

@@ -22,6 +22,8 @@ class WorkerConfig(RoleConfig):
     """Node id of the coordinator whose signatures to trust; learned and pinned on first contact when unset."""
     relays: list[str] = Field(default_factory=list)
     """Extra SHARDCAST relay URLs to download policy weights from (the coordinator also announces relays)."""
+    origin_fallback_enabled: bool = True
+    """Also download policy weights from the coordinator's own origin (`<coordinator_url>/shardcast`)."""
     gpu: str = "all"
     """`all`, `none`, or a comma-separated list of GPU indices; one engine per selected GPU."""
     engine: Literal["auto", "vllm", "hf"] = "auto"

@@ -117,7 +117,9 @@ async def run_worker(
             software_version=software_version(),
         )
         registered = await with_retries("register", lambda: ledger.register(registration), stop)
-        relays = [*config.relays, config.coordinator_url.rstrip("/") + "/shardcast"]
+        relays = list(config.relays)
+        if config.origin_fallback_enabled or not relays:
+            relays.append(config.coordinator_url.rstrip("/") + "/shardcast")
         weights = WeightsCache(relays, coordinator_id, config.data_dir / "policies")
         start_version = registered.current_policy_version
         checkpoint = await with_retries(

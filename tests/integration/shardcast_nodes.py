@@ -103,8 +103,10 @@ class Nodes:
         wait_until(lambda: get_json(f"{url}/healthz") is not None, 30, f"origin {url}")
         return url
 
-    def relay(self, upstreams: list[str], coordinator_id: str, **settings: Any) -> tuple[str, subprocess.Popen[bytes]]:
-        port = free_port()
+    def relay(
+        self, upstreams: list[str], coordinator_id: str, port: int | None = None, **settings: Any
+    ) -> tuple[str, subprocess.Popen[bytes]]:
+        port = port or free_port()
         argv = ["serve", "--port", str(port), "--coordinator-id", coordinator_id]
         argv += ["--data-dir", str(self.root / f"relay-{port}"), "--set", "poll_interval_s=0.2"]
         for key, value in settings.items():

@@ -1,0 +1,68 @@
+"""Publishing policy versions: the SHARDCAST origin store and the ledger, kept in step.
+
+A version is published in two steps: :func:`shardcast.origin.publish_checkpoint` shards, signs
+and atomically installs it in the origin store; then the ledger records the signed manifest
+and makes it current. A crash between the two leaves a version in the store that the ledger
+does not know; :func:`publish_policy` finishes such a publication instead of failing, so a
+restarted coordinator (or the same command run again) converges.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from coordinator.config import CoordinatorConfig
+from coordinator.ledger import Ledger
+from protocol.errors import NotFoundError
+from protocol.identity import NodeIdentity
+from protocol.schemas import SignedManifest
+from shardcast.manifest import parse_signed_manifest
+from shardcast.origin import publish_checkpoint
+from shardcast.store import VersionStore
+
+log = logging.getLogger("coordinator.policies")
+
+
+def policy_store(config: CoordinatorConfig) -> VersionStore:
+    return VersionStore(config.policy_store_dir)
+
+
+def published_version(ledger: Ledger) -> int | None:
+    """The newest version the ledger has a manifest for (None before the first publication)."""
+    try:
+        return ledger.manifest(None).manifest.version
+    except NotFoundError:
+        return None
+
+
+def publish_policy(
+    checkpoint_dir: Path,
+    version: int,
+    identity: NodeIdentity,
+    store: VersionStore,
+    ledger: Ledger,
+    config: CoordinatorConfig,
+) -> SignedManifest:
+    """Make ``checkpoint_dir`` policy ``version``: in the origin store, then current in the ledger."""
+    if version in store.versions():
+        signed = parse_signed_manifest(store.manifest_path(version).read_bytes())
+        log.info("policy v%d was already in the origin store; announcing it to the ledger", version)
+    else:
+        signed = publish_checkpoint(
+            checkpoint_dir,
+            version,
+            identity,
+            store,
+            shard_size_bytes=config.policy.shard_size_bytes,
+            keep_versions=config.policy_keep_versions,
+        )
+    if published_version(ledger) != version:
+        ledger.publish(signed)
+    log.info(
+        "policy v%d is current (%d bytes in %d shards)",
+        version,
+        signed.manifest.total_size_bytes,
+        len(signed.manifest.shards),
+    )
+    return signed

@@ -1,0 +1,230 @@
+"""Workers in a real network: coordinator, relay and `prime-worker join` processes on 127.0.0.1.
+
+Two workers (vLLM and HF engines) complete tasks across two policy versions, and every
+submission passes proof verification by an HF prefill of the version it claims; a worker
+SIGKILLed mid-task has its lease re-issued and the group completed by the other; a worker
+whose only relay is down when a new version is published finishes once the relay is back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import tomli_w
+
+from coordinator.process import CoordinatorProcess
+from protocol.identity import NodeIdentity, load_or_create_identity
+from protocol.ledger_client import LedgerClient
+from protocol.schemas import Hardware, PendingSubmission, RegisterRequest
+from tests.conftest import free_port
+from tests.integration.shardcast_nodes import Nodes, wait_until
+from tests.ledger_helpers import TASK_NAME
+from toploc.sampling import sample_stream
+from toploc.tiny_model import TINY_EOS_TOKEN_ID, TinyModelSpec, save_tiny_qwen2
+from toploc.verify import Claim, SampleTask, decode_proof_b64, verify_claims
+from worker.engines.hf import HFEngine
+
+pytestmark = pytest.mark.slow
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+# head_dim 32 (vLLM's CPU attention needs 32 and up); 16 KiB shards so a version has many.
+SPEC = TinyModelSpec(hidden_size=64, num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256)
+
+
+@dataclass
+class Network:
+    url: str
+    root: Path
+    config_path: Path
+    coordinator: CoordinatorProcess
+    coordinator_id: str
+    checkpoints: list[Path]
+    relays: Nodes
+    workers: list[subprocess.Popen[bytes]]
+
+    def start_worker(self, name: str, engine: str, relays: list[str], *extra: str) -> subprocess.Popen[bytes]:
+        argv = [str(BIN / "prime-worker"), "join", "--coordinator", self.url, "--engine", engine, "--gpu", "none"]
+        argv += ["--data-dir", str(self.root / name), "--json-logs", *extra]
+        argv += [item for relay in relays for item in ("--relay", relay)]
+        log = open(self.root / f"{name}.log", "ab")  # noqa: SIM115 - lives as long as the process
+        env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+        proc = subprocess.Popen(argv, stdout=log, stderr=log, env=env)
+        self.workers.append(proc)
+        return proc
+
+    def publish(self, version: int) -> None:
+        argv = [str(BIN / "prime-coordinator"), "publish", str(self.checkpoints[version]), "-c", str(self.config_path)]
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+
+    def events(self, kind: str | None = None) -> list[dict[str, Any]]:
+        found: list[dict[str, Any]] = []
+        after = 0
+        while True:
+            page = httpx.get(f"{self.url}/v1/events", params={"after": after, "limit": 1000}, timeout=5).json()
+            found += [e for e in page["events"] if kind is None or e["kind"] == kind]
+            if not page["events"]:
+                return found
+            after = page["next_after"]
+
+    def worker_log(self, name: str) -> str:
+        return (self.root / f"{name}.log").read_text(errors="replace")[-4000:]
+
+
+@pytest.fixture
+def network(tmp_path: Path) -> Iterator[Network]:
+    checkpoints = [save_tiny_qwen2(tmp_path / f"policy-{v}", seed=v, spec=SPEC) for v in range(2)]
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    config = {
+        "run_name": "workers",
+        "data_dir": str(tmp_path / "run"),
+        "task": TASK_NAME,
+        "task_source": "tests.ledger_helpers:CountingTaskSource",
+        "api": {"host": "127.0.0.1", "port": port},
+        "scheduling": {"prompts_per_task": 2, "group_size": 4, "max_tokens": 48, "lease_ttl_s": 8, "async_level": 1},
+        "trust": {"validators_open": True},
+        "policy": {"start_checkpoint": str(checkpoints[0]), "shard_size_bytes": 16384},
+    }
+    config_path = tmp_path / "run.toml"
+    config_path.write_text(tomli_w.dumps(config))
+    coordinator = CoordinatorProcess(config_path, tmp_path / "coordinator.log", {"PYTHONPATH": str(REPO_ROOT)})
+    relays = Nodes(tmp_path)
+    net = Network(url, tmp_path, config_path, coordinator, "", checkpoints, relays, [])
+    try:
+        coordinator.start(url, timeout_s=120)
+        net.coordinator_id = httpx.get(f"{url}/v1/policy-versions/latest", timeout=5).json()["signer"]
+        yield net
+    finally:
+        for proc in net.workers:
+            if proc.poll() is None:
+                os.kill(proc.pid, signal.SIGTERM)
+        for proc in net.workers:
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.kill(proc.pid, signal.SIGKILL)
+                proc.wait()
+        relays.stop_all()
+        coordinator.stop()
+
+
+def submissions_by_node(net: Network) -> dict[str, list[dict[str, Any]]]:
+    by_node: dict[str, list[dict[str, Any]]] = {}
+    for event in net.events("submit"):
+        by_node.setdefault(event["node_id"], []).append(event)
+    return by_node
+
+
+async def pending_submissions(url: str) -> list[PendingSubmission]:
+    validator = NodeIdentity.generate()
+    async with LedgerClient(url, validator) as client:
+        hardware = Hardware(accelerator="cpu", num_devices=1, memory_bytes=2**30)
+        await client.register(
+            RegisterRequest(role="validator", hardware=hardware, engine="hf", software_version="test")
+        )
+        return (await client.pending(limit=256)).submissions
+
+
+def verify_all(net: Network, pending: list[PendingSubmission]) -> dict[str, int]:
+    """Verify every rollout with an HF prefill of its policy version; count rollouts per engine."""
+    engines = {version: HFEngine(path, max_batch_size=16) for version, path in enumerate(net.checkpoints)}
+    per_engine: dict[str, int] = {}
+    for item in pending:
+        task, submission = item.task, item.submission
+        prompts = {prompt.prompt_index: list(prompt.token_ids) for prompt in task.prompts}
+        claims = [
+            Claim(
+                task=SampleTask(
+                    prompt_ids=prompts[rollout.prompt_index],
+                    sampling=task.sampling,
+                    seed=task.sampling_seed,
+                    stream=sample_stream(rollout.prompt_index, rollout.sample_index),
+                    eos_token_ids=(TINY_EOS_TOKEN_ID,),
+                ),
+                completion_ids=rollout.completion_ids,
+                logprobs=rollout.logprobs,
+                finish_reason=rollout.finish_reason,
+                proof=decode_proof_b64(rollout.proof_b64),
+            )
+            for rollout in submission.rollouts
+        ]
+        engine = engines[submission.policy_version]
+        prefills = engine.prefill([c.task.prompt_ids for c in claims], [c.completion_ids for c in claims])
+        verdicts = verify_claims(claims, prefills)
+        assert all(v.accepted for v in verdicts), [v.reasons for v in verdicts if not v.accepted]
+        per_engine[submission.engine] = per_engine.get(submission.engine, 0) + len(claims)
+    return per_engine
+
+
+def test_two_engines_across_two_versions_and_a_killed_worker(network: Network) -> None:
+    net = network
+    relay_url, _ = net.relays.relay([f"{net.url}/shardcast"], net.coordinator_id)
+    vllm_worker = net.start_worker("worker-vllm", "vllm", [relay_url])
+    hf_worker = net.start_worker("worker-hf", "hf", [relay_url])
+
+    def both_submitted(version: int) -> bool:
+        nodes = submissions_by_node(net)
+        done = [sum(1 for e in events if e["data"].get("policy_version") == version) for events in nodes.values()]
+        return len(done) == 2 and all(count >= 1 for count in done)
+
+    wait_until(lambda: both_submitted(0), 240, "both workers to submit under policy v0")
+    net.publish(1)
+    wait_until(lambda: both_submitted(1), 180, "both workers to submit under policy v1")
+    assert vllm_worker.poll() is None, net.worker_log("worker-vllm")
+    assert hf_worker.poll() is None, net.worker_log("worker-hf")
+
+    # SIGKILL the HF worker while it holds a lease: the lease expires and the vLLM worker completes the group.
+    hf_id = load_or_create_identity(net.root / "worker-hf").node_id
+
+    def hf_holds_lease() -> bool:
+        leased = {e["data"]["task_id"] for e in net.events("lease") if e["node_id"] == hf_id}
+        submitted = {e["data"]["task_id"] for e in net.events("submit") if e["node_id"] == hf_id}
+        return bool(leased - submitted)
+
+    wait_until(hf_holds_lease, 120, "the HF worker to hold a lease")
+    os.kill(hf_worker.pid, signal.SIGKILL)
+    hf_worker.wait()
+    leased = {e["data"]["task_id"] for e in net.events("lease") if e["node_id"] == hf_id}
+    orphaned = leased - {e["data"]["task_id"] for e in net.events("submit") if e["node_id"] == hf_id}
+    assert orphaned
+
+    def orphans_completed() -> bool:
+        completed = {e["data"]["task_id"] for e in net.events("submit") if e["node_id"] != hf_id}
+        return orphaned <= completed
+
+    wait_until(orphans_completed, 120, "the other worker to complete the killed worker's groups")
+    pending = asyncio.run(pending_submissions(net.url))
+    per_engine = verify_all(net, pending)
+    assert per_engine.get("vllm", 0) > 0 and per_engine.get("hf", 0) > 0
+
+
+def test_worker_finishes_after_its_relay_restarts(network: Network) -> None:
+    net = network
+    relay_url, relay = net.relays.relay([f"{net.url}/shardcast"], net.coordinator_id)
+    port = relay_url.rsplit(":", 1)[1]
+    worker = net.start_worker("worker", "hf", [relay_url], "--set", "origin_fallback_enabled=false")
+    wait_until(lambda: bool(submissions_by_node(net)), 180, "the worker to submit under policy v0")
+    net.relays.stop(relay)
+    net.publish(1)
+    time.sleep(3)  # the worker now needs v1 and has no relay to get it from
+    assert worker.poll() is None, net.worker_log("worker")
+    net.relays.relay([f"{net.url}/shardcast"], net.coordinator_id, port=int(port))
+
+    def submitted_v1() -> bool:
+        return any(e["data"].get("policy_version") == 1 for e in net.events("submit"))
+
+    wait_until(submitted_v1, 180, "the worker to submit under policy v1 after the relay came back")
+    assert worker.poll() is None, net.worker_log("worker")
