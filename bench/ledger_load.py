@@ -288,6 +288,12 @@ def server_side_latency(metrics_text: str) -> dict[str, dict[str, float | None]]
     return found
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time a process has used so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def log(message: str) -> None:
     print(f"[ledger_load] {message}", file=sys.stderr, flush=True)
 
@@ -323,10 +329,18 @@ def run_backend(backend: str, ledger_url: str, args: argparse.Namespace, workdir
         generator = [sys.executable, str(Path(__file__).resolve()), "--generate", url]
         generator += ["--workers", str(args.workers), "--duration-s", str(args.duration_s)]
         generator += ["--period-s", str(args.period_s), "--connections", str(args.connections)]
+        server_cpu_before_s = cpu_seconds(server.pid)
         done = subprocess.run(generator, capture_output=True, text=True, env=env, check=False)
+        server_cpu_s = cpu_seconds(server.pid) - server_cpu_before_s
         if done.returncode != 0:
             raise RuntimeError(f"load generator failed: {done.stderr[-2000:]}")
         result = summarize(json.loads(done.stdout))
+        # Machine-independent-ish capacity figure: the coordinator's own CPU per request served
+        # (PostgreSQL's backend processes are not included).
+        result["server_cpu_s"] = round(server_cpu_s, 1)
+        result["server_cpu_ms_per_request"] = round(1000 * server_cpu_s / max(1, result["requests"]), 2)
+        result["server_cpu_share"] = round(server_cpu_s / result["elapsed_s"], 2)
+        result["load_average_1m_after"] = os.getloadavg()[0]
         result["server_side"] = server_side_latency(httpx.get(f"{url}/metrics", timeout=30).text)
         result["server_log_tail"] = server.log_path.read_text()[-500:]
         return result

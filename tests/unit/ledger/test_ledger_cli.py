@@ -1,0 +1,24 @@
+"""`prime-coordinator start` says honestly what it runs, and refuses a task source it cannot load."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from coordinator.cli import app
+from protocol.cli import EXIT_FAILURE
+
+
+def test_help_says_what_start_runs_today() -> None:
+    result = CliRunner().invoke(app, ["--help"])
+    assert result.exit_code == 0
+    assert "task ledger API" in result.output and "issue 9" in result.output
+
+
+def test_unloadable_task_source_fails_with_its_name(tmp_path: Path) -> None:
+    config = tmp_path / "run.toml"
+    config.write_text(f'data_dir = "{tmp_path}"\ntask_source = "no_such_module:tasks"\n')
+    result = CliRunner().invoke(app, ["start", "-c", str(config), "--port", "0"])
+    assert result.exit_code == EXIT_FAILURE
+    assert "no_such_module:tasks" in result.output
