@@ -13,7 +13,6 @@ from protocol.cli import (
     SetOption,
     load_role_config,
     make_keys_app,
-    not_yet_built,
     start_logging,
 )
 from worker.config import WorkerConfig
@@ -93,6 +92,34 @@ def join(
 @app.command()
 def status(
     coordinator: str = typer.Option("http://127.0.0.1:8000", help="Coordinator URL."),
+    data_dir: Path = typer.Option(WorkerConfig.model_fields["data_dir"].default, help="The worker's data dir."),
 ) -> None:
-    """Show this node's standing with a coordinator (accepted, rejected, banned)."""
-    not_yet_built("worker status", 7)
+    """Show this node's standing with a coordinator: accepted, rejected, banned."""
+    import asyncio
+
+    from protocol.cli import EXIT_BANNED, fail
+    from protocol.errors import PrimeError
+    from protocol.identity import load_or_create_identity
+    from protocol.ledger_client import LedgerClient
+
+    async def fetch() -> int:
+        identity = load_or_create_identity(data_dir)
+        async with LedgerClient(coordinator, identity) as ledger:
+            stats = await ledger.stats(limit=10_000)
+        run = stats.status
+        typer.echo(f"run {run.run_name}: policy v{run.current_policy_version}, {run.num_workers_live} live workers")
+        mine = next((node for node in stats.nodes if node.node_id == identity.node_id), None)
+        if mine is None:
+            typer.echo(f"node {identity.node_id} is not registered with this coordinator (or not seen recently)")
+            return 0
+        typer.echo(f"node {mine.node_id} ({mine.role}): {mine.num_accepted} accepted, {mine.num_rejected} rejected")
+        if mine.banned:
+            typer.echo(f"banned: {mine.ban_reason}")
+            return EXIT_BANNED
+        return 0
+
+    try:
+        code = asyncio.run(fetch())
+    except PrimeError as exc:
+        fail(exc.message)
+    raise typer.Exit(code)

@@ -19,16 +19,15 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
-
-from toploc.proof import build_proof
+from typing import Any, TypeVar
 
 from protocol.errors import ForbiddenError, PrimeError, RateLimitedError, RemoteUnavailableError, RequestRefused
 from protocol.ledger_client import LedgerClient
 from protocol.schemas import HeartbeatRequest, LeaseRequest, Rollout, SubmitRequest, Task
+from toploc.proof import build_proofs
 from toploc.sampling import sample_stream
 from worker.engines.base import Engine, GenerationRequest, GenerationResult
 from worker.weights import WeightsCache
@@ -98,11 +97,11 @@ def generation_requests(task: Task, eos_token_ids: tuple[int, ...]) -> list[Gene
 
 
 def build_submission(task: Task, engine_name: str, results: list[GenerationResult]) -> SubmitRequest:
-    """The signed-to-be submission of a task's generated group, with a proof per sample."""
+    """The submission of a task's generated group, with a proof per sample (built in one batch)."""
+    proofs = build_proofs([result.hidden_states for result in results])
     rollouts = []
-    for result in results:
+    for result, proof in zip(results, proofs, strict=True):
         _task_id, prompt_index, sample_index = result.uid.rsplit("/", 2)
-        proof = build_proof(result.hidden_states)
         rollouts.append(
             Rollout(
                 prompt_index=int(prompt_index),
@@ -140,23 +139,39 @@ class TaskRunner:
         self.state = state
         self.eos_token_ids = eos_token_ids
         self.loaded_version = loaded_version
-        self.current_lease: str | None = None
 
     async def run(self, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            request = LeaseRequest(max_tasks=1, policy_versions_held=self.weights.held_versions()[-16:])
-            leased = await with_retries("lease", functools.partial(self.ledger.lease, request), stop)
-            if not leased.tasks:
-                await sleep_unless_stopped(stop, max(leased.retry_after_s, 0.2))
-                continue
-            for task in leased.tasks:
-                if stop.is_set():
-                    await self._abandon(task.lease_id)
-                    break
-                await self.run_task(task, stop)
+        """Lease and run tasks until stopped, proving and submitting one task while generating the next."""
+        submitting: asyncio.Task[None] | None = None
+        try:
+            while not stop.is_set():
+                request = LeaseRequest(max_tasks=1, policy_versions_held=self.weights.held_versions()[-16:])
+                leased = await with_retries("lease", functools.partial(self.ledger.lease, request), stop)
+                if not leased.tasks:
+                    await sleep_unless_stopped(stop, max(leased.retry_after_s, 0.2))
+                    continue
+                for task in leased.tasks:
+                    if stop.is_set():
+                        await self._abandon(task.lease_id)
+                        break
+                    finish = await self.generate_task(task, stop)
+                    if submitting is not None:
+                        await submitting
+                    submitting = asyncio.create_task(finish)
+        finally:
+            if submitting is not None:
+                await submitting
 
     async def run_task(self, task: Task, stop: asyncio.Event) -> None:
-        self.current_lease = task.lease_id
+        """Generate, prove and submit one task."""
+        await (await self.generate_task(task, stop))
+
+    async def generate_task(self, task: Task, stop: asyncio.Event) -> Coroutine[Any, Any, None]:
+        """Generate a task's samples; return the coroutine that proves and submits them.
+
+        The lease is renewed from here until the submission is answered; a cancellation while
+        generating abandons the lease so the ledger can re-issue it at once.
+        """
         self.state.current_task = task.task_id
         renewer = asyncio.create_task(self._renew_until_cancelled(task))
         try:
@@ -166,14 +181,18 @@ class TaskRunner:
             started = time.monotonic()
             results = await asyncio.to_thread(self.engine.generate, requests)
             self.state.generation_s += time.monotonic() - started
-            submission = await asyncio.to_thread(build_submission, task, self.engine.name, results)
-        except asyncio.CancelledError:
-            await self._abandon(task.lease_id)
-            raise
-        finally:
+        except BaseException:
             renewer.cancel()
             await asyncio.gather(renewer, return_exceptions=True)
+            await self._abandon(task.lease_id)
+            raise
+        return self._prove_and_submit(task, results, renewer, stop)
+
+    async def _prove_and_submit(
+        self, task: Task, results: list[GenerationResult], renewer: asyncio.Task[None], stop: asyncio.Event
+    ) -> None:
         try:
+            submission = await asyncio.to_thread(build_submission, task, self.engine.name, results)
             answer = await with_retries("submit", lambda: self.ledger.submit(submission), stop)
         except ForbiddenError:
             raise
@@ -193,8 +212,10 @@ class TaskRunner:
                 answer.status + (" (duplicate)" if answer.duplicate else ""),
             )
         finally:
-            self.current_lease = None
-            self.state.current_task = None
+            renewer.cancel()
+            await asyncio.gather(renewer, return_exceptions=True)
+            if self.state.current_task == task.task_id:
+                self.state.current_task = None
 
     async def _load_version(self, version: int, stop: asyncio.Event) -> None:
         if self.loaded_version == version:
