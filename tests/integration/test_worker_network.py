@@ -26,13 +26,13 @@ import tomli_w
 from coordinator.process import CoordinatorProcess
 from protocol.identity import NodeIdentity, load_or_create_identity
 from protocol.ledger_client import LedgerClient
-from protocol.schemas import Hardware, PendingSubmission, RegisterRequest
+from protocol.schemas import Hardware, PendingSubmission, RegisterRequest, Verdict
 from tests.conftest import free_port
 from tests.integration.shardcast_nodes import Nodes, wait_until
 from tests.ledger_helpers import TASK_NAME
 from toploc.sampling import sample_stream
 from toploc.tiny_model import TINY_EOS_TOKEN_ID, TinyModelSpec, save_tiny_qwen2
-from toploc.verify import Claim, SampleTask, decode_proof_b64, verify_claims
+from toploc.verify import Claim, RolloutVerdict, SampleTask, decode_proof_b64, verify_claims
 from worker.engines.hf import HFEngine
 
 pytestmark = pytest.mark.slow
@@ -93,7 +93,7 @@ def network(tmp_path: Path) -> Iterator[Network]:
         "data_dir": str(tmp_path / "run"),
         "task": TASK_NAME,
         "task_source": "tests.ledger_helpers:CountingTaskSource",
-        "api": {"host": "127.0.0.1", "port": port},
+        "api": {"host": "127.0.0.1", "port": port, "node_burst": 100000, "ip_burst": 100000},
         "scheduling": {"prompts_per_task": 2, "group_size": 4, "max_tokens": 48, "lease_ttl_s": 8, "async_level": 1},
         "trust": {"validators_open": True},
         "policy": {"start_checkpoint": str(checkpoints[0]), "shard_size_bytes": 16384},
@@ -128,45 +128,48 @@ def submissions_by_node(net: Network) -> dict[str, list[dict[str, Any]]]:
     return by_node
 
 
-async def pending_submissions(url: str) -> list[PendingSubmission]:
-    validator = NodeIdentity.generate()
-    async with LedgerClient(url, validator) as client:
+async def audit_all(net: Network) -> dict[str, int]:
+    """Act as a validator: verify every pending rollout with an HF prefill of its policy version and post
+    the verdicts, until nothing is pending; count the verified rollouts per engine."""
+    engines = {version: HFEngine(path, max_batch_size=16) for version, path in enumerate(net.checkpoints)}
+    per_engine: dict[str, int] = {}
+    async with LedgerClient(net.url, NodeIdentity.generate()) as client:
         hardware = Hardware(accelerator="cpu", num_devices=1, memory_bytes=2**30)
         await client.register(
             RegisterRequest(role="validator", hardware=hardware, engine="hf", software_version="test")
         )
-        return (await client.pending(limit=256)).submissions
-
-
-def verify_all(net: Network, pending: list[PendingSubmission]) -> dict[str, int]:
-    """Verify every rollout with an HF prefill of its policy version; count rollouts per engine."""
-    engines = {version: HFEngine(path, max_batch_size=16) for version, path in enumerate(net.checkpoints)}
-    per_engine: dict[str, int] = {}
-    for item in pending:
-        task, submission = item.task, item.submission
-        prompts = {prompt.prompt_index: list(prompt.token_ids) for prompt in task.prompts}
-        claims = [
-            Claim(
-                task=SampleTask(
-                    prompt_ids=prompts[rollout.prompt_index],
-                    sampling=task.sampling,
-                    seed=task.sampling_seed,
-                    stream=sample_stream(rollout.prompt_index, rollout.sample_index),
-                    eos_token_ids=(TINY_EOS_TOKEN_ID,),
-                ),
-                completion_ids=rollout.completion_ids,
-                logprobs=rollout.logprobs,
-                finish_reason=rollout.finish_reason,
-                proof=decode_proof_b64(rollout.proof_b64),
-            )
-            for rollout in submission.rollouts
-        ]
-        engine = engines[submission.policy_version]
-        prefills = engine.prefill([c.task.prompt_ids for c in claims], [c.completion_ids for c in claims])
-        verdicts = verify_claims(claims, prefills)
-        assert all(v.accepted for v in verdicts), [v.reasons for v in verdicts if not v.accepted]
-        per_engine[submission.engine] = per_engine.get(submission.engine, 0) + len(claims)
+        while pending := (await client.pending(limit=64)).submissions:
+            for item in pending:
+                verdicts = verify_submission(item, engines[item.submission.policy_version])
+                rejected = [v.reasons for v in verdicts if not v.accepted]
+                assert not rejected, rejected
+                await client.post_verdict(Verdict(submission_id=item.submission_id, accepted=True))
+                engine = item.submission.engine
+                per_engine[engine] = per_engine.get(engine, 0) + len(verdicts)
     return per_engine
+
+
+def verify_submission(item: PendingSubmission, engine: HFEngine) -> list[RolloutVerdict]:
+    task, submission = item.task, item.submission
+    prompts = {prompt.prompt_index: list(prompt.token_ids) for prompt in task.prompts}
+    claims = [
+        Claim(
+            task=SampleTask(
+                prompt_ids=prompts[rollout.prompt_index],
+                sampling=task.sampling,
+                seed=task.sampling_seed,
+                stream=sample_stream(rollout.prompt_index, rollout.sample_index),
+                eos_token_ids=(TINY_EOS_TOKEN_ID,),
+            ),
+            completion_ids=rollout.completion_ids,
+            logprobs=rollout.logprobs,
+            finish_reason=rollout.finish_reason,
+            proof=decode_proof_b64(rollout.proof_b64),
+        )
+        for rollout in submission.rollouts
+    ]
+    prefills = engine.prefill([c.task.prompt_ids for c in claims], [c.completion_ids for c in claims])
+    return verify_claims(claims, prefills)
 
 
 def test_two_engines_across_two_versions_and_a_killed_worker(network: Network) -> None:
@@ -206,9 +209,12 @@ def test_two_engines_across_two_versions_and_a_killed_worker(network: Network) -
         return orphaned <= completed
 
     wait_until(orphans_completed, 120, "the other worker to complete the killed worker's groups")
-    pending = asyncio.run(pending_submissions(net.url))
-    per_engine = verify_all(net, pending)
+    os.kill(vllm_worker.pid, signal.SIGTERM)  # Ctrl-C: abandons or finishes its lease and exits
+    assert vllm_worker.wait(timeout=60) == 130, net.worker_log("worker-vllm")
+    per_engine = asyncio.run(audit_all(net))
     assert per_engine.get("vllm", 0) > 0 and per_engine.get("hf", 0) > 0
+    status = httpx.get(f"{net.url}/v1/status", timeout=5).json()
+    assert status["num_submissions_pending"] == 0 and status["num_submissions_accepted"] > 0
 
 
 def test_worker_finishes_after_its_relay_restarts(network: Network) -> None:
@@ -228,3 +234,12 @@ def test_worker_finishes_after_its_relay_restarts(network: Network) -> None:
 
     wait_until(submitted_v1, 180, "the worker to submit under policy v1 after the relay came back")
     assert worker.poll() is None, net.worker_log("worker")
+    status = subprocess.run(
+        [str(BIN / "prime-worker"), "status", "--coordinator", net.url, "--data-dir", str(net.root / "worker")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    node_id = load_or_create_identity(net.root / "worker").node_id
+    assert status.returncode == 0, status.stderr
+    assert f"node {node_id} (worker): 0 accepted, 0 rejected" in status.stdout
