@@ -277,7 +277,7 @@ def run_ours(work: Path, checkpoint_dir: Path, shard_size: int, num_clients: int
                 [
                     *(str(BIN / "prime-relay"), "serve", "--upstream", origin_url, "--port", str(port)),
                     *("--coordinator-id", coordinator_id, "--data-dir", str(work / f"relay{index}")),
-                    *("--set", "poll_interval_s=0.1"),
+                    *("--set", "poll_interval_s=1.0"),  # as the reference middle nodes (check_interval=1)
                 ],
                 logs / f"relay{index}.log",
             )
