@@ -101,10 +101,17 @@ def publish(
     shard_size_bytes: int = typer.Option(32 * 1024 * 1024, min=4096, help="Shard size in bytes."),
     hash_algorithm: str = typer.Option("blake3", help="blake3 or sha256."),
     keep_versions: int = typer.Option(3, min=1, help="Versions kept (at least async_level + 1)."),
-    no_fsync: bool = typer.Option(False, "--no-fsync", help="Skip syncing shards to disk (faster, not crash-safe)."),
+    no_fsync: bool = typer.Option(False, "--no-fsync", help="Skip syncing the files to disk (faster, not crash-safe)."),
+    copy: bool = typer.Option(
+        False, "--copy", help="Copy the files into the store instead of hard-linking them (if they may be rewritten)."
+    ),
     log_level: str = LogLevelOption,
 ) -> None:
-    """Shard, hash, sign and atomically publish a checkpoint as a new version (what the coordinator does)."""
+    """Hash, sign and atomically publish a checkpoint as a new version (what the coordinator does).
+
+    The files enter the store as hard links when they can (no copy): never rewrite a published
+    checkpoint in place, or pass --copy.
+    """
     start_logging(log_level, json_logs=False)
     from protocol.errors import PrimeError
     from protocol.identity import load_or_create_identity
@@ -124,6 +131,7 @@ def publish(
             hash_algorithm="sha256" if hash_algorithm == "sha256" else "blake3",
             keep_versions=keep_versions,
             fsync_enabled=not no_fsync,
+            link_enabled=not copy,
         )
     except PrimeError as exc:
         fail(f"publish: {exc.message}")

@@ -63,12 +63,16 @@ def publish(tmp_path: Path, store: Path, coordinator: NodeIdentity, version: int
     return checkpoint
 
 
+def origin_with_version_1(tmp_path: Path, nodes: Nodes, signer: NodeIdentity, **kwargs: int) -> tuple[Path, str]:
+    """Publish version 1 (signed by ``signer``) into a fresh store and serve it: (checkpoint, origin URL)."""
+    checkpoint = publish(tmp_path, tmp_path / "store", signer, 1, **kwargs)
+    return checkpoint, nodes.origin(tmp_path / "store")
+
+
 def test_chain_of_two_relays_delivers_bit_identical_copies(
     tmp_path: Path, nodes: Nodes, coordinator: NodeIdentity
 ) -> None:
-    store = tmp_path / "store"
-    checkpoint = publish(tmp_path, store, coordinator, 1)
-    origin = nodes.origin(store)
+    checkpoint, origin = origin_with_version_1(tmp_path, nodes, coordinator)
     relay_a, _ = nodes.relay([origin], coordinator.node_id)
     relay_b, _ = nodes.relay([relay_a], coordinator.node_id)  # chained: b mirrors a
     wait_until(lambda: holds(relay_b, 1), 60, "relay b to mirror version 1 through relay a")
@@ -90,9 +94,8 @@ def test_chain_of_two_relays_delivers_bit_identical_copies(
 
 
 def test_curl_fetches_manifest_and_shards_from_a_relay(tmp_path: Path, nodes: Nodes, coordinator: NodeIdentity) -> None:
-    store = tmp_path / "store"
-    checkpoint = publish(tmp_path, store, coordinator, 1)
-    relay, _ = nodes.relay([nodes.origin(store)], coordinator.node_id)
+    checkpoint, origin = origin_with_version_1(tmp_path, nodes, coordinator)
+    relay, _ = nodes.relay([origin], coordinator.node_id)
     wait_until(lambda: holds(relay, 1), 60, "relay to mirror version 1")
     manifest = subprocess.run(["curl", "-sf", f"{relay}/v/1/manifest.json"], check=True, capture_output=True).stdout
     files = httpx.Response(200, content=manifest).json()["manifest"]["files"]
@@ -108,9 +111,7 @@ def test_curl_fetches_manifest_and_shards_from_a_relay(tmp_path: Path, nodes: No
 def test_relay_killed_mid_download_clients_finish_from_the_other(
     tmp_path: Path, nodes: Nodes, coordinator: NodeIdentity
 ) -> None:
-    store = tmp_path / "store"
-    checkpoint = publish(tmp_path, store, coordinator, 1, size_bytes=16 * 1024 * 1024)
-    origin = nodes.origin(store)
+    checkpoint, origin = origin_with_version_1(tmp_path, nodes, coordinator, size_bytes=16 * 1024 * 1024)
     (relay_a, proc_a), (relay_b, _) = (
         nodes.relay([origin], coordinator.node_id),
         nodes.relay([origin], coordinator.node_id),
@@ -134,9 +135,8 @@ def test_relay_killed_mid_download_clients_finish_from_the_other(
 def test_corrupting_relay_is_detected_demoted_and_routed_around(
     tmp_path: Path, nodes: Nodes, coordinator: NodeIdentity
 ) -> None:
+    checkpoint, good = origin_with_version_1(tmp_path, nodes, coordinator)
     store = tmp_path / "store"
-    checkpoint = publish(tmp_path, store, coordinator, 1)
-    good = nodes.origin(store)
     # the test's bad relay: a server over a copy of the version with shard 3 flipped (genuine manifest)
     evil_store = tmp_path / "evil-store"
     shutil.copytree(store / "v1", evil_store / "v1")
@@ -166,9 +166,7 @@ def test_manifest_not_signed_by_the_coordinator_is_refused(
     tmp_path: Path, nodes: Nodes, coordinator: NodeIdentity
 ) -> None:
     impostor = NodeIdentity.generate()
-    store = tmp_path / "store"
-    publish(tmp_path, store, impostor, 1)
-    forger = nodes.origin(store)
+    _, forger = origin_with_version_1(tmp_path, nodes, impostor)
     relay, _ = nodes.relay([forger], coordinator.node_id)
     wait_until(lambda: metric(relay, "shardcast_manifests_rejected_total") >= 1, 30, "the relay to refuse it")
     assert get_json(f"{relay}/versions")["versions"] == []

@@ -19,7 +19,7 @@ def test_publish_signs_with_the_key_in_key_dir(tmp_path: Path) -> None:
     checkpoint.mkdir()
     (checkpoint / "model.safetensors").write_bytes(b"\1" * 10_000)
     args = ["publish", str(checkpoint), "--version", "4", "--store", str(tmp_path / "store")]
-    args += ["--key-dir", str(tmp_path / "keys"), "--shard-size-bytes", "4096", "--no-fsync"]
+    args += ["--key-dir", str(tmp_path / "keys"), "--shard-size-bytes", "4096", "--no-fsync", "--copy"]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     summary = json.loads(result.stdout.strip().splitlines()[-1])
@@ -27,6 +27,8 @@ def test_publish_signs_with_the_key_in_key_dir(tmp_path: Path) -> None:
     assert summary == {"version": 4, "signer": coordinator_id, "num_shards": 3, "total_bytes": 10_000}
     store = VersionStore(tmp_path / "store")
     load_verified_manifest(store.manifest_path(4).read_bytes(), coordinator_id, 4)
+    stored = store.version_dir(4) / "files" / "model.safetensors"
+    assert stored.stat().st_ino != (checkpoint / "model.safetensors").stat().st_ino  # --copy: not a link
     again = CliRunner().invoke(app, args)
     assert again.exit_code == 1 and "already published" in again.output
 

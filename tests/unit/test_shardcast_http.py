@@ -124,7 +124,10 @@ async def test_client_downloads_verified_files_in_place(
 ) -> None:
     router = HostRouter({"origin": create_app(OriginSource(origin_store))})
     events: list[dict[str, Any]] = []
-    path = await fetch_version(1, ["http://origin"], coordinator.node_id, tmp_path / "out", FAST, router, events.append)
+    durable = FAST.model_copy(update={"fsync_enabled": True})
+    path = await fetch_version(
+        1, ["http://origin"], coordinator.node_id, tmp_path / "out", durable, router, events.append
+    )
     assert path == tmp_path / "out" / "v1"
     assert same_tree(path, tmp_path / "ckpt")
     assert (path / "empty.txt").stat().st_size == 0
