@@ -34,9 +34,9 @@ from coordinator.task_source import SourcePrompt  # noqa: E402
 from protocol.identity import NodeIdentity  # noqa: E402
 from protocol.ledger_client import LedgerClient  # noqa: E402
 from protocol.schemas import Hardware, RegisterRequest, SamplingParams, Task  # noqa: E402
+from shardcast.cache import WeightsCache  # noqa: E402
 from worker.engines.base import Engine  # noqa: E402
 from worker.loop import TaskRunner, WorkerState, generation_requests  # noqa: E402
-from worker.weights import WeightsCache  # noqa: E402
 
 TASK_NAME = "bench"
 PROMPTS_PER_TASK = 8

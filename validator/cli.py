@@ -13,7 +13,6 @@ from protocol.cli import (
     SetOption,
     load_role_config,
     make_keys_app,
-    not_yet_built,
     start_logging,
 )
 from validator.config import ValidatorConfig
@@ -33,5 +32,30 @@ def run(
 ) -> None:
     """Validate pending submissions until stopped (Ctrl-C)."""
     start_logging(log_level, json_logs)
-    load_role_config(ValidatorConfig, config, sets, {"coordinator_url": coordinator, "data_dir": data_dir})
-    not_yet_built("the validator loop", 8)
+    settings = load_role_config(ValidatorConfig, config, sets, {"coordinator_url": coordinator, "data_dir": data_dir})
+    raise typer.Exit(run_audit(settings))
+
+
+def run_audit(settings: ValidatorConfig) -> int:
+    """Run the validator until Ctrl-C; the exit code says how it ended."""
+    import asyncio
+    import signal
+
+    from protocol.cli import EXIT_BANNED, EXIT_FAILURE, EXIT_INTERRUPTED, fail
+    from protocol.errors import ForbiddenError, PrimeError
+    from validator.node import run_validator
+
+    async def main() -> int:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await run_validator(settings, stop)
+        return EXIT_INTERRUPTED
+
+    try:
+        return asyncio.run(main())
+    except ForbiddenError as exc:
+        fail(f"the coordinator refuses this validator: {exc.message}", EXIT_BANNED)
+    except PrimeError as exc:
+        fail(exc.message, EXIT_FAILURE)

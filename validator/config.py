@@ -26,5 +26,7 @@ class ValidatorConfig(RoleConfig):
     """Node key and downloaded policy versions."""
     max_batch_size: int = Field(default=64, ge=1, le=4096)
     """Most sequences recomputed in one prefill batch."""
+    max_versions: int = Field(default=3, ge=1)
+    """Policy versions kept loaded (and on disk) at once: async_level + 1 is enough."""
     poll_interval_s: float = Field(default=1.0, gt=0)
     """How often to ask the ledger for pending submissions when idle."""

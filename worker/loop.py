@@ -27,10 +27,10 @@ from typing import Any, TypeVar
 from protocol.errors import ForbiddenError, PrimeError, RateLimitedError, RemoteUnavailableError, RequestRefused
 from protocol.ledger_client import LedgerClient
 from protocol.schemas import HeartbeatRequest, LeaseRequest, Rollout, SubmitRequest, Task
+from shardcast.cache import WeightsCache
 from toploc.proof import build_proofs
 from toploc.sampling import sample_stream
 from worker.engines.base import Engine, GenerationRequest, GenerationResult
-from worker.weights import WeightsCache
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

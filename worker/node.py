@@ -21,11 +21,11 @@ from protocol.errors import ConfigError, IdentityError
 from protocol.identity import load_or_create_identity, public_key_from_node_id
 from protocol.ledger_client import LedgerClient
 from protocol.schemas import Hardware, RegisterRequest
+from shardcast.cache import WeightsCache
 from worker.config import WorkerConfig
 from worker.devices import DeviceInfo, detect_devices
 from worker.engines.base import Engine
 from worker.loop import TaskRunner, WorkerState, heartbeat_forever, with_retries
-from worker.weights import WeightsCache
 
 log = logging.getLogger(__name__)
 PINNED_COORDINATOR_FILE = "coordinator_id"

@@ -1,4 +1,4 @@
-"""Policy versions on a worker's disk: download once through SHARDCAST, prefetch the next, prune old.
+"""Policy versions on a node's disk (worker or validator): download once through SHARDCAST, prefetch, prune.
 
 Each version is fetched from the relays by :func:`shardcast.client.fetch_version`, which
 verifies every shard against the manifest signed by the coordinator and exposes the version

@@ -1,0 +1,150 @@
+"""Auditing submissions: honest groups pass; forged, rebound and cheated groups are rejected with reasons."""
+
+from __future__ import annotations
+
+import base64
+import time
+from collections.abc import Callable
+
+import pytest
+
+from protocol.identity import NodeIdentity
+from protocol.schemas import PendingSubmission, Rollout, SubmitRequest, Task
+from protocol.signing import sign_document
+from toploc.sampling import sample_stream
+from toploc.tiny_model import TINY_EOS_TOKEN_ID, save_tiny_qwen2
+from toploc.verify import Claim, SampleTask
+from validator.audit import audit_submission
+from worker.adversary import altered_token, flipped_signs, honest_claims, other_temperature
+from worker.engines.hf import HFEngine
+
+EOS = (TINY_EOS_TOKEN_ID,)
+PROMPTS = [[5, 9, 33, 12], [7, 7, 7, 8, 100]]
+GROUP_SIZE = 2
+
+
+@pytest.fixture(scope="module")
+def policy(tmp_path_factory: pytest.TempPathFactory) -> HFEngine:
+    return HFEngine(save_tiny_qwen2(tmp_path_factory.mktemp("policy") / "m", seed=3), max_batch_size=8)
+
+
+def make_task() -> Task:
+    return Task.model_validate(
+        {
+            "task_id": "t-1",
+            "lease_id": "l-1",
+            "task_name": "test",
+            "prompts": [{"prompt_index": i, "token_ids": p} for i, p in enumerate(PROMPTS)],
+            "group_size": GROUP_SIZE,
+            "sampling": {"temperature": 1.0, "max_tokens": 40},
+            "policy_version": 3,
+            "sampling_seed": 4242,
+            "deadline": time.time() + 60,
+        }
+    )
+
+
+def sample_tasks(task: Task) -> list[SampleTask]:
+    return [
+        SampleTask(list(p.token_ids), task.sampling, task.sampling_seed, sample_stream(p.prompt_index, s), EOS)
+        for p in task.prompts
+        for s in range(task.group_size)
+    ]
+
+
+def pending(task: Task, claims: list[Claim], worker: NodeIdentity, **changes: object) -> PendingSubmission:
+    rollouts = [
+        Rollout(
+            prompt_index=i // GROUP_SIZE,
+            sample_index=i % GROUP_SIZE,
+            completion_ids=c.completion_ids,
+            logprobs=c.logprobs,
+            finish_reason=c.finish_reason,
+            proof_b64=base64.b64encode(c.proof).decode(),
+        )
+        for i, c in enumerate(claims)
+    ]
+    fields: dict[str, object] = {"lease_id": task.lease_id, "task_id": task.task_id, "policy_version": 3}
+    fields.update(changes)
+    submission = SubmitRequest.model_validate(
+        {**fields, "engine": "hf", "rollouts": [r.model_dump() for r in rollouts]}
+    )
+    return PendingSubmission(
+        submission_id="s-1",
+        worker_id=worker.node_id,
+        task=task,
+        submission=submission,
+        submitted_at=time.time(),
+        worker_signature_b64=sign_document(worker, submission.model_dump(mode="json")),
+    )
+
+
+def test_honest_group_is_accepted(policy: HFEngine) -> None:
+    task = make_task()
+    verdict, rollouts = audit_submission(
+        pending(task, honest_claims(policy, sample_tasks(task)), NodeIdentity.generate()), policy, EOS
+    )
+    assert verdict.accepted, verdict.reasons
+    assert len(rollouts) == len(PROMPTS) * GROUP_SIZE
+
+
+def test_forged_signature_is_rejected(policy: HFEngine) -> None:
+    task = make_task()
+    item = pending(task, honest_claims(policy, sample_tasks(task)), NodeIdentity.generate())
+    forged = item.model_copy(update={"worker_id": NodeIdentity.generate().node_id})
+    verdict, _ = audit_submission(forged, policy, EOS)
+    assert not verdict.accepted and verdict.reasons[0].startswith("signature:")
+
+
+@pytest.mark.parametrize(
+    ("changes", "reason"),
+    [({"task_id": "t-2"}, "task:"), ({"lease_id": "l-9"}, "task:"), ({"policy_version": 2}, "policy:")],
+)
+def test_submission_bound_to_another_task_is_rejected(
+    policy: HFEngine, changes: dict[str, object], reason: str
+) -> None:
+    task = make_task()
+    item = pending(task, honest_claims(policy, sample_tasks(task)), NodeIdentity.generate(), **changes)
+    verdict, _ = audit_submission(item, policy, EOS)
+    assert not verdict.accepted and any(r.startswith(reason) for r in verdict.reasons), verdict.reasons
+
+
+Cheat = Callable[[HFEngine, list[SampleTask]], list[Claim]]
+
+
+@pytest.mark.parametrize(
+    "cheat",
+    [
+        lambda policy, tasks: altered_token(policy, tasks),
+        lambda policy, tasks: flipped_signs(policy, tasks),
+        lambda policy, tasks: other_temperature(policy, tasks, 0.5),
+    ],
+    ids=["altered_token", "flipped_signs", "half_temperature"],
+)
+def test_cheated_rollouts_reject_the_group(policy: HFEngine, cheat: Cheat) -> None:
+    task = make_task()
+    claims = cheat(policy, sample_tasks(task))
+    verdict, rollouts = audit_submission(pending(task, claims, NodeIdentity.generate()), policy, EOS)
+    assert not verdict.accepted
+    assert all(reason.startswith("rollout p") for reason in verdict.reasons)
+    assert any(not r.accepted for r in rollouts)
+
+
+def test_junk_proof_and_unknown_prompt_are_reasons_not_crashes(policy: HFEngine) -> None:
+    task = make_task()
+    item = pending(task, honest_claims(policy, sample_tasks(task)), NodeIdentity.generate())
+    bad = item.submission.rollouts[0].model_copy(update={"proof_b64": "***", "prompt_index": 0})
+    worse = item.submission.rollouts[1].model_copy(update={"prompt_index": 7})
+    submission = item.submission.model_copy(update={"rollouts": [bad, worse, *item.submission.rollouts[2:]]})
+    worker = NodeIdentity.generate()
+    item = item.model_copy(
+        update={
+            "submission": submission,
+            "worker_id": worker.node_id,
+            "worker_signature_b64": sign_document(worker, submission.model_dump(mode="json")),
+        }
+    )
+    verdict, _ = audit_submission(item, policy, EOS)
+    assert not verdict.accepted
+    assert any("not valid base64" in r for r in verdict.reasons)
+    assert any("no prompt 7" in r for r in verdict.reasons)

@@ -1,0 +1,100 @@
+"""Auditing one pending submission: the worker's signature, the task it claims, every rollout's proof.
+
+:func:`audit_submission` turns a :class:`PendingSubmission` (the task as the ledger issued it,
+the worker's submission and its signature over it) into a :class:`Verdict`. It checks that
+the worker signed exactly this submission, that the submission answers the task it came with
+(same task, lease and policy version), and then, with one batched prefill of the policy
+version the task names, runs :func:`toploc.verify.verify_claims` over every rollout: TOPLOC
+proof, sampling replay, termination, lengths and logprobs. Every failure becomes a reason
+naming the rollout; one failed rollout rejects the whole group.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from protocol.errors import BadSignatureError, ProofError
+from protocol.schemas import PendingSubmission, Verdict
+from protocol.signing import verify_document
+from toploc.config import ToplocConfig
+from toploc.sampling import sample_stream
+from toploc.verify import Claim, RolloutVerdict, SampleTask, decode_proof_b64, verify_claims
+from worker.engines.base import PrefillEngine
+
+MAX_VERDICT_REASONS = 64
+
+
+def claims_of(item: PendingSubmission, eos_token_ids: Sequence[int]) -> tuple[list[Claim], list[str]]:
+    """The rollouts of a submission as claims against the task the ledger issued; reasons for junk."""
+    task, submission = item.task, item.submission
+    prompts = {prompt.prompt_index: list(prompt.token_ids) for prompt in task.prompts}
+    claims: list[Claim] = []
+    reasons: list[str] = []
+    for rollout in submission.rollouts:
+        label = f"rollout p{rollout.prompt_index}/s{rollout.sample_index}"
+        if rollout.prompt_index not in prompts:
+            reasons.append(f"{label}: the task has no prompt {rollout.prompt_index}")
+            continue
+        try:
+            proof = decode_proof_b64(rollout.proof_b64)
+        except ProofError as exc:
+            reasons.append(f"{label}: {exc.message}")
+            continue
+        sample = SampleTask(
+            prompt_ids=prompts[rollout.prompt_index],
+            sampling=task.sampling,
+            seed=task.sampling_seed,
+            stream=sample_stream(rollout.prompt_index, rollout.sample_index),
+            eos_token_ids=tuple(eos_token_ids),
+        )
+        claims.append(Claim(sample, rollout.completion_ids, rollout.logprobs, rollout.finish_reason, proof))
+    return claims, reasons
+
+
+def submission_reasons(item: PendingSubmission) -> list[str]:
+    """What is wrong with the submission as a whole (signature and task binding)."""
+    reasons: list[str] = []
+    try:
+        verify_document(item.worker_id, item.submission.model_dump(mode="json"), item.worker_signature_b64)
+    except BadSignatureError as exc:
+        reasons.append(f"signature: {exc.message}")
+    task, submission = item.task, item.submission
+    if submission.task_id != task.task_id:
+        reasons.append(f"task: the submission names task {submission.task_id}, the lease was for {task.task_id}")
+    if submission.lease_id != task.lease_id:
+        reasons.append(f"task: the submission names lease {submission.lease_id}, not {task.lease_id}")
+    if submission.policy_version != task.policy_version:
+        reasons.append(
+            f"policy: generated with v{submission.policy_version}, the task was issued for v{task.policy_version}"
+        )
+    return reasons
+
+
+def audit_submission(
+    item: PendingSubmission,
+    engine: PrefillEngine,
+    eos_token_ids: Sequence[int],
+    config: ToplocConfig | None = None,
+) -> tuple[Verdict, list[RolloutVerdict]]:
+    """The verdict on one submission, and the per-rollout verdicts behind it."""
+    reasons = submission_reasons(item)
+    claims, junk = claims_of(item, eos_token_ids)
+    reasons += junk
+    rollout_verdicts: list[RolloutVerdict] = []
+    if not reasons:
+        vocab_size = engine.vocab_size
+        prefillable = [c for c in claims if all(0 <= t < vocab_size for t in (*c.task.prompt_ids, *c.completion_ids))]
+        if len(prefillable) != len(claims):
+            reasons.append("shape: token ids outside the vocabulary")
+        else:
+            prefills = engine.prefill([c.task.prompt_ids for c in claims], [c.completion_ids for c in claims])
+            rollout_verdicts = verify_claims(claims, prefills, config)
+            for rollout, checked in zip(item.submission.rollouts, rollout_verdicts, strict=True):
+                label = f"rollout p{rollout.prompt_index}/s{rollout.sample_index}"
+                reasons += [f"{label}: {reason}" for reason in checked.reasons]
+    verdict = Verdict(
+        submission_id=item.submission_id,
+        accepted=not reasons,
+        reasons=[reason[:512] for reason in reasons[:MAX_VERDICT_REASONS]],
+    )
+    return verdict, rollout_verdicts
