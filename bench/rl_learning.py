@@ -76,6 +76,9 @@ def main() -> None:
     parser.add_argument("--eval-examples", type=int, default=None)
     parser.add_argument("--eval-interval", type=int, default=None)
     parser.add_argument("--out-dir", type=Path, default=None, help="run files (default: a temporary dir)")
+    parser.add_argument(
+        "--threads", type=int, default=None, help="torch intra-op threads (default: torch's; 1 on a busy machine)"
+    )
     args = parser.parse_args()
     quick = args.quick
     args.seeds = args.seeds or ([0] if quick else [0, 1, 2])
@@ -87,6 +90,9 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
 
     import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     from trainer.builtin import resolve_model_path
 

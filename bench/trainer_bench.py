@@ -65,10 +65,16 @@ def measure(model_dir: Path, packed: bool, num_samples: int, num_steps: int) -> 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="fewer samples and steps")
+    parser.add_argument(
+        "--threads", type=int, default=None, help="torch intra-op threads (default: torch's; 1 on a busy machine)"
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
 
     import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
     from tokenizers import Tokenizer
 
     from trainer.builtin import build_random_qwen2, resolve_model_path
