@@ -8,8 +8,8 @@ seed at every evaluation. Prints one JSON object; ``summary`` holds ``reward_sta
 ``reward_end`` (means over seeds), ``reward_gain_min`` (the smallest end - start gain over the
 seeds) and ``mismatch_kl_max`` (largest per-step KL between engine and trainer logprobs).
 
-    python bench/rl_learning.py            # 3 seeds x 100 steps (about 10 min per seed on a busy 2-core CPU)
-    python bench/rl_learning.py --quick    # 1 seed x 10 steps, smaller batches
+    python bench/rl_learning.py --threads 1   # 3 seeds x 100 steps, 1.5-4 min per seed on a busy 2-core CPU
+    python bench/rl_learning.py --quick    # 1 seed x 10 steps, smaller batches: a smoke run, too short to learn
 """
 
 from __future__ import annotations
@@ -76,6 +76,9 @@ def main() -> None:
     parser.add_argument("--eval-examples", type=int, default=None)
     parser.add_argument("--eval-interval", type=int, default=None)
     parser.add_argument("--out-dir", type=Path, default=None, help="run files (default: a temporary dir)")
+    parser.add_argument(
+        "--threads", type=int, default=None, help="torch intra-op threads (default: torch's; 1 on a busy machine)"
+    )
     args = parser.parse_args()
     quick = args.quick
     args.seeds = args.seeds or ([0] if quick else [0, 1, 2])
@@ -87,6 +90,9 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
 
     import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     from trainer.builtin import resolve_model_path
 

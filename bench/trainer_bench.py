@@ -7,7 +7,8 @@ lengths vary the way sampled completions do. "Packed" is the trainer's default p
 per row, padded to the longest of its micro-batch (what a plain HF loop does). Throughput
 counts real (non-padding) tokens per second of a full optimizer step (forward, backward,
 clip, AdamW), median over the measured steps after one warm-up step. Both modes run in the
-same process one after the other; ``packing_speedup`` is their ratio on the tiny model.
+same process with their steps interleaved (packed, padded, packed, ...), so a shared
+machine's load drifts hit both; ``packing_speedup`` is their ratio on the tiny model.
 
     python bench/trainer_bench.py [--quick]
 """
@@ -42,40 +43,58 @@ def make_batch(tokenizer: Any, num_samples: int, seed: int) -> list[Any]:
     return batch
 
 
-def measure(model_dir: Path, packed: bool, num_samples: int, num_steps: int) -> dict[str, Any]:
+def measure_pair(model_dir: Path, num_samples: int, num_steps: int) -> dict[str, dict[str, Any]]:
+    """Packed and padded trainers on the same batch, their steps interleaved so load drifts hit both alike."""
     from trainer.config import TrainerSection
     from trainer.train import Trainer
 
-    section = TrainerSection(model=str(model_dir), packing={"enabled": packed, "micro_batch_tokens": 4096})
-    trainer = Trainer(section, num_steps=num_steps + 1)
-    batch = make_batch(trainer.tokenizer, num_samples, seed=0)
-    trainer.sft_step(batch)  # warm-up
-    records = [trainer.sft_step(batch) for _ in range(num_steps)]
+    trainers = {
+        mode: Trainer(
+            TrainerSection(model=str(model_dir), packing={"enabled": mode == "packed", "micro_batch_tokens": 4096}),
+            num_steps=num_steps + 1,
+        )
+        for mode in ("packed", "padded")
+    }
+    batch = make_batch(trainers["packed"].tokenizer, num_samples, seed=0)
+    records: dict[str, list[dict[str, Any]]] = {mode: [] for mode in trainers}
+    for trainer in trainers.values():
+        trainer.sft_step(batch)  # warm-up
+    for _ in range(num_steps):
+        for mode, trainer in trainers.items():
+            records[mode].append(trainer.sft_step(batch))
     real_tokens = sum(s.num_tokens for s in batch)
     return {
-        "packed": packed,
-        "num_samples": num_samples,
-        "real_tokens_per_step": real_tokens,
-        "micro_batches": records[-1]["num_micro_batches"],
-        "step_s": [round(r["step_time_s"], 4) for r in records],
-        "tokens_per_s": round(statistics.median(r["tokens_per_s"] for r in records), 1),
+        mode: {
+            "num_samples": num_samples,
+            "real_tokens_per_step": real_tokens,
+            "micro_batches": steps[-1]["num_micro_batches"],
+            "step_s": [round(r["step_time_s"], 4) for r in steps],
+            "tokens_per_s": round(statistics.median(r["tokens_per_s"] for r in steps), 1),
+        }
+        for mode, steps in records.items()
     }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="fewer samples and steps")
+    parser.add_argument(
+        "--threads", type=int, default=None, help="torch intra-op threads (default: torch's; 1 on a busy machine)"
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
 
     import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
     from tokenizers import Tokenizer
 
     from trainer.builtin import build_random_qwen2, resolve_model_path
 
     tiny = resolve_model_path("builtin:tiny-qwen2")
-    tiny_samples, tiny_steps = (128, 2) if args.quick else (256, 4)
-    big_samples, big_steps = (4, 1) if args.quick else (16, 2)
+    tiny_samples, tiny_steps = (128, 3) if args.quick else (256, 8)
+    big_samples, big_steps = (4, 1) if args.quick else (16, 3)
     runs: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="trainer-bench-") as tmp:
         big = Path(tmp) / "qwen2-50m"
@@ -90,8 +109,8 @@ def main() -> None:
             ("tiny", tiny, tiny_samples, tiny_steps),
             ("50m", big, big_samples, big_steps),
         ):
-            for packed in (True, False):
-                runs[f"{name}_{'packed' if packed else 'padded'}"] = measure(path, packed, samples, steps)
+            for mode, figures in measure_pair(path, samples, steps).items():
+                runs[f"{name}_{mode}"] = figures
     result = {
         "bench": "trainer_bench",
         "quick": args.quick,

@@ -50,8 +50,12 @@ class ParallelConfig(Section):
 class PackingConfig(Section):
     micro_batch_tokens: int = Field(default=4096, ge=16)
     """Tokens (padding included) per micro-batch; one forward/backward each, gradients accumulated."""
-    row_tokens: int = Field(default=256, ge=16)
-    """Longest packed row: samples are concatenated into rows of at most this many tokens."""
+    row_tokens: int = Field(default=128, ge=16)
+    """Packed row width: samples are concatenated into rows of at most this many tokens (or the longest sample).
+
+    Attention costs O(width^2) per row on CPU whatever the mask hides, so narrow rows win there;
+    on GPUs with a varlen attention kernel, set it to micro_batch_tokens.
+    """
     enabled: bool = True
     """False pads each sample to the longest of its micro-batch instead (the baseline the bench compares)."""
 

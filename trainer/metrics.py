@@ -19,7 +19,8 @@ CONSOLE_KEYS = ("loss", "reward_mean", "entropy", "mismatch_kl", "grad_norm", "l
 
 def format_metrics(record: dict[str, Any]) -> str:
     parts = [f"step {record.get('step', '?')}"]
-    for key in CONSOLE_KEYS:
+    keys = [*CONSOLE_KEYS, *(k for k in sorted(record) if k.startswith("eval_"))]
+    for key in keys:
         value = record.get(key)
         if isinstance(value, float):
             parts.append(f"{key} {value:.4g}")

@@ -185,14 +185,16 @@ def make_micro_batches(
 ) -> list[MicroBatch]:
     """Micro-batches of at most ``micro_batch_tokens`` tokens (padding included) each.
 
-    Packed: samples go into rows of at most ``row_tokens`` tokens (first-fit-decreasing), rows
-    into micro-batches. Unpacked (the baseline): consecutive samples, one per row, each padded
-    to the longest of its micro-batch.
+    Packed: samples go into rows of at most ``row_tokens`` tokens (or the longest sample, if
+    longer) by first-fit-decreasing, rows into micro-batches. Unpacked (the baseline):
+    consecutive samples, one per row, each padded to the longest of its micro-batch.
     """
     if not samples:
         return []
     if packed:
-        row_capacity = min(row_tokens or micro_batch_tokens, micro_batch_tokens)
+        longest = max(s.num_tokens for s in samples)
+        # A row is at least as wide as the longest sample, so every sample fits one.
+        row_capacity = min(max(row_tokens or micro_batch_tokens, longest), micro_batch_tokens)
         rows = plan_bins([s.num_tokens for s in samples], row_capacity)
         rows.sort(key=lambda row: -sum(samples[i].num_tokens for i in row))
         widths = [sum(samples[i].num_tokens for i in row) for row in rows]

@@ -27,3 +27,15 @@ def tiny_model_dir(builtin_dir: Path) -> Path:
     from trainer.builtin import resolve_model_path
 
     return resolve_model_path("builtin:tiny-qwen2")
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread() -> Iterator[None]:
+    """One intra-op thread per test: on a shared 2-core machine OpenMP oversubscription makes
+    tiny-model steps several times slower; the tests check numbers, not speed."""
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)

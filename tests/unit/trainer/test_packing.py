@@ -104,3 +104,11 @@ def test_packed_logits_equal_separate_forward(tiny_model_dir: Path) -> None:
             else:
                 got = logits[row, : len(tokens)]
             torch.testing.assert_close(got, alone, atol=1e-5, rtol=1e-5)
+
+
+def test_a_sample_longer_than_row_tokens_gets_a_wider_row() -> None:
+    samples = [TrainSample(prompt_ids=[1] * 30, completion_ids=[2] * 10), TrainSample([3], [4])]
+    batches = make_micro_batches(samples, micro_batch_tokens=128, row_tokens=16)
+    assert sorted(i for b in batches for i in b.sample_ids) == [0, 1]
+    with pytest.raises(ValueError, match="exceeds"):
+        make_micro_batches(samples, micro_batch_tokens=32, row_tokens=16)
