@@ -116,19 +116,50 @@ def main() -> None:
         relay = f"http://127.0.0.1:{relay_port}"
         procs.start(
             "relay",
-            [str(BIN / "prime-relay"), "serve", "--upstream", f"{url}/shardcast", "--port", str(relay_port)]
-            + ["--coordinator-id", signer, "--data-dir", str(root / "relay"), "--json-logs"],
+            [
+                str(BIN / "prime-relay"),
+                "serve",
+                "--upstream",
+                f"{url}/shardcast",
+                "--port",
+                str(relay_port),
+                "--coordinator-id",
+                signer,
+                "--data-dir",
+                str(root / "relay"),
+                "--json-logs",
+            ],
         )
         for engine in ("vllm", "hf"):
             procs.start(
                 f"worker-{engine}",
-                [str(BIN / "prime-worker"), "join", "--coordinator", url, "--relay", relay, "--engine", engine]
-                + ["--gpu", "none", "--data-dir", str(root / f"worker-{engine}"), "--json-logs"],
+                [
+                    str(BIN / "prime-worker"),
+                    "join",
+                    "--coordinator",
+                    url,
+                    "--relay",
+                    relay,
+                    "--engine",
+                    engine,
+                    "--gpu",
+                    "none",
+                    "--data-dir",
+                    str(root / f"worker-{engine}"),
+                    "--json-logs",
+                ],
             )
         procs.start(
             "validator",
-            [str(BIN / "prime-validator"), "run", "--coordinator", url, "--data-dir", str(root / "validator")]
-            + ["--json-logs"],
+            [
+                str(BIN / "prime-validator"),
+                "run",
+                "--coordinator",
+                url,
+                "--data-dir",
+                str(root / "validator"),
+                "--json-logs",
+            ],
         )
         started = time.monotonic()
         republished = False

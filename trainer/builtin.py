@@ -102,10 +102,8 @@ def build_random_qwen2(output_dir: Path, shape: str = "tiny", tokenizer: Tokeniz
         raise ValueError(f"the tokenizer has no {EOS_TOKEN} token")
     config = qwen2_config(shape, tokenizer.get_vocab_size(), eos_id)
     torch.manual_seed(INIT_SEED)
-    model = Qwen2ForCausalLM(config)  # type: ignore[no-untyped-call]
-    model.generation_config = GenerationConfig(  # type: ignore[no-untyped-call]
-        eos_token_id=eos_id, pad_token_id=eos_id, bos_token_id=eos_id
-    )
+    model = Qwen2ForCausalLM(config)
+    model.generation_config = GenerationConfig(eos_token_id=eos_id, pad_token_id=eos_id, bos_token_id=eos_id)
     model.save_pretrained(str(output_dir), safe_serialization=True)
     save_hf_tokenizer(tokenizer, output_dir, config.max_position_embeddings)
 

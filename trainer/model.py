@@ -23,7 +23,7 @@ def quiet_transformers() -> None:
     """No per-file progress bars from transformers: our logs carry one line per event."""
     from transformers.utils import logging as hf_logging
 
-    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+    hf_logging.disable_progress_bar()
 
 
 def load_model(name: str, dtype: str = "float32", cache_dir: Path | None = None) -> PreTrainedModel:

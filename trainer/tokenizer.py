@@ -48,7 +48,7 @@ def save_hf_tokenizer(tokenizer: Tokenizer, output_dir: Path, model_max_length: 
     """Write ``tokenizer.json`` and ``tokenizer_config.json`` that ``AutoTokenizer`` reloads as Qwen2."""
     from transformers import PreTrainedTokenizerFast
 
-    wrapped = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
+    wrapped = PreTrainedTokenizerFast(
         tokenizer_object=tokenizer,
         eos_token=EOS_TOKEN,
         pad_token=EOS_TOKEN,

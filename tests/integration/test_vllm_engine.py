@@ -147,3 +147,26 @@ def test_vllm_rollouts_pass_verification_by_hf_prefill(engine: VllmEngine, check
     verdicts = verify_claims(claims, prefills)
     rejected = [(i, v.reasons) for i, v in enumerate(verdicts) if not v.accepted]
     assert rejected == []
+
+
+def test_exported_start_checkpoint_draws_the_same_tokens_in_vllm_and_hf() -> None:
+    """The trainer's exported policy (HF safetensors + config + tokenizer) loads in both engines alike."""
+    from coordinator.builtin_tasks import BuiltinTasks
+    from trainer.builtin import resolve_model_path
+    from worker.node import eos_token_ids
+
+    checkpoint = resolve_model_path("builtin:tiny-qwen2-reverse-start")
+    eos = eos_token_ids(checkpoint)
+    prompts = BuiltinTasks().prompt_group("reverse_text", 0, 8)
+    requests = [
+        GenerationRequest(f"r{i}", list(p.token_ids), 32, 1.0, SEED, sample_stream(i, 0), eos)
+        for i, p in enumerate(prompts)
+    ]
+    vllm_engine = VllmEngine(checkpoint, max_batch_size=8)
+    try:
+        from_vllm = vllm_engine.generate(requests)
+    finally:
+        vllm_engine.close()
+    from_hf = HFEngine(checkpoint, max_batch_size=8).generate(requests)
+    assert [r.completion_ids for r in from_vllm] == [r.completion_ids for r in from_hf]
+    assert {r.finish_reason for r in from_hf} == {"stop"}
