@@ -11,9 +11,7 @@ and trainer steps) is issue 9: here the second version is the same checkpoint re
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -23,7 +21,7 @@ from typing import Any
 import httpx
 from rich.console import Console
 
-from coordinator.process import CoordinatorProcess
+from coordinator.process import CoordinatorProcess, stop_processes
 
 BIN = Path(sys.executable).parent
 console = Console()
@@ -55,15 +53,7 @@ class Processes:
                 raise RuntimeError(f"{name} exited with {proc.returncode}:\n{tail}")
 
     def stop_all(self) -> None:
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                os.kill(proc.pid, signal.SIGTERM)
-        for proc in self.procs.values():
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.kill(proc.pid, signal.SIGKILL)
-                proc.wait()
+        stop_processes(self.procs.values())
 
 
 def write_config(root: Path, port: int, start_checkpoint: Path) -> Path:

@@ -17,6 +17,7 @@ from typing import Any
 
 import httpx
 
+from coordinator.process import stop_processes
 from tests.conftest import free_port
 
 PRIME_RELAY = str(Path(sys.executable).parent / "prime-relay")
@@ -132,15 +133,7 @@ class Nodes:
             proc.wait()
 
     def stop_all(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                os.kill(proc.pid, signal.SIGTERM)
-        for proc in self.procs:
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.kill(proc.pid, signal.SIGKILL)
-                proc.wait()
+        stop_processes(self.procs, timeout_s=10)
 
 
 def events_of(proc: subprocess.Popen[bytes], timeout_s: float = 120) -> list[dict[str, Any]]:

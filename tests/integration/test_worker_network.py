@@ -23,7 +23,7 @@ import httpx
 import pytest
 import tomli_w
 
-from coordinator.process import CoordinatorProcess
+from coordinator.process import CoordinatorProcess, stop_processes
 from protocol.identity import load_or_create_identity
 from tests.conftest import free_port
 from tests.integration.shardcast_nodes import Nodes, wait_until
@@ -119,15 +119,7 @@ def network(tmp_path: Path) -> Iterator[Network]:
         net.coordinator_id = httpx.get(f"{url}/v1/policy-versions/latest", timeout=5).json()["signer"]
         yield net
     finally:
-        for proc in net.workers:
-            if proc.poll() is None:
-                os.kill(proc.pid, signal.SIGTERM)
-        for proc in net.workers:
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.kill(proc.pid, signal.SIGKILL)
-                proc.wait()
+        stop_processes(net.workers)
         relays.stop_all()
         coordinator.stop()
 
