@@ -38,4 +38,4 @@ class BuiltinTasks:
         task = get_task(task_name, self.seed)
         first = group_index * num_prompts
         prompts = [task_prompt(task, first + k, self.tokenizer) for k in range(num_prompts)]
-        return [SourcePrompt(token_ids=tuple(prompt.token_ids), text=prompt.text) for prompt in prompts]
+        return [SourcePrompt(tuple(prompt.token_ids), prompt.text, prompt.index) for prompt in prompts]

@@ -78,6 +78,27 @@ def progress(url: str) -> dict[str, Any]:
     return dict(httpx.get(f"{url}/v1/stats", timeout=5).json())
 
 
+class RewardWatch:
+    """Mean validator-recomputed reward of the verdicts posted since the last look (event log)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.after = 0
+
+    def mean_reward(self) -> float | None:
+        rewards: list[float] = []
+        while True:
+            params = {"after": self.after, "limit": 1000}
+            page = httpx.get(f"{self.url}/v1/events", params=params, timeout=5).json()
+            if not page["events"]:
+                break
+            self.after = page["next_after"]
+            for event in page["events"]:
+                if event["kind"] == "verdict":
+                    rewards += event["data"].get("rewards", [])
+        return sum(rewards) / len(rewards) if rewards else None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=120, help="how long the network runs (default 120)")
@@ -153,16 +174,19 @@ def main() -> None:
         )
         started = time.monotonic()
         republished = False
+        watch = RewardWatch(url)
         while time.monotonic() - started < args.seconds:
             time.sleep(5)
             procs.check()
             stats = progress(url)
             status = stats["status"]
             workers = [n for n in stats["nodes"] if n["role"] == "worker"]
+            reward = watch.mean_reward()
+            reward_text = "-" if reward is None else f"{reward:.3f}"
             console.print(
                 f"{time.monotonic() - started:5.0f}s  policy v{status['current_policy_version']}  "
                 f"accepted {status['num_submissions_accepted']}  rejected {status['num_submissions_rejected']}  "
-                f"pending {status['num_submissions_pending']}  live workers {len(workers)}"
+                f"pending {status['num_submissions_pending']}  live workers {len(workers)}  reward {reward_text}"
             )
             if not republished and time.monotonic() - started > args.seconds / 2:
                 argv = [str(BIN / "prime-coordinator"), "publish", str(start), "-c", str(config_path)]

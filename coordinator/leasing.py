@@ -336,7 +336,12 @@ class LeasingLedger(LedgerViews):
             if not group:
                 break
             prompts = [
-                {"prompt_index": index, "token_ids": list(prompt.token_ids), "text": prompt.text}
+                {
+                    "prompt_index": index,
+                    "token_ids": list(prompt.token_ids),
+                    "text": prompt.text,
+                    "example_index": prompt.example_index,
+                }
                 for index, prompt in enumerate(group)
             ]
             values = {

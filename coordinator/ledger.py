@@ -215,6 +215,7 @@ class Ledger(LeasingLedger):
                 worker_id=sub.node_id,
                 task_id=sub.task_id,
                 reasons=verdict.reasons,
+                rewards=verdict.rewards,
             )
             self._touch(conn, validator_id)
         return VerdictResponse(submission_id=sub.submission_id, status=status, worker_banned=banned)

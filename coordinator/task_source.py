@@ -24,6 +24,8 @@ class SourcePrompt:
     """The prompt as the policy's tokenizer encodes it (authoritative)."""
     text: str
     """The same prompt for people (dashboards, logs)."""
+    example_index: int | None = None
+    """The example's index in the task's generator, when it has one (validators recompute rewards from it)."""
 
 
 @runtime_checkable

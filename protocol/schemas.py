@@ -79,6 +79,9 @@ class Prompt(WireModel):
     prompt_index: int = Field(ge=0)
     token_ids: list[TokenId] = Field(min_length=1, max_length=MAX_TOKENS_PER_SAMPLE)
     text: str = Field(default="", max_length=65536, description="For people; token_ids are authoritative.")
+    example_index: int | None = Field(
+        default=None, ge=0, description="The example's index in the task's generator: rewards are recomputed from it."
+    )
 
 
 class LeaseRequest(WireModel):

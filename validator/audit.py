@@ -6,12 +6,15 @@ the worker signed exactly this submission, that the submission answers the task 
 (same task, lease and policy version), and then, with one batched prefill of the policy
 version the task names, runs :func:`toploc.verify.verify_claims` over every rollout: TOPLOC
 proof, sampling replay, termination, lengths and logprobs. Every failure becomes a reason
-naming the rollout; one failed rollout rejects the whole group.
+naming the rollout; one failed rollout rejects the whole group. The rewards of an accepted
+group are recomputed from the task (never taken from the worker) when a reward function is
+given and the task's prompts carry their example index.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from protocol.errors import BadSignatureError, ProofError
 from protocol.schemas import PendingSubmission, Verdict
@@ -70,13 +73,46 @@ def submission_reasons(item: PendingSubmission) -> list[str]:
     return reasons
 
 
+RewardFn = Callable[[str, int, Sequence[int]], float]
+"""(task name, example index, completion ids) -> reward, computed by the validator from the task."""
+
+
+def text_reward_fn(tokenizer: Any, eos_token_ids: Sequence[int]) -> RewardFn:
+    """Rewards of the trainer's registered tasks, from completions decoded with the policy's tokenizer."""
+    from trainer.tasks import example_reward
+
+    def reward(task_name: str, example_index: int, completion_ids: Sequence[int]) -> float:
+        ids = list(completion_ids)
+        if ids and ids[-1] in eos_token_ids:
+            ids = ids[:-1]
+        return example_reward(task_name, example_index, tokenizer.decode(ids, skip_special_tokens=True))
+
+    return reward
+
+
+def recompute_rewards(item: PendingSubmission, reward_fn: RewardFn) -> list[float]:
+    """Each rollout's reward in submission order; empty when the task's prompts carry no example index."""
+    prompts = {prompt.prompt_index: prompt for prompt in item.task.prompts}
+    rewards = []
+    for rollout in item.submission.rollouts:
+        example_index = prompts[rollout.prompt_index].example_index
+        if example_index is None:
+            return []
+        try:
+            rewards.append(reward_fn(item.task.task_name, example_index, rollout.completion_ids))
+        except ValueError:  # a task this validator does not know
+            return []
+    return rewards
+
+
 def audit_submission(
     item: PendingSubmission,
     engine: PrefillEngine,
     eos_token_ids: Sequence[int],
     config: ToplocConfig | None = None,
+    reward_fn: RewardFn | None = None,
 ) -> tuple[Verdict, list[RolloutVerdict]]:
-    """The verdict on one submission, and the per-rollout verdicts behind it."""
+    """The verdict on one submission (with recomputed rewards when accepted), and the per-rollout verdicts."""
     reasons = submission_reasons(item)
     claims, junk = claims_of(item, eos_token_ids)
     reasons += junk
@@ -92,9 +128,11 @@ def audit_submission(
             for rollout, checked in zip(item.submission.rollouts, rollout_verdicts, strict=True):
                 label = f"rollout p{rollout.prompt_index}/s{rollout.sample_index}"
                 reasons += [f"{label}: {reason}" for reason in checked.reasons]
+    rewards = recompute_rewards(item, reward_fn) if reward_fn is not None and not reasons else []
     verdict = Verdict(
         submission_id=item.submission_id,
         accepted=not reasons,
         reasons=[reason[:512] for reason in reasons[:MAX_VERDICT_REASONS]],
+        rewards=rewards,
     )
     return verdict, rollout_verdicts

@@ -23,7 +23,7 @@ from protocol.identity import load_or_create_identity
 from protocol.ledger_client import LedgerClient
 from protocol.schemas import Hardware, PendingSubmission, RegisterRequest
 from shardcast.cache import WeightsCache
-from validator.audit import audit_submission
+from validator.audit import RewardFn, audit_submission, text_reward_fn
 from validator.config import ValidatorConfig
 from worker.engines.base import PrefillEngine
 from worker.loop import sleep_unless_stopped, with_retries
@@ -55,24 +55,28 @@ class PolicyEngines:
         self.weights = weights
         self.max_loaded = max_loaded
         self.max_batch_size = max_batch_size
-        self._engines: OrderedDict[int, tuple[PrefillEngine, tuple[int, ...]]] = OrderedDict()
+        self._engines: OrderedDict[int, tuple[PrefillEngine, tuple[int, ...], RewardFn]] = OrderedDict()
 
-    async def get(self, version: int) -> tuple[PrefillEngine, tuple[int, ...]]:
+    async def get(self, version: int) -> tuple[PrefillEngine, tuple[int, ...], RewardFn]:
         if version in self._engines:
             self._engines.move_to_end(version)
             return self._engines[version]
         path: Path = await self.weights.ensure(version)
+        from transformers import AutoTokenizer
+
         from worker.engines.hf import HFEngine
 
         engine = await asyncio.to_thread(HFEngine, path, max_batch_size=self.max_batch_size)
-        self._engines[version] = (engine, eos_token_ids(path))
+        eos = eos_token_ids(path)
+        tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, str(path))
+        self._engines[version] = (engine, eos, text_reward_fn(tokenizer, eos))
         while len(self._engines) > self.max_loaded:
-            _version, (old, _eos) = self._engines.popitem(last=False)
+            _version, (old, _eos, _reward) = self._engines.popitem(last=False)
             old.close()
         return self._engines[version]
 
     def close(self) -> None:
-        for engine, _eos in self._engines.values():
+        for engine, _eos, _reward in self._engines.values():
             engine.close()
         self._engines.clear()
 
@@ -81,9 +85,9 @@ async def audit_pending(
     ledger: LedgerClient, engines: PolicyEngines, state: ValidatorState, pending: list[PendingSubmission]
 ) -> None:
     for item in pending:
-        engine, eos = await engines.get(item.task.policy_version)
+        engine, eos, reward_fn = await engines.get(item.task.policy_version)
         started = time.monotonic()
-        verdict, _rollouts = await asyncio.to_thread(audit_submission, item, engine, eos)
+        verdict, _rollouts = await asyncio.to_thread(audit_submission, item, engine, eos, None, reward_fn)
         state.audit_s += time.monotonic() - started
         state.num_rollouts += len(item.submission.rollouts)
         answer = await ledger.post_verdict(verdict)

@@ -20,6 +20,7 @@ __all__ = [
     "Example",
     "Task",
     "TaskPrompt",
+    "example_reward",
     "get_task",
     "register_task",
     "task_names",
@@ -61,6 +62,13 @@ def get_task(name: str, seed: int = 0) -> Task:
     except KeyError:
         raise ValueError(f"unknown task {name!r}; known tasks: {', '.join(task_names())}") from None
     return factory(seed)
+
+
+def example_reward(task: str, example_index: int, completion: str, seed: int = 0) -> float:
+    """The reward of ``completion`` (decoded text, without EOS) for example ``example_index`` of ``task``:
+    what validators and the orchestrator compute, never taken from a worker."""
+    resolved = get_task(task, seed)
+    return resolved.reward(resolved.example(example_index), completion)
 
 
 def task_prompt(task: str | Task, index: int, tokenizer: TextEncoder, seed: int = 0) -> TaskPrompt:
