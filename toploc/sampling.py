@@ -91,6 +91,11 @@ def gumbel_of_bits(bits: torch.Tensor) -> torch.Tensor:
     return (-torch.log(-torch.log(uniform_of_bits(bits)))).to(torch.float32)
 
 
+def stream_indices(stream: int) -> tuple[int, int]:
+    """(prompt_index, sample_index) of a noise stream: the inverse of :func:`sample_stream`."""
+    return divmod(stream, MAX_GROUP_STREAMS)
+
+
 def uniform_noise(
     seed: int, streams: torch.Tensor, positions: torch.Tensor, vocab_size: int, device: torch.device | str = "cpu"
 ) -> torch.Tensor:

@@ -12,13 +12,17 @@ policy in bf16) take it as an engine.
 
 from __future__ import annotations
 
+import base64
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from typing import Literal
 
 import torch
 
+from protocol.schemas import Rollout, SubmitRequest, Task
 from toploc.proof import build_proofs
+from toploc.sampling import sample_stream, stream_indices
 from toploc.verify import Claim, SampleTask
 from worker.engines.base import Engine, GenerationRequest, GenerationResult
 from worker.engines.hf import HFEngine
@@ -161,3 +165,40 @@ def attack_suite(
         ),
         "truncated_claimed_finished": lambda tasks: truncated_claimed_finished(policy, tasks),
     }
+
+
+def sample_tasks_of(task: Task, eos_token_ids: tuple[int, ...]) -> list[SampleTask]:
+    """The samples a ledger task asks for, prompt by prompt, in the order submissions list them."""
+    return [
+        SampleTask(
+            list(prompt.token_ids),
+            task.sampling,
+            task.sampling_seed,
+            sample_stream(prompt.prompt_index, s),
+            eos_token_ids,
+        )
+        for prompt in task.prompts
+        for s in range(task.group_size)
+    ]
+
+
+def submission_of(task: Task, claims: Sequence[Claim], engine: Literal["vllm", "hf"] = "hf") -> SubmitRequest:
+    """The wire submission of claims made for samples of ``task`` (each placed by its noise stream)."""
+    rollouts = [
+        Rollout(
+            prompt_index=stream_indices(claim.task.stream)[0],
+            sample_index=stream_indices(claim.task.stream)[1],
+            completion_ids=claim.completion_ids,
+            logprobs=claim.logprobs,
+            finish_reason=claim.finish_reason,
+            proof_b64=base64.b64encode(claim.proof).decode(),
+        )
+        for claim in claims
+    ]
+    return SubmitRequest(
+        lease_id=task.lease_id,
+        task_id=task.task_id,
+        policy_version=task.policy_version,
+        engine=engine,
+        rollouts=rollouts,
+    )

@@ -4,11 +4,14 @@ Two workers (vLLM and HF engines) complete tasks across two policy versions, and
 `prime-validator run` accepts every submission (proofs, sampling replay, logprobs checked
 against an HF prefill of the version each claims); a worker
 SIGKILLed mid-task has its lease re-issued and the group completed by the other; a worker
-whose only relay is down when a new version is published finishes once the relay is back.
+whose only relay is down when a new version is published finishes once the relay is back; a
+worker that cheats (altered tokens, flipped proof signs, another temperature) is rejected by
+the validator on every submission and banned, while honest work goes on being accepted.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -24,11 +27,16 @@ import pytest
 import tomli_w
 
 from coordinator.process import CoordinatorProcess, stop_processes
-from protocol.identity import load_or_create_identity
+from protocol.errors import ForbiddenError
+from protocol.identity import NodeIdentity, load_or_create_identity
+from protocol.ledger_client import LedgerClient
+from protocol.schemas import Hardware, LeaseRequest, RegisterRequest
 from tests.conftest import free_port
 from tests.integration.shardcast_nodes import Nodes, wait_until
 from tests.ledger_helpers import TASK_NAME
-from toploc.tiny_model import TinyModelSpec, save_tiny_qwen2
+from toploc.tiny_model import TINY_EOS_TOKEN_ID, TinyModelSpec, save_tiny_qwen2
+from worker.adversary import altered_token, flipped_signs, other_temperature, sample_tasks_of, submission_of
+from worker.engines.hf import HFEngine
 
 pytestmark = pytest.mark.slow
 
@@ -212,3 +220,50 @@ def test_worker_finishes_after_its_relay_restarts(network: Network) -> None:
     node_id = load_or_create_identity(net.root / "worker").node_id
     assert status.returncode == 0, status.stderr
     assert f"node {node_id} (worker): 0 accepted, 0 rejected" in status.stdout
+
+
+async def cheat_until_banned(url: str, checkpoint: Path, num_cheats: int) -> tuple[str, str, list[str]]:
+    """A dishonest worker speaking the public protocol: each leased task answered by a different cheat."""
+    policy = HFEngine(checkpoint, max_batch_size=16)
+    cheats = [
+        lambda tasks: altered_token(policy, tasks),
+        lambda tasks: flipped_signs(policy, tasks),
+        lambda tasks: other_temperature(policy, tasks, 0.5),
+    ]
+    identity = NodeIdentity.generate()
+    submitted: list[str] = []
+    async with LedgerClient(url, identity) as ledger:
+        hardware = Hardware(accelerator="cpu", num_devices=1, memory_bytes=2**30)
+        await ledger.register(RegisterRequest(role="worker", hardware=hardware, engine="hf", software_version="evil"))
+        while len(submitted) < num_cheats:
+            leased = await ledger.lease(LeaseRequest(max_tasks=1, policy_versions_held=[0]))
+            if not leased.tasks:
+                await asyncio.sleep(0.2)
+                continue
+            task = leased.tasks[0]
+            claims = cheats[len(submitted) % len(cheats)](sample_tasks_of(task, (TINY_EOS_TOKEN_ID,)))
+            submitted.append((await ledger.submit(submission_of(task, claims))).submission_id)
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:  # the validator's verdicts ban the node
+            try:
+                await ledger.lease(LeaseRequest(max_tasks=1, policy_versions_held=[0]))
+            except ForbiddenError as exc:
+                return identity.node_id, exc.message, submitted
+            await asyncio.sleep(1)
+    raise AssertionError("the cheating worker was never banned")
+
+
+def test_cheating_worker_is_rejected_and_banned_while_honest_work_is_accepted(network: Network) -> None:
+    net = network
+    net.start_worker("worker-honest", "hf", [])
+    validator = net.start_validator()
+    cheater, ban_reason, cheated = asyncio.run(cheat_until_banned(net.url, net.checkpoints[0], num_cheats=3))
+    assert "reject" in ban_reason.lower(), ban_reason
+    assert validator.poll() is None, net.worker_log("validator")
+    verdicts = {e["subject"]: e["data"] for e in net.events("verdict")}
+    assert all(submission in verdicts and not verdicts[submission]["accepted"] for submission in cheated)
+    assert all(verdicts[s]["reasons"] for s in cheated)
+    honest = [data for subject, data in verdicts.items() if subject not in cheated]
+    assert honest and all(data["accepted"] for data in honest)
+    bans = net.events("ban")
+    assert [ban["node_id"] for ban in bans] == [cheater]

@@ -5,7 +5,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from toploc.sampling import draw_tokens, noisy_scores, noisy_scores_rows, sample_stream, sampling_gaps, uniform_noise
+from toploc.sampling import (
+    draw_tokens,
+    noisy_scores,
+    noisy_scores_rows,
+    sample_stream,
+    sampling_gaps,
+    stream_indices,
+    uniform_noise,
+)
 
 # Pinned outputs: the noise is part of the protocol (workers and validators on different
 # machines and versions must agree), so any change to the hash must fail this test.
@@ -42,6 +50,11 @@ def test_draws_follow_softmax_of_tempered_logits() -> None:
     frequencies = torch.bincount(tokens, minlength=4).double() / num_draws
     expected = torch.softmax(logits.double() / temperature, dim=-1)
     assert torch.allclose(frequencies, expected, atol=0.01), (frequencies, expected)
+
+
+def test_stream_indices_invert_sample_stream() -> None:
+    assert stream_indices(sample_stream(7, 3)) == (7, 3)
+    assert stream_indices(sample_stream(0, 0)) == (0, 0)
 
 
 def test_sample_stream_bounds() -> None:

@@ -2,20 +2,25 @@
 
 from __future__ import annotations
 
-import base64
 import time
 from collections.abc import Callable
 
 import pytest
 
 from protocol.identity import NodeIdentity
-from protocol.schemas import PendingSubmission, Rollout, SubmitRequest, Task
+from protocol.schemas import PendingSubmission, Task
 from protocol.signing import sign_document
-from toploc.sampling import sample_stream
 from toploc.tiny_model import TINY_EOS_TOKEN_ID, save_tiny_qwen2
 from toploc.verify import Claim, SampleTask
 from validator.audit import audit_submission
-from worker.adversary import altered_token, flipped_signs, honest_claims, other_temperature
+from worker.adversary import (
+    altered_token,
+    flipped_signs,
+    honest_claims,
+    other_temperature,
+    sample_tasks_of,
+    submission_of,
+)
 from worker.engines.hf import HFEngine
 
 EOS = (TINY_EOS_TOKEN_ID,)
@@ -45,30 +50,11 @@ def make_task() -> Task:
 
 
 def sample_tasks(task: Task) -> list[SampleTask]:
-    return [
-        SampleTask(list(p.token_ids), task.sampling, task.sampling_seed, sample_stream(p.prompt_index, s), EOS)
-        for p in task.prompts
-        for s in range(task.group_size)
-    ]
+    return sample_tasks_of(task, EOS)
 
 
 def pending(task: Task, claims: list[Claim], worker: NodeIdentity, **changes: object) -> PendingSubmission:
-    rollouts = [
-        Rollout(
-            prompt_index=i // GROUP_SIZE,
-            sample_index=i % GROUP_SIZE,
-            completion_ids=c.completion_ids,
-            logprobs=c.logprobs,
-            finish_reason=c.finish_reason,
-            proof_b64=base64.b64encode(c.proof).decode(),
-        )
-        for i, c in enumerate(claims)
-    ]
-    fields: dict[str, object] = {"lease_id": task.lease_id, "task_id": task.task_id, "policy_version": 3}
-    fields.update(changes)
-    submission = SubmitRequest.model_validate(
-        {**fields, "engine": "hf", "rollouts": [r.model_dump() for r in rollouts]}
-    )
+    submission = submission_of(task, claims).model_copy(update=changes)
     return PendingSubmission(
         submission_id="s-1",
         worker_id=worker.node_id,
