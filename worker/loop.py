@@ -155,8 +155,12 @@ class TaskRunner:
                         await self._abandon(task.lease_id)
                         break
                     finish = await self.generate_task(task, stop)
-                    if submitting is not None:
-                        await submitting
+                    if submitting is not None:  # one submission in flight at a time
+                        try:
+                            await submitting
+                        except BaseException:
+                            finish.close()  # never submitted: its lease expires and is re-issued
+                            raise
                     submitting = asyncio.create_task(finish)
         finally:
             if submitting is not None:
