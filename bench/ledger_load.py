@@ -38,7 +38,7 @@ if str(REPO_ROOT) not in sys.path:  # run as a script: make the repo's packages 
 import httpx  # noqa: E402
 import tomli_w  # noqa: E402
 
-from coordinator.process import CoordinatorProcess  # noqa: E402
+from coordinator.process import CoordinatorProcess, free_port  # noqa: E402
 from coordinator.task_source import SourcePrompt  # noqa: E402
 from protocol.identity import NodeIdentity  # noqa: E402
 from protocol.ledger_client import HEADER_SUBMISSION_SIGNATURE  # noqa: E402
@@ -296,15 +296,6 @@ def cpu_seconds(pid: int) -> float:
 
 def log(message: str) -> None:
     print(f"[ledger_load] {message}", file=sys.stderr, flush=True)
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def run_backend(backend: str, ledger_url: str, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:

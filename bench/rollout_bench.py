@@ -29,7 +29,7 @@ sys.path.insert(0, str(REPO_ROOT))
 import tomli_w  # noqa: E402
 import torch  # noqa: E402
 
-from coordinator.process import CoordinatorProcess  # noqa: E402
+from coordinator.process import CoordinatorProcess, free_port  # noqa: E402
 from coordinator.task_source import SourcePrompt  # noqa: E402
 from protocol.identity import NodeIdentity  # noqa: E402
 from protocol.ledger_client import LedgerClient  # noqa: E402
@@ -118,8 +118,6 @@ def median_run(runs: list[dict[str, float]]) -> dict[str, float]:
 
 
 def start_coordinator(root: Path, checkpoint: Path, max_tokens: int) -> tuple[CoordinatorProcess, str]:
-    from tests.conftest import free_port
-
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     config = {

@@ -35,7 +35,6 @@ import platform
 import resource
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -47,6 +46,8 @@ from pathlib import Path
 from typing import Any
 
 import blake3
+
+from coordinator.process import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -170,13 +171,6 @@ def tell(clients: list[subprocess.Popen[bytes]], line: str) -> None:
         assert proc.stdin is not None
         proc.stdin.write(f"{line}\n".encode())
         proc.stdin.flush()
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def log(message: str) -> None:

@@ -21,18 +21,10 @@ from typing import Any
 import httpx
 from rich.console import Console
 
-from coordinator.process import CoordinatorProcess, stop_processes
+from coordinator.process import CoordinatorProcess, free_port, stop_processes
 
 BIN = Path(sys.executable).parent
 console = Console()
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class Processes:

@@ -3,17 +3,12 @@
 from __future__ import annotations
 
 import os
-import socket
 
 import pytest
 
+from coordinator.process import free_port
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+__all__ = ["free_port"]
 
 
 @pytest.fixture

@@ -27,7 +27,7 @@ from validator.audit import RewardFn, audit_submission, text_reward_fn
 from validator.config import ValidatorConfig
 from worker.engines.base import PrefillEngine
 from worker.loop import sleep_unless_stopped, with_retries
-from worker.node import eos_token_ids, pin_coordinator_id, software_version
+from worker.node import eos_token_ids, software_version, trusted_coordinator_id
 
 log = logging.getLogger("validator")
 
@@ -111,10 +111,7 @@ async def run_validator(config: ValidatorConfig, stop: asyncio.Event, state: Val
     state = state or ValidatorState()
     identity = load_or_create_identity(config.data_dir)
     async with LedgerClient(config.coordinator_url, identity) as ledger:
-        coordinator_id = config.coordinator_id
-        if coordinator_id is None:
-            coordinator_id = (await with_retries("coordinator identity", ledger.manifest, stop)).signer
-        coordinator_id = pin_coordinator_id(config.data_dir, coordinator_id)
+        coordinator_id = await trusted_coordinator_id(ledger, config.data_dir, config.coordinator_id, stop)
         hardware = Hardware(accelerator="cpu", num_devices=1, memory_bytes=0)
         request = RegisterRequest(role="validator", hardware=hardware, engine="hf", software_version=software_version())
         await with_retries("register", lambda: ledger.register(request), stop)

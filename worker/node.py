@@ -56,6 +56,15 @@ def pin_coordinator_id(data_dir: Path, learned: str) -> str:
     return learned
 
 
+async def trusted_coordinator_id(
+    ledger: LedgerClient, data_dir: Path, configured: str | None, stop: asyncio.Event
+) -> str:
+    """The coordinator id to trust: the configured one, else the signer of its latest manifest; pinned."""
+    if configured is None:
+        configured = (await with_retries("coordinator identity", ledger.manifest, stop)).signer
+    return pin_coordinator_id(data_dir, configured)
+
+
 def eos_token_ids(checkpoint_dir: Path) -> tuple[int, ...]:
     """The EOS ids of a checkpoint, from its generation or model config."""
     for name in ("generation_config.json", "config.json"):
@@ -102,11 +111,7 @@ async def run_worker(
     devices = detect_devices(config.gpu)
     log.info("node %s joining %s with %d %s engine(s)", identity.node_id, config.coordinator_url, len(devices), kind)
     async with LedgerClient(config.coordinator_url, identity) as ledger:
-        coordinator_id = config.coordinator_id
-        if coordinator_id is None:
-            latest = await with_retries("coordinator identity", ledger.manifest, stop)
-            coordinator_id = latest.signer
-        coordinator_id = pin_coordinator_id(config.data_dir, coordinator_id)
+        coordinator_id = await trusted_coordinator_id(ledger, config.data_dir, config.coordinator_id, stop)
         hardware = Hardware(
             accelerator=devices[0].name, num_devices=len(devices), memory_bytes=sum(d.memory_bytes for d in devices)
         )
