@@ -164,7 +164,10 @@ def test_two_engines_across_two_versions_and_a_killed_worker(network: Network) -
         submitted = {e["data"]["task_id"] for e in net.events("submit") if e["node_id"] == hf_id}
         return bool(leased - submitted)
 
-    wait_until(hf_holds_lease, 120, "the HF worker to hold a lease")
+    try:
+        wait_until(hf_holds_lease, 120, "the HF worker to hold a lease")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; HF worker exit code {hf_worker.poll()}:\n{net.worker_log('worker-hf')}") from exc
     os.kill(hf_worker.pid, signal.SIGKILL)
     hf_worker.wait()
     leased = {e["data"]["task_id"] for e in net.events("lease") if e["node_id"] == hf_id}
