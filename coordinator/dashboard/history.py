@@ -66,6 +66,8 @@ class RunHistory:
     def __init__(self) -> None:
         self.after = 0
         """The id of the last event folded: read the log from after it."""
+        self.started_at: float | None = None
+        """When the first event of the run was logged: the throughput series starts there."""
         self.versions: dict[int, VersionTally] = {}
         self.recent: deque[DashboardVerdict] = deque(maxlen=MAX_RECENT_VERDICTS)
         self.rewards: deque[DashboardVerdict] = deque(maxlen=MAX_REWARD_POINTS)
@@ -77,6 +79,8 @@ class RunHistory:
             if event.event_id <= self.after:
                 continue  # already folded (pages may overlap when the caller retries)
             self.after = event.event_id
+            if self.started_at is None:
+                self.started_at = event.at
             if event.kind == "publish":
                 self._publish(event)
             elif event.kind == "submit" and event.subject is not None:
@@ -129,24 +133,29 @@ class RunHistory:
                 tally.num_rejected += 1
 
     def accepted_samples_per_s(self, now: float) -> list[SeriesPoint]:
-        """Accepted rollouts per second in up to NUM_RATE_BUCKETS equal buckets ending at ``now``."""
-        return rate_series(list(self._accepted), now)
+        """Accepted rollouts per second since the run's first event (or the oldest record kept), up to ``now``."""
+        if self.started_at is None:
+            return []
+        start = self.started_at
+        if len(self._accepted) == self._accepted.maxlen:  # older records were dropped: start where those kept do
+            start = max(start, self._accepted[0][0])
+        return rate_series(list(self._accepted), start, now)
 
 
 def rate_series(
     records: Sequence[tuple[float, int]],
+    start: float,
     now: float,
     num_buckets: int = NUM_RATE_BUCKETS,
     min_bucket_s: float = MIN_RATE_BUCKET_S,
 ) -> list[SeriesPoint]:
-    """Counts per second in equal time buckets from the first record to ``now``; each point sits at its bucket's end.
+    """Counts per second in equal time buckets from ``start`` to ``now``; each point sits at its bucket's end.
 
     The bucket width grows with the span (never under ``min_bucket_s``) so a long run still
-    draws as at most ``num_buckets`` points. Records after ``now`` are ignored.
+    draws as at most ``num_buckets`` points. Records outside the span are ignored.
     """
-    if not records:
+    if now <= start:
         return []
-    start = min(at for at, _ in records)
     bucket_s = max(min_bucket_s, (now - start) / num_buckets)
     used = max(1, min(num_buckets, math.ceil((now - start) / bucket_s)))
     counts = [0] * used

@@ -186,7 +186,8 @@ function frame(svg, xs, ys, yDigits) {
   }
   for (let i = 0; i <= 3; i++) {
     const x = x0 + ((x1 - x0) * i) / 3;
-    svg.append(svgEl("text", { x: sx(x), y: CHART.height - 8, "text-anchor": "middle", class: "tick" }, clock(x)));
+    const anchor = i === 0 ? "start" : i === 3 ? "end" : "middle";  // the outer labels stay inside the frame
+    svg.append(svgEl("text", { x: sx(x), y: CHART.height - 8, "text-anchor": anchor, class: "tick" }, clock(x)));
   }
   svg.append(svgEl("line", { x1: CHART.left, x2: CHART.left, y1: CHART.top, y2: CHART.top + h, class: "axis" }));
   svg.append(svgEl("line", { x1: CHART.left, x2: CHART.left + w, y1: CHART.top + h, y2: CHART.top + h, class: "axis" }));

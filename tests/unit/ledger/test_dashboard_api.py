@@ -32,6 +32,7 @@ async def test_dashboard_shows_workers_verdicts_rewards_and_versions(harness: Le
         await validator.post_verdict(verdict)
         expected_rewards[answer.submission_id] = sum(rewards) / len(rewards)
     await coordinator.publish(signed_manifest(harness.coordinator, 1))
+    harness.clock.advance(10)
 
     async with public_client(harness) as http:
         response = await http.get("/v1/dashboard")
@@ -55,7 +56,8 @@ async def test_dashboard_shows_workers_verdicts_rewards_and_versions(harness: Le
     assert (oldest.worker_id, oldest.validator_id) == (worker.identity.node_id, validator.identity.node_id)
     assert {v.submission_id: v.mean_reward for v in dashboard.rewards} == expected_rewards
     assert [v.event_id for v in dashboard.rewards] == sorted(v.event_id for v in dashboard.rewards)
-    assert sum(p.value for p in dashboard.accepted_samples_per_s) > 0  # the accepted verdict's 4 rollouts
+    # The accepted verdict's 4 rollouts, in the first of two 5 s buckets since the run's first event.
+    assert [p.value for p in dashboard.accepted_samples_per_s] == [0.8, 0.0]
 
     v1, v0 = dashboard.versions
     assert (v1.version, v1.num_live_holders, v1.num_accepted, v1.mean_reward) == (1, 1, 0, None)
@@ -127,9 +129,25 @@ def test_history_reads_odd_event_data_as_absent() -> None:
 
 
 def test_rate_series_buckets_counts_per_second() -> None:
-    assert rate_series([], now=50.0) == []
-    points = rate_series([(0.0, 4), (3.0, 6), (12.0, 10)], now=20.0, num_buckets=4, min_bucket_s=5.0)
+    assert rate_series([(1.0, 3)], start=50.0, now=50.0) == []
+    points = rate_series([(0.0, 4), (3.0, 6), (12.0, 10)], start=0.0, now=20.0, num_buckets=4, min_bucket_s=5.0)
     assert [(p.at, p.value) for p in points] == [(5.0, 2.0), (10.0, 0.0), (15.0, 2.0), (20.0, 0.0)]
-    long_run = rate_series([(0.0, 1), (1000.0, 1)], now=1000.0, num_buckets=10, min_bucket_s=5.0)
+    long_run = rate_series([(0.0, 1), (1000.0, 1)], start=0.0, now=1000.0, num_buckets=10, min_bucket_s=5.0)
     assert len(long_run) == 10 and long_run[-1].value == 1 / 100
-    assert [(p.at, p.value) for p in rate_series([(30.0, 1)], now=20.0)] == [(20.0, 0.0)]  # a future record: ignored
+    late = rate_series([(30.0, 1)], start=0.0, now=20.0, num_buckets=4, min_bucket_s=5.0)
+    assert [p.value for p in late] == [0.0] * 4  # a record after now is ignored
+
+
+def test_throughput_starts_at_the_runs_first_event() -> None:
+    history = RunHistory()
+    assert history.accepted_samples_per_s(now=200.0) == []
+    history.fold(
+        [
+            event(0, "publish", "0"),
+            event(1, "submit", "s1"),
+            event(2, "verdict", "s1", accepted=True, rewards=[1.0] * 5),
+        ]
+    )
+    points = history.accepted_samples_per_s(now=130.0)  # events at 100, 101, 102: six 5 s buckets
+    assert [p.at for p in points] == [105.0, 110.0, 115.0, 120.0, 125.0, 130.0]
+    assert [p.value for p in points] == [1.0, 0.0, 0.0, 0.0, 0.0, 0.0]
