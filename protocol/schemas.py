@@ -287,3 +287,75 @@ class Event(WireModel):
 class EventPage(WireModel):
     events: list[Event]
     next_after: int = Field(description="Pass as `after` to read the events that follow.")
+
+
+# The coordinator's dashboard (`GET /v1/dashboard`, public and read-only; issue 9).
+
+
+class DashboardNode(WireModel):
+    """A worker or validator as the ledger last heard of it (no IP address, no hardware details)."""
+
+    node_id: NodeId
+    role: Role
+    engine: EngineName | None
+    policy_version: PolicyVersion | None = Field(description="The newest policy version the node reports holding.")
+    versions_held: list[PolicyVersion]
+    tokens_per_s: float = Field(ge=0, description="As reported in the node's last heartbeat.")
+    num_accepted: int
+    num_rejected: int
+    last_seen: float
+    live: bool = Field(description="Heard from within scheduling.worker_live_s and not banned.")
+    banned: bool
+    ban_reason: str | None
+
+
+class DashboardVerdict(WireModel):
+    """One validator verdict from the event log, with the mean of the rewards the validator recomputed."""
+
+    event_id: int
+    at: float
+    submission_id: str
+    worker_id: str
+    validator_id: str | None
+    policy_version: PolicyVersion | None
+    engine: EngineName | None
+    accepted: bool
+    reasons: list[str]
+    num_rollouts: int = Field(ge=0, description="Rollouts the verdict carried rewards for.")
+    mean_reward: float | None
+
+
+class VersionSpread(WireModel):
+    """One published policy version: which nodes hold it, and what the rollouts made with it earned."""
+
+    version: PolicyVersion
+    published_at: float | None
+    total_size_bytes: int | None
+    num_live_holders: int = Field(ge=0, description="Live workers and validators that report holding it.")
+    num_accepted: int = Field(ge=0, description="Accepted submissions made with this version.")
+    num_rejected: int = Field(ge=0)
+    mean_reward: float | None = Field(description="Mean recomputed reward over its accepted rollouts.")
+
+
+class SeriesPoint(WireModel):
+    """One point of a time series: Unix time and value."""
+
+    at: float
+    value: float
+
+
+class Dashboard(WireModel):
+    """Everything the /dashboard page draws, in one read."""
+
+    generated_at: float
+    status: RunStatus
+    nodes: list[DashboardNode] = Field(description="Most recently seen first.")
+    verdicts: list[DashboardVerdict] = Field(description="The most recent verdicts, newest first.")
+    rewards: list[DashboardVerdict] = Field(
+        description="Verdicts with rewards, oldest first (the reward chart; the last few hundred)."
+    )
+    versions: list[VersionSpread] = Field(description="The newest published versions, newest first.")
+    accepted_samples_per_s: list[SeriesPoint] = Field(description="Accepted rollouts per second, in time buckets.")
+    tokens_per_s: list[SeriesPoint] = Field(
+        description="Sum of live workers' reported tokens/s, sampled each time this coordinator serves the dashboard."
+    )

@@ -23,6 +23,7 @@ from coordinator.api.auth import SignedCaller, SignedRequest
 from coordinator.api.errors import install_error_handlers
 from coordinator.api.middleware import BodySizeLimit, IpRateLimit, RequestMetrics
 from coordinator.config import CoordinatorConfig
+from coordinator.dashboard import dashboard_router
 from coordinator.ledger import MAX_POLICY_VERSION, Ledger
 from coordinator.metrics import LedgerMetrics
 from coordinator.ratelimit import RateLimiter
@@ -174,6 +175,7 @@ def create_app(config: CoordinatorConfig, ledger: Ledger, replay_cache: Database
         """Prometheus text format."""
         return Response(metrics.render(), media_type="text/plain; version=0.0.4")
 
+    app.include_router(dashboard_router(ledger))
     return app
 
 
