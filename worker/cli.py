@@ -10,6 +10,7 @@ from protocol.cli import (
     ConfigOption,
     JsonLogsOption,
     LogLevelOption,
+    NoP2POption,
     SetOption,
     load_role_config,
     make_keys_app,
@@ -77,7 +78,7 @@ def join(
     engine: str | None = typer.Option(None, help="auto, vllm or hf."),
     relay: list[str] | None = typer.Option(None, help="Extra relay URL (repeatable)."),
     data_dir: Path | None = typer.Option(None, help="Node key and downloaded weights."),
-    no_p2p: bool = typer.Option(False, "--no-p2p", help="Stay off the libp2p gossip network; learn by polling only."),
+    no_p2p: bool = NoP2POption,
     log_level: str = LogLevelOption,
     json_logs: bool = JsonLogsOption,
 ) -> None:
