@@ -1,11 +1,13 @@
 """Gossip in a real network: coordinator, relay and `prime-worker join` processes on 127.0.0.1.
 
 The coordinator hands out no tasks, so nothing but gossip can make a worker fetch a new policy
-version: leases come back empty and heartbeats fetch nothing. A worker on the gossip network
+version: leases come back empty and heartbeats fetch nothing. The relay polls its upstream only
+every minute and the worker may download from that relay alone, so each version it finishes
+was also mirrored because the relay heard the announcement. A worker on the gossip network
 starts fetching each version `prime-coordinator publish` makes within a second of its
-publication and finishes it, while a worker started with `--no-p2p` (polling only) does not;
-a test peer that joins the mesh and publishes a policy announcement signed by another key
-than the coordinator's is dropped (and logged) by the worker and the coordinator alike.
+publication and finishes it, while a worker started with `--no-p2p` (polling only) does not.
+A stranger that joins the mesh hears the relay announce its address, and a policy announcement
+it signs with its own key is dropped (and logged) by the worker and the coordinator alike.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from coordinator.process import CoordinatorProcess, stop_processes
 from protocol.identity import NodeIdentity
 from protocol.p2p.announcements import TOPICS, encode_announcement, sign_announcement
 from protocol.p2p.node import P2PNode, TopicSpec
-from protocol.schemas import P2PInfo, PolicyAnnouncement
+from protocol.schemas import P2PInfo, PolicyAnnouncement, RelayAnnouncement
 from tests.conftest import free_port
 from tests.integration.shardcast_nodes import Nodes, wait_until
 from toploc.tiny_model import TinyModelSpec, save_tiny_qwen2
@@ -107,32 +109,40 @@ def net(tmp_path: Path) -> Iterator[GossipNet]:
         coordinator.stop()
 
 
-def forge_policy_announcement(net: GossipNet, worker_addr: str) -> str:
-    """Join the mesh as a stranger and publish a policy announcement signed by the stranger's key."""
-    info = P2PInfo.model_validate(httpx.get(f"{net.url}/v1/p2p", timeout=5).json())
-    stranger = NodeIdentity.generate()
-    peer = P2PNode(stranger)
-    peer.start([TopicSpec(topic, lambda *_: True) for topic in TOPICS.values()])
-    try:
-        peer.connect(info.addrs[0])
-        peer.connect(worker_addr)
-        time.sleep(1.0)  # subscriptions exchanged
+class Stranger:
+    """A peer with its own key that joins the mesh, records what it hears, and publishes forgeries."""
+
+    def __init__(self) -> None:
+        self.identity = NodeIdentity.generate()
+        self.node = P2PNode(self.identity)
+        self.heard: list[tuple[str, bytes]] = []
+
+    def start(self, *addrs: str) -> None:
+        record = lambda topic, data: self.heard.append((topic, data))  # noqa: E731
+        self.node.start([TopicSpec(topic, lambda *_: True, record) for topic in TOPICS.values()])
+        for addr in addrs:
+            self.node.connect(addr)
+
+    def relay_announcements(self) -> list[RelayAnnouncement]:
+        found = []
+        for topic, data in list(self.heard):
+            if topic == TOPICS["relay"]:
+                found.append(RelayAnnouncement.model_validate(json.loads(data)["body"]))
+        return found
+
+    def forge_policy_announcement(self, version: int) -> None:
         forged = PolicyAnnouncement(
-            version=99, manifest_sha256="00" * 32, total_size_bytes=1, origin_url=None, published_at=time.time()
+            version=version, manifest_sha256="00" * 32, total_size_bytes=1, origin_url=None, published_at=time.time()
         )
-        peer.publish(TOPICS["policy_version"], encode_announcement(sign_announcement(stranger, forged)))
-        time.sleep(2.0)
-    finally:
-        peer.stop()
-    return stranger.node_id
+        self.node.publish(TOPICS["policy_version"], encode_announcement(sign_announcement(self.identity, forged)))
 
 
 def test_announced_versions_are_fetched_within_a_second_and_forgeries_ignored(net: GossipNet) -> None:
     coordinator_id = httpx.get(f"{net.url}/v1/policy-versions/latest", timeout=5).json()["signer"]
     info = P2PInfo.model_validate(httpx.get(f"{net.url}/v1/p2p", timeout=5).json())
     assert info.peer_id == coordinator_id and info.addrs
-    relay_url, _ = net.relays.relay([f"{net.url}/shardcast"], coordinator_id)
-    gossiping = net.start_worker("worker", relay_url)
+    relay_url, _ = net.relays.relay([f"{net.url}/shardcast"], coordinator_id, poll_interval_s=60)
+    gossiping = net.start_worker("worker", relay_url, "--set", "origin_fallback_enabled=false")
     polling = net.start_worker("worker-polling", relay_url, "--no-p2p")
 
     def ready(name: str) -> bool:
@@ -140,39 +150,45 @@ def test_announced_versions_are_fetched_within_a_second_and_forgeries_ignored(ne
 
     wait_until(lambda: net.first_event("worker", "p2p: connected to the coordinator") is not None, 120, "p2p join")
     wait_until(lambda: ready("worker") and ready("worker-polling"), 180, "both workers to hold policy v0")
-    time.sleep(1.5)  # let the gossip mesh settle
-
-    latencies = []
-    for version in range(1, NUM_VERSIONS):
-        net.publish(version)
-        wait_until(
-            lambda v=version: net.first_event("worker", f"policy v{v} announced by gossip") is not None,  # type: ignore[misc]
-            30,
-            f"the worker to start fetching v{version}",
-        )
-        started = net.first_event("worker", f"policy v{version} announced by gossip")
-        assert started is not None
-        latencies.append(float(started["ts"]) - net.published_at(version))
-        wait_until(
-            lambda v=version: (net.root / "worker" / "policies" / f"v{v}").is_dir(),  # type: ignore[misc]
-            60,
-            f"the worker to finish fetching v{version}",
-        )
-    print(f"publication-to-fetch-start latencies (s): {[round(x, 3) for x in latencies]}")
-    assert all(latency < MAX_FETCH_START_S for latency in latencies), latencies
-    assert net.first_event("worker", f"fetched announced policy v{NUM_VERSIONS - 1}") is not None
-    # Polling alone (no tasks to lease) never fetched them: gossip is what did.
-    assert not (net.root / "worker-polling" / "policies" / "v1").exists()
-    assert net.first_event("worker-polling", "p2p is disabled") is not None
-
     listening = net.first_event("worker", "listening on")
     assert listening is not None
-    worker_addr = listening["event"].rsplit(" ", 1)[1]
-    stranger = forge_policy_announcement(net, worker_addr)
-    dropped = net.first_event("worker", f"dropped gossip from {stranger}")
+    stranger = Stranger()
+    stranger.start(info.addrs[0], listening["event"].rsplit(" ", 1)[1])
+    try:
+        time.sleep(1.5)  # let the gossip mesh settle
+        latencies = []
+        for version in range(1, NUM_VERSIONS):
+            net.publish(version)
+            wait_until(
+                lambda v=version: net.first_event("worker", f"policy v{v} announced by gossip") is not None,  # type: ignore[misc]
+                30,
+                f"the worker to start fetching v{version}",
+            )
+            started = net.first_event("worker", f"policy v{version} announced by gossip")
+            assert started is not None
+            latencies.append(float(started["ts"]) - net.published_at(version))
+            wait_until(
+                lambda v=version: (net.root / "worker" / "policies" / f"v{v}").is_dir(),  # type: ignore[misc]
+                30,
+                f"the worker to finish fetching v{version} from the relay (woken by gossip)",
+            )
+        print(f"publication-to-fetch-start latencies (s): {[round(x, 3) for x in latencies]}")
+        assert all(latency < MAX_FETCH_START_S for latency in latencies), latencies
+        assert net.first_event("worker", f"fetched announced policy v{NUM_VERSIONS - 1}") is not None
+        # Polling alone (no tasks to lease) never fetched them: gossip is what did.
+        assert not (net.root / "worker-polling" / "policies" / "v1").exists()
+        assert net.first_event("worker-polling", "p2p is disabled") is not None
+        newest = RelayAnnouncement(url=relay_url, latest_version=NUM_VERSIONS - 1)
+        wait_until(lambda: newest in stranger.relay_announcements(), 10, "the relay to announce itself")
+
+        stranger.forge_policy_announcement(99)
+        time.sleep(2.0)
+    finally:
+        stranger.node.stop()
+    dropped = net.first_event("worker", f"dropped gossip from {stranger.identity.node_id}")
     assert dropped is not None and "(forbidden)" in dropped["event"], net.log_tail("worker")
     assert net.first_event("worker", "policy v99") is None
     assert not list((net.root / "worker" / "policies").glob("*99"))
-    assert f"dropped gossip from {stranger}" in (net.root / "coordinator.log").read_text()
+    assert f"dropped gossip from {stranger.identity.node_id}" in (net.root / "coordinator.log").read_text()
     assert gossiping.poll() is None, net.log_tail("worker")
     assert polling.poll() is None, net.log_tail("worker-polling")
