@@ -12,6 +12,7 @@ it signs with its own key is dropped (and logged) by the worker and the coordina
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -79,6 +80,9 @@ class GossipNet:
 
     def first_event(self, name: str, text: str) -> dict[str, Any] | None:
         return next((entry for entry in self.log_entries(name) if text in entry["event"]), None)
+
+    def has_event(self, name: str, text: str) -> bool:
+        return self.first_event(name, text) is not None
 
     def log_tail(self, name: str) -> str:
         return (self.root / f"{name}.log").read_text(errors="replace")[-4000:]
@@ -159,19 +163,15 @@ def test_announced_versions_are_fetched_within_a_second_and_forgeries_ignored(ne
         latencies = []
         for version in range(1, NUM_VERSIONS):
             net.publish(version)
+            marker = f"policy v{version} announced by gossip"
             wait_until(
-                lambda v=version: net.first_event("worker", f"policy v{v} announced by gossip") is not None,  # type: ignore[misc]
-                30,
-                f"the worker to start fetching v{version}",
+                functools.partial(net.has_event, "worker", marker), 30, f"the worker to start fetching v{version}"
             )
-            started = net.first_event("worker", f"policy v{version} announced by gossip")
+            started = net.first_event("worker", marker)
             assert started is not None
             latencies.append(float(started["ts"]) - net.published_at(version))
-            wait_until(
-                lambda v=version: (net.root / "worker" / "policies" / f"v{v}").is_dir(),  # type: ignore[misc]
-                30,
-                f"the worker to finish fetching v{version} from the relay (woken by gossip)",
-            )
+            fetched = net.root / "worker" / "policies" / f"v{version}"
+            wait_until(fetched.is_dir, 30, f"the worker to finish fetching v{version} from the relay (woken by gossip)")
         print(f"publication-to-fetch-start latencies (s): {[round(x, 3) for x in latencies]}")
         assert all(latency < MAX_FETCH_START_S for latency in latencies), latencies
         assert net.first_event("worker", f"fetched announced policy v{NUM_VERSIONS - 1}") is not None
