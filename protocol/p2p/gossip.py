@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
 from collections.abc import Callable
 
@@ -88,7 +89,9 @@ class Gossip:
         return announcement
 
     def info(self) -> P2PInfo:
-        return P2PInfo(peer_id=self.identity.node_id, addrs=self.node.addrs[:16], topics=list(TOPICS.values()))
+        """What ``GET /v1/p2p`` answers: this node's peer id and dialable multiaddrs."""
+        addrs = [advertised_addr(addr, self.config.public_host) for addr in self.node.addrs[:16]]
+        return P2PInfo(peer_id=self.identity.node_id, addrs=addrs, topics=list(TOPICS.values()))
 
     def join(self, info: P2PInfo) -> None:
         """Dial the coordinator described by ``info``; refused unless it is the pinned coordinator."""
@@ -111,6 +114,18 @@ class Gossip:
 
     def stop(self) -> None:
         self.node.stop()
+
+
+def advertised_addr(addr: str, public_host: str | None) -> str:
+    """``addr`` with its bind host replaced by ``public_host`` (an IPv4/IPv6 address or a DNS name)."""
+    if public_host is None:
+        return addr
+    _empty, _family, _host, rest = addr.split("/", 3)
+    try:
+        family = "ip6" if ipaddress.ip_address(public_host).version == 6 else "ip4"
+    except ValueError:
+        family = "dns"
+    return f"/{family}/{public_host}/{rest}"
 
 
 async def fetch_p2p_info(coordinator_url: str, timeout_s: float = 5.0) -> P2PInfo:

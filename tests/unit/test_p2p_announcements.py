@@ -177,3 +177,13 @@ def test_manifest_digest_covers_the_manifest_canonical_json() -> None:
         manifest=manifest.model_copy(update={"version": 2}), signer=COORDINATOR.node_id, signature_b64="x"
     )
     assert len(manifest_digest(one)) == 64 and manifest_digest(one) != manifest_digest(other)
+
+
+def test_advertised_addrs_name_the_public_host() -> None:
+    from protocol.p2p.gossip import advertised_addr
+
+    bound = f"/ip4/0.0.0.0/tcp/4001/p2p/{COORDINATOR.node_id}"
+    assert advertised_addr(bound, None) == bound
+    assert advertised_addr(bound, "203.0.113.7") == f"/ip4/203.0.113.7/tcp/4001/p2p/{COORDINATOR.node_id}"
+    assert advertised_addr(bound, "2001:db8::1") == f"/ip6/2001:db8::1/tcp/4001/p2p/{COORDINATOR.node_id}"
+    assert advertised_addr(bound, "coord.example.org") == f"/dns/coord.example.org/tcp/4001/p2p/{COORDINATOR.node_id}"
