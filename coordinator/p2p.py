@@ -4,10 +4,10 @@
 and a watcher thread that announces, signed with the coordinator key, each policy version the
 ledger makes current (by :func:`coordinator.policies.publish_policy`, whichever process ran it:
 ``prime-coordinator publish`` is a separate process, so the watcher reads the ledger rather
-than waiting for an in-process call) and, while the ledger has tasks to lease, their
-availability. The watcher's check is one indexed ``SELECT max(version)`` every
-``watch_interval_s``; a failure to announce is logged and retried, never fatal, because nodes
-still learn everything by polling the ledger.
+than waiting for an in-process call) and, when leases expire or are abandoned, the tasks that
+wait to be leased again (so idle workers ask at once rather than at their next retry). The
+watcher's check is one indexed ``SELECT max(version)`` every ``watch_interval_s``; a failure to
+announce is logged and retried, never fatal, because nodes still learn everything by polling.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from fastapi import FastAPI
 from sqlalchemy import func, select
 
 from coordinator.config import CoordinatorConfig
-from coordinator.storage.tables import policy_versions
+from coordinator.storage.tables import policy_versions, run_state, tasks
 from coordinator.views import LedgerViews
 from protocol.errors import NotFoundError, PrimeError
 from protocol.identity import NodeIdentity
@@ -42,6 +42,14 @@ def latest_published(ledger: LedgerViews) -> tuple[int, float] | None:
             select(policy_versions.c.published_at).where(policy_versions.c.version == newest)
         ).scalar_one()
     return int(newest), float(published_at)
+
+
+def waiting_tasks(ledger: LedgerViews) -> tuple[int, int]:
+    """(tasks open for leasing, current policy version): tasks are made on demand, so open ones were re-queued."""
+    with ledger.db.read() as conn:
+        num_open = conn.execute(select(func.count()).where(tasks.c.state == "open")).scalar_one()
+        version = conn.execute(select(run_state.c.current_policy_version)).scalar_one()
+    return int(num_open), int(version)
 
 
 class CoordinatorGossip:
@@ -105,17 +113,14 @@ class CoordinatorGossip:
         )
 
     def announce_tasks(self) -> None:
-        """Announce task availability when tasks appear, and again every TASKS_REANNOUNCE_S while there are some."""
-        status = self.ledger.status()
-        had_tasks, self._had_tasks = self._had_tasks, status.num_tasks_open > 0
+        """Announce tasks waiting to be leased when some appear, and again every TASKS_REANNOUNCE_S while they wait."""
+        num_open, version = waiting_tasks(self.ledger)
+        had_tasks, self._had_tasks = self._had_tasks, num_open > 0
         if not self._had_tasks:
             return
         if had_tasks and time.monotonic() - self._tasks_announced_at < TASKS_REANNOUNCE_S:
             return
-        body = TaskAnnouncement(
-            num_tasks_open=status.num_tasks_open, current_policy_version=status.current_policy_version
-        )
-        self.gossip.announce(body)
+        self.gossip.announce(TaskAnnouncement(num_tasks_open=num_open, current_policy_version=version))
         self._tasks_announced_at = time.monotonic()
 
 
