@@ -62,6 +62,9 @@ KIND_OF_BODY: dict[type[WireModel], Kind] = {model: kind for kind, model in BODY
 COORDINATOR_KINDS: frozenset[Kind] = frozenset({"policy_version", "tasks"})
 MAX_ANNOUNCEMENT_BYTES = 16 * 1024
 MAX_FUTURE_SKEW_S = 10.0
+# Refusals no honest peer causes (it checks before forwarding); stale, replayed or out-of-order
+# announcements can reach an honest peer through races and clock skew, so they do not count.
+HOSTILE_CODES = frozenset({"malformed", "forbidden", "bad_signature", "unsigned"})
 
 
 @dataclass(frozen=True)
@@ -129,6 +132,8 @@ class AnnouncementFilter:
         self.clock = clock
         self.num_accepted = 0
         self.num_dropped: Counter[str] = Counter()
+        self.num_hostile_by_sender: Counter[str] = Counter()
+        """Per forwarding peer: dropped messages that an honest peer would never have sent on."""
         self._replays = MemoryReplayCache()
         self._newest: dict[tuple[Kind, str], float] = {}
         self._lock = threading.Lock()
@@ -172,6 +177,8 @@ class AnnouncementFilter:
         except PrimeError as exc:
             with self._lock:
                 self.num_dropped[exc.code] += 1
+                if exc.code in HOSTILE_CODES:
+                    self.num_hostile_by_sender[sender] += 1
             level = logging.DEBUG if isinstance(exc, ConflictError | ReplayedNonceError) else logging.WARNING
             log.log(level, "dropped gossip from %s on %s (%s): %s", sender, topic, exc.code, exc.message)
             return None

@@ -39,6 +39,8 @@ from protocol.schemas import Announcement, P2PInfo
 
 log = logging.getLogger("protocol.p2p")
 P2P_INFO_PATH = "/v1/p2p"
+MAX_HOSTILE_MESSAGES = 10
+"""Forged, malformed or wrongly signed announcements a peer may forward before it is disconnected and ignored."""
 Listener = Callable[[Accepted], None]
 """Called in the libp2p thread with each accepted announcement: hand it over, do not block."""
 
@@ -71,7 +73,12 @@ class Gossip:
         return addrs
 
     def _validate(self, topic: str, data: bytes, sender: str) -> bool:
-        return self.filter.accept(topic, data, sender) is not None
+        if self.filter.accept(topic, data, sender) is not None:
+            return True
+        if self.filter.num_hostile_by_sender[sender] == MAX_HOSTILE_MESSAGES:
+            log.warning("p2p: blacklisting peer %s after %d invalid announcements", sender, MAX_HOSTILE_MESSAGES)
+            self.node.blacklist_now(sender)
+        return False
 
     def _deliver(self, topic: str, data: bytes) -> None:
         # Already checked by _validate (libp2p runs validators before delivery): parse only.

@@ -152,6 +152,12 @@ class P2PNode:
     def publish(self, topic: str, data: bytes) -> None:
         self._call(self._pubsub.publish, topic, data)
 
+    def blacklist_now(self, peer_id: str) -> None:
+        """Disconnect ``peer_id`` and ignore it from now on; call from the trio thread (a validator or handler)."""
+        from libp2p.peer.id import ID
+
+        self._pubsub.add_to_blacklist(ID.from_base58(peer_id))
+
     def num_peers(self) -> int:
         if self._host is None:
             return 0

@@ -17,7 +17,7 @@ from protocol.errors import ProtocolError, RemoteUnavailableError
 from protocol.identity import NodeIdentity
 from protocol.p2p.announcements import TOPICS, Accepted, encode_announcement, sign_announcement
 from protocol.p2p.config import P2PConfig
-from protocol.p2p.gossip import Gossip
+from protocol.p2p.gossip import MAX_HOSTILE_MESSAGES, Gossip
 from protocol.schemas import P2PInfo, PolicyAnnouncement, RelayAnnouncement
 
 pytestmark = pytest.mark.slow
@@ -83,6 +83,21 @@ def test_announcements_reach_the_worker_and_forgeries_do_not(nodes: tuple[Gossip
     assert [a.body for a in inbox.items[1:]] == [relay]  # a relay may speak for itself; nothing else got through
     assert worker.filter.num_dropped == {"forbidden": 1, "malformed": 1, "conflict": 1}
     assert coordinator.filter.num_dropped["forbidden"] == 1
+
+
+def test_a_peer_forwarding_forgeries_is_blacklisted(nodes: tuple[Gossip, Gossip, Gossip, Inbox]) -> None:
+    _coordinator, worker, stranger, inbox = nodes
+    for version in range(MAX_HOSTILE_MESSAGES):
+        forged = encode_announcement(sign_announcement(stranger.identity, policy(100 + version)))
+        stranger.node.publish(TOPICS["policy_version"], forged)
+        time.sleep(0.12)  # py-libp2p's gossipsub forwards at most 10 messages per topic and second
+    time.sleep(0.5)
+    assert worker.filter.num_hostile_by_sender[stranger.identity.node_id] == MAX_HOSTILE_MESSAGES
+    relay = RelayAnnouncement(url="http://127.0.0.1:9999", latest_version=1)  # valid, but from a blacklisted peer
+    stranger.node.publish(TOPICS["relay"], encode_announcement(sign_announcement(stranger.identity, relay)))
+    time.sleep(1.0)
+    assert inbox.items == []
+    assert worker.filter.num_accepted == 0
 
 
 def test_only_the_pinned_coordinator_is_joined(nodes: tuple[Gossip, Gossip, Gossip, Inbox]) -> None:

@@ -157,6 +157,7 @@ def test_accept_counts_and_logs_drops_and_never_raises(caplog: pytest.LogCapture
     assert filter_.accept(POLICY_TOPIC, signed(COORDINATOR, policy(1), sent_at=NOW + 1)) is None
     assert filter_.num_accepted == 1
     assert filter_.num_dropped == {"malformed": 1, "forbidden": 1, "conflict": 1}
+    assert filter_.num_hostile_by_sender == {"peer-a": 1, "peer-b": 1}  # an out-of-order repeat is no offence
     assert "dropped gossip from peer-b" in caplog.text and "forbidden" in caplog.text
 
 
