@@ -165,13 +165,12 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory(prefix="gossip-bench-") as tmp:
         net = network(Path(tmp), num_versions)
     starts = [row["fetch_start_s"] for row in net["versions"]]
+    announced = [row["announcement_received_s"] for row in net["versions"]]
     summary = {
-        "publication_to_fetch_start_s_median": statistics.median(starts),
+        "publication_to_fetch_start_s_median": round(statistics.median(starts), 3),
         "publication_to_fetch_start_s_max": max(starts),
-        "publication_to_announcement_s_median": statistics.median(
-            r["announcement_received_s"] for r in net["versions"]
-        ),
-        "gossip_deliver_ms_median": statistics.median(local["deliver_ms"]),
+        "publication_to_announcement_s_median": round(statistics.median(announced), 3),
+        "gossip_deliver_ms_median": round(statistics.median(local["deliver_ms"]), 2),
         "connect_ms": round(local["connect_ms"], 1),
     }
     machine = {"python": platform.python_version(), "cpus": os.cpu_count()}
