@@ -9,6 +9,7 @@ from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from protocol.config import RoleConfig, Section
+from protocol.p2p.config import P2PConfig
 
 
 class ApiConfig(Section):
@@ -83,6 +84,11 @@ class PolicyConfig(Section):
     """Versions kept in the origin store; empty means async_level + 2 (never fewer than async_level + 1)."""
 
 
+class CoordinatorP2PConfig(P2PConfig):
+    watch_interval_s: float = Field(default=0.1, gt=0, le=60)
+    """How often the ledger is checked for a newly published policy version to announce on gossip."""
+
+
 class CoordinatorConfig(RoleConfig):
     """Everything an operator sets for one run."""
 
@@ -102,6 +108,7 @@ class CoordinatorConfig(RoleConfig):
     scheduling: SchedulingConfig = SchedulingConfig()
     trust: TrustConfig = TrustConfig()
     policy: PolicyConfig = PolicyConfig()
+    p2p: CoordinatorP2PConfig = CoordinatorP2PConfig()
 
     @model_validator(mode="after")
     def _check(self) -> CoordinatorConfig:

@@ -23,6 +23,7 @@ def run(config: CoordinatorConfig) -> None:
 
     from coordinator.api.app import create_app
     from coordinator.ledger import Ledger
+    from coordinator.p2p import start_coordinator_gossip
     from coordinator.policies import policy_store, publish_policy, published_version
     from coordinator.replay import DatabaseReplayCache
     from coordinator.storage.engine import Database
@@ -61,10 +62,16 @@ def run(config: CoordinatorConfig) -> None:
         sock.bind((config.api.host, config.api.port))
         host, port = sock.getsockname()[:2]
         log.info("ledger API listening on http://%s:%d (OpenAPI at /docs)", host, port)
+        url_host = f"[{host}]" if family == socket.AF_INET6 else host
+        gossip = start_coordinator_gossip(identity, config, ledger, app, f"http://{url_host}:{port}")
         server = uvicorn.Server(
             uvicorn.Config(app, log_config=None, access_log=False, timeout_graceful_shutdown=5, backlog=4096)
         )
-        server.run(sockets=[sock])
+        try:
+            server.run(sockets=[sock])
+        finally:
+            if gossip is not None:
+                gossip.stop()
     finally:
         database.dispose()
 

@@ -34,6 +34,9 @@ SetOption = typer.Option(
 )
 LogLevelOption = typer.Option("info", "--log-level", help="debug, info, warning or error.", envvar="PRIME_LOG_LEVEL")
 JsonLogsOption = typer.Option(False, "--json-logs", help="One JSON object per log line, for machines.")
+NoP2POption = typer.Option(
+    False, "--no-p2p", help="Stay off the libp2p gossip network (p2p.enabled=false): learn by polling the ledger only."
+)
 
 
 def fail(message: str, exit_code: int = EXIT_FAILURE) -> NoReturn:

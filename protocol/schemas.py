@@ -211,6 +211,40 @@ class Announcement(WireModel):
     sent_at: float
 
 
+class PolicyAnnouncement(WireModel):
+    """Gossip body (kind ``policy_version``): the coordinator published a new policy version."""
+
+    version: PolicyVersion
+    manifest_sha256: Sha256Hex = Field(
+        description="sha256 of the manifest's canonical JSON (what the signature covers)."
+    )
+    total_size_bytes: int = Field(ge=0)
+    origin_url: str | None = Field(default=None, max_length=512, pattern=r"^https?://")
+    published_at: float
+
+
+class RelayAnnouncement(WireModel):
+    """Gossip body (kind ``relay``): a relay serves SHARDCAST at ``url``; signed by the relay's own key."""
+
+    url: str = Field(max_length=512, pattern=r"^https?://")
+    latest_version: PolicyVersion | None = None
+
+
+class TaskAnnouncement(WireModel):
+    """Gossip body (kind ``tasks``): the ledger has tasks to lease under the current policy."""
+
+    num_tasks_open: int = Field(ge=0)
+    current_policy_version: PolicyVersion
+
+
+class P2PInfo(WireModel):
+    """``GET /v1/p2p``: how to join the coordinator's libp2p network (all a node needs is its URL)."""
+
+    peer_id: NodeId
+    addrs: list[Annotated[str, Field(max_length=256)]] = Field(max_length=16, description="Multiaddrs with /p2p/.")
+    topics: list[Annotated[str, Field(max_length=128)]] = Field(max_length=16)
+
+
 class RunStatus(WireModel):
     run_name: str
     current_policy_version: PolicyVersion

@@ -13,6 +13,7 @@ from protocol.cli import (
     ConfigOption,
     JsonLogsOption,
     LogLevelOption,
+    NoP2POption,
     SetOption,
     fail,
     load_role_config,
@@ -33,6 +34,7 @@ def serve(
     port: int | None = typer.Option(None, help="Port to serve on."),
     coordinator_id: str | None = typer.Option(None, help="Node id whose manifest signatures are trusted."),
     data_dir: Path | None = typer.Option(None, help="Where mirrored versions are kept."),
+    no_p2p: bool = NoP2POption,
     log_level: str = LogLevelOption,
     json_logs: bool = JsonLogsOption,
 ) -> None:
@@ -44,6 +46,7 @@ def serve(
         "port": port,
         "coordinator_id": coordinator_id,
         "data_dir": data_dir,
+        "p2p.enabled": False if no_p2p else None,
     }
     relay_config = load_role_config(RelayConfig, config, sets, flags)
     from shardcast.relay import serve_relay

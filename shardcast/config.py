@@ -8,6 +8,7 @@ from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
 from protocol.config import RoleConfig
+from protocol.p2p.config import P2PConfig
 
 
 class RelayConfig(RoleConfig):
@@ -33,3 +34,9 @@ class RelayConfig(RoleConfig):
     """How long a request for a shard still being mirrored is held before it is answered 503."""
     upstream_ban_s: float = Field(default=300.0, ge=0)
     """An upstream that sent a bad manifest or corrupt shard is not used for this long."""
+    coordinator_url: str | None = None
+    """Coordinator whose gossip network to join (via its GET /v1/p2p); unset: the upstream ending in /shardcast."""
+    public_url: str | None = Field(default=None, pattern=r"^https?://")
+    """The relay's URL as announced on gossip; unset: http://host:port (nothing is announced for 0.0.0.0 or port 0)."""
+    p2p: P2PConfig = P2PConfig()
+    """The libp2p gossip network: mirror announced versions at once and announce this relay's address."""

@@ -17,6 +17,7 @@ resumes unfinished versions. It keeps the newest ``keep_versions`` versions.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import uuid
@@ -160,6 +161,8 @@ class RelayMirror:
             4 * config.num_parallel,
         )
         self.versions: dict[int, MirroredVersion] = {}
+        self.wake = asyncio.Event()
+        """Set to poll the upstreams now rather than at the next interval."""
 
     # --- serving -------------------------------------------------------------------------------
 
@@ -202,11 +205,13 @@ class RelayMirror:
         for mirrored in self.versions.values():
             self._ensure_mirroring(mirrored)
         while True:
+            self.wake.clear()
             try:
                 await self.poll_once()
             except Exception:  # a bug must not stop the relay from serving what it has
                 log.exception("poll failed")
-            await asyncio.sleep(self.config.poll_interval_s)
+            with contextlib.suppress(TimeoutError):  # a gossip announcement of a new version wakes it early
+                await asyncio.wait_for(self.wake.wait(), timeout=self.config.poll_interval_s)
 
     def restore(self) -> None:
         """Re-verify versions left on disk by an earlier run; drop whatever does not verify."""
@@ -350,7 +355,13 @@ async def serve_relay(config: RelayConfig) -> None:
         raise ConfigError("a relay needs the coordinator's node id (--coordinator-id) to verify manifests")
     relay = RelayMirror(config, config.coordinator_id)
     log.info("relay on http://%s:%d mirroring %s", config.host, config.port, ", ".join(relay.upstreams))
+
+    async def background() -> None:
+        from shardcast.p2p import run_relay_gossip
+
+        await asyncio.gather(relay.run(), run_relay_gossip(config, relay))
+
     try:
-        await serve_http(create_app(relay), config.host, config.port, relay.run)
+        await serve_http(create_app(relay), config.host, config.port, background)
     finally:
         await relay.aclose()

@@ -10,6 +10,7 @@ from protocol.cli import (
     ConfigOption,
     JsonLogsOption,
     LogLevelOption,
+    NoP2POption,
     SetOption,
     load_role_config,
     make_keys_app,
@@ -27,12 +28,14 @@ def run(
     sets: list[str] | None = SetOption,
     coordinator: str | None = typer.Option(None, help="Coordinator URL."),
     data_dir: Path | None = typer.Option(None, help="Node key and downloaded weights."),
+    no_p2p: bool = NoP2POption,
     log_level: str = LogLevelOption,
     json_logs: bool = JsonLogsOption,
 ) -> None:
     """Validate pending submissions until stopped (Ctrl-C)."""
     start_logging(log_level, json_logs)
-    settings = load_role_config(ValidatorConfig, config, sets, {"coordinator_url": coordinator, "data_dir": data_dir})
+    flags = {"coordinator_url": coordinator, "data_dir": data_dir, "p2p.enabled": False if no_p2p else None}
+    settings = load_role_config(ValidatorConfig, config, sets, flags)
     raise typer.Exit(run_audit(settings))
 
 

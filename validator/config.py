@@ -9,6 +9,7 @@ from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
 from protocol.config import RoleConfig
+from protocol.p2p.config import P2PConfig
 
 
 class ValidatorConfig(RoleConfig):
@@ -30,3 +31,5 @@ class ValidatorConfig(RoleConfig):
     """Policy versions kept loaded (and on disk) at once: async_level + 1 is enough."""
     poll_interval_s: float = Field(default=1.0, gt=0)
     """How often to ask the ledger for pending submissions when idle."""
+    p2p: P2PConfig = P2PConfig()
+    """The libp2p gossip network: announced policy versions are downloaded before the first submission needs them."""

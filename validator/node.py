@@ -28,6 +28,7 @@ from validator.config import ValidatorConfig
 from worker.engines.base import PrefillEngine
 from worker.loop import sleep_unless_stopped, with_retries
 from worker.node import eos_token_ids, software_version, trusted_coordinator_id
+from worker.p2p import run_node_gossip
 
 log = logging.getLogger("validator")
 
@@ -118,6 +119,9 @@ async def run_validator(config: ValidatorConfig, stop: asyncio.Event, state: Val
         log.info("validator %s auditing %s", identity.node_id, config.coordinator_url)
         relays = [*config.relays, config.coordinator_url.rstrip("/") + "/shardcast"]
         weights = WeightsCache(relays, coordinator_id, config.data_dir / "policies", keep_versions=config.max_versions)
+        p2p = asyncio.create_task(
+            run_node_gossip(config.p2p, config.coordinator_url, identity, coordinator_id, weights, stop)
+        )
         engines = PolicyEngines(weights, config.max_versions, config.max_batch_size)
         last_summary = time.monotonic()
         try:
@@ -132,6 +136,8 @@ async def run_validator(config: ValidatorConfig, stop: asyncio.Event, state: Val
                     last_summary = time.monotonic()
         finally:
             log.info("%s", state.summary())
+            p2p.cancel()
+            await asyncio.gather(p2p, return_exceptions=True)
             engines.close()
             with contextlib.suppress(Exception):
                 await weights.aclose()

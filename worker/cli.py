@@ -10,6 +10,7 @@ from protocol.cli import (
     ConfigOption,
     JsonLogsOption,
     LogLevelOption,
+    NoP2POption,
     SetOption,
     load_role_config,
     make_keys_app,
@@ -77,13 +78,14 @@ def join(
     engine: str | None = typer.Option(None, help="auto, vllm or hf."),
     relay: list[str] | None = typer.Option(None, help="Extra relay URL (repeatable)."),
     data_dir: Path | None = typer.Option(None, help="Node key and downloaded weights."),
+    no_p2p: bool = NoP2POption,
     log_level: str = LogLevelOption,
     json_logs: bool = JsonLogsOption,
 ) -> None:
     """Join a run: register, lease tasks, generate, prove and submit until stopped (Ctrl-C)."""
     start_logging(log_level, json_logs)
     flags: dict[str, object] = {"coordinator_url": coordinator, "gpu": gpu, "engine": engine}
-    flags.update({"relays": relay or None, "data_dir": data_dir})
+    flags.update({"relays": relay or None, "data_dir": data_dir, "p2p.enabled": False if no_p2p else None})
     settings = load_role_config(WorkerConfig, config, sets, flags)
     code = run_join(settings, show_live_status=not json_logs)
     raise typer.Exit(code)

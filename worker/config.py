@@ -9,6 +9,7 @@ from pydantic import Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
 from protocol.config import RoleConfig
+from protocol.p2p.config import P2PConfig
 
 
 class WorkerConfig(RoleConfig):
@@ -32,6 +33,8 @@ class WorkerConfig(RoleConfig):
     """Node key, downloaded policy versions, state."""
     max_batch_size: int = Field(default=64, ge=1, le=4096)
     """Most sequences generated at once per engine."""
+    p2p: P2PConfig = P2PConfig()
+    """The libp2p gossip network: announced policy versions are fetched at once (polling stays the fallback)."""
 
     @field_validator("gpu")
     @classmethod

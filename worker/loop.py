@@ -49,6 +49,8 @@ class WorkerState:
     current_task: str | None = None
     last_error: str | None = None
     started_at: float = field(default_factory=time.monotonic)
+    work_available: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set by a gossip announcement of open tasks: an idle task loop asks for a lease at once."""
 
     @property
     def tokens_per_s(self) -> float:
@@ -59,6 +61,17 @@ async def sleep_unless_stopped(stop: asyncio.Event, seconds: float) -> None:
     """Sleep ``seconds``, returning early when ``stop`` is set."""
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(stop.wait(), timeout=seconds)
+
+
+async def sleep_until_work(stop: asyncio.Event, work_available: asyncio.Event, seconds: float) -> None:
+    """Sleep ``seconds``, returning early when ``stop`` or ``work_available`` is set."""
+    waits = [asyncio.create_task(stop.wait()), asyncio.create_task(work_available.wait())]
+    try:
+        await asyncio.wait(waits, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for wait in waits:
+            wait.cancel()
+        await asyncio.gather(*waits, return_exceptions=True)
 
 
 async def with_retries(
@@ -146,9 +159,10 @@ class TaskRunner:
         try:
             while not stop.is_set():
                 request = LeaseRequest(max_tasks=1, policy_versions_held=self.weights.held_versions()[-16:])
+                self.state.work_available.clear()
                 leased = await with_retries("lease", functools.partial(self.ledger.lease, request), stop)
                 if not leased.tasks:
-                    await sleep_unless_stopped(stop, max(leased.retry_after_s, 0.2))
+                    await sleep_until_work(stop, self.state.work_available, max(leased.retry_after_s, 0.2))
                     continue
                 for task in leased.tasks:
                     if stop.is_set():

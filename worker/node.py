@@ -26,6 +26,7 @@ from worker.config import WorkerConfig
 from worker.devices import DeviceInfo, detect_devices
 from worker.engines.base import Engine
 from worker.loop import TaskRunner, WorkerState, heartbeat_forever, with_retries
+from worker.p2p import run_node_gossip
 
 log = logging.getLogger(__name__)
 PINNED_COORDINATOR_FILE = "coordinator_id"
@@ -126,6 +127,11 @@ async def run_worker(
         if config.origin_fallback_enabled or not relays:
             relays.append(config.coordinator_url.rstrip("/") + "/shardcast")
         weights = WeightsCache(relays, coordinator_id, config.data_dir / "policies")
+        p2p = asyncio.create_task(
+            run_node_gossip(
+                config.p2p, config.coordinator_url, identity, coordinator_id, weights, stop, state.work_available
+            )
+        )
         start_version = registered.current_policy_version
         checkpoint = await with_retries(
             f"download of policy v{start_version}", lambda: weights.ensure(start_version), stop
@@ -133,6 +139,7 @@ async def run_worker(
         eos = eos_token_ids(checkpoint)
         engines = [await asyncio.to_thread(engine_factory, kind, checkpoint, d, config.max_batch_size) for d in devices]
         state.policy_version = start_version
+        log.info("%d %s engine(s) ready on policy v%d", len(engines), kind, start_version)
         runners = [TaskRunner(ledger, engine, weights, state, eos, loaded_version=start_version) for engine in engines]
         jobs = [asyncio.create_task(heartbeat_forever(ledger, weights, state, kind, stop))]
         jobs += [asyncio.create_task(runner.run(stop)) for runner in runners]
@@ -147,7 +154,7 @@ async def run_worker(
             stop.set()
             for job in jobs:
                 job.cancel()
-            await asyncio.gather(*jobs, return_exceptions=True)
+            await asyncio.gather(*jobs, p2p, return_exceptions=True)
             await weights.aclose()
             for engine in engines:
                 with contextlib.suppress(Exception):

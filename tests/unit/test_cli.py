@@ -25,7 +25,7 @@ from typer.testing import CliRunner
 result = CliRunner().invoke(app, ["--help"])
 assert result.exit_code == 0, result.output
 assert "Usage" in result.output
-heavy = sorted(m for m in ("torch", "vllm", "transformers", "safetensors") if m in sys.modules)
+heavy = sorted(m for m in ("torch", "vllm", "transformers", "safetensors", "libp2p", "trio") if m in sys.modules)
 print(",".join(heavy))
 """
 
