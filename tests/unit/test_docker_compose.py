@@ -74,17 +74,21 @@ def test_compose_file_is_valid_and_has_every_role() -> None:
     assert any("gpu" in device["capabilities"] for device in devices)
 
 
-def test_every_service_runs_a_command_our_cli_accepts() -> None:
+def test_every_service_runs_a_command_our_cli_accepts(monkeypatch: pytest.MonkeyPatch) -> None:
     from coordinator.config import CoordinatorConfig
     from protocol.config import load_config
 
     services = compose_config()["services"]
+    for name, value in services["coordinator"]["environment"].items():
+        monkeypatch.setenv(name, str(value))
     for name in sorted(ROLE_SERVICES):
         argv = services[name]["command"]
         context = parse_command(argv)
         config_path = context.params.get("config")
-        if config_path is not None and name == "coordinator":
-            load_config(CoordinatorConfig, REPO_ROOT / config_path, {})
+        if config_path is not None and name == "coordinator":  # the file and the service's environment both apply
+            config = load_config(CoordinatorConfig, REPO_ROOT / config_path, {})
+            assert config.ledger_url.startswith("postgresql")
+            assert (config.p2p.host, config.p2p.public_host) == ("0.0.0.0", "coordinator")
         if name in {"worker", "validator"}:
             assert context.params["coordinator"].startswith("http://coordinator:")
     worker = parse_command(services["worker"]["command"])
