@@ -26,7 +26,7 @@ from coordinator.storage.tables import (
     submissions,
     tasks,
 )
-from coordinator.validation import ValidationLedger
+from coordinator.validation import ValidationLedger, Violation
 from coordinator.views import RUN_ROW_ID
 from protocol.errors import (
     ConflictError,
@@ -53,28 +53,48 @@ class Ledger(ValidationLedger):
     def submit(
         self, node_id: str, request: SubmitRequest, worker_signature: str, nonce: NonceClaim | None = None
     ) -> SubmitResponse:
+        """Store a submission for validation, or refuse it; refusals only a cheat earns count against the node."""
+        try:
+            return self._submit(node_id, request, worker_signature, nonce)
+        except Violation as violation:
+            self.record_violation(node_id, violation.refusal.message, nonce)
+            raise violation.refusal from None
+
+    def _submit(
+        self, node_id: str, request: SubmitRequest, worker_signature: str, nonce: NonceClaim | None
+    ) -> SubmitResponse:
         document = request.model_dump(mode="json")
         verify_document(node_id, document, worker_signature)
         body_sha256 = hashlib.sha256(canonical_json(document)).hexdigest()
         now = self.clock()
         with self._write(nonce) as conn:
             self._node(conn, node_id, "worker")
+            owner = conn.execute(select(leases.c.node_id).where(leases.c.lease_id == request.lease_id)).scalar()
+            if owner is not None and owner != node_id:
+                raise Violation(ForbiddenError(f"lease {request.lease_id} belongs to another node"))
             lease = self._own_lease(conn, node_id, request.lease_id)
             earlier = conn.execute(select(submissions).where(submissions.c.lease_id == request.lease_id)).first()
             if earlier is not None:
                 if earlier.body_sha256 != body_sha256:
-                    raise ConflictError(
-                        f"lease {request.lease_id} was already submitted ({earlier.submission_id}) with other content"
+                    raise Violation(
+                        ConflictError(
+                            f"lease {request.lease_id} was already submitted ({earlier.submission_id}) "
+                            "with other content"
+                        )
                     )
                 return SubmitResponse(submission_id=earlier.submission_id, status=earlier.status, duplicate=True)
             if request.task_id != lease.task_id:
-                raise ConflictError(f"lease {request.lease_id} is for task {lease.task_id}, not {request.task_id}")
+                raise Violation(
+                    ConflictError(f"lease {request.lease_id} is for task {lease.task_id}, not {request.task_id}")
+                )
             task = conn.execute(select(tasks).where(tasks.c.task_id == lease.task_id).with_for_update()).one()
             self._check_lease_open(lease, task)
             if request.policy_version != lease.policy_version:
-                raise ConflictError(
-                    f"lease {request.lease_id} is for policy version {lease.policy_version}, "
-                    f"not {request.policy_version}"
+                raise Violation(
+                    ConflictError(
+                        f"lease {request.lease_id} is for policy version {lease.policy_version}, "
+                        f"not {request.policy_version}"
+                    )
                 )
             run = self._run(conn)
             stale = staleness_problem(request.policy_version, run.current_policy_version, self.scheduling.async_level)
@@ -85,7 +105,7 @@ class Ledger(ValidationLedger):
                 request.rollouts, prompt_indices, lease.group_size, json.loads(lease.sampling_json)["max_tokens"]
             )
             if problems:
-                raise ProtocolError("; ".join(problems[:5]))
+                raise Violation(ProtocolError("; ".join(problems[:5])))
             submission_id = f"s-{secrets.token_hex(12)}"
             conn.execute(
                 insert(submissions).values(

@@ -24,8 +24,23 @@ from coordinator.quorum import Decision, Vote, decide
 from coordinator.replay import NonceClaim
 from coordinator.reputation import ban_reason
 from coordinator.storage.tables import accepted_groups, leases, nodes, submissions, tasks, verdict_votes
-from protocol.errors import ConflictError, NotFoundError, ProtocolError
+from protocol.errors import ConflictError, NotFoundError, PrimeError, ProtocolError, ReplayedNonceError
 from protocol.schemas import PendingSubmission, PendingSubmissions, SubmitRequest, Verdict, VerdictResponse
+
+
+class Violation(Exception):  # noqa: N818 - carries a refusal, is not an error of its own
+    """A refused submission that no honest worker makes (its lease is another node's, its task or policy
+    version is not the lease's, it changes an earlier submission of the lease, its rollouts do not fit the
+    task): the refusal goes back to the worker and counts against its reputation like a rejection.
+
+    Not counted: bad or replayed request signatures (anyone can send those in another node's name),
+    stale policies and expired leases (honest races), and bodies that fail the schema (400 before the
+    ledger; also what a worker of another software version may send).
+    """
+
+    def __init__(self, refusal: PrimeError) -> None:
+        super().__init__(refusal.message)
+        self.refusal = refusal
 
 
 class ValidationLedger(LeasingLedger):
@@ -121,6 +136,32 @@ class ValidationLedger(LeasingLedger):
         status = "accepted" if decision.accepted else "rejected"
         return VerdictResponse(submission_id=sub.submission_id, status=status, worker_banned=banned)
 
+    def record_violation(self, node_id: str, reason: str, nonce: NonceClaim | None) -> None:
+        """Count a refused cheat against the node (it may ban it), once per signed request (nonce)."""
+        try:
+            with self._write(nonce) as conn:
+                worker = conn.execute(select(nodes).where(nodes.c.node_id == node_id).with_for_update()).one()
+                if worker.banned:
+                    return
+                self._event(conn, "violation", node_id, node_id, reason=reason)
+                self._count_rejection(conn, worker, [f"refused at the door: {reason}"])
+        except ReplayedNonceError:  # the same signed request again: counted already
+            return
+
+    def _count_rejection(self, conn: Connection, worker: Row[Any], reasons: list[str]) -> bool:
+        """One more rejection for the worker; bans it at the policy's count. True when it is (now) banned."""
+        banned = bool(worker.banned)
+        reason = ban_reason(self.ban_policy, worker.num_accepted, worker.num_rejected + 1, reasons)
+        values: dict[str, Any] = {"num_rejected": worker.num_rejected + 1}
+        if reason and not banned:
+            values.update(banned=True, ban_reason=reason)
+            banned = True
+        conn.execute(update(nodes).where(nodes.c.node_id == worker.node_id).values(**values))
+        if values.get("banned"):
+            self._ban_cleanup(conn, worker.node_id)
+            self._event(conn, "ban", worker.node_id, worker.node_id, reason=reason)
+        return banned
+
     @staticmethod
     def _votes(conn: Connection, submission_id: str) -> list[Vote]:
         rows = conn.execute(
@@ -161,15 +202,7 @@ class ValidationLedger(LeasingLedger):
             )
         else:
             conn.execute(update(tasks).where(tasks.c.task_id == sub.task_id).values(state="open"))
-            reason = ban_reason(self.ban_policy, worker.num_accepted, worker.num_rejected + 1, final.reasons)
-            values: dict[str, Any] = {"num_rejected": worker.num_rejected + 1}
-            if reason and not banned:
-                values.update(banned=True, ban_reason=reason)
-                banned = True
-            conn.execute(update(nodes).where(nodes.c.node_id == sub.node_id).values(**values))
-            if values.get("banned"):
-                self._ban_cleanup(conn, sub.node_id)
-                self._event(conn, "ban", sub.node_id, sub.node_id, reason=reason)
+            banned = self._count_rejection(conn, worker, final.reasons)
         self._event(
             conn,
             "verdict",

@@ -286,7 +286,9 @@ class Event(WireModel):
 
     event_id: int
     at: float
-    kind: Literal["register", "lease", "renew", "abandon", "expire", "submit", "vote", "verdict", "ban", "publish"]
+    kind: Literal[
+        "register", "lease", "renew", "abandon", "expire", "submit", "vote", "verdict", "violation", "ban", "publish"
+    ]
     node_id: str | None
     subject: str | None = Field(description="What the event is about: a lease, task, submission or version.")
     data: dict[str, object]
