@@ -6,7 +6,8 @@ With ``validation.builtin_enabled``, the coordinator creates (or loads) a valida
 once the socket is bound (:class:`BuiltinValidator`); the child pins the coordinator's id,
 keeps its downloaded policies under that directory, and logs (JSON lines) to
 ``builtin-validator.log`` in the data dir. It is stopped by its PID when the coordinator
-stops, and on Linux it also receives SIGTERM if the coordinator dies without cleaning up.
+stops (also when the coordinator ends on SIGTERM), and on Linux it also receives SIGTERM if the
+coordinator dies without cleaning up (SIGKILL).
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
+from types import FrameType
 
 from coordinator.config import CoordinatorConfig
 from coordinator.process import stop_processes
@@ -84,6 +87,15 @@ class BuiltinValidator:
                 preexec_fn=_die_with_parent,
             )
         log.info("built-in validator started (pid %d), logging to %s", self.proc.pid, log_path)
+        # uvicorn re-raises a SIGTERM it caught once it has shut down; under the default handler that
+        # ends this process before any `finally` runs, so stop the child first, then die of it as before.
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self._stop_then_die)
+
+    def _stop_then_die(self, signum: int, _frame: FrameType | None) -> None:
+        self.stop()
+        signal.signal(signum, signal.SIG_DFL)
+        signal.raise_signal(signum)
 
     def stop(self) -> None:
         if self.proc is None:

@@ -1,0 +1,128 @@
+"""A real network on 127.0.0.1 for integration tests: a coordinator process, relays, workers and validators.
+
+:func:`start_network` starts `prime-coordinator start` on a free port with two tiny policy
+checkpoints (v0 published at start, v1 ready for :meth:`Network.publish`); the
+:class:`Network` starts `prime-worker join` and `prime-validator run` processes, reads the
+event log, and stops every process it started (by PID) on exit.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import tomli_w
+
+from coordinator.process import CoordinatorProcess, free_port, stop_processes
+from tests.integration.shardcast_nodes import Nodes
+from tests.ledger_helpers import TASK_NAME
+from toploc.tiny_model import TinyModelSpec, save_tiny_qwen2
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+# head_dim 32 (vLLM's CPU attention needs 32 and up); 16 KiB shards so a version has many.
+SPEC = TinyModelSpec(hidden_size=64, num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256)
+
+
+@dataclass
+class Network:
+    url: str
+    root: Path
+    config_path: Path
+    coordinator: CoordinatorProcess
+    coordinator_id: str
+    checkpoints: list[Path]
+    relays: Nodes
+    workers: list[subprocess.Popen[bytes]]
+
+    def start_worker(self, name: str, engine: str, relays: list[str], *extra: str) -> subprocess.Popen[bytes]:
+        argv = [str(BIN / "prime-worker"), "join", "--coordinator", self.url, "--engine", engine, "--gpu", "none"]
+        argv += ["--data-dir", str(self.root / name), "--json-logs", *extra]
+        argv += [item for relay in relays for item in ("--relay", relay)]
+        log = open(self.root / f"{name}.log", "ab")  # noqa: SIM115 - lives as long as the process
+        env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+        proc = subprocess.Popen(argv, stdout=log, stderr=log, env=env)
+        self.workers.append(proc)
+        return proc
+
+    def start_validator(self, name: str = "validator") -> subprocess.Popen[bytes]:
+        argv = [
+            str(BIN / "prime-validator"),
+            "run",
+            "--coordinator",
+            self.url,
+            "--data-dir",
+            str(self.root / name),
+        ]
+        log = open(self.root / f"{name}.log", "ab")  # noqa: SIM115 - lives as long as the process
+        proc = subprocess.Popen(
+            [*argv, "--json-logs"], stdout=log, stderr=log, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+        )
+        self.workers.append(proc)
+        return proc
+
+    def publish(self, version: int) -> None:
+        argv = [str(BIN / "prime-coordinator"), "publish", str(self.checkpoints[version]), "-c", str(self.config_path)]
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+
+    def events(self, kind: str | None = None) -> list[dict[str, Any]]:
+        found: list[dict[str, Any]] = []
+        after = 0
+        while True:
+            page = httpx.get(f"{self.url}/v1/events", params={"after": after, "limit": 1000}, timeout=5).json()
+            found += [e for e in page["events"] if kind is None or e["kind"] == kind]
+            if not page["events"]:
+                return found
+            after = page["next_after"]
+
+    def worker_log(self, name: str) -> str:
+        return (self.root / f"{name}.log").read_text(errors="replace")[-4000:]
+
+
+@contextmanager
+def start_network(tmp_path: Path, **sections: dict[str, Any]) -> Iterator[Network]:
+    """Coordinator (2 prompts x 4 samples, 48 tokens, async level 1, open validators) on a free port;
+    ``sections`` update the config's sections (e.g. ``trust={"ban_after_rejections": 5}``)."""
+    checkpoints = [save_tiny_qwen2(tmp_path / f"policy-{v}", seed=v, spec=SPEC) for v in range(2)]
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    config: dict[str, Any] = {
+        "run_name": "workers",
+        "data_dir": str(tmp_path / "run"),
+        "task": TASK_NAME,
+        "task_source": "tests.ledger_helpers:CountingTaskSource",
+        "api": {"host": "127.0.0.1", "port": port, "node_burst": 100000, "ip_burst": 100000},
+        "scheduling": {"prompts_per_task": 2, "group_size": 4, "max_tokens": 48, "lease_ttl_s": 8, "async_level": 1},
+        "trust": {"validators_open": True},
+        "policy": {"start_checkpoint": str(checkpoints[0]), "shard_size_bytes": 16384},
+    }
+    for name, values in sections.items():
+        config[name] = {**config.get(name, {}), **values}
+    config_path = tmp_path / "run.toml"
+    config_path.write_text(tomli_w.dumps(config))
+    coordinator = CoordinatorProcess(config_path, tmp_path / "coordinator.log", {"PYTHONPATH": str(REPO_ROOT)})
+    relays = Nodes(tmp_path)
+    net = Network(url, tmp_path, config_path, coordinator, "", checkpoints, relays, [])
+    try:
+        coordinator.start(url, timeout_s=120)
+        net.coordinator_id = httpx.get(f"{url}/v1/policy-versions/latest", timeout=5).json()["signer"]
+        yield net
+    finally:
+        stop_processes(net.workers)
+        relays.stop_all()
+        coordinator.stop()
+
+
+def submissions_by_node(net: Network) -> dict[str, list[dict[str, Any]]]:
+    by_node: dict[str, list[dict[str, Any]]] = {}
+    for event in net.events("submit"):
+        by_node.setdefault(event["node_id"], []).append(event)
+    return by_node
