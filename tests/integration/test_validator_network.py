@@ -13,6 +13,7 @@ closed run and checks that the coordinator stops it.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 from pathlib import Path
@@ -143,3 +144,28 @@ def test_builtin_validator_audits_a_closed_run_and_stops_with_the_coordinator(tm
         net.coordinator.stop()
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+        summaries = [json.loads(line) for line in log_path.read_text().splitlines() if '"samples_per_s"' in line]
+        assert summaries and summaries[-1]["num_accepted"] >= 2 and summaries[-1]["samples_per_s"] > 0
+
+
+def test_two_validators_must_agree_on_the_samples_the_ledger_picked(tmp_path: Path) -> None:
+    sections: dict[str, dict[str, Any]] = {"validation": {"validators_per_submission": 2, "audit_fraction": 0.25}}
+    with start_network(tmp_path, **sections) as net:
+        net.start_worker("worker", "hf", [])
+        first = net.start_validator("validator-1")
+        wait_until(lambda: len(net.events("vote")) >= 2, 300, "the first validator to vote")
+        assert net.events("verdict") == []  # one vote decides nothing
+        second = net.start_validator("validator-2")
+        wait_until(lambda: len(net.events("verdict")) >= 2, 300, "two decided groups")
+        ids = {load_or_create_identity(net.root / name).node_id for name in ("validator-1", "validator-2")}
+        for event in net.events("verdict"):
+            assert event["data"]["accepted"], event["data"]["reasons"]
+            assert set(event["data"]["validators"]) == ids
+        votes = net.events("vote")
+        assert len({(e["subject"], e["node_id"]) for e in votes}) == len(votes)  # nobody voted twice
+        assert first.poll() is None and second.poll() is None
+    # Each validator prefilled a quarter of the samples (2 of 8 per group) yet judged all of them.
+    for name in ("validator-1", "validator-2"):
+        lines = (net.root / f"{name}.log").read_text().splitlines()
+        (last, *_) = [json.loads(line) for line in reversed(lines) if '"samples_per_s"' in line]
+        assert last["num_samples_verified"] * 4 == 8 * (last["num_accepted"] + last["num_rejected"]), last
