@@ -218,21 +218,3 @@ def test_one_batch_across_submissions_gives_each_its_own_verdict(policy: HFEngin
     assert [verdict.accepted for verdict, _ in batched] == [True, False, True]
     for item, (verdict, _) in zip(items, batched, strict=True):
         assert audit_submission(item, policy, EOS)[0] == verdict  # the same as one at a time
-
-
-def test_progress_counts_reason_kinds_and_rates() -> None:
-    from protocol.schemas import Verdict
-    from validator.progress import ValidatorState, reason_kind
-
-    assert reason_kind("rollout p0/s1: toploc: 40 exponent mismatches") == "toploc"
-    assert reason_kind("signature: bad signature") == "signature"
-    state = ValidatorState()
-    state.record(Verdict(submission_id="a", accepted=True), 8, 2)
-    reasons = ["rollout p0/s0: sampling: off", "rollout p0/s1: sampling: off", "rollout p1/s0: toploc: x"]
-    state.record(Verdict(submission_id="b", accepted=False, reasons=reasons), 8, 2)
-    state.audit_s = 2.0
-    figures = state.figures()
-    assert (figures["num_accepted"], figures["num_rejected"], figures["samples_per_s"]) == (1, 1, 2.0)
-    assert figures["submissions_per_s"] == 1.0
-    assert figures["top_reasons"] == {"sampling": 1, "toploc": 1}
-    assert "1 accepted, 1 rejected" in state.summary()
