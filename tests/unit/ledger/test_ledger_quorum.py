@@ -8,15 +8,18 @@ vote twice.
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 from sqlalchemy import delete, func, select
 
 from coordinator.storage import migrations
 from coordinator.storage.tables import accepted_groups, schema_version, verdict_votes
 from protocol.errors import ConflictError
+from protocol.identity import NodeIdentity
 from protocol.ledger_client import LedgerClient
 from protocol.schemas import LeaseRequest, Verdict
-from tests.ledger_helpers import submission_for
+from tests.ledger_helpers import register_request, submission_for
 from tests.unit.ledger.conftest import LedgerHarness, MakeHarness
 
 pytestmark = pytest.mark.anyio
@@ -159,3 +162,24 @@ async def test_a_ledger_upgraded_from_v3_decides_its_pending_submissions(make_ha
     assert num_accepted_groups(upgraded) == 1
     await worker.aclose()
     await validator.aclose()
+
+
+async def test_concurrent_votes_decide_once(make_harness: MakeHarness) -> None:
+    harness = make_harness(validation__validators_per_submission=2)
+    worker = await harness.worker()
+    submission_id = await submitted(worker)
+    validator_ids = []
+    for _ in range(4):
+        identity = NodeIdentity.generate()
+        harness.ledger.register(identity.node_id, "127.0.0.1", register_request("validator"))
+        validator_ids.append(identity.node_id)
+    verdict = Verdict(submission_id=submission_id, accepted=True, rewards=[1.0] * 4)
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        answers = list(pool.map(lambda node_id: harness.ledger.post_verdict(node_id, verdict), validator_ids))
+    assert [answer.status for answer in answers].count("accepted") >= 1
+    kinds = [event.kind for event in (await worker.events(limit=1000)).events]
+    assert kinds.count("verdict") == 1 and num_accepted_groups(harness) == 1
+    assert kinds.count("vote") == 2  # votes that arrive after the decision are not recorded
+    stats = {node.node_id: node for node in (await worker.stats()).nodes}
+    assert stats[worker.identity.node_id].num_accepted == 1
+    await worker.aclose()
