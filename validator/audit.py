@@ -185,6 +185,29 @@ def audit_submissions(
     return results
 
 
+def audit_submissions_safely(
+    items: Sequence[PendingSubmission],
+    engine: PrefillEngine,
+    eos_token_ids: Sequence[int],
+    config: ToplocConfig | None = None,
+    reward_fn: RewardFn | None = None,
+) -> list[tuple[Verdict, list[RolloutVerdict]]]:
+    """:func:`audit_submissions`, but a submission the engine cannot recompute (e.g. longer than the model's
+    positions) is rejected with the reason instead of failing the whole batch and the validator with it."""
+    try:
+        return audit_submissions(items, engine, eos_token_ids, config, reward_fn)
+    except ValueError:
+        pass  # find the submission(s) at fault, one at a time
+    results = []
+    for item in items:
+        try:
+            results += audit_submissions([item], engine, eos_token_ids, config, reward_fn)
+        except ValueError as exc:
+            reason = f"audit: the rollouts cannot be recomputed: {exc}"[:512]
+            results.append((Verdict(submission_id=item.submission_id, accepted=False, reasons=[reason]), []))
+    return results
+
+
 def audit_submission(
     item: PendingSubmission,
     engine: PrefillEngine,

@@ -25,7 +25,7 @@ from protocol.identity import load_or_create_identity
 from protocol.ledger_client import LedgerClient
 from protocol.schemas import Hardware, PendingSubmission, RegisterRequest
 from shardcast.cache import WeightsCache
-from validator.audit import RewardFn, audit_submissions, text_reward_fn
+from validator.audit import RewardFn, audit_submissions_safely, text_reward_fn
 from validator.config import ValidatorConfig
 from validator.progress import ValidatorState
 from worker.engines.base import PrefillEngine
@@ -83,7 +83,7 @@ async def audit_pending(
         engine, eos, reward_fn = await engines.get(version)
         state.policy_version = version
         started = time.monotonic()
-        audited = await asyncio.to_thread(audit_submissions, items, engine, eos, None, reward_fn)
+        audited = await asyncio.to_thread(audit_submissions_safely, items, engine, eos, None, reward_fn)
         state.audit_s += time.monotonic() - started
         for item, (verdict, rollouts) in zip(items, audited, strict=True):
             state.record(verdict, len(item.submission.rollouts), len(rollouts))

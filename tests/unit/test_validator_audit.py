@@ -218,3 +218,31 @@ def test_one_batch_across_submissions_gives_each_its_own_verdict(policy: HFEngin
     assert [verdict.accepted for verdict, _ in batched] == [True, False, True]
     for item, (verdict, _) in zip(items, batched, strict=True):
         assert audit_submission(item, policy, EOS)[0] == verdict  # the same as one at a time
+
+
+def test_a_submission_the_engine_cannot_recompute_is_rejected_not_fatal(policy: HFEngine) -> None:
+    from validator.audit import audit_submissions_safely
+
+    task = make_task()
+    honest = pending(task, honest_claims(policy, sample_tasks(task)), NodeIdentity.generate())
+    long_task = make_task().model_copy(
+        update={"task_id": "t-long", "sampling": task.sampling.model_copy(update={"max_tokens": 2000})}
+    )
+    worker = NodeIdentity.generate()
+    rollouts = [
+        rollout.model_copy(update={"completion_ids": [5] * 2000, "logprobs": [-1.0] * 2000, "finish_reason": "length"})
+        for rollout in honest.submission.rollouts
+    ]
+    submission = honest.submission.model_copy(update={"task_id": "t-long", "rollouts": rollouts})
+    too_long = honest.model_copy(
+        update={
+            "submission_id": "s-long",
+            "task": long_task,
+            "submission": submission,
+            "worker_id": worker.node_id,
+            "worker_signature_b64": sign_document(worker, submission.model_dump(mode="json")),
+        }
+    )
+    (first, _), (second, _) = audit_submissions_safely([honest, too_long], policy, EOS)
+    assert first.accepted, first.reasons
+    assert not second.accepted and second.reasons[0].startswith("audit: the rollouts cannot be recomputed")
