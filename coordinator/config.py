@@ -73,6 +73,17 @@ class TrustConfig(Section):
     """Signed requests whose timestamp is further than this from the server clock are refused."""
 
 
+class ValidationConfig(Section):
+    audit_fraction: float = Field(default=1.0, gt=0, le=1)
+    """Share of each submission's samples validators re-check (at least one), picked by the ledger from the
+    run secret after the submission is stored, so workers cannot predict them; 1.0 checks every sample."""
+    validators_per_submission: int = Field(default=1, ge=1, le=16)
+    """Verdicts from distinct validators that must agree before a submission is accepted or rejected."""
+    builtin_enabled: bool = False
+    """Run a validator next to the coordinator (single-machine runs): its key is created in the data dir
+    and approved automatically; it logs to `builtin-validator.log` in the data dir."""
+
+
 class PolicyConfig(Section):
     start_checkpoint: str = "builtin:tiny-qwen2-reverse-start"
     """Published as policy version 0 on the first start: a local HF checkpoint directory or a `builtin:` name."""
@@ -109,6 +120,7 @@ class CoordinatorConfig(RoleConfig):
     trust: TrustConfig = TrustConfig()
     policy: PolicyConfig = PolicyConfig()
     p2p: CoordinatorP2PConfig = CoordinatorP2PConfig()
+    validation: ValidationConfig = ValidationConfig()
 
     @model_validator(mode="after")
     def _check(self) -> CoordinatorConfig:

@@ -4,7 +4,9 @@ Creates (or loads) the coordinator's node key in the data dir, opens and migrate
 database, loads the task source, binds the API socket itself (so port 0 works and the real
 address can be logged before serving) and runs uvicorn on it. The SHARDCAST origin is mounted
 at /shardcast; on the first start the configured start checkpoint is published as policy
-version 0. The orchestrator and trainer join this process with the demo network (issue 9).
+version 0. With ``validation.builtin_enabled`` a validator child runs alongside
+(:mod:`coordinator.builtin_validator`). The orchestrator and trainer join this process with
+the demo network (issue 9).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ def run(config: CoordinatorConfig) -> None:
     import uvicorn
 
     from coordinator.api.app import create_app
+    from coordinator.builtin_validator import BuiltinValidator, approve_builtin_validator, local_url
     from coordinator.ledger import Ledger
     from coordinator.p2p import start_coordinator_gossip
     from coordinator.policies import policy_store, publish_policy, published_version
@@ -35,6 +38,8 @@ def run(config: CoordinatorConfig) -> None:
 
     identity = load_or_create_identity(config.data_dir)
     log.info("coordinator node id %s (key %s)", identity.node_id, key_path(config.data_dir))
+    config = approve_builtin_validator(config)
+    builtin_validator = BuiltinValidator(config, identity.node_id)
     task_source = load_task_source(config.task_source)
     if isinstance(task_source, EmptyTaskSource):
         log.warning("no task_source configured: the ledger runs but hands out no tasks until one is wired")
@@ -67,12 +72,15 @@ def run(config: CoordinatorConfig) -> None:
         server = uvicorn.Server(
             uvicorn.Config(app, log_config=None, access_log=False, timeout_graceful_shutdown=5, backlog=4096)
         )
+        if config.validation.builtin_enabled:
+            builtin_validator.start(local_url(host, port))
         try:
             server.run(sockets=[sock])
         finally:
             if gossip is not None:
                 gossip.stop()
     finally:
+        builtin_validator.stop()
         database.dispose()
 
 

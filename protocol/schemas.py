@@ -144,6 +144,12 @@ class PendingSubmission(WireModel):
     submission: SubmitRequest
     submitted_at: float
     worker_signature_b64: str = Field(description="The worker's signature over the submission's canonical JSON.")
+    audit_sample_indices: list[Annotated[int, Field(ge=0)]] = Field(
+        default_factory=list,
+        max_length=MAX_PROMPTS_PER_TASK * MAX_GROUP_SIZE,
+        description="Positions in submission.rollouts that the validator must re-check, chosen by the ledger after "
+        "the submission was stored; empty means every rollout. Rewards are recomputed for all of them.",
+    )
 
 
 class Verdict(WireModel):
@@ -282,7 +288,9 @@ class PendingSubmissions(WireModel):
 
 class VerdictResponse(WireModel):
     submission_id: str
-    status: Literal["accepted", "rejected"]
+    status: Literal["pending", "accepted", "rejected"] = Field(
+        description="'pending' while fewer validators than the run requires agree."
+    )
     worker_banned: bool
 
 
@@ -312,7 +320,9 @@ class Event(WireModel):
 
     event_id: int
     at: float
-    kind: Literal["register", "lease", "renew", "abandon", "expire", "submit", "verdict", "ban", "publish"]
+    kind: Literal[
+        "register", "lease", "renew", "abandon", "expire", "submit", "vote", "verdict", "violation", "ban", "publish"
+    ]
     node_id: str | None
     subject: str | None = Field(description="What the event is about: a lease, task, submission or version.")
     data: dict[str, object]

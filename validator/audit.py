@@ -3,10 +3,13 @@
 :func:`audit_submission` turns a :class:`PendingSubmission` (the task as the ledger issued it,
 the worker's submission and its signature over it) into a :class:`Verdict`. It checks that
 the worker signed exactly this submission, that the submission answers the task it came with
-(same task, lease and policy version), and then, with one batched prefill of the policy
-version the task names, runs :func:`toploc.verify.verify_claims` over every rollout: TOPLOC
-proof, sampling replay, termination, lengths and logprobs. Every failure becomes a reason
-naming the rollout; one failed rollout rejects the whole group. The rewards of an accepted
+(same task, lease and policy version), runs the checks that need no model on every rollout
+(lengths, vocabulary, termination, logprob values), and then, with one batched prefill of the
+policy version the task names, runs :func:`toploc.verify.verify_claims` (TOPLOC proof,
+sampling replay, logprobs) over the rollouts the ledger picked for audit
+(``audit_sample_indices``; all when it names none). :func:`audit_submissions` does the same
+for several submissions of one policy version with a single prefill batch across them. Every
+failure becomes a reason naming the rollout; one failed rollout rejects the whole group. The rewards of an accepted
 group are recomputed from the task (never taken from the worker) when a reward function is
 given and the task's prompts carry their example index.
 """
@@ -14,6 +17,7 @@ given and the task's prompts carry their example index.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from protocol.errors import BadSignatureError, ProofError
@@ -21,7 +25,7 @@ from protocol.schemas import PendingSubmission, Verdict
 from protocol.signing import verify_document
 from toploc.config import ToplocConfig
 from toploc.sampling import sample_stream
-from toploc.verify import Claim, RolloutVerdict, SampleTask, decode_proof_b64, verify_claims
+from toploc.verify import Claim, RolloutVerdict, SampleTask, decode_proof_b64, precheck_rollout, verify_claims
 from worker.engines.base import PrefillEngine
 
 MAX_VERDICT_REASONS = 64
@@ -105,6 +109,105 @@ def recompute_rewards(item: PendingSubmission, reward_fn: RewardFn) -> list[floa
     return rewards
 
 
+def audited_positions(item: PendingSubmission) -> list[int]:
+    """The rollout positions to recompute: the ledger's choice, or every rollout when it names none valid."""
+    num_rollouts = len(item.submission.rollouts)
+    chosen = sorted({i for i in item.audit_sample_indices if i < num_rollouts})
+    return chosen or list(range(num_rollouts))
+
+
+@dataclass
+class _Audit:
+    """One submission on its way through :func:`audit_submissions`."""
+
+    item: PendingSubmission
+    reasons: list[str]
+    claims: list[tuple[int, Claim]]
+    """(rollout position, claim) of the rollouts to recompute."""
+    rollout_verdicts: list[RolloutVerdict] = field(default_factory=list)
+
+
+def _start_audit(item: PendingSubmission, vocab_size: int, eos_token_ids: Sequence[int]) -> _Audit:
+    """The checks that need no model, on every rollout; the claims of the audited rollouts when all pass."""
+    reasons = submission_reasons(item)
+    claims, junk = claims_of(item, eos_token_ids)
+    reasons += junk
+    if reasons:
+        return _Audit(item, reasons, [])
+    for rollout, claim in zip(item.submission.rollouts, claims, strict=True):
+        found = precheck_rollout(
+            sampling=claim.task.sampling,
+            completion_ids=claim.completion_ids,
+            logprobs=claim.logprobs,
+            finish_reason=claim.finish_reason,
+            eos_token_ids=claim.task.eos_token_ids,
+            vocab_size=vocab_size,
+        )
+        if any(not 0 <= t < vocab_size for t in claim.task.prompt_ids):
+            found.append("shape: prompt token ids outside the vocabulary")
+        reasons += [f"rollout p{rollout.prompt_index}/s{rollout.sample_index}: {reason}" for reason in found]
+    if reasons:
+        return _Audit(item, reasons, [])
+    return _Audit(item, reasons, [(i, claims[i]) for i in audited_positions(item)])
+
+
+def audit_submissions(
+    items: Sequence[PendingSubmission],
+    engine: PrefillEngine,
+    eos_token_ids: Sequence[int],
+    config: ToplocConfig | None = None,
+    reward_fn: RewardFn | None = None,
+) -> list[tuple[Verdict, list[RolloutVerdict]]]:
+    """Verdicts on submissions of one policy version, with one batched prefill of all their audited rollouts.
+
+    Only the rollouts the ledger picked (``audit_sample_indices``) are recomputed; the checks
+    that need no model run on all of them, and rewards are recomputed for all of them.
+    """
+    audits = [_start_audit(item, engine.vocab_size, eos_token_ids) for item in items]
+    batch = [(audit, position, claim) for audit in audits for position, claim in audit.claims]
+    if batch:
+        claims = [claim for _audit, _position, claim in batch]
+        prefills = engine.prefill([c.task.prompt_ids for c in claims], [c.completion_ids for c in claims])
+        for (audit, position, _claim), checked in zip(batch, verify_claims(claims, prefills, config), strict=True):
+            rollout = audit.item.submission.rollouts[position]
+            audit.reasons += [f"rollout p{rollout.prompt_index}/s{rollout.sample_index}: {r}" for r in checked.reasons]
+            audit.rollout_verdicts.append(checked)
+    results = []
+    for audit in audits:
+        rewards = recompute_rewards(audit.item, reward_fn) if reward_fn is not None and not audit.reasons else []
+        verdict = Verdict(
+            submission_id=audit.item.submission_id,
+            accepted=not audit.reasons,
+            reasons=[reason[:512] for reason in audit.reasons[:MAX_VERDICT_REASONS]],
+            rewards=rewards,
+        )
+        results.append((verdict, audit.rollout_verdicts))
+    return results
+
+
+def audit_submissions_safely(
+    items: Sequence[PendingSubmission],
+    engine: PrefillEngine,
+    eos_token_ids: Sequence[int],
+    config: ToplocConfig | None = None,
+    reward_fn: RewardFn | None = None,
+) -> list[tuple[Verdict, list[RolloutVerdict]]]:
+    """:func:`audit_submissions`, but a submission the engine cannot recompute (e.g. longer than the model's
+    positions) is rejected with the reason instead of failing the whole batch and the validator with it."""
+    try:
+        return audit_submissions(items, engine, eos_token_ids, config, reward_fn)
+    except ValueError:
+        pass  # find the submission(s) at fault, one at a time
+    results = []
+    for item in items:
+        try:
+            results += audit_submissions([item], engine, eos_token_ids, config, reward_fn)
+        except ValueError as exc:
+            reason = f"audit: the rollouts cannot be recomputed: {exc}"[:512]
+            results.append((Verdict(submission_id=item.submission_id, accepted=False, reasons=[reason]), []))
+    return results
+
+
 def audit_submission(
     item: PendingSubmission,
     engine: PrefillEngine,
@@ -112,27 +215,5 @@ def audit_submission(
     config: ToplocConfig | None = None,
     reward_fn: RewardFn | None = None,
 ) -> tuple[Verdict, list[RolloutVerdict]]:
-    """The verdict on one submission (with recomputed rewards when accepted), and the per-rollout verdicts."""
-    reasons = submission_reasons(item)
-    claims, junk = claims_of(item, eos_token_ids)
-    reasons += junk
-    rollout_verdicts: list[RolloutVerdict] = []
-    if not reasons:
-        vocab_size = engine.vocab_size
-        prefillable = [c for c in claims if all(0 <= t < vocab_size for t in (*c.task.prompt_ids, *c.completion_ids))]
-        if len(prefillable) != len(claims):
-            reasons.append("shape: token ids outside the vocabulary")
-        else:
-            prefills = engine.prefill([c.task.prompt_ids for c in claims], [c.completion_ids for c in claims])
-            rollout_verdicts = verify_claims(claims, prefills, config)
-            for rollout, checked in zip(item.submission.rollouts, rollout_verdicts, strict=True):
-                label = f"rollout p{rollout.prompt_index}/s{rollout.sample_index}"
-                reasons += [f"{label}: {reason}" for reason in checked.reasons]
-    rewards = recompute_rewards(item, reward_fn) if reward_fn is not None and not reasons else []
-    verdict = Verdict(
-        submission_id=item.submission_id,
-        accepted=not reasons,
-        reasons=[reason[:512] for reason in reasons[:MAX_VERDICT_REASONS]],
-        rewards=rewards,
-    )
-    return verdict, rollout_verdicts
+    """The verdict on one submission (with recomputed rewards when accepted), and the audited rollouts' verdicts."""
+    return audit_submissions([item], engine, eos_token_ids, config, reward_fn)[0]

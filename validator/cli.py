@@ -36,10 +36,10 @@ def run(
     start_logging(log_level, json_logs)
     flags = {"coordinator_url": coordinator, "data_dir": data_dir, "p2p.enabled": False if no_p2p else None}
     settings = load_role_config(ValidatorConfig, config, sets, flags)
-    raise typer.Exit(run_audit(settings))
+    raise typer.Exit(run_audit(settings, show_live_status=not json_logs))
 
 
-def run_audit(settings: ValidatorConfig) -> int:
+def run_audit(settings: ValidatorConfig, show_live_status: bool = False) -> int:
     """Run the validator until Ctrl-C; the exit code says how it ended."""
     import asyncio
     import signal
@@ -47,13 +47,21 @@ def run_audit(settings: ValidatorConfig) -> int:
     from protocol.cli import EXIT_BANNED, EXIT_FAILURE, EXIT_INTERRUPTED, fail
     from protocol.errors import ForbiddenError, PrimeError
     from validator.node import run_validator
+    from validator.progress import ValidatorState, show_status
 
     async def main() -> int:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        await run_validator(settings, stop)
+        state = ValidatorState()
+        display = asyncio.create_task(show_status(state, stop)) if show_live_status else None
+        try:
+            await run_validator(settings, stop, state)
+        finally:
+            stop.set()
+            if display is not None:
+                await display
         return EXIT_INTERRUPTED
 
     try:

@@ -29,6 +29,10 @@ class ValidatorConfig(RoleConfig):
     """Most sequences recomputed in one prefill batch."""
     max_versions: int = Field(default=3, ge=1)
     """Policy versions kept loaded (and on disk) at once: async_level + 1 is enough."""
+    max_submissions_per_batch: int = Field(default=16, ge=1, le=256)
+    """Pending submissions fetched at once; those of one policy version share one prefill batch."""
+    summary_interval_s: float = Field(default=10.0, gt=0)
+    """How often a progress summary is logged."""
     poll_interval_s: float = Field(default=1.0, gt=0)
     """How often to ask the ledger for pending submissions when idle."""
     p2p: P2PConfig = P2PConfig()

@@ -3,50 +3,37 @@
 The validator registers with its node key (the ledger only accepts operator-approved keys
 unless the run is open), learns and pins the coordinator's id like a worker does, downloads
 each policy version it needs through SHARDCAST (verified against the signed manifest), keeps
-an HF prefill engine per version for the few versions async_level keeps alive, and posts a
-verdict per submission. Progress: one log line per verdict and a periodic summary
-(verified/s, accepted, rejected and the most common rejection reasons).
+an HF prefill engine per version for the few versions async_level keeps alive, audits the
+pending submissions of each version together (one prefill batch across them, only the samples
+the ledger picked) and posts a verdict per submission. Progress
+(:mod:`validator.progress`): one log line per verdict and a periodic summary (verified
+samples/s and submissions/s, accepted, rejected and the most common rejection reasons).
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
+import functools
 import logging
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, field
 from pathlib import Path
 
+from protocol.errors import ConflictError, NotFoundError, ProtocolError
 from protocol.identity import load_or_create_identity
 from protocol.ledger_client import LedgerClient
 from protocol.schemas import Hardware, PendingSubmission, RegisterRequest
 from shardcast.cache import WeightsCache
-from validator.audit import RewardFn, audit_submission, text_reward_fn
+from validator.audit import RewardFn, audit_submissions_safely, text_reward_fn
 from validator.config import ValidatorConfig
+from validator.progress import ValidatorState
 from worker.engines.base import PrefillEngine
 from worker.loop import sleep_unless_stopped, with_retries
 from worker.node import eos_token_ids, software_version, trusted_coordinator_id
 from worker.p2p import run_node_gossip
 
 log = logging.getLogger("validator")
-
-
-@dataclass
-class ValidatorState:
-    num_accepted: int = 0
-    num_rejected: int = 0
-    num_rollouts: int = 0
-    audit_s: float = 0.0
-    reasons: collections.Counter[str] = field(default_factory=collections.Counter)
-
-    def summary(self) -> str:
-        rate = self.num_rollouts / self.audit_s if self.audit_s else 0.0
-        common = ", ".join(f"{reason} x{count}" for reason, count in self.reasons.most_common(3))
-        return f"{self.num_accepted} accepted, {self.num_rejected} rejected, {rate:.1f} rollouts/s verified" + (
-            f"; top reasons: {common}" if common else ""
-        )
 
 
 class PolicyEngines:
@@ -83,28 +70,38 @@ class PolicyEngines:
 
 
 async def audit_pending(
-    ledger: LedgerClient, engines: PolicyEngines, state: ValidatorState, pending: list[PendingSubmission]
+    ledger: LedgerClient,
+    engines: PolicyEngines,
+    state: ValidatorState,
+    pending: list[PendingSubmission],
+    stop: asyncio.Event,
 ) -> None:
+    """Audit pending submissions, one prefill batch per policy version, and post each verdict."""
+    by_version: dict[int, list[PendingSubmission]] = {}
     for item in pending:
-        engine, eos, reward_fn = await engines.get(item.task.policy_version)
+        by_version.setdefault(item.task.policy_version, []).append(item)
+    for version, items in sorted(by_version.items()):
+        engine, eos, reward_fn = await engines.get(version)
+        state.policy_version = version
         started = time.monotonic()
-        verdict, _rollouts = await asyncio.to_thread(audit_submission, item, engine, eos, None, reward_fn)
+        audited = await asyncio.to_thread(audit_submissions_safely, items, engine, eos, None, reward_fn)
         state.audit_s += time.monotonic() - started
-        state.num_rollouts += len(item.submission.rollouts)
-        answer = await ledger.post_verdict(verdict)
-        if verdict.accepted:
-            state.num_accepted += 1
-        else:
-            state.num_rejected += 1
-            state.reasons.update(reason.split(":")[0] for reason in verdict.reasons)
-        log.info(
-            "%s %s from %s%s%s",
-            "accepted" if verdict.accepted else "REJECTED",
-            item.submission_id,
-            item.worker_id[:16],
-            "" if verdict.accepted else f": {verdict.reasons[0]}",
-            " (worker banned)" if answer.worker_banned else "",
-        )
+        for item, (verdict, rollouts) in zip(items, audited, strict=True):
+            state.record(verdict, len(item.submission.rollouts), len(rollouts))
+            try:
+                answer = await with_retries("verdict", functools.partial(ledger.post_verdict, verdict), stop)
+            except (ConflictError, NotFoundError, ProtocolError) as exc:  # nothing a retry would change
+                log.warning("verdict on %s refused: %s", item.submission_id, exc.message)
+                continue
+            log.info(
+                "%s %s from %s (%s)%s%s",
+                "accepted" if verdict.accepted else "REJECTED",
+                item.submission_id,
+                item.worker_id[:16],
+                answer.status,
+                "" if verdict.accepted else f": {verdict.reasons[0]}",
+                " (worker banned)" if answer.worker_banned else "",
+            )
 
 
 async def run_validator(config: ValidatorConfig, stop: asyncio.Event, state: ValidatorState | None = None) -> None:
@@ -126,16 +123,18 @@ async def run_validator(config: ValidatorConfig, stop: asyncio.Event, state: Val
         last_summary = time.monotonic()
         try:
             while not stop.is_set():
-                pending = (await with_retries("pending", lambda: ledger.pending(limit=16), stop)).submissions
+                pending = (
+                    await with_retries("pending", lambda: ledger.pending(limit=config.max_submissions_per_batch), stop)
+                ).submissions
                 if pending:
-                    await audit_pending(ledger, engines, state, pending)
+                    await audit_pending(ledger, engines, state, pending, stop)
                 else:
                     await sleep_unless_stopped(stop, config.poll_interval_s)
-                if time.monotonic() - last_summary > 10:
-                    log.info("%s", state.summary())
+                if time.monotonic() - last_summary > config.summary_interval_s:
+                    log.info("%s", state.summary(), extra=state.figures())
                     last_summary = time.monotonic()
         finally:
-            log.info("%s", state.summary())
+            log.info("%s", state.summary(), extra=state.figures())
             p2p.cancel()
             await asyncio.gather(p2p, return_exceptions=True)
             engines.close()

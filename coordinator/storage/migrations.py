@@ -12,6 +12,8 @@ rather than misread.
   ``events`` append-only.
 - v3: PostgreSQL only: a sequence for prompt-group indices (carried on from run_state), so
   concurrent leases need no run-wide row lock. Nothing changes on SQLite.
+- v4: ``verdict_votes``: each validator's verdict on a submission, kept apart so that
+  ``validation.validators_per_submission`` of them must agree before the submission is decided.
 """
 
 from __future__ import annotations
@@ -83,6 +85,14 @@ _V3_POSTGRESQL = [
     "SELECT setval('group_index_seq', COALESCE((SELECT next_group_index FROM run_state WHERE id = 1), 0), false)",
 ]
 
+_V4 = [
+    """CREATE TABLE verdict_votes (
+        submission_id TEXT NOT NULL REFERENCES submissions (submission_id), validator_id TEXT NOT NULL,
+        accepted {bool} NOT NULL, verdict_json TEXT NOT NULL, posted_at {float} NOT NULL,
+        PRIMARY KEY (submission_id, validator_id))""",
+    "CREATE INDEX verdict_votes_validator ON verdict_votes (validator_id, submission_id)",
+]
+
 _SPELLING = {
     "sqlite": {"id": "INTEGER PRIMARY KEY AUTOINCREMENT", "float": "REAL", "bool": "BOOLEAN"},
     "postgresql": {"id": "BIGSERIAL PRIMARY KEY", "float": "DOUBLE PRECISION", "bool": "BOOLEAN"},
@@ -94,10 +104,10 @@ def steps(dialect: str) -> list[Sequence[str]]:
     v2_specific = _V2_SQLITE if dialect == "sqlite" else _V2_POSTGRESQL
     v3 = [] if dialect == "sqlite" else _V3_POSTGRESQL
     spelling = _SPELLING[dialect]
-    return [[statement.format(**spelling) for statement in step] for step in (_V1, _V2_COMMON + v2_specific, v3)]
+    return [[statement.format(**spelling) for statement in step] for step in (_V1, _V2_COMMON + v2_specific, v3, _V4)]
 
 
-LATEST_VERSION = 3
+LATEST_VERSION = 4
 _MIGRATION_LOCK_ID = 7_253_001
 
 

@@ -94,6 +94,16 @@ submissions = Table(
     Column("verdict_json", Text),
 )
 
+verdict_votes = Table(
+    "verdict_votes",
+    metadata,
+    Column("submission_id", Text, primary_key=True),
+    Column("validator_id", Text, primary_key=True),
+    Column("accepted", Boolean, nullable=False),
+    Column("verdict_json", Text, nullable=False),
+    Column("posted_at", Float, nullable=False),
+)
+
 accepted_groups = Table(
     "accepted_groups",
     metadata,

@@ -7,13 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.network import SPEC, Network, running_network
-from toploc.tiny_model import save_tiny_qwen2
+from tests.integration.network import Network, running_network
 
 
 @pytest.fixture
 def network(tmp_path: Path) -> Iterator[Network]:
     """A coordinator on the 'count' task with two tiny policy checkpoints (v0 published, v1 to publish)."""
-    checkpoints = [save_tiny_qwen2(tmp_path / f"policy-{v}", seed=v, spec=SPEC) for v in range(2)]
-    with running_network(tmp_path, checkpoints) as net:
+    with running_network(tmp_path) as net:
         yield net

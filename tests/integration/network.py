@@ -1,9 +1,10 @@
-"""A real network on 127.0.0.1 for integration tests: a coordinator process, relays, `prime-worker join`
-and `prime-validator run` processes, each started here and stopped by its PID.
+"""A real network on 127.0.0.1 for integration tests: a coordinator process, relays, workers and validators.
 
-:func:`running_network` starts the coordinator with a small run config and yields a
-:class:`Network` that starts workers and validators, publishes versions and reads the event
-log; the ``network`` fixture in ``tests/integration/conftest.py`` wraps it.
+:func:`running_network` starts `prime-coordinator start` on a free port with two tiny policy
+checkpoints (v0 published at start, v1 ready for :meth:`Network.publish`) unless given its own;
+the ``network`` fixture in ``tests/integration/conftest.py`` wraps it; the
+:class:`Network` starts `prime-worker join` and `prime-validator run` processes, reads the
+event log, and stops every process it started (by PID) on exit.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import tomli_w
 from coordinator.process import CoordinatorProcess, free_port, stop_processes
 from tests.integration.shardcast_nodes import Nodes
 from tests.ledger_helpers import TASK_NAME
-from toploc.tiny_model import TinyModelSpec
+from toploc.tiny_model import TinyModelSpec, save_tiny_qwen2
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -53,16 +54,16 @@ class Network:
         self.workers.append(proc)
         return proc
 
-    def start_validator(self) -> subprocess.Popen[bytes]:
+    def start_validator(self, name: str = "validator") -> subprocess.Popen[bytes]:
         argv = [
             str(BIN / "prime-validator"),
             "run",
             "--coordinator",
             self.url,
             "--data-dir",
-            str(self.root / "validator"),
+            str(self.root / name),
         ]
-        log = open(self.root / "validator.log", "ab")  # noqa: SIM115 - lives as long as the process
+        log = open(self.root / f"{name}.log", "ab")  # noqa: SIM115 - lives as long as the process
         proc = subprocess.Popen(
             [*argv, "--json-logs"], stdout=log, stderr=log, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)}
         )
@@ -90,14 +91,22 @@ class Network:
 
 @contextmanager
 def running_network(
-    root: Path, checkpoints: list[Path], task: str = TASK_NAME, task_source: str = COUNTING_TASKS
+    tmp_path: Path,
+    checkpoints: list[Path] | None = None,
+    task: str = TASK_NAME,
+    task_source: str = COUNTING_TASKS,
+    sections: dict[str, dict[str, Any]] | None = None,
 ) -> Iterator[Network]:
-    """A coordinator serving ``task`` from ``task_source``, with ``checkpoints[0]`` published as policy v0."""
+    """Coordinator (2 prompts x 4 samples, 48 tokens, async level 1, open validators) on a free port,
+    serving ``task`` from ``task_source`` with ``checkpoints[0]`` published as policy v0; ``sections``
+    update the config's sections (e.g. ``trust={"ban_after_rejections": 5}``)."""
+    if checkpoints is None:
+        checkpoints = [save_tiny_qwen2(tmp_path / f"policy-{v}", seed=v, spec=SPEC) for v in range(2)]
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    config = {
+    config: dict[str, Any] = {
         "run_name": "workers",
-        "data_dir": str(root / "run"),
+        "data_dir": str(tmp_path / "run"),
         "task": task,
         "task_source": task_source,
         "api": {"host": "127.0.0.1", "port": port, "node_burst": 100000, "ip_burst": 100000},
@@ -105,11 +114,13 @@ def running_network(
         "trust": {"validators_open": True},
         "policy": {"start_checkpoint": str(checkpoints[0]), "shard_size_bytes": 16384},
     }
-    config_path = root / "run.toml"
+    for name, values in (sections or {}).items():
+        config[name] = {**config.get(name, {}), **values}
+    config_path = tmp_path / "run.toml"
     config_path.write_text(tomli_w.dumps(config))
-    coordinator = CoordinatorProcess(config_path, root / "coordinator.log", {"PYTHONPATH": str(REPO_ROOT)})
-    relays = Nodes(root)
-    net = Network(url, root, config_path, coordinator, "", checkpoints, relays, [])
+    coordinator = CoordinatorProcess(config_path, tmp_path / "coordinator.log", {"PYTHONPATH": str(REPO_ROOT)})
+    relays = Nodes(tmp_path)
+    net = Network(url, tmp_path, config_path, coordinator, "", checkpoints, relays, [])
     try:
         coordinator.start(url, timeout_s=120)
         net.coordinator_id = httpx.get(f"{url}/v1/policy-versions/latest", timeout=5).json()["signer"]

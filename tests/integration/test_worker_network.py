@@ -21,14 +21,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from protocol.errors import ForbiddenError
-from protocol.identity import NodeIdentity, load_or_create_identity
+from protocol.identity import load_or_create_identity
 from protocol.ledger_client import LedgerClient
-from protocol.schemas import Hardware, LeaseRequest, RegisterRequest
+from tests.integration.malicious_worker import Attacker
 from tests.integration.network import BIN, Network, submissions_by_node
 from tests.integration.shardcast_nodes import wait_until
-from toploc.tiny_model import TINY_EOS_TOKEN_ID
-from worker.adversary import altered_token, flipped_signs, other_temperature, sample_tasks_of, submission_of
 from worker.engines.hf import HFEngine
 
 pytestmark = pytest.mark.slow
@@ -121,42 +118,22 @@ def test_worker_finishes_after_its_relay_restarts(network: Network) -> None:
     assert f"node {node_id} (worker): 0 accepted, 0 rejected" in status.stdout
 
 
-async def cheat_until_banned(url: str, checkpoint: Path, num_cheats: int) -> tuple[str, str, list[str]]:
+async def cheat_until_banned(url: str, checkpoint: Path) -> tuple[str, str, list[str]]:
     """A dishonest worker speaking the public protocol: each leased task answered by a different cheat."""
-    policy = HFEngine(checkpoint, max_batch_size=16)
-    cheats = [
-        lambda tasks: altered_token(policy, tasks),
-        lambda tasks: flipped_signs(policy, tasks),
-        lambda tasks: other_temperature(policy, tasks, 0.5),
-    ]
-    identity = NodeIdentity.generate()
-    submitted: list[str] = []
-    async with LedgerClient(url, identity) as ledger:
-        hardware = Hardware(accelerator="cpu", num_devices=1, memory_bytes=2**30)
-        await ledger.register(RegisterRequest(role="worker", hardware=hardware, engine="hf", software_version="evil"))
-        while len(submitted) < num_cheats:
-            leased = await ledger.lease(LeaseRequest(max_tasks=1, policy_versions_held=[0]))
-            if not leased.tasks:
-                await asyncio.sleep(0.2)
-                continue
-            task = leased.tasks[0]
-            claims = cheats[len(submitted) % len(cheats)](sample_tasks_of(task, (TINY_EOS_TOKEN_ID,)))
-            submitted.append((await ledger.submit(submission_of(task, claims))).submission_id)
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline:  # the validator's verdicts ban the node
-            try:
-                await ledger.lease(LeaseRequest(max_tasks=1, policy_versions_held=[0]))
-            except ForbiddenError as exc:
-                return identity.node_id, exc.message, submitted
-            await asyncio.sleep(1)
-    raise AssertionError("the cheating worker was never banned")
+    attacker = Attacker(url, HFEngine(checkpoint, max_batch_size=16))
+    async with LedgerClient(url, attacker.identity) as ledger:
+        await attacker.register(ledger)
+        await attacker.proof_attacks(ledger, ["altered_completion_token", "flipped_signs", "other_temperature_half"])
+        ban_reason = await attacker.wait_for_ban(ledger, 240)
+    submitted = [outcome.submission_id for outcome in attacker.outcomes if outcome.submission_id]
+    return attacker.identity.node_id, ban_reason, submitted
 
 
 def test_cheating_worker_is_rejected_and_banned_while_honest_work_is_accepted(network: Network) -> None:
     net = network
     net.start_worker("worker-honest", "hf", [])
     validator = net.start_validator()
-    cheater, ban_reason, cheated = asyncio.run(cheat_until_banned(net.url, net.checkpoints[0], num_cheats=3))
+    cheater, ban_reason, cheated = asyncio.run(cheat_until_banned(net.url, net.checkpoints[0]))
     assert "reject" in ban_reason.lower(), ban_reason
     assert validator.poll() is None, net.worker_log("validator")
     verdicts = {e["subject"]: e["data"] for e in net.events("verdict")}

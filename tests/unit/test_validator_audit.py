@@ -175,3 +175,74 @@ def test_rewards_are_recomputed_from_the_task_not_taken_from_the_worker() -> Non
         expected.append(reverse_text.reward(example, tokenizer.decode(ids, skip_special_tokens=True)))
     assert verdict.rewards == pytest.approx(expected)
     assert all(0.0 <= r <= 1.0 for r in verdict.rewards) and max(verdict.rewards) > 0
+
+
+def test_only_the_samples_the_ledger_picked_are_recomputed(policy: HFEngine) -> None:
+    task = make_task()
+    samples = sample_tasks(task)
+    honest = honest_claims(policy, samples)
+    cheated = altered_token(policy, samples[1:2])  # sample p0/s1 cheats
+    claims = [honest[0], *cheated, *honest[2:]]
+    item = pending(task, claims, NodeIdentity.generate())
+    skipped = item.model_copy(update={"audit_sample_indices": [0, 3]})
+    verdict, rollouts = audit_submission(skipped, policy, EOS)
+    assert verdict.accepted and len(rollouts) == 2  # the cheat was not among the audited samples
+    caught = item.model_copy(update={"audit_sample_indices": [1]})
+    verdict, rollouts = audit_submission(caught, policy, EOS)
+    assert not verdict.accepted and len(rollouts) == 1
+    assert all(reason.startswith("rollout p0/s1:") for reason in verdict.reasons)
+
+
+def test_checks_without_a_model_run_on_every_sample(policy: HFEngine) -> None:
+    task = make_task()
+    claims = honest_claims(policy, sample_tasks(task))
+    lying = claims[2]
+    claims[2] = Claim(lying.task, lying.completion_ids, lying.logprobs[:-1], lying.finish_reason, lying.proof)
+    item = pending(task, claims, NodeIdentity.generate()).model_copy(update={"audit_sample_indices": [0]})
+    verdict, rollouts = audit_submission(item, policy, EOS)
+    assert not verdict.accepted and rollouts == []
+    assert any(reason.startswith("rollout p1/s0: shape:") for reason in verdict.reasons), verdict.reasons
+
+
+def test_one_batch_across_submissions_gives_each_its_own_verdict(policy: HFEngine) -> None:
+    from validator.audit import audit_submissions
+
+    tasks = [make_task().model_copy(update={"task_id": f"t-{i}", "sampling_seed": 100 + i}) for i in range(3)]
+    items = []
+    for i, task in enumerate(tasks):
+        claims = honest_claims(policy, sample_tasks(task)) if i != 1 else flipped_signs(policy, sample_tasks(task))
+        item = pending(task, claims, NodeIdentity.generate())
+        items.append(item.model_copy(update={"submission_id": f"s-{i}"}))
+    batched = audit_submissions(items, policy, EOS)
+    assert [verdict.submission_id for verdict, _ in batched] == ["s-0", "s-1", "s-2"]
+    assert [verdict.accepted for verdict, _ in batched] == [True, False, True]
+    for item, (verdict, _) in zip(items, batched, strict=True):
+        assert audit_submission(item, policy, EOS)[0] == verdict  # the same as one at a time
+
+
+def test_a_submission_the_engine_cannot_recompute_is_rejected_not_fatal(policy: HFEngine) -> None:
+    from validator.audit import audit_submissions_safely
+
+    task = make_task()
+    honest = pending(task, honest_claims(policy, sample_tasks(task)), NodeIdentity.generate())
+    long_task = make_task().model_copy(
+        update={"task_id": "t-long", "sampling": task.sampling.model_copy(update={"max_tokens": 2000})}
+    )
+    worker = NodeIdentity.generate()
+    rollouts = [
+        rollout.model_copy(update={"completion_ids": [5] * 2000, "logprobs": [-1.0] * 2000, "finish_reason": "length"})
+        for rollout in honest.submission.rollouts
+    ]
+    submission = honest.submission.model_copy(update={"task_id": "t-long", "rollouts": rollouts})
+    too_long = honest.model_copy(
+        update={
+            "submission_id": "s-long",
+            "task": long_task,
+            "submission": submission,
+            "worker_id": worker.node_id,
+            "worker_signature_b64": sign_document(worker, submission.model_dump(mode="json")),
+        }
+    )
+    (first, _), (second, _) = audit_submissions_safely([honest, too_long], policy, EOS)
+    assert first.accepted, first.reasons
+    assert not second.accepted and second.reasons[0].startswith("audit: the rollouts cannot be recomputed")

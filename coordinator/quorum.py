@@ -1,0 +1,58 @@
+"""When the validators' verdicts on one submission add up to a decision (the quorum rule).
+
+Pure: the ledger stores one vote per (submission, validator) and asks :func:`decide` after
+each. A submission is accepted when ``required`` validators accepted it with the same rewards
+(rewards are recomputed deterministically from the task, so honest validators agree; two
+reward lists agree when they have the same length and differ by at most
+:data:`REWARD_TOLERANCE` each), and rejected when ``required`` validators rejected it. Votes
+that agree with nobody leave the submission pending for further validators.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+REWARD_TOLERANCE = 1e-6
+
+
+@dataclass(frozen=True)
+class Vote:
+    validator_id: str
+    accepted: bool
+    rewards: tuple[float, ...]
+    reasons: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Decision:
+    accepted: bool
+    votes: tuple[Vote, ...]
+    """The agreeing votes that made the decision, oldest first."""
+
+    @property
+    def rewards(self) -> list[float]:
+        return list(self.votes[0].rewards) if self.accepted else []
+
+    @property
+    def reasons(self) -> list[str]:
+        """Every distinct reason the agreeing validators gave, in order."""
+        return list(dict.fromkeys(reason for vote in self.votes for reason in vote.reasons))
+
+
+def rewards_agree(first: Sequence[float], second: Sequence[float]) -> bool:
+    return len(first) == len(second) and all(abs(a - b) <= REWARD_TOLERANCE for a, b in zip(first, second, strict=True))
+
+
+def decide(votes: Sequence[Vote], required: int) -> Decision | None:
+    """The decision the votes (oldest first) make, or None while the submission stays pending."""
+    rejecting = [vote for vote in votes if not vote.accepted]
+    if len(rejecting) >= required:
+        return Decision(False, tuple(rejecting[:required]))
+    for vote in votes:
+        if not vote.accepted:
+            continue
+        agreeing = [other for other in votes if other.accepted and rewards_agree(vote.rewards, other.rewards)]
+        if len(agreeing) >= required:
+            return Decision(True, tuple(agreeing[:required]))
+    return None

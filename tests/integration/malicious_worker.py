@@ -1,0 +1,146 @@
+"""A malicious worker for integration tests: a node that speaks the public protocol and tries every cheat.
+
+It registers like any worker (:class:`protocol.ledger_client.LedgerClient`, or raw httpx where
+the client would refuse to send junk) and then, one attack at a time, records how each was
+answered: a refusal at the door (status and reason) or a submission id for the validators to
+judge. Door attacks: a request in another node's name signed with its own key, an honest
+worker's accepted submission replayed under that worker's lease and copied under a fresh lease
+of its own, a policy version it never had, an inflated reward field, a wrong task id. Proof
+attacks: those of :mod:`worker.adversary` that need only the policy itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from protocol.errors import ForbiddenError, PrimeError
+from protocol.identity import NodeIdentity
+from protocol.ledger_client import HEADER_SUBMISSION_SIGNATURE, LedgerClient
+from protocol.schemas import Hardware, LeaseRequest, RegisterRequest, SubmitRequest, Task
+from protocol.signing import HEADER_NODE, sign_document, sign_request
+from toploc.tiny_model import TINY_EOS_TOKEN_ID
+from toploc.verify import Claim, SampleTask
+from worker.adversary import (
+    altered_prompt,
+    altered_token,
+    flipped_signs,
+    honest_claims,
+    other_temperature,
+    sample_tasks_of,
+    submission_of,
+    truncated_claimed_finished,
+)
+from worker.engines.hf import HFEngine
+
+ProofAttack = Callable[[HFEngine, Sequence[SampleTask]], list[Claim]]
+
+PROOF_ATTACKS: dict[str, ProofAttack] = {
+    "altered_completion_token": lambda policy, tasks: altered_token(policy, tasks),
+    "flipped_signs": lambda policy, tasks: flipped_signs(policy, tasks),
+    "other_temperature_half": lambda policy, tasks: other_temperature(policy, tasks, 0.5),
+    "greedy_as_sampling": lambda policy, tasks: other_temperature(policy, tasks, 1e-4),
+    "altered_prompt_token": lambda policy, tasks: altered_prompt(policy, tasks),
+    "truncated_claimed_finished": lambda policy, tasks: truncated_claimed_finished(policy, tasks),
+}
+
+
+@dataclass
+class Outcome:
+    """How one attack was answered: ``status`` of a door refusal, or the submission id it got."""
+
+    attack: str
+    status: int | None = None
+    reason: str = ""
+    submission_id: str | None = None
+
+
+@dataclass
+class Attacker:
+    url: str
+    policy: HFEngine
+    identity: NodeIdentity = field(default_factory=NodeIdentity.generate)
+    outcomes: list[Outcome] = field(default_factory=list)
+
+    async def register(self, ledger: LedgerClient) -> None:
+        hardware = Hardware(accelerator="cpu", num_devices=1, memory_bytes=2**30)
+        await ledger.register(RegisterRequest(role="worker", hardware=hardware, engine="hf", software_version="evil"))
+
+    async def lease(self, ledger: LedgerClient) -> Task:
+        while True:
+            leased = await ledger.lease(LeaseRequest(max_tasks=1, policy_versions_held=[0]))
+            if leased.tasks:
+                return leased.tasks[0]
+            await asyncio.sleep(0.2)
+
+    async def submit(self, ledger: LedgerClient, attack: str, request: SubmitRequest) -> Outcome:
+        try:
+            outcome = Outcome(attack, submission_id=(await ledger.submit(request)).submission_id)
+        except PrimeError as exc:
+            outcome = Outcome(attack, status=exc.status_code, reason=exc.message)
+        self.outcomes.append(outcome)
+        return outcome
+
+    async def post_raw(self, attack: str, path: str, document: dict[str, object], as_node: str | None = None) -> None:
+        """POST a hand-made body signed with this key (``as_node``: claiming to be that node)."""
+        content = json.dumps(document).encode()
+        headers = {
+            "Content-Type": "application/json",
+            HEADER_SUBMISSION_SIGNATURE: sign_document(self.identity, document),
+            **sign_request(self.identity, "POST", path, content),
+        }
+        if as_node is not None:
+            headers[HEADER_NODE] = as_node
+        async with httpx.AsyncClient(base_url=self.url, timeout=30) as http:
+            response = await http.post(path, content=content, headers=headers)
+        self.outcomes.append(Outcome(attack, status=response.status_code, reason=response.text[:300]))
+
+    async def door_attacks(self, ledger: LedgerClient, honest_id: str, honest: SubmitRequest) -> None:
+        """Everything the ledger should refuse, or that a validator must reject, short of a proof attack."""
+        await self.post_raw("forged_signature", "/v1/leases", LeaseRequest().model_dump(mode="json"), as_node=honest_id)
+        await self.submit(ledger, "replay_same_lease", honest)
+        fresh = await self.lease(ledger)
+        copy = honest.model_copy(update={"lease_id": fresh.lease_id, "task_id": fresh.task_id})
+        await self.submit(ledger, "replay_under_new_lease", copy)
+        task = await self.lease(ledger)
+        mine = submission_of(task, honest_claims(self.policy, sample_tasks_of(task, (TINY_EOS_TOKEN_ID,))))
+        await self.submit(ledger, "policy_version_never_had", mine.model_copy(update={"policy_version": 1}))
+        inflated = mine.model_dump(mode="json")
+        inflated["rollouts"][0]["reward"] = 1e9
+        await self.post_raw("inflated_reward", "/v1/submissions", inflated)
+        await self.submit(ledger, "wrong_task_id", mine.model_copy(update={"task_id": fresh.task_id}))
+        await ledger.abandon(task.lease_id)
+
+    async def proof_attacks(self, ledger: LedgerClient, names: Sequence[str] = tuple(PROOF_ATTACKS)) -> None:
+        for name in names:
+            task = await self.lease(ledger)
+            claims = PROOF_ATTACKS[name](self.policy, sample_tasks_of(task, (TINY_EOS_TOKEN_ID,)))
+            await self.submit(ledger, name, submission_of(task, claims))
+
+    async def wait_for_ban(self, ledger: LedgerClient, timeout_s: float) -> str:
+        """The ban reason, once the ledger refuses this node."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                await ledger.lease(LeaseRequest(max_tasks=1, policy_versions_held=[0]))
+            except ForbiddenError as exc:
+                return exc.message
+            await asyncio.sleep(1)
+        raise AssertionError(f"the attacker was never banned; outcomes: {self.outcomes}")
+
+
+async def attack_until_banned(url: str, checkpoint: Path, honest_id: str, honest: SubmitRequest) -> Attacker:
+    """Run every attack against the network at ``url``, then wait for the ban."""
+    attacker = Attacker(url, HFEngine(checkpoint, max_batch_size=16))
+    async with LedgerClient(url, attacker.identity) as ledger:
+        await attacker.register(ledger)
+        await attacker.door_attacks(ledger, honest_id, honest)
+        await attacker.proof_attacks(ledger)
+        await attacker.wait_for_ban(ledger, 300)
+    return attacker

@@ -1,0 +1,171 @@
+"""Validators in a real network: every attack refused or rejected, and the built-in validator.
+
+A coordinator, an honest `prime-worker join`, a `prime-validator run` and a malicious worker
+speaking the public protocol (:mod:`tests.integration.malicious_worker`) on 127.0.0.1. Every
+attack is refused at the door with a 4xx and a reason, or rejected by the validator; the
+authenticated ones count against the attacker, who is banned at ``ban_after_rejections``;
+the node it impersonated loses nothing; none of its rollouts reaches the accepted set that
+training batches are built from, and every honest submission is accepted. A second test runs
+the coordinator's built-in validator (`validation.builtin_enabled`) as the only validator of a
+closed run and checks that the coordinator stops it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from sqlalchemy import create_engine, select
+
+from coordinator.storage.tables import accepted_groups, submissions
+from protocol.identity import load_or_create_identity
+from protocol.schemas import SubmitRequest
+from tests.integration.malicious_worker import PROOF_ATTACKS, attack_until_banned
+from tests.integration.network import Network, running_network
+from tests.integration.shardcast_nodes import wait_until
+
+pytestmark = pytest.mark.slow
+
+COUNTED_DOOR_ATTACKS = ("replay_same_lease", "policy_version_never_had", "wrong_task_id")
+"""Refused at the door and counted against the attacker (it signed them)."""
+UNCOUNTED_DOOR_ATTACKS = {"forged_signature": 401, "inflated_reward": 400}
+"""Refused at the door, not counted: a forgery proves nothing of its signer; a schema error may be version skew."""
+NUM_COUNTED = len(COUNTED_DOOR_ATTACKS) + 1 + len(PROOF_ATTACKS)  # + the copy under a new lease (validator)
+
+
+def ledger_rows(net: Network, table: Any) -> list[Any]:
+    engine = create_engine(f"sqlite:///{net.root / 'run' / 'ledger.db'}")
+    try:
+        with engine.connect() as conn:
+            return list(conn.execute(select(table)).all())
+    finally:
+        engine.dispose()
+
+
+def verdicts_of(net: Network) -> dict[str, dict[str, Any]]:
+    return {event["subject"]: event["data"] for event in net.events("verdict")}
+
+
+def node_row(net: Network, node_id: str) -> dict[str, Any]:
+    nodes = httpx.get(f"{net.url}/v1/stats", params={"limit": 1000}, timeout=5).json()["nodes"]
+    (row,) = [node for node in nodes if node["node_id"] == node_id]
+    return dict(row)
+
+
+def test_every_attack_is_refused_or_rejected_and_the_attacker_banned(tmp_path: Path) -> None:
+    sections: dict[str, dict[str, Any]] = {
+        "trust": {"ban_after_rejections": NUM_COUNTED},
+        "scheduling": {"lease_ttl_s": 120},
+    }
+    with running_network(tmp_path, sections=sections) as net:
+        net.start_worker("worker-honest", "hf", [])
+        validator = net.start_validator()
+        honest_id = load_or_create_identity(net.root / "worker-honest").node_id
+        wait_until(lambda: any(v["accepted"] for v in verdicts_of(net).values()), 300, "an accepted honest group")
+        (honest_row, *_) = [row for row in ledger_rows(net, submissions) if row.status == "accepted"]
+        honest = SubmitRequest.model_validate_json(honest_row.body_json)
+
+        attacker = asyncio.run(attack_until_banned(net.url, net.checkpoints[0], honest_id, honest))
+        attacker_id = attacker.identity.node_id
+        outcomes = {outcome.attack: outcome for outcome in attacker.outcomes}
+        assert set(outcomes) == {*COUNTED_DOOR_ATTACKS, *UNCOUNTED_DOOR_ATTACKS, "replay_under_new_lease"} | set(
+            PROOF_ATTACKS
+        )
+        for name, status in UNCOUNTED_DOOR_ATTACKS.items():
+            assert outcomes[name].status == status, outcomes[name]
+        for name in COUNTED_DOOR_ATTACKS:
+            assert outcomes[name].status in (403, 409), outcomes[name]
+            assert outcomes[name].reason, outcomes[name]
+        assert "reward" in outcomes["inflated_reward"].reason
+
+        # Whatever got past the door was rejected by the validator, with reasons.
+        verdicts = verdicts_of(net)
+        judged = [o for o in attacker.outcomes if o.submission_id is not None]
+        assert outcomes["replay_under_new_lease"].submission_id is not None
+        for outcome in judged:
+            verdict = verdicts[outcome.submission_id]  # type: ignore[index]
+            assert not verdict["accepted"] and verdict["reasons"], (outcome, verdict)
+        refused = [o for o in attacker.outcomes if o.submission_id is None]
+        assert all(o.status is not None and 400 <= o.status < 500 for o in refused), refused
+
+        row = node_row(net, attacker_id)
+        assert row["banned"] and row["num_rejected"] == NUM_COUNTED, row
+        assert [ban["node_id"] for ban in net.events("ban")] == [attacker_id]
+        impersonated = node_row(net, honest_id)
+        assert (impersonated["banned"], impersonated["num_rejected"]) == (False, 0), impersonated
+
+        # Nothing of the attacker's reaches the accepted set; the replayed honest group counts once.
+        owner = {r.submission_id: r.node_id for r in ledger_rows(net, submissions)}
+        accepted = ledger_rows(net, accepted_groups)
+        assert all(owner[group.submission_id] != attacker_id for group in accepted)
+        assert sum(1 for group in accepted if group.task_id == honest.task_id) == 1
+
+        # Honest work, before and after the attacks, is all accepted.
+        def honest_after_ban() -> bool:
+            last_ban = net.events("ban")[-1]["event_id"]
+            return any(e["event_id"] > last_ban and e["data"]["worker_id"] == honest_id for e in net.events("verdict"))
+
+        wait_until(honest_after_ban, 240, "an honest verdict after the ban")
+        honest_verdicts = [v for v in verdicts_of(net).values() if v["worker_id"] == honest_id]
+        rejected = [v["reasons"] for v in honest_verdicts if not v["accepted"]]
+        assert honest_verdicts and not rejected, rejected[:3]
+        assert validator.poll() is None, net.worker_log("validator")
+
+
+def test_builtin_validator_audits_a_closed_run_and_stops_with_the_coordinator(tmp_path: Path) -> None:
+    sections: dict[str, dict[str, Any]] = {"trust": {"validators_open": False}, "validation": {"builtin_enabled": True}}
+    with running_network(tmp_path, sections=sections) as net:
+        builtin_id = load_or_create_identity(net.root / "run" / "builtin-validator").node_id
+        net.start_worker("worker", "hf", [])
+
+        def two_verdicts() -> bool:
+            return len(net.events("verdict")) >= 2
+
+        wait_until(two_verdicts, 300, "the built-in validator to judge two groups")
+        verdicts = net.events("verdict")
+        assert {event["node_id"] for event in verdicts} == {builtin_id}
+        rejected = [event["data"]["reasons"] for event in verdicts if not event["data"]["accepted"]]
+        assert not rejected, rejected[:3]
+        log_path = net.root / "run" / "builtin-validator.log"
+        assert "accepted s-" in log_path.read_text()
+        found = re.search(r"built-in validator started \(pid (\d+)\)", (net.root / "coordinator.log").read_text())
+        assert found, (net.root / "coordinator.log").read_text()[-2000:]
+        pid = int(found.group(1))
+        os.kill(pid, 0)  # running
+        outsider = net.start_validator("outsider")  # a closed run refuses a key nobody approved
+        assert outsider.wait(timeout=120) != 0
+        assert "not approved" in net.worker_log("outsider")
+        net.coordinator.stop()
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+        summaries = [json.loads(line) for line in log_path.read_text().splitlines() if '"samples_per_s"' in line]
+        assert summaries and summaries[-1]["num_accepted"] >= 2 and summaries[-1]["samples_per_s"] > 0
+
+
+def test_two_validators_must_agree_on_the_samples_the_ledger_picked(tmp_path: Path) -> None:
+    sections: dict[str, dict[str, Any]] = {"validation": {"validators_per_submission": 2, "audit_fraction": 0.25}}
+    with running_network(tmp_path, sections=sections) as net:
+        net.start_worker("worker", "hf", [])
+        first = net.start_validator("validator-1")
+        wait_until(lambda: len(net.events("vote")) >= 2, 300, "the first validator to vote")
+        assert net.events("verdict") == []  # one vote decides nothing
+        second = net.start_validator("validator-2")
+        wait_until(lambda: len(net.events("verdict")) >= 2, 300, "two decided groups")
+        ids = {load_or_create_identity(net.root / name).node_id for name in ("validator-1", "validator-2")}
+        for event in net.events("verdict"):
+            assert event["data"]["accepted"], event["data"]["reasons"]
+            assert set(event["data"]["validators"]) == ids
+        votes = net.events("vote")
+        assert len({(e["subject"], e["node_id"]) for e in votes}) == len(votes)  # nobody voted twice
+        assert first.poll() is None and second.poll() is None
+    # Each validator prefilled a quarter of the samples (2 of 8 per group) yet judged all of them.
+    for name in ("validator-1", "validator-2"):
+        lines = (net.root / f"{name}.log").read_text().splitlines()
+        (last, *_) = [json.loads(line) for line in reversed(lines) if '"samples_per_s"' in line]
+        assert last["num_samples_verified"] * 4 == 8 * (last["num_accepted"] + last["num_rejected"]), last
