@@ -30,7 +30,8 @@ async def test_dashboard_shows_workers_verdicts_rewards_and_versions(harness: Le
         reasons = [] if accepted else ["token 3 differs from the replayed draw"]
         verdict = Verdict(submission_id=answer.submission_id, accepted=accepted, reasons=reasons, rewards=rewards)
         await validator.post_verdict(verdict)
-        expected_rewards[answer.submission_id] = sum(rewards) / len(rewards)
+        if accepted:  # a rejection carries no rewards: they are never trained on
+            expected_rewards[answer.submission_id] = sum(rewards) / len(rewards)
     await coordinator.publish(signed_manifest(harness.coordinator, 1))
     harness.clock.advance(10)
 
