@@ -155,7 +155,10 @@ def noisy_scores_at(
 
 
 _REPLAY_BLOCK_ELEMENTS = 1 << 17  # rows replayed together: a block's hash stays in cache
-_REPLAY_MARGIN = 1e-3  # slack on the pruning bound, far above float rounding of the scores
+_REPLAY_MARGIN = 1e-3  # slack on the pruning bounds, far above float rounding of the scores
+# The largest noise any hash can give (all bits set): a token whose tempered logit is further than
+# this below the claimed token's noisy score can never beat it, whatever its hash.
+_MAX_GUMBEL = float(gumbel_of_bits(torch.tensor([_MASK32], dtype=torch.int64))[0])
 
 
 def sampling_gaps(
@@ -165,11 +168,12 @@ def sampling_gaps(
 
     ``logits`` (n, vocab) are the recomputed logits that drew completion tokens 0..n-1 of one
     sample; positions are 0..n-1 on ``stream``. The scores are exactly those of
-    :func:`noisy_scores`, but the Gumbel transform (two float64 logs) is only evaluated where a
-    token could beat the claimed one: token v needs ``g_v >= claimed - max(logits / T)``, a bound
-    on its hash bits, so most of the vocabulary is ruled out by one integer comparison. A
-    validator accepts a token whose gap is within a calibrated tolerance, since honest
-    recomputation differs from generation by rounding.
+    :func:`noisy_scores`, but only tokens that could beat the claimed one are looked at, in two
+    prunings: a token whose tempered logit is more than the largest possible noise below the
+    claimed score is never hashed; of the rest, the Gumbel transform (two float64 logs) is only
+    evaluated where the hash bits clear the bound ``g_v >= claimed - max(logits / T)`` (one
+    integer comparison). A validator accepts a token whose gap is within a calibrated
+    tolerance, since honest recomputation differs from generation by rounding.
     """
     if temperature <= 0:
         raise ValueError("verifiable sampling needs temperature > 0")
@@ -181,16 +185,20 @@ def sampling_gaps(
     state = stream_states([seed], torch.tensor([stream]), logits.device)
     for start in range(0, num_tokens, rows_per_block):
         end = min(start + rows_per_block, num_tokens)
-        positions = torch.arange(start, end, dtype=torch.int64)
-        bits = bits_at(state.expand(end - start), positions, vocab_size)
+        positions = torch.arange(start, end, dtype=torch.int64, device=logits.device).reshape(-1, 1)
+        row_states = _absorb(state.expand(end - start).reshape(-1, 1), positions)  # as in bits_at
         block = scaled[start:end]
-        claimed_bits = bits.gather(1, tokens[start:end])
-        claimed = (block.gather(1, tokens[start:end]) + gumbel_of_bits(claimed_bits)).reshape(-1)
+        claimed_logits = block.gather(1, tokens[start:end]).reshape(-1)
+        claimed = claimed_logits + gumbel_of_bits(_absorb(row_states, tokens[start:end])).reshape(-1)
+        reachable = block >= (claimed - _MAX_GUMBEL - _REPLAY_MARGIN).reshape(-1, 1)
+        rows, columns = reachable.nonzero(as_tuple=True)
+        bits = _absorb(row_states[rows, 0], columns)
         needed = (claimed - block.max(dim=-1).values - _REPLAY_MARGIN).to(torch.float64)
         # g >= needed  <=>  u >= exp(-exp(-needed))  <=>  bits >= that * 2^32 - 0.5
         min_bits = torch.floor(torch.exp(-torch.exp(-needed)) * 2.0**32 - 0.5).clamp(min=0).to(torch.int64)
-        rows, columns = (bits >= min_bits.reshape(-1, 1)).nonzero(as_tuple=True)
-        scores = block[rows, columns] + gumbel_of_bits(bits[rows, columns])
+        contender = bits >= min_bits[rows]
+        rows, columns, bits = rows[contender], columns[contender], bits[contender]
+        scores = block[rows, columns] + gumbel_of_bits(bits)
         best = torch.full_like(claimed, -torch.inf).scatter_reduce(0, rows, scores, reduce="amax")
         gaps[start:end] = best - claimed
     return gaps
