@@ -29,7 +29,7 @@ from sqlalchemy import Connection, Row, func, insert, select, update
 from coordinator.config import CoordinatorConfig
 from coordinator.replay import NonceClaim, claim_nonce
 from coordinator.reputation import BanPolicy
-from coordinator.scheduling import choose_policy_version, grant_count
+from coordinator.scheduling import choose_policy_version, grant_count, on_policy_room
 from coordinator.seeds import new_run_secret, sampling_seed
 from coordinator.storage.engine import Database
 from coordinator.storage.migrations import migrate
@@ -38,6 +38,7 @@ from coordinator.storage.tables import (
     leases,
     nodes,
     run_state,
+    submissions,
     tasks,
 )
 from coordinator.task_source import TaskSource
@@ -281,6 +282,9 @@ class LeasingLedger(LedgerViews):
                 self.scheduling.max_open_leases,
                 self._num_live_workers(conn, now),
             )
+            room = self._on_policy_room(conn, run.current_policy_version)
+            if room is not None:
+                count = min(count, room)
             self._touch(conn, node_id)
             if count == 0:
                 return LeaseResponse(tasks=[], retry_after_s=RETRY_EMPTY_S)
@@ -302,6 +306,21 @@ class LeasingLedger(LedgerViews):
             sampling = SamplingParams(temperature=self.scheduling.temperature, max_tokens=self.scheduling.max_tokens)
             leased = [self._issue(conn, node_id, row, version, sampling, now) for row in task_rows]
         return LeaseResponse(tasks=leased, retry_after_s=0.0)
+
+    def _on_policy_room(self, conn: Connection, current_version: int) -> int | None:
+        """Leases still allowed at ``current_version`` by :func:`coordinator.scheduling.on_policy_room`."""
+        orchestrator = self.config.orchestrator
+        if not orchestrator.enabled or self.scheduling.async_level > 0:
+            return None
+        leased = conn.execute(
+            select(func.count()).where(leases.c.state == "active", leases.c.policy_version == current_version)
+        ).scalar_one()
+        submitted = conn.execute(
+            select(func.count()).where(
+                submissions.c.policy_version == current_version, submissions.c.status.in_(("pending", "accepted"))
+            )
+        ).scalar_one()
+        return on_policy_room(self.scheduling.async_level, orchestrator.groups_per_step, leased + submitted)
 
     def _num_live_workers(self, conn: Connection, now: float) -> int:
         """Live workers, counted at most once a second (the fair share needs a rough figure, fast)."""

@@ -106,3 +106,16 @@ def rollout_problems(
     if missing:
         problems.append(f"{len(missing)} of {len(expected)} samples missing, e.g. (prompt, sample) {min(missing)}")
     return problems
+
+
+def on_policy_room(async_level: int, groups_per_step: int, groups_at_current: int) -> int | None:
+    """How many more tasks may be leased now under the orchestrator's async level (None: no limit).
+
+    With k >= 1 generation never waits for training: no limit. With k = 0 (on-policy) the next
+    step is built only from the current version, so once ``groups_per_step`` groups are leased,
+    pending or accepted at the current version, further leases wait for the next version
+    (a rejected or expired one frees its place again).
+    """
+    if async_level > 0:
+        return None
+    return max(0, groups_per_step - groups_at_current)

@@ -4,7 +4,9 @@ Creates (or loads) the coordinator's node key in the data dir, opens and migrate
 database, loads the task source, binds the API socket itself (so port 0 works and the real
 address can be logged before serving) and runs uvicorn on it. The SHARDCAST origin is mounted
 at /shardcast; on the first start the configured start checkpoint is published as policy
-version 0. The orchestrator and trainer join this process with the demo network (issue 9).
+version 0. With `[orchestrator]` and/or `[local_network]` enabled, a
+:class:`coordinator.runner.RunThread` beside the server runs the RL loop, its trainer service
+and the local network; the server exits when the run is done.
 """
 
 from __future__ import annotations
@@ -64,7 +66,17 @@ def run(config: CoordinatorConfig) -> None:
         server = uvicorn.Server(
             uvicorn.Config(app, log_config=None, access_log=False, timeout_graceful_shutdown=5, backlog=4096)
         )
-        server.run(sockets=[sock])
+        runner = None
+        if config.orchestrator.enabled or config.local_network.enabled:
+            from coordinator.runner import RunThread
+
+            runner = RunThread(config, ledger, identity, store, server, f"http://{host}:{port}")
+            runner.start()
+        try:
+            server.run(sockets=[sock])
+        finally:
+            if runner is not None:
+                runner.finish()
     finally:
         database.dispose()
 

@@ -71,7 +71,7 @@ def test_upgrade_from_v1_keeps_the_data(database: Database, tmp_path: Path) -> N
     assert DatabaseReplayCache(database).remember(node_id, "n" * 32, time.time() + 60)
     with database.read() as conn:
         versions = conn.execute(select(schema_version.c.version).order_by(schema_version.c.version)).scalars()
-        assert list(versions) == [1, 2, 3]
+        assert list(versions) == list(range(1, migrations.LATEST_VERSION + 1))
     # The next group comes after the ones the old coordinator handed out.
     ledger.register(node_id, "127.0.0.1", register_request())
     (task,) = ledger.lease(node_id, LeaseRequest()).tasks
