@@ -1,4 +1,4 @@
-"""Pure orchestrator rules: samples and advantages from accepted groups, the step's version floor, the k = 0 rule."""
+"""Pure orchestrator rules: samples and advantages from accepted groups, the step's version floor, the lease rule."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from coordinator.batches import accepted_group, batch_summary, train_samples, verdict_rewards
-from coordinator.scheduling import on_policy_room
+from coordinator.scheduling import lease_room
 from coordinator.train_steps import min_policy_version
 from protocol.schemas import Rollout, SubmitRequest, Verdict
 from trainer.packing import TrainSample
@@ -44,7 +44,7 @@ def test_samples_are_grouped_per_prompt_with_task_tokens_and_validator_rewards()
     assert [s.prompt_ids for s in samples] == [[10, 11], [10, 11], [20], [20]]
     assert [s.reward for s in samples] == [0.0, 0.4, 0.1, 0.9]
     assert [s.advantage for s in samples] == pytest.approx([-0.2, 0.2, -0.4, 0.4])
-    assert samples[2].inference_logprobs == [pytest.approx(-0.2)]
+    assert samples[2].inference_logprobs == pytest.approx([-0.2])
     normalized = train_samples([group], normalize_std=True)
     assert [s.advantage for s in normalized] == pytest.approx([-1.0, 1.0, -1.0, 1.0], abs=1e-4)
     summary = batch_summary([group], trained_version=5)
@@ -57,16 +57,19 @@ def test_a_verdict_without_a_reward_per_rollout_is_not_usable() -> None:
     assert verdict_rewards(None, 4) is None
     assert verdict_rewards(Verdict(submission_id="s", accepted=True).model_dump_json(), 4) is None
     with pytest.raises(ValueError, match="no validator reward"):
-        accepted_group("s", 0, prompts, body, Verdict(submission_id="s", accepted=True, rewards=[1.0]).model_dump_json())
+        accepted_group(
+            "s", 0, prompts, body, Verdict(submission_id="s", accepted=True, rewards=[1.0]).model_dump_json()
+        )
 
 
 def test_version_floor_and_on_policy_room() -> None:
     assert [min_policy_version(step, 0) for step in (1, 2, 5)] == [0, 1, 4]
     assert [min_policy_version(step, 2) for step in (1, 2, 5)] == [0, 0, 2]
-    assert on_policy_room(0, groups_per_step=4, groups_at_current=0) == 4
-    assert on_policy_room(0, groups_per_step=4, groups_at_current=3) == 1
-    assert on_policy_room(0, groups_per_step=4, groups_at_current=6) == 0
-    assert on_policy_room(1, groups_per_step=4, groups_at_current=99) is None
+    assert lease_room(0, groups_per_step=4, groups_in_flight=0) == 4
+    assert lease_room(0, groups_per_step=4, groups_in_flight=3) == 1
+    assert lease_room(0, groups_per_step=4, groups_in_flight=6) == 0
+    assert lease_room(2, groups_per_step=4, groups_in_flight=6) == 6
+    assert lease_room(2, groups_per_step=4, groups_in_flight=13) == 0
 
 
 def test_batch_files_round_trip_and_appear_whole(tmp_path: Path) -> None:

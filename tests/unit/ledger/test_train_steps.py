@@ -1,4 +1,7 @@
-"""The orchestrator's ledger record (batch selection, exactly-once use) and the k = 0 lease rule, on SQLite and PostgreSQL."""
+"""The orchestrator's ledger record (batch selection, each accepted group used once) and the lease rule.
+
+On SQLite and PostgreSQL.
+"""
 
 from __future__ import annotations
 
@@ -129,14 +132,27 @@ async def test_on_policy_leasing_stops_at_one_steps_worth_until_the_next_version
         await client.aclose()
 
 
-async def test_async_leasing_never_waits_for_training(make_harness: MakeHarness) -> None:
+async def test_async_leasing_runs_ahead_of_training_by_k_plus_one_steps(make_harness: MakeHarness) -> None:
     harness = make_harness(
         scheduling__async_level=2,
-        scheduling__max_leases_per_node=8,
+        scheduling__max_leases_per_node=16,
         orchestrator__enabled=True,
         orchestrator__groups_per_step=2,
     )
-    worker = await harness.worker()
-    assert len((await worker.lease(LeaseRequest(max_tasks=5))).tasks) == 5
-    assert len((await worker.lease(LeaseRequest(max_tasks=5))).tasks) == 3
-    await worker.aclose()
+    worker, validator = await harness.worker(), await harness.validator()
+    coordinator = harness.client(harness.coordinator)
+    leased = (await worker.lease(LeaseRequest(max_tasks=10))).tasks
+    assert len(leased) == 6  # (k + 1) steps' worth, whatever the trainer does meanwhile
+    answers = [await worker.submit(submission_for(task)) for task in leased[:2]]
+    for answer in answers:
+        await validator.post_verdict(Verdict(submission_id=answer.submission_id, accepted=True, rewards=[1.0] * 4))
+    assert (await worker.lease(LeaseRequest(max_tasks=10))).tasks == []
+    # A step takes two groups: two places free up at once, before any new version.
+    assert TrainSteps(harness.ledger).record_batch(1, groups_per_step=2, min_version=0) is not None
+    assert len((await worker.lease(LeaseRequest(max_tasks=10))).tasks) == 2
+    # Versions moving past what the leases were for free their places too.
+    for version in (1, 2, 3):
+        await coordinator.publish(signed_manifest(harness.coordinator, version))
+    assert len((await worker.lease(LeaseRequest(max_tasks=10))).tasks) == 6
+    for client in (worker, validator, coordinator):
+        await client.aclose()
