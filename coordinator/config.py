@@ -95,6 +95,8 @@ class OrchestratorConfig(Section):
     """Accepted submissions (each `prompts_per_task` prompts x `group_size` samples) in one step's batch."""
     trainer_nproc: int = Field(default=2, ge=1, le=64)
     """Trainer ranks on this machine (`torchrun --nproc-per-node`); FSDP2 with gloo on CPU, NCCL on GPUs."""
+    trainer_cpus: list[int] = Field(default=[], max_length=1024)
+    """CPU cores the trainer ranks are pinned to (empty: not pinned); bench/async_bench.py pins them."""
     trainer: TrainerSection = TrainerSection()
     """Optimizer, parallelism, packing, checkpoint settings; its `model` is replaced by policy.start_checkpoint
     so the trainer starts from exactly the weights published as v0."""
@@ -120,6 +122,8 @@ class LocalNetworkConfig(Section):
     """Validators to start (0: none; then nothing is accepted unless one joins from elsewhere)."""
     relay_enabled: bool = True
     """Workers fetch policies through a local relay (else straight from the coordinator's origin)."""
+    cpus: list[int] = Field(default=[], max_length=1024)
+    """CPU cores the relay, workers and validators are pinned to (empty: not pinned)."""
 
 
 class CoordinatorConfig(RoleConfig):

@@ -17,7 +17,7 @@ from pathlib import Path
 from coordinator.config import LocalNetworkConfig
 from coordinator.process import free_port, stop_processes
 from protocol.errors import ChildExitedError
-from protocol.lifetime import die_with_parent_preexec
+from protocol.lifetime import child_preexec
 
 BIN = Path(sys.executable).parent
 
@@ -25,8 +25,9 @@ BIN = Path(sys.executable).parent
 class Processes:
     """Named child processes, each logging to ``<root>/<name>.log`` and stopped by its PID."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, cpus: list[int] | None = None) -> None:
         self.root = root
+        self.cpus = cpus or []
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
 
     def start(self, name: str, argv: list[str]) -> None:
@@ -37,7 +38,7 @@ class Processes:
                 stdout=log,
                 stderr=log,
                 stdin=subprocess.DEVNULL,
-                preexec_fn=die_with_parent_preexec,
+                preexec_fn=child_preexec(self.cpus),
             )
 
     def check(self) -> None:
@@ -54,7 +55,7 @@ class Processes:
 
 def start_local_network(config: LocalNetworkConfig, url: str, coordinator_id: str, root: Path) -> Processes:
     """Start the relay, workers and validators of ``config`` against the coordinator at ``url``."""
-    procs = Processes(root)
+    procs = Processes(root, config.cpus)
     source = f"{url}/shardcast"
     if config.relay_enabled:
         relay_port = free_port()

@@ -127,7 +127,9 @@ class RunThread(threading.Thread):
         spec = ServiceSpec(trainer=section, loss=config.orchestrator.loss, num_steps=config.orchestrator.num_steps)
         steps = TrainSteps(self.ledger)
         if steps.num_published() < config.orchestrator.num_steps:
-            self.trainer = TrainerProcess(train_dir, spec, config.orchestrator.trainer_nproc)
+            self.trainer = TrainerProcess(
+                train_dir, spec, config.orchestrator.trainer_nproc, config.orchestrator.trainer_cpus
+            )
             self.trainer.start()
             log.info("trainer service started (%d ranks, log %s)", self.trainer.nproc, train_dir.log_path)
             orchestrator = Orchestrator(

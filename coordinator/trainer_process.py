@@ -19,13 +19,14 @@ from pathlib import Path
 
 from coordinator.process import free_port
 from protocol.errors import ChildExitedError
-from protocol.lifetime import die_with_parent_preexec
+from protocol.lifetime import child_preexec
 from trainer.service import ServiceSpec, write_spec
 from trainer.transport import TrainDir
 
 
 class TrainerProcess:
-    def __init__(self, train_dir: TrainDir, spec: ServiceSpec, nproc: int) -> None:
+    def __init__(self, train_dir: TrainDir, spec: ServiceSpec, nproc: int, cpus: list[int] | None = None) -> None:
+        self.cpus = cpus or []
         self.train_dir = train_dir
         self.spec = spec
         self.nproc = nproc
@@ -62,7 +63,7 @@ class TrainerProcess:
                 stderr=log,
                 env=env,
                 start_new_session=True,
-                preexec_fn=die_with_parent_preexec,
+                preexec_fn=child_preexec(self.cpus),
             )
 
     def check(self) -> None:

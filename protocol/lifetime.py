@@ -3,7 +3,7 @@
 The coordinator starts the trainer (torchrun and its ranks) and, in the demo, a local
 network. If the coordinator is SIGKILLed nothing can clean up after it, so each child asks
 the kernel for a signal when its parent dies: :func:`die_with_parent` in the child itself, or
-:func:`die_with_parent_preexec` as ``subprocess.Popen(preexec_fn=...)``. The signal follows
+:func:`child_preexec` as ``subprocess.Popen(preexec_fn=...)``. The signal follows
 the parent *thread* that forked the child, so start such children from a thread that lives as
 long as they should. On other systems these are no-ops (the children then need stopping by PID).
 """
@@ -14,6 +14,7 @@ import ctypes
 import os
 import signal
 import sys
+from collections.abc import Callable, Sequence
 
 _PR_SET_PDEATHSIG = 1
 
@@ -31,6 +32,13 @@ def die_with_parent(sig: int = signal.SIGKILL, expected_parent: int | None = Non
     return True
 
 
-def die_with_parent_preexec() -> None:
-    """``preexec_fn`` for Popen: the child gets SIGKILL when the process that started it dies."""
-    die_with_parent(signal.SIGKILL)
+def child_preexec(cpus: Sequence[int] = ()) -> Callable[[], None]:
+    """``preexec_fn`` for Popen: the child gets SIGKILL when the process that started it dies, and runs
+    on ``cpus`` only when given (as inference and training sit on separate devices in a real deployment)."""
+
+    def preexec() -> None:
+        die_with_parent(signal.SIGKILL)
+        if cpus:
+            os.sched_setaffinity(0, cpus)
+
+    return preexec

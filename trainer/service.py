@@ -5,8 +5,8 @@ once per run and keeps it up across steps). Each rank builds the :class:`~traine
 from ``DIR/service.json`` (trainer section, loss, number of steps), resumes from the newest
 checkpoint under ``DIR/checkpoints``, and then, for the next step n: waits for the batch file
 of step n (:mod:`trainer.transport`), runs :meth:`Trainer.rl_step` on it, exports the policy
-(rank 0 writes, then renames it into place), saves the trainer state for exact resume and
-writes the done marker with the step's metrics, last. A checkpoint without its done marker
+(rank 0 writes, then renames it into place), keeps the step's metrics, saves the trainer
+state for exact resume and writes the done marker with the metrics, last. A checkpoint without its done marker
 (a crash between the two) is finished on the next start by exporting again.
 
 Each rank asks for SIGKILL when its parent (torchrun) dies, and watches the coordinator's PID
@@ -104,13 +104,16 @@ def serve(train_dir: TrainDir, spec: ServiceSpec, coordinator_pid: int | None) -
         log.info("step %d was saved but not marked done; exporting its policy again", trainer.step)
         export_step(trainer.step)
         if info.is_main:
-            train_dir.write_done(trainer.step, {"step": trainer.step, "recovered": True})
+            saved = train_dir.read_metrics(trainer.step) or {"step": trainer.step}
+            train_dir.write_done(trainer.step, {**saved, "recovered": True})
     log.info("trainer service rank %d/%d ready at step %d", info.rank, info.world_size, trainer.step)
     while trainer.step < spec.num_steps:
         step = trainer.step + 1
         batch = wait_for_batch(train_dir, step, coordinator_pid)
         metrics = trainer.rl_step(batch.samples, spec.loss, batch.temperature)
         export_step(step)
+        if info.is_main:
+            train_dir.write_metrics(step, metrics)
         trainer.save(train_dir.checkpoints)
         if info.is_main:
             _prune_checkpoints(train_dir.checkpoints, KEEP_CHECKPOINTS)

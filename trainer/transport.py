@@ -40,6 +40,14 @@ def write_json_atomic(path: Path, value: Any) -> None:
     tmp.replace(path)
 
 
+def read_json_object(path: Path) -> dict[str, Any] | None:
+    """The JSON object in ``path``, or None when there is no such file (yet)."""
+    if not path.is_file():
+        return None
+    value: dict[str, Any] = json.loads(path.read_text())
+    return value
+
+
 class TrainDir:
     """Paths and files of the transport under ``root``."""
 
@@ -88,11 +96,17 @@ class TrainDir:
         write_json_atomic(self.done_path(step), metrics)
 
     def read_done(self, step: int) -> dict[str, Any] | None:
-        path = self.done_path(step)
-        if not path.is_file():
-            return None
-        value: dict[str, Any] = json.loads(path.read_text())
-        return value
+        return read_json_object(self.done_path(step))
+
+    def metrics_path(self, step: int) -> Path:
+        return self.root / "metrics" / f"step_{step}.json"
+
+    def write_metrics(self, step: int, metrics: dict[str, Any]) -> None:
+        """The step's metrics, kept before its checkpoint so a done marker lost in a crash can be rewritten."""
+        write_json_atomic(self.metrics_path(step), metrics)
+
+    def read_metrics(self, step: int) -> dict[str, Any] | None:
+        return read_json_object(self.metrics_path(step))
 
     def staging_policy_dir(self, step: int) -> Path:
         return self.root / "policies" / f".step_{step}.partial"
