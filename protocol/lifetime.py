@@ -15,6 +15,7 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 _PR_SET_PDEATHSIG = 1
 
@@ -30,6 +31,14 @@ def die_with_parent(sig: int = signal.SIGKILL, expected_parent: int | None = Non
     if expected_parent is not None and os.getppid() != expected_parent:
         os.kill(os.getpid(), sig)
     return True
+
+
+def parent_of(pid: int) -> int | None:
+    """The parent PID of ``pid`` (from /proc), or None when unknown."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def child_preexec(cpus: Sequence[int] = ()) -> Callable[[], None]:

@@ -26,7 +26,7 @@ from pathlib import Path
 from pydantic import Field
 
 from protocol.config import Section
-from protocol.lifetime import die_with_parent
+from protocol.lifetime import die_with_parent, parent_of
 from trainer.config import LossConfig, TrainerSection
 from trainer.transport import StepBatch, TrainDir, write_json_atomic
 
@@ -128,6 +128,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--coordinator-pid", type=int, default=None, help="stop when this process is gone")
     args = parser.parse_args(argv)
     die_with_parent(signal.SIGKILL)
+    if args.coordinator_pid is not None and parent_of(os.getppid()) not in (args.coordinator_pid, None):
+        # torchrun died before this rank asked to die with it (it is reparented): nobody will stop it.
+        raise SystemExit(f"torchrun (launched by coordinator {args.coordinator_pid}) is gone; this rank stops")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     import torch
 

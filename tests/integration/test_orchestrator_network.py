@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -33,7 +34,7 @@ NUM_STEPS = 3
 GROUPS_PER_STEP = 1
 
 
-def write_config(root: Path, port: int) -> Path:
+def write_config(root: Path, port: int, local_network: bool = True) -> Path:
     config = {
         "run_name": "orchestrator-test",
         "data_dir": str(root / "run"),
@@ -50,7 +51,7 @@ def write_config(root: Path, port: int) -> Path:
             "trainer_nproc": 2,
             "progress_interval_s": 2,
         },
-        "local_network": {"enabled": True, "engines": ["hf"], "num_validators": 1},
+        "local_network": {"enabled": local_network, "engines": ["hf"], "num_validators": 1},
     }
     path = root / "run.toml"
     path.write_text(tomli_w.dumps(config))
@@ -219,3 +220,24 @@ def test_sigkill_mid_run_then_restart_resumes_without_losing_or_reusing(tmp_path
         assert published[step] == ids, f"step {step} was recorded with {ids} before the crash"
     assert "resuming the RL loop" in (tmp_path / "second.log").read_text() or before == {}
     assert os.path.isdir(tmp_path / "run" / "network" / "worker-hf")
+
+
+def test_a_dead_trainer_stops_the_run_with_a_clear_error(tmp_path: Path) -> None:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    config_path = write_config(tmp_path, port, local_network=False)
+    coordinator = start(tmp_path, config_path, url, "coordinator")
+    try:
+        wait_for(lambda: len(descendants(coordinator.pid)) >= 3, coordinator, timeout_s=120)  # torchrun + 2 ranks
+        job = descendants(coordinator.pid)
+        os.kill(min(job), signal.SIGKILL)  # torchrun: the coordinator's first child
+        rc = finish(coordinator, 60)
+    finally:
+        coordinator.stop()
+    assert rc != 0
+    log = (tmp_path / "coordinator.log").read_text()
+    assert "the trainer service (torchrun" in log and "trainer.log" in log and "resumes from the last" in log
+    deadline = time.monotonic() + 15
+    while any(alive(pid) for pid in job) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not [pid for pid in job if alive(pid)], "trainer ranks outlived their torchrun"
