@@ -309,7 +309,10 @@ class LeasingLedger(LedgerViews):
         return LeaseResponse(tasks=leased, retry_after_s=0.0)
 
     def _lease_room(self, conn: Connection, current_version: int) -> int | None:
-        """Leases still allowed by :func:`coordinator.scheduling.lease_room` (None: no orchestrator, no limit)."""
+        """Leases still allowed by :func:`coordinator.scheduling.lease_room` (None: no orchestrator, no limit).
+
+        On PostgreSQL, concurrent lease calls may each see the same room, so the bound is
+        approximate by at most the number of concurrent calls (as the network-wide cap is)."""
         orchestrator = self.config.orchestrator
         if not orchestrator.enabled:
             return None

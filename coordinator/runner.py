@@ -113,29 +113,17 @@ class RunThread(threading.Thread):
 
     def _run(self) -> None:
         config = self.config
-        if config.local_network.enabled:
+        steps = TrainSteps(self.ledger)
+        training = config.orchestrator.enabled and steps.num_published() < config.orchestrator.num_steps
+        if config.local_network.enabled and (training or not config.orchestrator.enabled):
             root = config.data_dir / "network"
             print(f"starting the local network (relay, workers {config.local_network.engines}, validator) in {root}")
             self.network = start_local_network(config.local_network, self.url, self.identity.node_id, root)
         if not config.orchestrator.enabled:
             self._idle()
             return
-        train_dir = TrainDir(config.data_dir / "train")
-        section = config.orchestrator.trainer.model_copy(
-            update={"model": str(resolve_model_path(config.policy.start_checkpoint))}
-        )
-        spec = ServiceSpec(trainer=section, loss=config.orchestrator.loss, num_steps=config.orchestrator.num_steps)
-        steps = TrainSteps(self.ledger)
-        if steps.num_published() < config.orchestrator.num_steps:
-            self.trainer = TrainerProcess(
-                train_dir, spec, config.orchestrator.trainer_nproc, config.orchestrator.trainer_cpus
-            )
-            self.trainer.start()
-            log.info("trainer service started (%d ranks, log %s)", self.trainer.nproc, train_dir.log_path)
-            orchestrator = Orchestrator(
-                config, self.ledger, self.identity, self.store, train_dir, self.trainer, self.stop_event, self._tick
-            )
-            records = orchestrator.run()
+        if training:
+            records = self._train()
         else:
             records = steps.steps()
             print("this run has already trained all its steps (delete its data_dir to run it again)")
@@ -144,6 +132,23 @@ class RunThread(threading.Thread):
         print(f"run files: ledger, policies, trainer checkpoints and logs are in {where}", flush=True)
         if not config.orchestrator.exit_when_done:
             self._idle()
+
+    def _train(self) -> list[StepRecord]:
+        config = self.config
+        train_dir = TrainDir(config.data_dir / "train")
+        section = config.orchestrator.trainer.model_copy(
+            update={"model": str(resolve_model_path(config.policy.start_checkpoint))}
+        )
+        spec = ServiceSpec(trainer=section, loss=config.orchestrator.loss, num_steps=config.orchestrator.num_steps)
+        self.trainer = TrainerProcess(
+            train_dir, spec, config.orchestrator.trainer_nproc, config.orchestrator.trainer_cpus
+        )
+        self.trainer.start()
+        log.info("trainer service started (%d ranks, log %s)", self.trainer.nproc, train_dir.log_path)
+        orchestrator = Orchestrator(
+            config, self.ledger, self.identity, self.store, train_dir, self.trainer, self.stop_event, self._tick
+        )
+        return orchestrator.run()
 
     def _idle(self) -> None:
         while not self.stop_event.wait(self.config.orchestrator.poll_interval_s):

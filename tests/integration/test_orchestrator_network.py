@@ -14,6 +14,8 @@ import json
 import os
 import re
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -189,6 +191,15 @@ def test_reduced_demo_network_trains_steps_from_accepted_rollouts(tmp_path: Path
     assert rc == 0, (tmp_path / "coordinator.log").read_text()[-4000:]
     assert seen_in_metrics >= 1, "/metrics never showed a completed step"
     check_completed_run(tmp_path, stdout)
+
+    # The same command on a finished run reprints its curve and exits, starting nothing.
+    command = [str(Path(sys.executable).parent / "prime-coordinator"), "start", "-c", str(config_path)]
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    again = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
+    assert again.returncode == 0, again.stderr[-3000:]
+    reprinted = again.stdout
+    assert "already trained all its steps" in reprinted and "starting the local network" not in reprinted
+    check_completed_run(tmp_path, reprinted)
 
 
 def test_sigkill_mid_run_then_restart_resumes_without_losing_or_reusing(tmp_path: Path) -> None:
