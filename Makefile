@@ -38,7 +38,7 @@ unit: install
 	$(BIN)/pytest tests/unit $(PYTEST_ARGS)
 
 demo: install
-	$(BIN)/python -m coordinator.demo
+	$(BIN)/prime-coordinator start -c configs/demo.toml
 
 # SHARDCAST vs shardcast==0.3.2 (installed on first use into .bench-venv/, never into .venv) and curl.
 bench-shardcast: install

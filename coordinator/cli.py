@@ -20,8 +20,8 @@ from protocol.cli import (
 
 app = typer.Typer(
     help=(
-        "Run a prime-network coordinator. Today `start` serves the task ledger API (issue 3); "
-        "the orchestrator, trainer and SHARDCAST origin join it with the demo network (issue 9)."
+        "Run a prime-network coordinator: the task ledger API, the SHARDCAST origin and, when configured, "
+        "the RL loop with its torchrun trainer and a local demo network."
     ),
     no_args_is_help=True,
 )
@@ -39,7 +39,8 @@ def start(
     log_level: str = LogLevelOption,
     json_logs: bool = JsonLogsOption,
 ) -> None:
-    """Start (or resume) the run's task ledger API (uvicorn) until stopped; the trainer side comes in issue 9."""
+    """Start (or resume) the run: ledger API (uvicorn), SHARDCAST origin and, when configured, the RL loop
+    with its trainer (`[orchestrator]`) and a local network of relay, workers and validator (`[local_network]`)."""
     start_logging(log_level, json_logs)
     flags = {"api.host": host, "api.port": port, "data_dir": data_dir, "ledger.url": ledger_url}
     loaded = load_role_config(CoordinatorConfig, config, sets, flags)

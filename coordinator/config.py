@@ -10,6 +10,7 @@ from pydantic_settings import SettingsConfigDict
 
 from protocol.config import RoleConfig, Section
 from protocol.p2p.config import P2PConfig
+from trainer.config import LossConfig, TrainerSection
 
 
 class ApiConfig(Section):
@@ -100,6 +101,48 @@ class CoordinatorP2PConfig(P2PConfig):
     """How often the ledger is checked for a newly published policy version to announce on gossip."""
 
 
+class OrchestratorConfig(Section):
+    """The RL loop in the coordinator (coordinator/orchestrator.py) and its trainer service (trainer/service.py)."""
+
+    enabled: bool = False
+    """Run the RL loop: batches of accepted rollouts, a torchrun trainer kept up across steps, a policy per step."""
+    num_steps: int = Field(default=10, ge=1)
+    """RL steps to train; step s publishes policy version s (the start checkpoint is v0)."""
+    groups_per_step: int = Field(default=4, ge=1)
+    """Accepted submissions (each `prompts_per_task` prompts x `group_size` samples) in one step's batch."""
+    trainer_nproc: int = Field(default=2, ge=1, le=64)
+    """Trainer ranks on this machine (`torchrun --nproc-per-node`); FSDP2 with gloo on CPU, NCCL on GPUs."""
+    trainer_cpus: list[int] = Field(default=[], max_length=1024)
+    """CPU cores the trainer ranks are pinned to (empty: not pinned); bench/async_bench.py pins them."""
+    trainer: TrainerSection = TrainerSection()
+    """Optimizer, parallelism, packing, checkpoint settings; its `model` is replaced by policy.start_checkpoint
+    so the trainer starts from exactly the weights published as v0."""
+    loss: LossConfig = LossConfig()
+    normalize_std: bool = False
+    """Divide group advantages by the group's reward std (original GRPO)."""
+    poll_interval_s: float = Field(default=0.5, gt=0)
+    """How often the loop looks at the ledger and the trainer's files while it waits."""
+    progress_interval_s: float = Field(default=5.0, gt=0)
+    """How often a progress line (step, reward, accepted/rejected, tokens/s, staleness) is printed."""
+    exit_when_done: bool = True
+    """Stop the coordinator (and its local network) once `num_steps` are trained and published."""
+
+
+class LocalNetworkConfig(Section):
+    """A whole network on 127.0.0.1 started (and stopped) by the coordinator: the one-command demo."""
+
+    enabled: bool = False
+    """Start a relay, workers and a validator as child processes once the API answers."""
+    engines: list[Literal["vllm", "hf"]] = Field(default=["vllm", "hf"], max_length=8)
+    """One CPU worker per entry, with that inference engine."""
+    num_validators: int = Field(default=1, ge=0, le=8)
+    """Validators to start (0: none; then nothing is accepted unless one joins from elsewhere)."""
+    relay_enabled: bool = True
+    """Workers fetch policies through a local relay (else straight from the coordinator's origin)."""
+    cpus: list[int] = Field(default=[], max_length=1024)
+    """CPU cores the relay, workers and validators are pinned to (empty: not pinned)."""
+
+
 class CoordinatorConfig(RoleConfig):
     """Everything an operator sets for one run."""
 
@@ -121,6 +164,8 @@ class CoordinatorConfig(RoleConfig):
     policy: PolicyConfig = PolicyConfig()
     p2p: CoordinatorP2PConfig = CoordinatorP2PConfig()
     validation: ValidationConfig = ValidationConfig()
+    orchestrator: OrchestratorConfig = OrchestratorConfig()
+    local_network: LocalNetworkConfig = LocalNetworkConfig()
 
     @model_validator(mode="after")
     def _check(self) -> CoordinatorConfig:
@@ -132,6 +177,8 @@ class CoordinatorConfig(RoleConfig):
                 f"policy.keep_versions ({keep}) must be at least scheduling.async_level + 1 "
                 f"({self.scheduling.async_level + 1}): workers may still use that many versions"
             )
+        if self.local_network.enabled and self.api.host not in ("127.0.0.1", "localhost", "::1"):
+            raise ValueError("local_network runs on loopback: set api.host to 127.0.0.1")
         return self
 
     @property

@@ -29,7 +29,7 @@ from sqlalchemy import Connection, Row, func, insert, select, update
 from coordinator.config import CoordinatorConfig
 from coordinator.replay import NonceClaim, claim_nonce
 from coordinator.reputation import BanPolicy
-from coordinator.scheduling import choose_policy_version, grant_count
+from coordinator.scheduling import choose_policy_version, grant_count, lease_room, oldest_allowed_version
 from coordinator.seeds import new_run_secret, sampling_seed
 from coordinator.storage.engine import Database
 from coordinator.storage.migrations import migrate
@@ -38,6 +38,8 @@ from coordinator.storage.tables import (
     leases,
     nodes,
     run_state,
+    step_submissions,
+    submissions,
     tasks,
 )
 from coordinator.task_source import TaskSource
@@ -281,6 +283,9 @@ class LeasingLedger(LedgerViews):
                 self.scheduling.max_open_leases,
                 self._num_live_workers(conn, now),
             )
+            room = self._lease_room(conn, run.current_policy_version)
+            if room is not None:
+                count = min(count, room)
             self._touch(conn, node_id)
             if count == 0:
                 return LeaseResponse(tasks=[], retry_after_s=RETRY_EMPTY_S)
@@ -302,6 +307,26 @@ class LeasingLedger(LedgerViews):
             sampling = SamplingParams(temperature=self.scheduling.temperature, max_tokens=self.scheduling.max_tokens)
             leased = [self._issue(conn, node_id, row, version, sampling, now) for row in task_rows]
         return LeaseResponse(tasks=leased, retry_after_s=0.0)
+
+    def _lease_room(self, conn: Connection, current_version: int) -> int | None:
+        """Leases still allowed by :func:`coordinator.scheduling.lease_room` (None: no orchestrator, no limit).
+
+        On PostgreSQL, concurrent lease calls may each see the same room, so the bound is
+        approximate by at most the number of concurrent calls (as the network-wide cap is)."""
+        orchestrator = self.config.orchestrator
+        if not orchestrator.enabled:
+            return None
+        k = self.scheduling.async_level
+        oldest = oldest_allowed_version(current_version, k)
+        leased = conn.execute(
+            select(func.count()).where(leases.c.state == "active", leases.c.policy_version >= oldest)
+        ).scalar_one()
+        waiting = select(func.count()).where(
+            submissions.c.status.in_(("pending", "accepted")), submissions.c.policy_version >= oldest
+        )
+        if k > 0:  # with k = 0 a step's groups count until the next version is out
+            waiting = waiting.where(submissions.c.submission_id.not_in(select(step_submissions.c.submission_id)))
+        return lease_room(k, orchestrator.groups_per_step, leased + conn.execute(waiting).scalar_one())
 
     def _num_live_workers(self, conn: Connection, now: float) -> int:
         """Live workers, counted at most once a second (the fair share needs a rough figure, fast)."""

@@ -29,6 +29,7 @@ class _RunCollector(Collector):
             "prime_ledger_workers_live": ("Workers heard from recently.", status.num_workers_live),
             "prime_ledger_validators_live": ("Validators heard from recently.", status.num_validators_live),
             "prime_ledger_tasks_open": ("Tasks open or leased, not yet submitted.", status.num_tasks_open),
+            "prime_train_steps_done": ("Training steps trained and published.", status.num_train_steps_done),
         }
         for name, (documentation, value) in gauges.items():
             yield GaugeMetricFamily(name, documentation, value=value)

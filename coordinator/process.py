@@ -28,9 +28,12 @@ def free_port() -> int:
 
 
 class CoordinatorProcess:
-    def __init__(self, config_path: Path, log_path: Path, env: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self, config_path: Path, log_path: Path, env: Mapping[str, str] | None = None, stdout_path: Path | None = None
+    ) -> None:
         self.config_path = config_path
         self.log_path = log_path
+        self.stdout_path = stdout_path
         self.env = {**os.environ, **(env or {})}
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -42,9 +45,9 @@ class CoordinatorProcess:
     def start(self, url: str, extra_args: tuple[str, ...] = (), timeout_s: float = 60.0) -> None:
         """Start the coordinator and return once ``url``/healthz answers 200."""
         script = Path(sys.executable).parent / "prime-coordinator"
-        with self.log_path.open("ab") as log:
-            command = [str(script), "start", "-c", str(self.config_path), *extra_args]
-            self.proc = subprocess.Popen(command, stderr=log, env=self.env)
+        command = [str(script), "start", "-c", str(self.config_path), *extra_args]
+        with self.log_path.open("ab") as log, (self.stdout_path or Path(os.devnull)).open("ab") as out:
+            self.proc = subprocess.Popen(command, stderr=log, stdout=out if self.stdout_path else None, env=self.env)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

@@ -106,3 +106,18 @@ def rollout_problems(
     if missing:
         problems.append(f"{len(missing)} of {len(expected)} samples missing, e.g. (prompt, sample) {min(missing)}")
     return problems
+
+
+def lease_room(async_level: int, groups_per_step: int, groups_in_flight: int) -> int:
+    """How many more tasks may be leased now, when the orchestrator trains on what is generated.
+
+    ``groups_in_flight`` counts groups leased, pending or accepted at a version still usable
+    (>= current - k) and not yet trained on. With k = 0 (on-policy) the next step is built only
+    from the current version, so one step's worth is leased per version (groups already in the
+    step being trained count too), and further leases wait for the next version; a rejected or
+    expired group frees its place. With k >= 1 generation never waits for training: it runs up
+    to k + 1 steps' worth ahead of it, all of which the next steps can still use; generating
+    more would only make groups that are stale before a step can take them (for instance while
+    validators fall behind).
+    """
+    return max(0, groups_per_step * (async_level + 1) - groups_in_flight)

@@ -5,8 +5,9 @@ database, loads the task source, binds the API socket itself (so port 0 works an
 address can be logged before serving) and runs uvicorn on it. The SHARDCAST origin is mounted
 at /shardcast; on the first start the configured start checkpoint is published as policy
 version 0. With ``validation.builtin_enabled`` a validator child runs alongside
-(:mod:`coordinator.builtin_validator`). The orchestrator and trainer join this process with
-the demo network (issue 9).
+(:mod:`coordinator.builtin_validator`). With `[orchestrator]` and/or `[local_network]` enabled, a
+:class:`coordinator.runner.RunThread` beside the server runs the RL loop, its trainer service
+and the local network; the server exits when the run is done.
 """
 
 from __future__ import annotations
@@ -74,9 +75,17 @@ def run(config: CoordinatorConfig) -> None:
         )
         if config.validation.builtin_enabled:
             builtin_validator.start(local_url(host, port))
+        runner = None
+        if config.orchestrator.enabled or config.local_network.enabled:
+            from coordinator.runner import RunThread
+
+            runner = RunThread(config, ledger, identity, store, server, f"http://{host}:{port}")
+            runner.start()
         try:
             server.run(sockets=[sock])
         finally:
+            if runner is not None:
+                runner.finish()
             if gossip is not None:
                 gossip.stop()
     finally:

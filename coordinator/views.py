@@ -15,7 +15,7 @@ from sqlalchemy import Connection, Row, func, select
 
 from coordinator.config import SchedulingConfig
 from coordinator.storage.engine import Database
-from coordinator.storage.tables import events, nodes, policy_versions, run_state, submissions, tasks
+from coordinator.storage.tables import events, nodes, policy_versions, run_state, submissions, tasks, train_steps
 from protocol.errors import NotFoundError
 from protocol.schemas import Event, EventPage, NodeStats, RunStats, RunStatus, SignedManifest
 
@@ -73,6 +73,7 @@ class LedgerViews:
             sub_counts: dict[str, int] = dict(
                 conn.execute(select(submissions.c.status, func.count()).group_by(submissions.c.status)).all()
             )
+            steps_done = conn.execute(select(func.count()).where(train_steps.c.state == "published")).scalar_one()
         return RunStatus(
             run_name=run.run_name,
             current_policy_version=run.current_policy_version,
@@ -83,6 +84,7 @@ class LedgerViews:
             num_submissions_pending=sub_counts.get("pending", 0),
             num_submissions_accepted=sub_counts.get("accepted", 0),
             num_submissions_rejected=sub_counts.get("rejected", 0),
+            num_train_steps_done=steps_done,
         )
 
     def stats(self, limit: int) -> RunStats:

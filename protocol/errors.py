@@ -23,6 +23,7 @@ answers with, so a client can map a response back to the same class.
     │   └── RateLimitedError   429  too many requests; retry after the given delay
     ├── IntegrityError              downloaded bytes or a manifest fail verification
     ├── ProofError                  a TOPLOC proof cannot be built or parsed
+    ├── ChildExitedError            a process the coordinator runs (trainer, local network) exited
     └── RemoteUnavailableError 503  a coordinator or relay could not be reached
         └── NotReadyError      503  a relay holds the version but is still mirroring that shard
 """
@@ -172,3 +173,9 @@ def error_for_code(code: str) -> type[PrimeError]:
         if cls.code == code:
             return cls
     return PrimeError
+
+
+class ChildExitedError(PrimeError):
+    """A process the coordinator started and needs (the trainer service, a local-network node) exited."""
+
+    code = "child_exited"

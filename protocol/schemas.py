@@ -261,6 +261,7 @@ class RunStatus(WireModel):
     num_submissions_pending: int
     num_submissions_accepted: int
     num_submissions_rejected: int
+    num_train_steps_done: int = Field(default=0, description="Training steps trained and published (orchestrator).")
 
 
 # Ledger API responses and read-only views (added with the ledger, issue 3).
@@ -321,7 +322,18 @@ class Event(WireModel):
     event_id: int
     at: float
     kind: Literal[
-        "register", "lease", "renew", "abandon", "expire", "submit", "vote", "verdict", "violation", "ban", "publish"
+        "register",
+        "lease",
+        "renew",
+        "abandon",
+        "expire",
+        "submit",
+        "vote",
+        "verdict",
+        "violation",
+        "ban",
+        "publish",
+        "train_step",
     ]
     node_id: str | None
     subject: str | None = Field(description="What the event is about: a lease, task, submission or version.")

@@ -107,18 +107,16 @@ def latest_checkpoint(directory: Path) -> Path | None:
 
 def load_checkpoint(target: Path, model: nn.Module, optimizer: torch.optim.Optimizer, info: DistInfo) -> TrainerState:
     """Restore model, optimizer and this rank's RNG from ``target``; returns step and scheduler state."""
-    from torch.distributed.checkpoint.state_dict import set_state_dict
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
 
     payload: dict[str, Any] = {}
     if info.is_main or not info.is_distributed:
         payload = torch.load(target / STATE_FILE, map_location="cpu", weights_only=False)
-    set_state_dict(
-        model,
-        optimizer,
-        model_state_dict=payload.get("model", {}),
-        optim_state_dict=payload.get("optimizer", {}),
-        options=_full_state_options(info, loading=True),
-    )
+    options = _full_state_options(info, loading=True)
+    # Two calls, not set_state_dict: given an empty model dict (every rank but 0 when broadcasting),
+    # set_state_dict loads only the optimizer there, while rank 0 broadcasts the model: a hang or a crash.
+    set_model_state_dict(model, payload.get("model", {}), options=options)
+    set_optimizer_state_dict(model, optimizer, payload.get("optimizer", {}), options=options)
     meta = [payload.get("step"), payload.get("scheduler")]
     if info.is_distributed:
         import torch.distributed as dist

@@ -14,6 +14,8 @@ rather than misread.
   concurrent leases need no run-wide row lock. Nothing changes on SQLite.
 - v4: ``verdict_votes``: each validator's verdict on a submission, kept apart so that
   ``validation.validators_per_submission`` of them must agree before the submission is decided.
+- v5: the orchestrator's training steps (``train_steps``) and which accepted submission went
+  into which step (``step_submissions``, keyed by submission so none is used twice).
 """
 
 from __future__ import annotations
@@ -93,6 +95,16 @@ _V4 = [
     "CREATE INDEX verdict_votes_validator ON verdict_votes (validator_id, submission_id)",
 ]
 
+_V5 = [
+    """CREATE TABLE train_steps (
+        step INTEGER PRIMARY KEY, state TEXT NOT NULL, min_policy_version INTEGER NOT NULL,
+        recorded_at {float} NOT NULL, trained_at {float}, published_at {float}, metrics_json TEXT)""",
+    """CREATE TABLE step_submissions (
+        submission_id TEXT PRIMARY KEY REFERENCES submissions (submission_id),
+        step INTEGER NOT NULL REFERENCES train_steps (step), position INTEGER NOT NULL)""",
+    "CREATE INDEX step_submissions_step ON step_submissions (step, position)",
+]
+
 _SPELLING = {
     "sqlite": {"id": "INTEGER PRIMARY KEY AUTOINCREMENT", "float": "REAL", "bool": "BOOLEAN"},
     "postgresql": {"id": "BIGSERIAL PRIMARY KEY", "float": "DOUBLE PRECISION", "bool": "BOOLEAN"},
@@ -104,10 +116,11 @@ def steps(dialect: str) -> list[Sequence[str]]:
     v2_specific = _V2_SQLITE if dialect == "sqlite" else _V2_POSTGRESQL
     v3 = [] if dialect == "sqlite" else _V3_POSTGRESQL
     spelling = _SPELLING[dialect]
-    return [[statement.format(**spelling) for statement in step] for step in (_V1, _V2_COMMON + v2_specific, v3, _V4)]
+    all_steps = (_V1, _V2_COMMON + v2_specific, v3, _V4, _V5)
+    return [[statement.format(**spelling) for statement in step] for step in all_steps]
 
 
-LATEST_VERSION = 4
+LATEST_VERSION = 5
 _MIGRATION_LOCK_ID = 7_253_001
 
 

@@ -140,3 +140,23 @@ nonces = Table(
     Column("nonce", Text, primary_key=True),
     Column("expires_at", Float, nullable=False),
 )
+
+train_steps = Table(
+    "train_steps",
+    metadata,
+    Column("step", Integer, primary_key=True),
+    Column("state", Text, nullable=False),
+    Column("min_policy_version", Integer, nullable=False),
+    Column("recorded_at", Float, nullable=False),
+    Column("trained_at", Float),
+    Column("published_at", Float),
+    Column("metrics_json", Text),
+)
+
+step_submissions = Table(
+    "step_submissions",
+    metadata,
+    Column("submission_id", Text, primary_key=True),
+    Column("step", Integer, nullable=False),
+    Column("position", Integer, nullable=False),
+)

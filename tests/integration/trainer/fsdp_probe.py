@@ -1,6 +1,8 @@
 """Two RL steps with a checkpoint between them; run under torchrun (FSDP2) or in-process (one rank).
 
     torchrun --standalone --nproc-per-node 2 tests/integration/trainer/fsdp_probe.py MODEL_DIR OUT_DIR [--ac]
+    torchrun ... fsdp_probe.py MODEL_DIR OUT_DIR --resume   # step 2 again from OUT_DIR/ckpt
+
 
 Rank 0 writes ``metrics.json`` (both steps' metrics) and the policy after step 2 under
 ``OUT_DIR/policy``; the trainer state after step 1 goes to ``OUT_DIR/ckpt``.
@@ -60,5 +62,21 @@ def run_probe(model_dir: Path, out_dir: Path, activation_checkpointing: bool = F
     return metrics
 
 
+def resume_probe(model_dir: Path, out_dir: Path) -> dict[str, Any]:
+    """Resume from ``out_dir/ckpt`` and take step 2 again (rank 0 writes ``resumed.json``)."""
+    trainer = Trainer(probe_section(model_dir), num_steps=4)
+    assert trainer.resume(out_dir / "ckpt")
+    again = trainer.rl_step(probe_batch(trainer, 2), LOSS)
+    if trainer.info.is_main:
+        (out_dir / "resumed.json").write_text(json.dumps(again))
+    from trainer.fsdp import shutdown
+
+    shutdown(trainer.info)
+    return again
+
+
 if __name__ == "__main__":
-    run_probe(Path(sys.argv[1]), Path(sys.argv[2]), "--ac" in sys.argv[3:])
+    if "--resume" in sys.argv[3:]:
+        resume_probe(Path(sys.argv[1]), Path(sys.argv[2]))
+    else:
+        run_probe(Path(sys.argv[1]), Path(sys.argv[2]), "--ac" in sys.argv[3:])

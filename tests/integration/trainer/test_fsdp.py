@@ -1,4 +1,4 @@
-"""FSDP2 under torchrun (2 ranks, gloo on CPU) against one unsharded process, and resume across world sizes."""
+"""FSDP2 under torchrun (2 ranks, gloo on CPU) against one unsharded process; resume on one rank and on two."""
 
 from __future__ import annotations
 
@@ -67,3 +67,14 @@ def test_two_fsdp_ranks_match_one_process_and_resume_on_one(model_dir: Path, tmp
     assert again["loss"] == pytest.approx(sharded["steps"][1]["loss"], abs=1e-5)
     for name, value in resumed.model.state_dict().items():
         torch.testing.assert_close(value, sharded_weights[name], atol=2e-6, rtol=1e-4)
+    # ... and on two ranks again (every rank takes part in loading what rank 0 read).
+    done = subprocess.run(
+        [*command, str(PROBE), str(model_dir), str(sharded_dir), "--resume"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    resumed_sharded = json.loads((sharded_dir / "resumed.json").read_text())
+    assert resumed_sharded["loss"] == pytest.approx(sharded["steps"][1]["loss"], abs=1e-5)

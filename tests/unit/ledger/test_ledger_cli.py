@@ -13,7 +13,7 @@ from protocol.cli import EXIT_FAILURE
 def test_help_says_what_start_runs_today() -> None:
     result = CliRunner().invoke(app, ["--help"])
     assert result.exit_code == 0
-    assert "task ledger API" in result.output and "issue 9" in result.output
+    assert "task ledger API" in result.output and "RL loop" in result.output
 
 
 def test_unloadable_task_source_fails_with_its_name(tmp_path: Path) -> None:

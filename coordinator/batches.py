@@ -1,0 +1,97 @@
+"""From accepted submissions to the trainer's samples: pure functions, no database, no files.
+
+An accepted submission holds ``prompts_per_task`` prompts x ``group_size`` samples. Each
+prompt's samples form one GRPO group: the rewards the validator recomputed from the task
+(never the worker's word) are turned into group-relative advantages with the trainer's own
+:func:`trainer.advantages.group_advantages`; the worker's logprobs (checked by the validator
+against a prefill) are the inference logprobs of the off-policy correction.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+from protocol.schemas import SubmitRequest, Verdict
+from trainer.advantages import group_advantages
+from trainer.packing import TrainSample
+
+
+@dataclass(frozen=True)
+class AcceptedGroup:
+    """One accepted submission, with what the batch needs from its task and its verdict."""
+
+    submission_id: str
+    policy_version: int
+    prompt_token_ids: dict[int, list[int]]
+    """Prompt index -> the task's prompt tokens (from the ledger, not from the worker)."""
+    submission: SubmitRequest
+    rewards: list[float]
+    """Per rollout of ``submission``, in its order."""
+
+
+def verdict_rewards(verdict_json: str | None, num_rollouts: int) -> list[float] | None:
+    """The validator's per-rollout rewards, or None when the verdict has none for every rollout."""
+    if not verdict_json:
+        return None
+    rewards = Verdict.model_validate_json(verdict_json).rewards
+    return list(rewards) if len(rewards) == num_rollouts else None
+
+
+def accepted_group(
+    submission_id: str, policy_version: int, prompts_json: str, body_json: str, verdict_json: str | None
+) -> AcceptedGroup:
+    """An :class:`AcceptedGroup` from the ledger's columns (task prompts, submission body, verdict)."""
+    submission = SubmitRequest.model_validate_json(body_json)
+    rewards = verdict_rewards(verdict_json, len(submission.rollouts))
+    if rewards is None:
+        raise ValueError(f"submission {submission_id} has no validator reward for each rollout")
+    prompts: list[dict[str, Any]] = json.loads(prompts_json)
+    return AcceptedGroup(
+        submission_id=submission_id,
+        policy_version=policy_version,
+        prompt_token_ids={int(p["prompt_index"]): list(p["token_ids"]) for p in prompts},
+        submission=submission,
+        rewards=rewards,
+    )
+
+
+def train_samples(groups: list[AcceptedGroup], normalize_std: bool = False) -> list[TrainSample]:
+    """Samples of every group, prompt by prompt, each prompt's samples in sample order."""
+    samples: list[TrainSample] = []
+    for group in groups:
+        by_prompt: dict[int, list[tuple[int, int]]] = defaultdict(list)
+        for position, rollout in enumerate(group.submission.rollouts):
+            by_prompt[rollout.prompt_index].append((rollout.sample_index, position))
+        for prompt_index in sorted(by_prompt):
+            positions = [position for _, position in sorted(by_prompt[prompt_index])]
+            rewards = [group.rewards[p] for p in positions]
+            for position, advantage in zip(positions, group_advantages(rewards, normalize_std), strict=True):
+                rollout = group.submission.rollouts[position]
+                samples.append(
+                    TrainSample(
+                        prompt_ids=group.prompt_token_ids[prompt_index],
+                        completion_ids=list(rollout.completion_ids),
+                        advantage=advantage,
+                        inference_logprobs=list(rollout.logprobs),
+                        reward=group.rewards[position],
+                    )
+                )
+    return samples
+
+
+def batch_summary(groups: list[AcceptedGroup], trained_version: int) -> dict[str, float]:
+    """Reward, size and staleness (versions behind the policy being trained) of a step's batch."""
+    rewards = [reward for group in groups for reward in group.rewards]
+    lags = [trained_version - group.policy_version for group in groups]
+    return {
+        "reward_mean": sum(rewards) / len(rewards) if rewards else 0.0,
+        "num_samples": float(len(rewards)),
+        "num_completion_tokens": float(
+            sum(len(r.completion_ids) for group in groups for r in group.submission.rollouts)
+        ),
+        "staleness_mean": sum(lags) / len(lags) if lags else 0.0,
+        "staleness_max": float(max(lags, default=0)),
+    }

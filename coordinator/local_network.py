@@ -1,0 +1,106 @@
+"""A whole network on 127.0.0.1 as the coordinator's children: relay, workers, validator (`[local_network]`).
+
+With ``local_network.enabled`` the coordinator starts, once its API answers, a SHARDCAST relay
+mirroring its origin, one CPU worker per configured engine (vLLM, HF) fetching policies
+through the relay, and validators; each with its own data dir and log under
+``<data_dir>/network/``. Each child gets SIGKILL if the coordinator dies (no orphans after a
+crash; a restart starts them again, with the same node keys), and is stopped by its PID when
+the run ends.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from coordinator.config import LocalNetworkConfig
+from coordinator.process import free_port, stop_processes
+from protocol.errors import ChildExitedError
+from protocol.lifetime import child_preexec
+
+BIN = Path(sys.executable).parent
+
+
+class Processes:
+    """Named child processes, each logging to ``<root>/<name>.log`` and stopped by its PID."""
+
+    def __init__(self, root: Path, cpus: list[int] | None = None) -> None:
+        self.root = root
+        self.cpus = cpus or []
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    def start(self, name: str, argv: list[str]) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        with (self.root / f"{name}.log").open("ab") as log:
+            self.procs[name] = subprocess.Popen(
+                argv,
+                stdout=log,
+                stderr=log,
+                stdin=subprocess.DEVNULL,
+                preexec_fn=child_preexec(self.cpus),
+            )
+
+    def check(self) -> None:
+        """Raise :class:`ChildExitedError` naming the first child that exited, with its log's tail."""
+        for name, proc in self.procs.items():
+            if proc.poll() is not None:
+                tail = (self.root / f"{name}.log").read_text(errors="replace")[-2000:]
+                log = self.root / f"{name}.log"
+                raise ChildExitedError(f"{name} exited with code {proc.returncode} (log {log}):\n{tail}")
+
+    def stop_all(self) -> None:
+        stop_processes(self.procs.values())
+
+
+def start_local_network(config: LocalNetworkConfig, url: str, coordinator_id: str, root: Path) -> Processes:
+    """Start the relay, workers and validators of ``config`` against the coordinator at ``url``."""
+    procs = Processes(root, config.cpus)
+    source = f"{url}/shardcast"
+    if config.relay_enabled:
+        relay_port = free_port()
+        relay = f"http://127.0.0.1:{relay_port}"
+        procs.start(
+            "relay",
+            [
+                str(BIN / "prime-relay"),
+                "serve",
+                "--upstream",
+                source,
+                "--port",
+                str(relay_port),
+                "--coordinator-id",
+                coordinator_id,
+                "--data-dir",
+                str(root / "relay"),
+                "--json-logs",
+            ],
+        )
+        source = relay
+    for index, engine in enumerate(config.engines):
+        name = f"worker-{engine}" if config.engines.count(engine) == 1 else f"worker-{engine}-{index}"
+        procs.start(
+            name,
+            [
+                str(BIN / "prime-worker"),
+                "join",
+                "--coordinator",
+                url,
+                "--relay",
+                source,
+                "--engine",
+                engine,
+                "--gpu",
+                "none",
+                "--data-dir",
+                str(root / name),
+                "--json-logs",
+            ],
+        )
+    for index in range(config.num_validators):
+        name = "validator" if config.num_validators == 1 else f"validator-{index}"
+        procs.start(
+            name,
+            [str(BIN / "prime-validator"), "run", "--coordinator", url, "--data-dir", str(root / name), "--json-logs"],
+        )
+    return procs
