@@ -150,9 +150,10 @@ async def test_a_ledger_upgraded_from_v3_decides_its_pending_submissions(make_ha
     worker = await old.worker()
     submission_id = await submitted(worker)
     with old.database.write() as conn:  # back to the schema before votes (v3), a submission pending
-        conn.exec_driver_sql("DROP TABLE verdict_votes")
-        conn.execute(delete(schema_version).where(schema_version.c.version == 4))
-    upgraded = make_harness()  # opening the ledger migrates v3 -> v4
+        for table in ("step_submissions", "train_steps", "verdict_votes"):  # v5's, then v4's
+            conn.exec_driver_sql(f"DROP TABLE {table}")
+        conn.execute(delete(schema_version).where(schema_version.c.version >= 4))
+    upgraded = make_harness()  # opening the ledger migrates v3 -> latest
     with upgraded.database.read() as conn:
         assert migrations.current_version(conn) == migrations.LATEST_VERSION
     validator = await upgraded.validator()
