@@ -174,7 +174,9 @@ def test_announced_versions_are_fetched_within_a_second_and_forgeries_ignored(ne
             wait_until(fetched.is_dir, 30, f"the worker to finish fetching v{version} from the relay (woken by gossip)")
         print(f"publication-to-fetch-start latencies (s): {[round(x, 3) for x in latencies]}")
         assert all(latency < MAX_FETCH_START_S for latency in latencies), latencies
-        assert net.first_event("worker", f"fetched announced policy v{NUM_VERSIONS - 1}") is not None
+        # The version directory appears (atomically) just before the worker logs the finished fetch.
+        last = f"fetched announced policy v{NUM_VERSIONS - 1}"
+        wait_until(functools.partial(net.has_event, "worker", last), 10, "the worker to log the finished fetch")
         # Polling alone (no tasks to lease) never fetched them: gossip is what did.
         assert not (net.root / "worker-polling" / "policies" / "v1").exists()
         assert net.first_event("worker-polling", "p2p is disabled") is not None
