@@ -402,7 +402,7 @@ class DashboardRelay(WireModel):
     checked_at: float | None = Field(description="When the coordinator last asked it; None before the first try.")
     answered_at: float | None = Field(description="When it last gave a valid answer; None if it never did.")
     reachable: bool = Field(description="Its last answer was valid.")
-    error: str | None = Field(description="Why the last try failed (unreachable, timeout, malformed, oversize...).")
+    error: str | None = Field(description="Why the last try failed (connection failed, timed out, malformed...).")
     versions_held: list[PolicyVersion] = Field(description="Complete versions in its last valid answer.")
     versions_mirroring: list[PolicyVersion] = Field(description="Versions it was still mirroring then.")
 

@@ -3,8 +3,8 @@
 A relay announces its public URL on gossip, signed with its own key (:mod:`shardcast.p2p`); the
 gossip filter has already checked the signature and freshness, but anyone can make a key, so
 the URL and everything behind it stay untrusted. :class:`RelayWatch` keeps the
-``MAX_RELAYS`` most recently heard URLs (http/https, no credentials, query or fragment; one per
-signer), and a background thread asks each for ``GET {url}/versions`` every
+``MAX_RELAYS`` most recently heard URLs (http/https, no credentials, query, fragment or
+whitespace; one per signer), and a background thread asks each for ``GET {url}/versions`` every
 ``PROBE_INTERVAL_S`` (rounds at least ``MIN_ROUND_GAP_S`` apart, however many announcements
 arrive), with a short overall deadline, no redirects, no proxies, no compression and a cap on
 the answer's size, validated by the strict :class:`~protocol.schemas.VersionsResponse`. A
@@ -45,6 +45,8 @@ class RelayAnswerError(Exception):
 
 def relay_url(url: str) -> str | None:
     """``url`` without a trailing slash when it is a plain http(s) base URL with a host; None otherwise."""
+    if any(c.isspace() or not c.isprintable() for c in url):
+        return None
     try:
         parsed = httpx.URL(url)
     except (httpx.InvalidURL, TypeError):
@@ -82,7 +84,7 @@ def fetch_versions(
     except httpx.TimeoutException as exc:
         raise RelayAnswerError("timed out") from exc
     except httpx.HTTPError as exc:
-        raise RelayAnswerError(f"unreachable ({type(exc).__name__})") from exc
+        raise RelayAnswerError(f"connection failed ({type(exc).__name__})") from exc
     try:
         listing = VersionsResponse.model_validate_json(bytes(body), strict=True)
     except ValidationError as exc:

@@ -138,7 +138,7 @@ async def test_relays_are_asked_in_the_background_and_counted_per_version(
         assert reasons["redirect"] == (False, "redirect (302) refused", None)
         assert reasons["error"] == (False, "HTTP 500", None)
         assert reasons["huge"] == (False, f"answer over {MAX_ANSWER_BYTES} bytes", None)
-        assert reasons[dead.rsplit("/", 1)[1]] == (False, "unreachable (ConnectError)", None)
+        assert reasons[dead.rsplit("/", 1)[1]] == (False, "connection failed (ConnectError)", None)
         v1, v0 = during.versions
         assert (v0.version, v0.num_relays, v1.version, v1.num_relays) == (0, 1, 1, 0)  # v1 is still mirroring
 
@@ -154,7 +154,8 @@ async def test_relays_are_asked_in_the_background_and_counted_per_version(
 def test_only_plain_announced_urls_are_kept_newest_first_and_capped() -> None:
     clock = FakeClock()
     watch = RelayWatch(clock=clock, max_relays=3)
-    for refused in ("ftp://relay", "http://user:pw@relay", "http://relay/?q=1", "http://relay/#x", "javascript:1"):
+    refused_urls = ("ftp://relay", "http://user:pw@relay", "http://relay/?q=1", "http://relay/#x", "javascript:1")
+    for refused in (*refused_urls, "http://a b", "http://relay/\x00"):
         assert watch.heard(refused, "signer") is False
         assert relay_url(refused) is None
     for i in range(5):
