@@ -4,12 +4,13 @@ A relay announces its public URL on gossip, signed with its own key (:mod:`shard
 gossip filter has already checked the signature and freshness, but anyone can make a key, so
 the URL and everything behind it stay untrusted. :class:`RelayWatch` keeps the
 ``MAX_RELAYS`` most recently heard URLs (http/https, no credentials, query, fragment or
-whitespace; one per signer), and a background thread asks each for ``GET {url}/versions`` every
-``PROBE_INTERVAL_S`` (rounds at least ``MIN_ROUND_GAP_S`` apart, however many announcements
-arrive), with a short overall deadline, no redirects, no proxies, no compression and a cap on
-the answer's size, validated by the strict :class:`~protocol.schemas.VersionsResponse`. A
-dashboard request only reads the cached answers, so a slow or hostile relay can never block or
-break it; a relay whose last try failed is shown as unreachable, with why.
+whitespace; one per signer; new ones admitted at a bounded rate), and a background thread asks
+each for ``GET {url}/versions`` every ``PROBE_INTERVAL_S`` (rounds at least ``MIN_ROUND_GAP_S``
+apart, however many announcements arrive), with a short overall deadline, no redirects, no
+proxies, no compression and a cap on the answer's size, validated by the strict
+:class:`~protocol.schemas.VersionsResponse`. A dashboard request only reads the cached answers,
+so a slow or hostile relay can never block or break it; a relay whose last try failed is shown
+as unreachable, with why.
 """
 
 from __future__ import annotations
@@ -36,6 +37,9 @@ PROBE_TIMEOUT_S = 2.0
 MAX_ANSWER_BYTES = 128 * 1024
 FORGET_AFTER_S = 300.0
 """A relay not heard for this long is dropped (relays re-announce every 30 s)."""
+NEW_RELAY_INTERVAL_S = 5.0
+"""New URLs are admitted at this average rate (after a burst of MAX_RELAYS), so keys made up by the
+dozen cannot turn the coordinator into a fast scanner of other hosts."""
 MAX_VERSIONS_SHOWN = 32
 
 
@@ -137,6 +141,8 @@ class RelayWatch:
         self.timeout_s = timeout_s
         self.max_relays = max_relays
         self._relays: dict[str, RelayRecord] = {}
+        self._admissions = float(MAX_RELAYS)
+        self._admitted_at: float | None = None
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -148,13 +154,17 @@ class RelayWatch:
             self.heard(accepted.body.url, accepted.signer)
 
     def heard(self, url: str, signer: str) -> bool:
-        """Remember that ``signer`` announced a relay at ``url`` now; False when the URL is refused."""
+        """Remember that ``signer`` announced a relay at ``url`` now; False when the URL is refused or new ones
+        come too fast."""
         clean = relay_url(url)
         if clean is None:
             log.debug("ignoring relay URL %r announced by %s", url[:100], signer)
             return False
         now = self.clock()
         with self._lock:
+            if clean not in self._relays and not self._admit(now):
+                log.debug("too many new relay URLs; ignoring %r for now", clean[:100])
+                return False
             for other in [r.url for r in self._relays.values() if r.signer == signer and r.url != clean]:
                 del self._relays[other]  # a relay that moved: only its newest URL is asked
             record = self._relays.get(clean)
@@ -166,6 +176,17 @@ class RelayWatch:
             self._forget(now)
         if is_new:
             self._wake.set()
+        return True
+
+    def _admit(self, now: float) -> bool:
+        """Take one admission of a new URL from the bucket (refilled one per NEW_RELAY_INTERVAL_S)."""
+        if self._admitted_at is not None:
+            refill = (now - self._admitted_at) / NEW_RELAY_INTERVAL_S
+            self._admissions = min(float(MAX_RELAYS), self._admissions + max(0.0, refill))
+        self._admitted_at = now
+        if self._admissions < 1.0:
+            return False
+        self._admissions -= 1.0
         return True
 
     def _forget(self, now: float) -> None:

@@ -20,7 +20,14 @@ import pytest
 from fastapi import FastAPI
 
 from coordinator.api.app import create_app
-from coordinator.dashboard.relays import FORGET_AFTER_S, MAX_ANSWER_BYTES, RelayWatch, relay_url
+from coordinator.dashboard.relays import (
+    FORGET_AFTER_S,
+    MAX_ANSWER_BYTES,
+    MAX_RELAYS,
+    NEW_RELAY_INTERVAL_S,
+    RelayWatch,
+    relay_url,
+)
 from coordinator.process import free_port
 from protocol.identity import NodeIdentity
 from protocol.p2p.announcements import Accepted
@@ -170,4 +177,16 @@ def test_only_plain_announced_urls_are_kept_newest_first_and_capped() -> None:
     ]
     clock.advance(FORGET_AFTER_S + 1)  # no longer announcing: forgotten
     assert watch.relays() == []
+
+
+def test_new_relay_urls_are_admitted_at_a_bounded_rate() -> None:
+    clock = FakeClock()
+    watch = RelayWatch(clock=clock)
+    assert all(watch.heard(f"http://10.0.0.{i}:8000", f"signer-{i}") for i in range(MAX_RELAYS))
+    assert watch.heard("http://10.0.1.1:8000", "another") is False  # the burst is spent
+    assert watch.heard("http://10.0.0.3:8000", "signer-3") is True  # re-announcing a known relay always counts
+    clock.advance(NEW_RELAY_INTERVAL_S)
+    assert watch.heard("http://10.0.1.1:8000", "another") is True
+    assert watch.heard("http://10.0.1.2:8000", "yet-another") is False
+    assert len(watch.relays()) == MAX_RELAYS and watch.relays()[0].url == "http://10.0.1.1:8000"
     assert all(not r.reachable and r.checked_at is None for r in watch.relays())
