@@ -8,6 +8,8 @@ than waiting for an in-process call) and, when leases expire or are abandoned, t
 wait to be leased again (so idle workers ask at once rather than at their next retry). The
 watcher's check is one indexed ``SELECT max(version)`` every ``watch_interval_s``; a failure to
 announce is logged and retried, never fatal, because nodes still learn everything by polling.
+Relay announcements it accepts go to an optional listener (the dashboard's
+:class:`~coordinator.dashboard.relays.RelayWatch`).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from coordinator.views import LedgerViews
 from protocol.errors import NotFoundError, PrimeError
 from protocol.identity import NodeIdentity
 from protocol.p2p.announcements import policy_announcement
-from protocol.p2p.gossip import P2P_INFO_PATH, Gossip
+from protocol.p2p.gossip import P2P_INFO_PATH, Gossip, Listener
 from protocol.schemas import P2PInfo, TaskAnnouncement
 
 log = logging.getLogger("coordinator.p2p")
@@ -56,9 +58,16 @@ class CoordinatorGossip:
     """The coordinator's gossip node and the thread that announces publications and tasks."""
 
     def __init__(
-        self, identity: NodeIdentity, config: CoordinatorConfig, ledger: LedgerViews, origin_url: str | None
+        self,
+        identity: NodeIdentity,
+        config: CoordinatorConfig,
+        ledger: LedgerViews,
+        origin_url: str | None,
+        on_relay: Listener | None = None,
     ) -> None:
         self.gossip = Gossip(identity, config.p2p, identity.node_id)
+        if on_relay is not None:
+            self.gossip.on("relay", on_relay)
         self.ledger = ledger
         self.origin_url = origin_url
         self.watch_interval_s = config.p2p.watch_interval_s
@@ -135,13 +144,22 @@ def mount_p2p_info(app: FastAPI, gossip: CoordinatorGossip | None) -> None:
 
 
 def start_coordinator_gossip(
-    identity: NodeIdentity, config: CoordinatorConfig, ledger: LedgerViews, app: FastAPI, api_url: str
+    identity: NodeIdentity,
+    config: CoordinatorConfig,
+    ledger: LedgerViews,
+    app: FastAPI,
+    api_url: str,
+    on_relay: Listener | None = None,
 ) -> CoordinatorGossip | None:
-    """Start the coordinator's gossip (when enabled) and mount ``GET /v1/p2p`` either way."""
+    """Start the coordinator's gossip (when enabled) and mount ``GET /v1/p2p`` either way.
+
+    ``on_relay`` hears each accepted relay announcement (the dashboard's relay list).
+    """
     gossip = None
     if config.p2p.enabled:
         public = not api_url.startswith(("http://0.0.0.0", "http://[::]"))
-        gossip = CoordinatorGossip(identity, config, ledger, f"{api_url}/shardcast" if public else None)
+        origin_url = f"{api_url}/shardcast" if public else None
+        gossip = CoordinatorGossip(identity, config, ledger, origin_url, on_relay)
         try:
             gossip.start()
         except Exception as exc:  # the run goes on: nodes learn new versions by polling

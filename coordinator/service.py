@@ -26,6 +26,7 @@ def run(config: CoordinatorConfig) -> None:
 
     from coordinator.api.app import create_app
     from coordinator.builtin_validator import BuiltinValidator, approve_builtin_validator, local_url
+    from coordinator.dashboard.relays import RelayWatch
     from coordinator.ledger import Ledger
     from coordinator.p2p import start_coordinator_gossip
     from coordinator.policies import policy_store, publish_policy, published_version
@@ -55,7 +56,8 @@ def run(config: CoordinatorConfig) -> None:
             status.current_policy_version,
             status.num_submissions_accepted,
         )
-        app = create_app(config, ledger, DatabaseReplayCache(database))
+        relays = RelayWatch()
+        app = create_app(config, ledger, DatabaseReplayCache(database), relays)
         store = policy_store(config)
         if published_version(ledger) is None:
             start = resolve_model_path(config.policy.start_checkpoint)
@@ -69,7 +71,11 @@ def run(config: CoordinatorConfig) -> None:
         host, port = sock.getsockname()[:2]
         log.info("ledger API listening on http://%s:%d (OpenAPI at /docs)", host, port)
         url_host = f"[{host}]" if family == socket.AF_INET6 else host
-        gossip = start_coordinator_gossip(identity, config, ledger, app, f"http://{url_host}:{port}")
+        gossip = start_coordinator_gossip(
+            identity, config, ledger, app, f"http://{url_host}:{port}", relays.on_announcement
+        )
+        if gossip is not None:
+            relays.start()  # asks the relays heard on gossip what they hold, for the dashboard
         server = uvicorn.Server(
             uvicorn.Config(app, log_config=None, access_log=False, timeout_graceful_shutdown=5, backlog=4096)
         )
@@ -88,6 +94,7 @@ def run(config: CoordinatorConfig) -> None:
                 runner.finish()
             if gossip is not None:
                 gossip.stop()
+            relays.stop()
     finally:
         builtin_validator.stop()
         database.dispose()

@@ -391,6 +391,36 @@ class VersionSpread(WireModel):
     num_accepted: int = Field(ge=0, description="Accepted submissions made with this version.")
     num_rejected: int = Field(ge=0)
     mean_reward: float | None = Field(description="Mean recomputed reward over its accepted rollouts.")
+    num_relays: int = Field(default=0, ge=0, description="Relays whose last answer lists it complete.")
+
+
+class DashboardRelay(WireModel):
+    """A relay heard announcing itself on gossip, and what its ``GET /versions`` last said (untrusted hints)."""
+
+    url: str = Field(description="As the relay announced it; text, never markup.")
+    heard_at: float = Field(description="When its last announcement was accepted.")
+    checked_at: float | None = Field(description="When the coordinator last asked it; None before the first try.")
+    answered_at: float | None = Field(description="When it last gave a valid answer; None if it never did.")
+    reachable: bool = Field(description="Its last answer was valid.")
+    error: str | None = Field(description="Why the last try failed (connection failed, timed out, malformed...).")
+    versions_held: list[PolicyVersion] = Field(description="Complete versions in its last valid answer.")
+    versions_mirroring: list[PolicyVersion] = Field(description="Versions it was still mirroring then.")
+
+
+class DashboardTrainStep(WireModel):
+    """One trained RL step: the mean reward of its batch (from its ``train_step`` event)."""
+
+    step: int = Field(ge=1)
+    at: float = Field(description="When the step was recorded as trained.")
+    reward_mean: float
+
+
+class DashboardTraining(WireModel):
+    """The orchestrator's progress; absent until it records its first step."""
+
+    current_step: int | None = Field(description="The newest step recorded but not yet published, if any.")
+    num_steps_done: int = Field(ge=0, description="The newest step published.")
+    steps: list[DashboardTrainStep] = Field(description="Trained steps, oldest first (the last few hundred).")
 
 
 class SeriesPoint(WireModel):
@@ -415,3 +445,5 @@ class Dashboard(WireModel):
     tokens_per_s: list[SeriesPoint] = Field(
         description="Sum of live workers' reported tokens/s, sampled each time this coordinator serves the dashboard."
     )
+    relays: list[DashboardRelay] = Field(default_factory=list, description="Relays heard on gossip, newest first.")
+    training: DashboardTraining | None = Field(default=None, description="None while no training step is recorded.")

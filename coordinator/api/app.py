@@ -24,6 +24,7 @@ from coordinator.api.errors import install_error_handlers
 from coordinator.api.middleware import BodySizeLimit, IpRateLimit, RequestMetrics
 from coordinator.config import CoordinatorConfig
 from coordinator.dashboard import dashboard_router
+from coordinator.dashboard.relays import RelayWatch
 from coordinator.ledger import MAX_POLICY_VERSION, Ledger
 from coordinator.metrics import LedgerMetrics
 from coordinator.ratelimit import RateLimiter
@@ -58,8 +59,10 @@ _ERRORS = {code: {"model": ErrorBody} for code in (400, 401, 403, 404, 409, 413,
 _UNMETERED_PATHS = frozenset({"/healthz", "/metrics"})
 
 
-def create_app(config: CoordinatorConfig, ledger: Ledger, replay_cache: DatabaseReplayCache) -> FastAPI:
-    """The API for one ledger; the caller owns the ledger's database and closes it."""
+def create_app(
+    config: CoordinatorConfig, ledger: Ledger, replay_cache: DatabaseReplayCache, relays: RelayWatch | None = None
+) -> FastAPI:
+    """The API for one ledger; the caller owns the ledger's database (and ``relays``, shown on the dashboard)."""
     api = config.api
 
     @asynccontextmanager
@@ -175,7 +178,7 @@ def create_app(config: CoordinatorConfig, ledger: Ledger, replay_cache: Database
         """Prometheus text format."""
         return Response(metrics.render(), media_type="text/plain; version=0.0.4")
 
-    app.include_router(dashboard_router(ledger))
+    app.include_router(dashboard_router(ledger, relays))
     return app
 
 

@@ -2,10 +2,11 @@
 
 Submit events say which policy version and engine a submission used; verdict events say whether
 it was accepted, why not, and the rewards the validator recomputed; publish events say when each
-version appeared. :class:`RunHistory` keeps a cursor into the log and folds each new event once,
-so serving the dashboard every two seconds costs a read of the few events since the last one,
-never a scan of the whole run. It is pure logic (no database, no clock): the caller feeds it
-events and asks it for series. Event payloads were written by the ledger itself, but are still
+version appeared; train_step events go to :class:`~coordinator.dashboard.training.TrainingHistory`.
+:class:`RunHistory` keeps a cursor into the log and folds each new event once, so serving the
+dashboard every two seconds costs a read of the few events since the last one, never a scan of
+the whole run. It is pure logic (no database, no clock): the caller feeds it events and asks it
+for series. Event payloads were written by the ledger itself, but are still
 read defensively: a field of an unexpected type counts as absent.
 """
 
@@ -16,6 +17,7 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from coordinator.dashboard.training import TrainingHistory
 from protocol.schemas import DashboardVerdict, EngineName, Event, SeriesPoint
 
 MAX_REWARD_POINTS = 500
@@ -73,6 +75,7 @@ class RunHistory:
         self.rewards: deque[DashboardVerdict] = deque(maxlen=MAX_REWARD_POINTS)
         self._accepted: deque[tuple[float, int]] = deque(maxlen=MAX_ACCEPTED_RECORDS)
         self._submitted: dict[str, tuple[int | None, EngineName | None]] = {}
+        self.training = TrainingHistory()
 
     def fold(self, events: Iterable[Event]) -> None:
         for event in events:
@@ -90,6 +93,8 @@ class RunHistory:
                 )
             elif event.kind == "verdict" and event.subject is not None:
                 self._verdict(event, event.subject)
+            elif event.kind == "train_step":
+                self.training.fold(event)
 
     def _publish(self, event: Event) -> None:
         version = _int(int(event.subject)) if event.subject and event.subject.isdigit() else None

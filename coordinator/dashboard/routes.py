@@ -15,6 +15,7 @@ from fastapi import APIRouter
 from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 
+from coordinator.dashboard.relays import RelayWatch
 from coordinator.dashboard.source import DashboardSource
 from coordinator.views import LedgerViews
 from protocol.errors import NotFoundError
@@ -31,9 +32,9 @@ def _static(name: str) -> bytes:
     return (resources.files("coordinator.dashboard") / "static" / name).read_bytes()
 
 
-def dashboard_router(views: LedgerViews) -> APIRouter:
-    """The dashboard for one ledger (include it in the ledger's app)."""
-    source = DashboardSource(views)
+def dashboard_router(views: LedgerViews, relays: RelayWatch | None = None) -> APIRouter:
+    """The dashboard for one ledger (include it in the ledger's app); ``relays``: those heard on gossip."""
+    source = DashboardSource(views, relays)
     page = _static("index.html")
     assets = {name: _static(name) for name in _ASSETS}
     headers = {"Content-Security-Policy": _CSP, "X-Content-Type-Options": "nosniff", "Cache-Control": "no-cache"}
@@ -41,7 +42,7 @@ def dashboard_router(views: LedgerViews) -> APIRouter:
 
     @router.get("/v1/dashboard", tags=["public"])
     async def dashboard_data() -> Dashboard:
-        """Live workers, recent verdicts, policy versions and the reward and throughput series the page draws."""
+        """Live workers, recent verdicts, policy versions and their relays, training steps, and the charts' series."""
         return await run_in_threadpool(source.snapshot)
 
     @router.get("/dashboard", include_in_schema=False)

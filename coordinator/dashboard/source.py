@@ -6,7 +6,8 @@ to date on each call. Everything here is read-only and public: node ids, engines
 verdict reasons, never an IP address, a key or the run secret. The tokens/s series is sampled
 here (the ledger keeps only each worker's latest heartbeat), at most once per
 ``TOKENS_SAMPLE_INTERVAL_S``, so it covers the time since this coordinator process started
-serving the dashboard.
+serving the dashboard. Relays come from a :class:`~coordinator.dashboard.relays.RelayWatch`
+(when the coordinator is on gossip): only its cached answers are read here, never a relay.
 """
 
 from __future__ import annotations
@@ -18,9 +19,10 @@ from collections import deque
 from sqlalchemy import select
 
 from coordinator.dashboard.history import RunHistory
+from coordinator.dashboard.relays import RelayWatch
 from coordinator.storage.tables import nodes
 from coordinator.views import LedgerViews
-from protocol.schemas import Dashboard, DashboardNode, SeriesPoint, VersionSpread
+from protocol.schemas import Dashboard, DashboardNode, DashboardRelay, SeriesPoint, VersionSpread
 
 MAX_NODES = 200
 MAX_VERSIONS = 16
@@ -33,8 +35,9 @@ MAX_TOKENS_SAMPLES = 900
 class DashboardSource:
     """Builds :class:`~protocol.schemas.Dashboard` snapshots for one ledger; safe to call from several threads."""
 
-    def __init__(self, views: LedgerViews) -> None:
+    def __init__(self, views: LedgerViews, relays: RelayWatch | None = None) -> None:
         self.views = views
+        self.relays = relays
         self.history = RunHistory()
         self._tokens: deque[SeriesPoint] = deque(maxlen=MAX_TOKENS_SAMPLES)
         self._lock = threading.Lock()
@@ -45,6 +48,7 @@ class DashboardSource:
             now = self.views.clock()
             status = self.views.status()
             node_views = self._nodes(now)
+            relay_views = self.relays.relays() if self.relays is not None else []
             live_tokens = sum(n.tokens_per_s for n in node_views if n.live and n.role == "worker")
             if not self._tokens or now - self._tokens[-1].at >= TOKENS_SAMPLE_INTERVAL_S:
                 self._tokens.append(SeriesPoint(at=now, value=live_tokens))
@@ -54,9 +58,11 @@ class DashboardSource:
                 nodes=node_views,
                 verdicts=list(reversed(self.history.recent)),
                 rewards=list(self.history.rewards),
-                versions=self._versions(node_views),
+                versions=self._versions(node_views, relay_views),
                 accepted_samples_per_s=self.history.accepted_samples_per_s(now),
                 tokens_per_s=list(self._tokens),
+                relays=relay_views,
+                training=self.history.training.summary(),
             )
 
     def _catch_up(self) -> None:
@@ -91,7 +97,7 @@ class DashboardSource:
             )
         return found
 
-    def _versions(self, node_views: list[DashboardNode]) -> list[VersionSpread]:
+    def _versions(self, node_views: list[DashboardNode], relay_views: list[DashboardRelay]) -> list[VersionSpread]:
         newest = sorted(self.history.versions, reverse=True)[:MAX_VERSIONS]
         return [
             VersionSpread(
@@ -102,6 +108,7 @@ class DashboardSource:
                 num_accepted=tally.num_accepted,
                 num_rejected=tally.num_rejected,
                 mean_reward=tally.mean_reward,
+                num_relays=sum(1 for r in relay_views if r.reachable and version in r.versions_held),
             )
             for version, tally in ((v, self.history.versions[v]) for v in newest)
         ]

@@ -1,20 +1,29 @@
 """The coordinator's /dashboard in a real browser, on a real run.
 
 A coordinator serving the built-in reverse_text task, one `prime-worker join --engine hf` and a
-real `prime-validator run` produce verdicts with recomputed rewards; then Debian's headless
+real `prime-validator run` produce verdicts with recomputed rewards, while a real `prime-relay`
+mirrors the coordinator's origin and announces itself on gossip; then Debian's headless
 Chromium, driven by Selenium through /usr/bin/chromedriver (nothing is downloaded), loads
-/dashboard and must show the live worker and one reward-chart point per rewarded verdict,
-each labelled with that verdict's mean reward. In CI (CI=true) a missing browser fails the
+/dashboard and must show the live worker, one reward-chart point per rewarded verdict (each
+labelled with that verdict's mean reward), and the relay answering with v0, counted as a
+holder of v0. A second relay, announced by a gossip peer of the test's own with a URL full of
+markup and a port nothing listens on, must show as unreachable, its URL as plain text. This run
+has no orchestrator, so the step chart must say there are no training steps yet (the chart with
+steps is checked on the JSON in tests/unit/ledger/test_dashboard_api.py: a training run is too
+slow to share this test). In CI (CI=true) a missing browser fails the
 test; .ci/run installs it.
 """
 
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from selenium import webdriver
 from selenium.webdriver.chrome.options import Options
@@ -23,7 +32,11 @@ from selenium.webdriver.chrome.webdriver import WebDriver
 from selenium.webdriver.support.ui import WebDriverWait
 
 from coordinator.dashboard.history import MAX_REWARD_POINTS
-from protocol.identity import load_or_create_identity
+from coordinator.process import free_port
+from protocol.identity import NodeIdentity, load_or_create_identity
+from protocol.p2p.config import P2PConfig
+from protocol.p2p.gossip import P2P_INFO_PATH, Gossip
+from protocol.schemas import P2PInfo, RelayAnnouncement
 from tests.integration.network import Network, running_network
 from tests.integration.shardcast_nodes import wait_until
 from trainer.builtin import resolve_model_path
@@ -65,6 +78,30 @@ def browser(tmp_path: Path) -> Iterator[WebDriver]:
         yield driver
     finally:
         driver.quit()
+
+
+@contextmanager
+def gossip_peer(net: Network) -> Iterator[Gossip]:
+    """A gossip node of the test's own, joined to the coordinator's network."""
+    peer = Gossip(NodeIdentity.generate(), P2PConfig(), net.coordinator_id)
+    peer.start()
+    try:
+        peer.join(P2PInfo.model_validate_json(httpx.get(f"{net.url}{P2P_INFO_PATH}", timeout=5).content))
+        yield peer
+    finally:
+        peer.stop()
+
+
+def announce_until_heard(net: Network, peer: Gossip, url: str, timeout_s: float = 30.0) -> None:
+    """Announce a relay at ``url`` (again, while the gossip mesh forms) until the coordinator lists it."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        peer.announce(RelayAnnouncement(url=url))
+        relays = httpx.get(f"{net.url}/v1/dashboard", timeout=5).json()["relays"]
+        if any(relay["url"] == url for relay in relays):
+            return
+        time.sleep(1.0)
+    raise AssertionError(f"the coordinator never listed the relay announced at {url}")
 
 
 def rewarded_verdicts(net: Network) -> dict[str, dict[str, Any]]:
@@ -109,6 +146,10 @@ def test_dashboard_shows_the_live_worker_and_the_runs_rewards(tmp_path: Path, br
     start = resolve_model_path("builtin:tiny-qwen2-reverse-start")
     builtin_tasks = "coordinator.builtin_tasks:BuiltinTasks"
     with running_network(tmp_path, [start], task="reverse_text", task_source=builtin_tasks) as net:
+        relay_url, _relay = net.relays.relay([f"{net.url}/shardcast"], net.coordinator_id)
+        hostile_url = f"http://127.0.0.1:{free_port()}/<img/src=x/onerror=alert(1)><b>relay</b>"
+        with gossip_peer(net) as peer:
+            announce_until_heard(net, peer, hostile_url)
         worker = net.start_worker("worker-hf", "hf", [])
         validator = net.start_validator()
         worker_id = load_or_create_identity(net.root / "worker-hf").node_id
@@ -142,6 +183,21 @@ def test_dashboard_shows_the_live_worker_and_the_runs_rewards(tmp_path: Path, br
         verdicts = {e["subject"]: e["data"] for e in net.events("verdict")}
         assert shown and all(verdicts[row[1]]["accepted"] == (row[5] == "accepted") for row in shown), shown[:3]
         assert text_of(browser, "#stat-workers") == "1"
+
+        # The relay: heard on gossip (it re-announces every 30 s), then asked for its versions.
+        relay_row = f'#relays tr[data-relay-url="{relay_url}"]'
+        WebDriverWait(browser, 90).until(lambda _d: cells_of(browser, relay_row)[1:2] == ["v0"])
+        url, held, _mirroring, last_answer, relay_state = cells_of(browser, relay_row)
+        assert (url, held, relay_state) == (relay_url, "v0", "answering") and last_answer.endswith("ago")
+        WebDriverWait(browser, 10).until(lambda _d: text_of(browser, '#versions tr[data-version="0"] .relay-holders'))
+        assert text_of(browser, '#versions tr[data-version="0"] .relay-holders') == " 1 of 1"
+        hostile_row = cells_of(browser, f"#relays tr[data-relay-url='{hostile_url}']")
+        assert hostile_row[0] == hostile_url and hostile_row[1] == "-" and hostile_row[3] == "never", hostile_row
+        assert hostile_row[4].startswith("unreachable"), hostile_row
+        assert text_of(browser, "#relays img, #relays b") is None  # shown as text, never parsed as markup
+        assert text_of(browser, "#stat-relays") == "1 of 2"
+        assert text_of(browser, "#step-chart text.no-data") == "no training steps yet"
+        assert text_of(browser, "#stat-steps-done") == "-"
         logged = browser.get_log("browser")  # type: ignore[no-untyped-call]
         assert [entry for entry in logged if entry["level"] == "SEVERE"] == []  # no script error, no CSP violation
         screenshot = tmp_path / "dashboard.png"

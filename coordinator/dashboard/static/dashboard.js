@@ -1,6 +1,6 @@
 // prime-network dashboard: polls /v1/dashboard every 2 s and redraws tables and inline-SVG charts.
-// Plain JavaScript, no dependencies. Text from the ledger (node ids, reasons) is only ever set as
-// textContent, never parsed as HTML.
+// Plain JavaScript, no dependencies. Text from the ledger (node ids, reasons) and from relays
+// (their announced URLs) is only ever set as textContent, never parsed as HTML.
 "use strict";
 
 const POLL_INTERVAL_MS = 2000;
@@ -78,6 +78,11 @@ function renderSummary(data) {
   setText("stat-rejected", s.num_submissions_rejected);
   setText("stat-pending", s.num_submissions_pending);
   setText("stat-tasks", s.num_tasks_open);
+  const training = data.training;
+  setText("stat-step", training && training.current_step !== null ? training.current_step : "-");
+  setText("stat-steps-done", training ? training.num_steps_done : "-");
+  const relays = data.relays || [];
+  setText("stat-relays", relays.length ? `${relays.filter((r) => r.reachable).length} of ${relays.length}` : "-");
 }
 
 function renderWorkers(data) {
@@ -120,17 +125,39 @@ function holdersBar(count, total) {
 function renderVersions(data) {
   const now = data.generated_at;
   const liveNodes = data.nodes.filter((n) => n.live).length;
+  const reachableRelays = (data.relays || []).filter((r) => r.reachable).length;
   const rows = data.versions.map((v) => el(
     "tr", { "data-version": v.version },
     el("td", {}, `v${v.version}`),
     el("td", {}, v.published_at === null ? "-" : ago(v.published_at, now)),
     el("td", {}, bytes(v.total_size_bytes)),
     el("td", {}, holdersBar(v.num_live_holders, liveNodes)),
+    el("td", { class: "relay-holders" }, holdersBar(v.num_relays, reachableRelays)),
     el("td", { class: "good" }, v.num_accepted),
     el("td", { class: v.num_rejected ? "bad" : "" }, v.num_rejected),
     el("td", {}, fmt(v.mean_reward, 3)),
   ));
-  fillTable("versions", rows, 7, "no policy version published yet");
+  fillTable("versions", rows, 8, "no policy version published yet");
+}
+
+function relayState(r) {
+  if (r.checked_at === null) return "not asked yet";
+  return r.reachable ? "answering" : `unreachable: ${r.error || "?"}`;
+}
+
+function renderRelays(data) {
+  const now = data.generated_at;
+  const versions = (list) => list.map((v) => `v${v}`).join(" ") || "-";
+  const rows = (data.relays || []).map((r) => el(
+    "tr", { "data-relay-url": r.url, class: r.reachable ? "live" : "stale" },
+    el("td", { class: "id" }, r.url),
+    el("td", {}, versions(r.versions_held)),
+    el("td", {}, versions(r.versions_mirroring)),
+    el("td", r.answered_at === null ? {} : { title: clock(r.answered_at) },
+      r.answered_at === null ? "never" : ago(r.answered_at, now)),
+    el("td", { class: r.reachable ? "good" : "bad" }, relayState(r)),
+  ));
+  fillTable("relays", rows, 5, "no relay has announced itself on gossip");
 }
 
 function renderVerdicts(data) {
@@ -162,11 +189,12 @@ function niceTicks(lo, hi, count) {
 }
 
 // Draws an empty frame with axes and returns scale functions; null when there is nothing to draw.
-function frame(svg, xs, ys, yDigits) {
+// The x axis is time unless xLabel says how to label it.
+function frame(svg, xs, ys, yDigits, xLabel = clock, emptyText = "no data yet") {
   svg.replaceChildren();
   if (!xs.length) {
     svg.append(svgEl("text", { x: CHART.width / 2, y: CHART.height / 2, "text-anchor": "middle", class: "no-data" },
-      "no data yet"));
+      emptyText));
     return null;
   }
   let [x0, x1] = [Math.min(...xs), Math.max(...xs)];
@@ -187,7 +215,7 @@ function frame(svg, xs, ys, yDigits) {
   for (let i = 0; i <= 3; i++) {
     const x = x0 + ((x1 - x0) * i) / 3;
     const anchor = i === 0 ? "start" : i === 3 ? "end" : "middle";  // the outer labels stay inside the frame
-    svg.append(svgEl("text", { x: sx(x), y: CHART.height - 8, "text-anchor": anchor, class: "tick" }, clock(x)));
+    svg.append(svgEl("text", { x: sx(x), y: CHART.height - 8, "text-anchor": anchor, class: "tick" }, xLabel(x)));
   }
   svg.append(svgEl("line", { x1: CHART.left, x2: CHART.left, y1: CHART.top, y2: CHART.top + h, class: "axis" }));
   svg.append(svgEl("line", { x1: CHART.left, x2: CHART.left + w, y1: CHART.top + h, y2: CHART.top + h, class: "axis" }));
@@ -240,6 +268,22 @@ function drawSeriesChart(id, series, digits, cls) {
   }
 }
 
+function drawStepChart(data) {
+  const svg = document.getElementById("step-chart");
+  const steps = data.training ? data.training.steps : [];
+  const stepLabel = (x) => `step ${Number.isInteger(x) ? x : x.toFixed(1)}`;
+  const scale = frame(svg, steps.map((s) => s.step), steps.map((s) => s.reward_mean), 2, stepLabel,
+    "no training steps yet");
+  if (!scale) return;
+  polyline(svg, steps.map((s) => [s.step, s.reward_mean]), scale.sx, scale.sy, "series-line");
+  for (const s of steps) {
+    const dot = svgEl("circle", { cx: scale.sx(s.step), cy: scale.sy(s.reward_mean), r: 4, class: "point accepted",
+      "data-step": s.step });
+    dot.append(svgEl("title", {}, `step ${s.step}: mean reward ${fmt(s.reward_mean, 3)} (trained ${clock(s.at)})`));
+    svg.append(dot);
+  }
+}
+
 // ---- polling ------------------------------------------------------------------------------------
 
 function render(data) {
@@ -247,10 +291,12 @@ function render(data) {
   renderWorkers(data);
   renderValidators(data);
   renderVersions(data);
+  renderRelays(data);
   renderVerdicts(data);
   drawRewardChart(data);
   drawSeriesChart("throughput-chart", data.accepted_samples_per_s, 2, "series-line");
   drawSeriesChart("tokens-chart", data.tokens_per_s, 1, "series-line alt");
+  drawStepChart(data);
   document.body.dataset.updatedAt = String(data.generated_at);
 }
 

@@ -5,10 +5,13 @@ from __future__ import annotations
 import httpx
 import pytest
 
+from coordinator.batches import batch_summary
 from coordinator.dashboard.history import RunHistory, rate_series
+from coordinator.train_steps import TrainSteps
 from protocol.schemas import Dashboard, ErrorBody, Event, HeartbeatRequest, LeaseRequest, Verdict
 from tests.ledger_helpers import signed_manifest, submission_for
 from tests.unit.ledger.conftest import LedgerHarness
+from tests.unit.ledger.test_train_steps import judged
 
 pytestmark = pytest.mark.anyio
 
@@ -152,3 +155,43 @@ def test_throughput_starts_at_the_runs_first_event() -> None:
     points = history.accepted_samples_per_s(now=130.0)  # events at 100, 101, 102: six 5 s buckets
     assert [p.at for p in points] == [105.0, 110.0, 115.0, 120.0, 125.0, 130.0]
     assert [p.value for p in points] == [1.0, 0.0, 0.0, 0.0, 0.0, 0.0]
+
+
+async def test_dashboard_shows_training_steps_and_their_batch_rewards(harness: LedgerHarness) -> None:
+    async with public_client(harness) as http:
+        assert Dashboard.model_validate_json((await http.get("/v1/dashboard")).content).training is None
+        worker, validator = await harness.worker(), await harness.validator()
+        steps = TrainSteps(harness.ledger)
+        expected = {}
+        for step, reward in ((1, 0.25), (2, 0.5)):  # as the orchestrator does: record, train, publish
+            await judged(harness, worker, validator, reward=reward)
+            assert steps.record_batch(step, groups_per_step=1, min_version=0) is not None
+            summary = batch_summary(steps.groups(step), trained_version=step - 1)
+            done = {"loss": 0.1, "reward_mean": summary["reward_mean"]}
+            steps.mark_trained(step, {**done, **{f"batch_{k}": v for k, v in summary.items()}, "wait_s": 1.0})
+            expected[step] = summary["reward_mean"]
+            if step == 1:
+                steps.mark_published(step)
+        training = Dashboard.model_validate_json((await http.get("/v1/dashboard")).content).training
+    assert training is not None and (training.current_step, training.num_steps_done) == (2, 1)
+    assert {s.step: s.reward_mean for s in training.steps} == expected
+    assert expected == {1: pytest.approx(0.4), 2: pytest.approx(0.65)}  # 4 rollouts a group, rewarded r + 0.1 i
+    await worker.aclose()
+    await validator.aclose()
+
+
+def test_training_history_reads_odd_train_step_events_as_absent() -> None:
+    history = RunHistory()
+    history.fold(
+        [
+            event(1, "train_step", "x", state="trained", metrics={"batch_reward_mean": 1.0}),
+            event(2, "train_step", "0", state="trained", metrics={"batch_reward_mean": 1.0}),
+            event(3, "train_step", "1", state="trained", metrics={"batch_reward_mean": "1", "reward_mean": 0.5}),
+            event(4, "train_step", "2", state="trained", metrics=[1.0]),
+            event(5, "train_step", "3", state="trained", metrics={"batch_reward_mean": float("inf")}),
+            event(6, "train_step", "1", state="trained", metrics={"batch_reward_mean": 0.9}),
+        ]
+    )
+    training = history.training.summary()
+    assert training is not None and [(s.step, s.reward_mean) for s in training.steps] == [(1, 0.5)]
+    assert (training.current_step, training.num_steps_done) == (3, 0)
