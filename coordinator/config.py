@@ -114,6 +114,15 @@ class OrchestratorConfig(Section):
     """Trainer ranks on this machine (`torchrun --nproc-per-node`); FSDP2 with gloo on CPU, NCCL on GPUs."""
     trainer_cpus: list[int] = Field(default=[], max_length=1024)
     """CPU cores the trainer ranks are pinned to (empty: not pinned); bench/async_bench.py pins them."""
+    trainer_nnodes: int = Field(default=1, ge=1, le=1024)
+    """Machines the trainer job spans (`torchrun --nnodes`); the coordinator launches node rank 0 and each other
+    machine runs `prime-trainer node` with its node rank. Above 1, `data_dir/train` must be on a filesystem shared
+    by every node, at the same path."""
+    trainer_master_addr: str = Field(default="127.0.0.1", min_length=1, max_length=253)
+    """Address of this machine that the other trainer nodes dial for torchrun's rendezvous (`--master-addr`)."""
+    trainer_master_port: int = Field(default=0, ge=0, le=65535)
+    """Rendezvous port on this machine (`--master-port`); 0 picks a free one, which works with one node only:
+    with `trainer_nnodes` > 1 set a fixed port that every node is given."""
     trainer: TrainerSection = TrainerSection()
     """Optimizer, parallelism, packing, checkpoint settings; its `model` is replaced by policy.start_checkpoint
     so the trainer starts from exactly the weights published as v0."""
@@ -126,6 +135,15 @@ class OrchestratorConfig(Section):
     """How often a progress line (step, reward, accepted/rejected, tokens/s, staleness) is printed."""
     exit_when_done: bool = True
     """Stop the coordinator (and its local network) once `num_steps` are trained and published."""
+
+    @model_validator(mode="after")
+    def _check_trainer_nodes(self) -> OrchestratorConfig:
+        if self.trainer_nnodes > 1 and self.trainer_master_port == 0:
+            raise ValueError(
+                f"orchestrator.trainer_nnodes is {self.trainer_nnodes}: set orchestrator.trainer_master_port to a "
+                "fixed port that the other trainer nodes dial (0, a free port, works with one node only)"
+            )
+        return self
 
 
 class LocalNetworkConfig(Section):

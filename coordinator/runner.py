@@ -25,7 +25,7 @@ from coordinator.local_network import Processes, start_local_network
 from coordinator.orchestrator import Orchestrator, StoppedError
 from coordinator.storage.tables import nodes
 from coordinator.train_steps import StepRecord, TrainSteps
-from coordinator.trainer_process import TrainerProcess
+from coordinator.trainer_process import TrainerProcess, trainer_node
 from protocol.identity import NodeIdentity
 from shardcast.store import VersionStore
 from trainer.builtin import resolve_model_path
@@ -141,10 +141,15 @@ class RunThread(threading.Thread):
         )
         spec = ServiceSpec(trainer=section, loss=config.orchestrator.loss, num_steps=config.orchestrator.num_steps)
         self.trainer = TrainerProcess(
-            train_dir, spec, config.orchestrator.trainer_nproc, config.orchestrator.trainer_cpus
+            train_dir, spec, config.orchestrator.trainer_nproc, config.orchestrator.trainer_cpus, trainer_node(config)
         )
         self.trainer.start()
-        log.info("trainer service started (%d ranks, log %s)", self.trainer.nproc, train_dir.log_path)
+        log.info(
+            "trainer service started (%d ranks on this machine, %d node(s), log %s)",
+            self.trainer.nproc,
+            self.trainer.node.nnodes,
+            train_dir.log_path,
+        )
         orchestrator = Orchestrator(
             config, self.ledger, self.identity, self.store, train_dir, self.trainer, self.stop_event, self._tick
         )

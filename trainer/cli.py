@@ -1,4 +1,4 @@
-"""`prime-trainer`: SFT, a local RL loop, evaluation and the RL start checkpoint, without the network.
+"""`prime-trainer`: SFT, a local RL loop, evaluation, the RL start checkpoint, and joining a multi-node trainer.
 
 Thin entry points: each parses its config and calls one function imported lazily, so
 ``--help`` imports neither torch nor transformers. This module is where a concrete engine
@@ -124,6 +124,43 @@ def start_checkpoint(
 
     path = resolve_model_path(f"builtin:{REVERSE_START}") if output_dir is None else build_start_checkpoint(output_dir)
     typer.echo(str(path))
+
+
+@app.command()
+def node(
+    train_dir: Path = typer.Option(
+        ...,
+        help="The run's train dir (<data_dir>/train of the coordinator), on a filesystem every trainer node shares, "
+        "at the same path on each.",
+    ),
+    nnodes: int = typer.Option(..., min=2, help="Machines in the trainer job (the coordinator's trainer_nnodes)."),
+    node_rank: int = typer.Option(..., min=1, help="This machine's node rank, 1..nnodes-1 (0 is the coordinator's)."),
+    master_addr: str = typer.Option(..., help="The coordinator machine's address (its trainer_master_addr)."),
+    master_port: int = typer.Option(..., min=1, max=65535, help="Its rendezvous port (trainer_master_port)."),
+    nproc_per_node: int = typer.Option(2, min=1, help="Trainer ranks on this machine (one per GPU)."),
+) -> None:
+    """Join a multi-node trainer from another machine: runs `torchrun ... -m trainer.service` as node NODE_RANK.
+
+    Start the coordinator first (with orchestrator.trainer_nnodes = NNODES and a fixed trainer_master_port): it
+    writes the run's spec into the train dir and launches node 0, which waits here for the others. The train dir
+    must be on a shared filesystem (NFS, Lustre, ...) mounted at the same path on every node: batches, checkpoints
+    and exported policies travel through it. This node stops when the run's steps are done or when the
+    coordinator's node goes away.
+    """
+    import os
+
+    from protocol.errors import ConfigError
+    from trainer.launch import TrainerNode, check_train_dir, torchrun_command
+
+    try:
+        check_train_dir(train_dir)
+        spec = TrainerNode(nproc_per_node, nnodes, node_rank, master_addr, master_port)
+    except ConfigError as exc:
+        fail(exc.message)
+    command = torchrun_command(train_dir.resolve(), spec, coordinator_pid=None)
+    typer.echo(f"trainer node {node_rank}/{nnodes}: {' '.join(command)}", err=True)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.execv(command[0], command)
 
 
 if __name__ == "__main__":

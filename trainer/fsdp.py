@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -18,6 +19,8 @@ from torch import nn
 
 from trainer.config import ParallelConfig
 from trainer.model import DTYPES
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -106,6 +109,22 @@ def all_reduce_sum(values: torch.Tensor, info: DistInfo) -> torch.Tensor:
         values = values.to(info.device)
         dist.all_reduce(values, op=dist.ReduceOp.SUM)
     return values.cpu()
+
+
+def control_group(info: DistInfo) -> Any:
+    """A gloo group for small control messages (also beside NCCL): a rank that dies breaks its peers' next
+    call at once, on every machine, where an NCCL collective would wait out its timeout."""
+    return dist.new_group(backend="gloo") if info.is_distributed else None
+
+
+def from_main(value: T, info: DistInfo, group: Any) -> T:
+    """Rank 0's ``value`` on every rank (``value`` itself on one process), so all ranks take the same branch."""
+    if not info.is_distributed:
+        return value
+    box: list[Any] = [value]
+    dist.broadcast_object_list(box, src=0, group=group)
+    result: T = box[0]
+    return result
 
 
 def barrier(info: DistInfo) -> None:

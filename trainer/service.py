@@ -9,8 +9,13 @@ of step n (:mod:`trainer.transport`), runs :meth:`Trainer.rl_step` on it, export
 state for exact resume and writes the done marker with the metrics, last. A checkpoint without its done marker
 (a crash between the two) is finished on the next start by exporting again.
 
-Each rank asks for SIGKILL when its parent (torchrun) dies, and watches the coordinator's PID
-while it waits, so no rank outlives a killed coordinator.
+Each rank asks for SIGKILL when its parent (torchrun) dies, and the ranks on the coordinator's
+machine watch its PID while they wait, so no rank there outlives a killed coordinator. The job
+may span several machines (:mod:`trainer.launch`); ranks on the others have no coordinator PID
+to watch. Instead rank 0 alone reads the batch and hands it (or "not yet") to every rank over a
+gloo control group each poll, so when the ranks on the coordinator's machine die, the others'
+next poll fails and their torchrun exits too. Rank 0 likewise decides whether a resumed step is
+re-exported, so ranks never branch on what a lagging view of the shared filesystem shows.
 """
 
 from __future__ import annotations
@@ -20,19 +25,24 @@ import logging
 import os
 import shutil
 import signal
+import socket
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from pydantic import Field
 
 from protocol.config import Section
 from protocol.lifetime import die_with_parent, parent_of
 from trainer.config import LossConfig, TrainerSection
+from trainer.launch import SPEC_FILE, check_train_dir
 from trainer.transport import StepBatch, TrainDir, write_json_atomic
+
+if TYPE_CHECKING:
+    from trainer.fsdp import DistInfo
 
 log = logging.getLogger("trainer.service")
 
-SPEC_FILE = "service.json"
 POLL_INTERVAL_S = 0.2
 KEEP_CHECKPOINTS = 2
 
@@ -64,13 +74,21 @@ def _parent_alive(pid: int | None) -> bool:
     return True
 
 
-def wait_for_batch(train_dir: TrainDir, step: int, coordinator_pid: int | None) -> StepBatch:
+def wait_for_batch(
+    train_dir: TrainDir, step: int, coordinator_pid: int | None, info: DistInfo, group: Any
+) -> StepBatch:
+    """Step ``step``'s batch on every rank, as rank 0 read it."""
+    from trainer.fsdp import from_main
+
     while True:
-        batch = train_dir.read_batch(step)
-        if batch is not None:
-            return batch
         if not _parent_alive(coordinator_pid):
             raise SystemExit(f"coordinator {coordinator_pid} is gone; the trainer service stops")
+        try:
+            batch = from_main(train_dir.read_batch(step) if info.is_main else None, info, group)
+        except RuntimeError as exc:  # gloo: a peer's connection closed or reset
+            raise SystemExit(f"rank {info.rank}: the trainer job lost a peer ({exc}); this rank stops") from exc
+        if batch is not None:
+            return batch
         time.sleep(POLL_INTERVAL_S)
 
 
@@ -84,11 +102,12 @@ def _prune_checkpoints(directory: Path, keep: int) -> None:
 
 
 def serve(train_dir: TrainDir, spec: ServiceSpec, coordinator_pid: int | None) -> None:
-    from trainer.fsdp import barrier, shutdown
+    from trainer.fsdp import barrier, control_group, from_main, shutdown
     from trainer.train import Trainer
 
     trainer = Trainer(spec.trainer, spec.num_steps)
     info = trainer.info
+    group = control_group(info)
 
     def export_step(step: int) -> None:
         staging = train_dir.staging_policy_dir(step)
@@ -100,16 +119,18 @@ def serve(train_dir: TrainDir, spec: ServiceSpec, coordinator_pid: int | None) -
             train_dir.install_policy(step)
         barrier(info)
 
-    if trainer.resume(train_dir.checkpoints) and train_dir.read_done(trainer.step) is None:
+    resumed = trainer.resume(train_dir.checkpoints)
+    if from_main(resumed and info.is_main and train_dir.read_done(trainer.step) is None, info, group):
         log.info("step %d was saved but not marked done; exporting its policy again", trainer.step)
         export_step(trainer.step)
         if info.is_main:
             saved = train_dir.read_metrics(trainer.step) or {"step": trainer.step}
             train_dir.write_done(trainer.step, {**saved, "recovered": True})
-    log.info("trainer service rank %d/%d ready at step %d", info.rank, info.world_size, trainer.step)
+    host = socket.gethostname()
+    log.info("trainer service rank %d/%d (%s) ready at step %d", info.rank, info.world_size, host, trainer.step)
     while trainer.step < spec.num_steps:
         step = trainer.step + 1
-        batch = wait_for_batch(train_dir, step, coordinator_pid)
+        batch = wait_for_batch(train_dir, step, coordinator_pid, info, group)
         metrics = trainer.rl_step(batch.samples, spec.loss, batch.temperature)
         export_step(step)
         if info.is_main:
@@ -118,14 +139,25 @@ def serve(train_dir: TrainDir, spec: ServiceSpec, coordinator_pid: int | None) -
         if info.is_main:
             _prune_checkpoints(train_dir.checkpoints, KEEP_CHECKPOINTS)
             train_dir.write_done(step, metrics)
-            log.info("step %d trained: loss %.4f, reward %.3f", step, metrics["loss"], metrics["reward_mean"])
+            log.info(
+                "step %d trained by %d ranks: loss %.4f, reward %.3f",
+                step,
+                metrics["world_size"],
+                metrics["loss"],
+                metrics["reward_mean"],
+            )
     shutdown(info)
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--train-dir", type=Path, required=True, help="the run's transport directory")
-    parser.add_argument("--coordinator-pid", type=int, default=None, help="stop when this process is gone")
+    parser.add_argument(
+        "--coordinator-pid",
+        type=int,
+        default=None,
+        help="stop when this process is gone (the coordinator's machine only; other nodes stop with rank 0)",
+    )
     args = parser.parse_args(argv)
     die_with_parent(signal.SIGKILL)
     if args.coordinator_pid is not None and parent_of(os.getppid()) not in (args.coordinator_pid, None):
@@ -136,7 +168,7 @@ def main(argv: list[str] | None = None) -> None:
 
     torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
     train_dir = TrainDir(args.train_dir)
-    spec = ServiceSpec.model_validate_json((train_dir.root / SPEC_FILE).read_text())
+    spec = ServiceSpec.model_validate_json(check_train_dir(train_dir.root).read_text())
     serve(train_dir, spec, args.coordinator_pid)
 
 

@@ -164,6 +164,7 @@ class Trainer:
             "num_micro_batches": len(micro_batches),
             "tokens_per_s": sums[4].item() / elapsed,
             "step_time_s": elapsed,
+            "world_size": self.info.world_size,
         }
 
     def rl_step(self, samples: list[TrainSample], loss: LossConfig, temperature: float = 1.0) -> dict[str, Any]:

@@ -36,7 +36,8 @@ NUM_STEPS = 3
 GROUPS_PER_STEP = 1
 
 
-def write_config(root: Path, port: int, local_network: bool = True) -> Path:
+def write_config(root: Path, port: int, local_network: bool = True, **orchestrator: Any) -> Path:
+    """The reduced run's config; ``orchestrator`` overrides fields of its `[orchestrator]` section."""
     config = {
         "run_name": "orchestrator-test",
         "data_dir": str(root / "run"),
@@ -52,6 +53,7 @@ def write_config(root: Path, port: int, local_network: bool = True) -> Path:
             "groups_per_step": GROUPS_PER_STEP,
             "trainer_nproc": 2,
             "progress_interval_s": 2,
+            **orchestrator,
         },
         "local_network": {"enabled": local_network, "engines": ["hf"], "num_validators": 1},
     }
