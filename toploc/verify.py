@@ -19,7 +19,8 @@ Malformed input (a proof of the wrong length or with values outside the field, o
 ids) is a rejection with a reason, never an exception. ``precheck_rollout`` runs the checks
 that need no model, so a validator can refuse junk before spending a prefill on it (and must:
 an out-of-vocabulary id cannot be prefilled). ``verify_claims`` does the same for many
-rollouts at once (the proof checks of all of them share each field operation). Only the
+rollouts at once (the proof checks of all of them share each field operation, and their
+sampling replays and log-softmaxes run as one batch). Only the
 caller's own mistakes raise (ValueError): a prefill of another completion, or a task with
 ``top_k`` set, which verifiable sampling does not support.
 """
