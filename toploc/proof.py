@@ -33,6 +33,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from protocol.errors import ProofError
@@ -104,19 +105,36 @@ class _Group:
 
 def _rank(states: torch.Tensor, topk: int, chunk_size: int, finite_required: bool) -> list[_Group]:
     """The committed entries of every chunk of one rollout: the full chunks, then the short last one."""
-    num_rows, hidden_size = states.shape
-    num_full = num_rows // chunk_size
-    spans = [(0, num_full, chunk_size)] if num_full else []
-    if num_rows % chunk_size:
-        spans.append((num_full * chunk_size, 1, num_rows % chunk_size))
-    groups = []
-    for first_row, num_chunks, rows_per_chunk in spans:
-        flat = states[first_row : first_row + num_chunks * rows_per_chunk].reshape(num_chunks, -1)
+    return _rank_many([states], topk, chunk_size, finite_required)[0]
+
+
+def _rank_many(
+    states_list: list[torch.Tensor], topk: int, chunk_size: int, finite_required: bool
+) -> list[list[_Group]]:
+    """:func:`_rank` of each rollout, chunks of the same shape across rollouts ranked together.
+
+    A validator checks hundreds of rollouts at once: their full chunks share one shape, so one
+    top-k over all of them replaces two small ones per rollout. Each chunk is ranked on its own
+    (a row of the stacked tensor), so its entries are those of the rollout ranked alone.
+    """
+    spans: dict[tuple[int, int, torch.dtype], list[tuple[int, torch.Tensor]]] = {}
+    for rollout, states in enumerate(states_list):
+        num_rows, hidden_size = states.shape
+        num_full = num_rows // chunk_size
+        if num_full:
+            flat = states[: num_full * chunk_size].reshape(num_full, -1)
+            spans.setdefault((chunk_size, hidden_size, states.dtype), []).append((rollout, flat))
+        if num_rows % chunk_size:
+            flat = states[num_full * chunk_size :].reshape(1, -1)
+            spans.setdefault((num_rows % chunk_size, hidden_size, states.dtype), []).append((rollout, flat))
+    ranked: list[list[tuple[int, _Group]]] = [[] for _ in states_list]  # (first row of the span, its group)
+    for (rows_per_chunk, hidden_size, _dtype), parts in spans.items():
+        flat = torch.cat([part for _rollout, part in parts]) if len(parts) > 1 else parts[0][1]
         k = _chunk_topk(rows_per_chunk, hidden_size, topk)
         # A few chunks at a time, so each block of magnitudes stays in cache.
         rows_per_block = max(1, _BLOCK_ELEMENTS // flat.shape[1])
         indices, codes = [], []
-        for start in range(0, num_chunks, rows_per_block):
+        for start in range(0, flat.shape[0], rows_per_block):
             block = flat[start : start + rows_per_block]
             magnitudes = block.abs()
             if finite_required and not bool(torch.isfinite(magnitudes.amax()).item()):  # amax propagates NaN
@@ -124,8 +142,15 @@ def _rank(states: torch.Tensor, topk: int, chunk_size: int, finite_required: boo
             top = magnitudes.topk(k, dim=-1, sorted=False).indices
             indices.append(top)
             codes.append(value_codes(block.gather(1, top)))
-        groups.append(_Group(k, torch.cat(indices), torch.cat(codes)))
-    return groups
+        all_indices, all_codes = torch.cat(indices), torch.cat(codes)
+        offset = 0
+        for rollout, part in parts:
+            num_chunks = part.shape[0]
+            first_row = 0 if rows_per_chunk == chunk_size else states_list[rollout].shape[0] - rows_per_chunk
+            group = _Group(k, all_indices[offset : offset + num_chunks], all_codes[offset : offset + num_chunks])
+            ranked[rollout].append((first_row, group))
+            offset += num_chunks
+    return [[group for _first_row, group in sorted(spans_of, key=lambda span: span[0])] for spans_of in ranked]
 
 
 def _by_k(groups: list[list[_Group]]) -> dict[int, list[tuple[int, int]]]:
@@ -184,8 +209,7 @@ def _parse(
             f"proof is {len(proof)} bytes but {num_rows} tokens of hidden size {hidden_size} need {expected}"
             f" (topk {topk}, one chunk per {chunk_size} tokens)"
         )
-    octets = torch.frombuffer(bytearray(proof), dtype=torch.uint8).to(torch.int64)
-    words = octets[0::2] * 256 + octets[1::2]
+    words = np.frombuffer(proof, dtype=">u2").astype(np.int64)  # numpy: a tenth of torch's cost per small proof
     tables = []
     offset = 0
     for group in groups:
@@ -197,7 +221,7 @@ def _parse(
             raise ProofError(f"proof has a chunk modulus outside [{group.k}, {PRIME}] (a null or corrupt proof)")
         if bool((table[:, 1:] >= PRIME).any()):
             raise ProofError(f"proof has a coefficient outside the field GF({PRIME})")
-        tables.append(table)
+        tables.append(torch.from_numpy(table))
     return tables
 
 
@@ -212,19 +236,24 @@ def check_proofs(
     if len(hidden_states) != len(proofs):
         raise ValueError(f"{len(hidden_states)} state tensors for {len(proofs)} proofs")
     outcome: list[list[ChunkCheck] | ProofError] = []
-    ranked: list[list[_Group]] = []
-    tables: list[list[torch.Tensor]] = []
-    for states, proof in zip(hidden_states, proofs, strict=True):
+    checked: dict[int, torch.Tensor] = {}
+    for rollout, states in enumerate(hidden_states):
         try:
-            checked = _check_states(states, topk, chunk_size)
-            groups = _rank(checked, topk, chunk_size, finite_required=False)
-            tables.append(_parse(proof, groups, checked.shape[0], checked.shape[1], topk, chunk_size))
-            ranked.append(groups)
+            checked[rollout] = _check_states(states, topk, chunk_size)
             outcome.append([])
         except ProofError as exc:
-            ranked.append([])
-            tables.append([])
             outcome.append(exc)
+    ranked: list[list[_Group]] = [[] for _ in hidden_states]
+    for rollout, groups in zip(checked, _rank_many(list(checked.values()), topk, chunk_size, False), strict=True):
+        ranked[rollout] = groups
+    tables: list[list[torch.Tensor]] = [[] for _ in hidden_states]
+    for rollout, states in checked.items():
+        try:
+            num_rows, hidden_size = states.shape
+            tables[rollout] = _parse(proofs[rollout], ranked[rollout], num_rows, hidden_size, topk, chunk_size)
+        except ProofError as exc:
+            ranked[rollout] = []
+            outcome[rollout] = exc
     results: list[list[list[ChunkCheck]]] = [[[] for _ in groups] for groups in ranked]
     for positions in _by_k(ranked).values():
         indices = torch.cat([ranked[r][g].indices for r, g in positions])

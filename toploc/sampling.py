@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 _MASK32 = 0xFFFFFFFF
@@ -161,43 +162,89 @@ _REPLAY_MARGIN = 1e-3  # slack on the pruning bounds, far above float rounding o
 _MAX_GUMBEL = float(gumbel_of_bits(torch.tensor([_MASK32], dtype=torch.int64))[0])
 
 
+def _absorb_pairs(states: torch.Tensor, words: torch.Tensor) -> torch.Tensor:
+    """:func:`_absorb` of ``states`` and ``words`` (broadcast together), int64; the validator's replay hashes with it.
+
+    On CPU the same bits come from uint32 numpy arithmetic: a multiply that wraps modulo 2^32 is
+    the int64 product masked to 32 bits, and shifts of unsigned words are the logical shifts of
+    values below 2^32. Half the memory and native vector multiplies make it several times cheaper
+    than the int64 torch ops, which stay the definition (and run on other devices).
+    """
+    if states.device.type != "cpu" or words.device.type != "cpu":
+        return _absorb(states, words)
+    x = np.bitwise_xor(states.numpy().astype(np.uint32), (words.numpy() & _MASK32).astype(np.uint32))
+    x += np.uint32(_GOLDEN)
+    x ^= x >> np.uint32(16)
+    x *= np.uint32(_MUL_A)
+    x ^= x >> np.uint32(15)
+    x *= np.uint32(_MUL_B)
+    x ^= x >> np.uint32(15)
+    x *= np.uint32(_MUL_C)
+    x ^= x >> np.uint32(16)
+    return torch.from_numpy(x.astype(np.int64))
+
+
 def sampling_gaps(
     logits: torch.Tensor, temperature: float, seed: int, stream: int, token_ids: torch.Tensor
 ) -> torch.Tensor:
     """How far each claimed token's noisy score is below the best one (0 when it is the noisy argmax).
 
     ``logits`` (n, vocab) are the recomputed logits that drew completion tokens 0..n-1 of one
-    sample; positions are 0..n-1 on ``stream``. The scores are exactly those of
-    :func:`noisy_scores`, but only tokens that could beat the claimed one are looked at, in two
-    prunings: a token whose tempered logit is more than the largest possible noise below the
-    claimed score is never hashed; of the rest, the Gumbel transform (two float64 logs) is only
-    evaluated where the hash bits clear the bound ``g_v >= claimed - max(logits / T)`` (one
-    integer comparison). A validator accepts a token whose gap is within a calibrated
-    tolerance, since honest recomputation differs from generation by rounding.
+    sample; positions are 0..n-1 on ``stream``. :func:`replay_gaps` for one sample.
     """
     if temperature <= 0:
         raise ValueError("verifiable sampling needs temperature > 0")
-    num_tokens, vocab_size = logits.shape
-    scaled = logits.to(torch.float32) / temperature
-    tokens = token_ids.to(device=logits.device, dtype=torch.int64).reshape(-1, 1)
-    gaps = torch.empty(num_tokens, dtype=torch.float32, device=logits.device)
+    num_tokens = logits.shape[0]
+    states = stream_states([seed], torch.tensor([stream]), logits.device).expand(num_tokens)
+    positions = torch.arange(num_tokens, dtype=torch.int64, device=logits.device)
+    return replay_gaps(logits.to(torch.float32) / temperature, states, positions, token_ids)
+
+
+def replay_gaps(
+    scaled: torch.Tensor, states: torch.Tensor, positions: torch.Tensor, token_ids: torch.Tensor
+) -> torch.Tensor:
+    """:func:`sampling_gaps` for rows of many samples at once (a validator's whole batch).
+
+    Row i of ``scaled`` is ``logits / T`` in float32 of the sample whose :func:`stream_states`
+    is ``states[i]``, at completion position ``positions[i]``, and claims ``token_ids[i]``. The
+    scores are exactly those of :func:`noisy_scores_at`, but only tokens that could beat the
+    claimed one are looked at, in two prunings: a token whose tempered logit is more than the
+    largest possible noise below the claimed score never counts; of the rest, the Gumbel
+    transform (two float64 logs) is only evaluated where the hash bits clear the bound
+    ``g_v >= claimed - max(logits / T)`` (one integer comparison). Where most of a block is
+    reachable (a small or flat vocabulary) every token of it is hashed, which is cheaper than
+    listing the reachable ones; the tokens considered, and so the gaps, are the same either way.
+    A validator accepts a token whose gap is within a calibrated tolerance, since honest
+    recomputation differs from generation by rounding.
+    """
+    num_rows, vocab_size = scaled.shape
+    device = scaled.device
+    tokens = token_ids.to(device=device, dtype=torch.int64).reshape(-1, 1)
+    # The (seed, stream, position) part of each row's hash, as in bits_at.
+    row_states = _absorb(
+        states.to(device).reshape(-1, 1), positions.to(device=device, dtype=torch.int64).reshape(-1, 1)
+    )
+    vocabulary = torch.arange(vocab_size, dtype=torch.int64, device=device).reshape(1, -1)
+    gaps = torch.empty(num_rows, dtype=torch.float32, device=device)
     rows_per_block = max(1, _REPLAY_BLOCK_ELEMENTS // vocab_size)
-    state = stream_states([seed], torch.tensor([stream]), logits.device)
-    for start in range(0, num_tokens, rows_per_block):
-        end = min(start + rows_per_block, num_tokens)
-        positions = torch.arange(start, end, dtype=torch.int64, device=logits.device).reshape(-1, 1)
-        row_states = _absorb(state.expand(end - start).reshape(-1, 1), positions)  # as in bits_at
-        block = scaled[start:end]
+    for start in range(0, num_rows, rows_per_block):
+        end = min(start + rows_per_block, num_rows)
+        block, block_states = scaled[start:end], row_states[start:end]
         claimed_logits = block.gather(1, tokens[start:end]).reshape(-1)
-        claimed = claimed_logits + gumbel_of_bits(_absorb(row_states, tokens[start:end])).reshape(-1)
+        claimed = claimed_logits + gumbel_of_bits(_absorb(block_states, tokens[start:end])).reshape(-1)
         reachable = block >= (claimed - _MAX_GUMBEL - _REPLAY_MARGIN).reshape(-1, 1)
-        rows, columns = reachable.nonzero(as_tuple=True)
-        bits = _absorb(row_states[rows, 0], columns)
         needed = (claimed - block.max(dim=-1).values - _REPLAY_MARGIN).to(torch.float64)
         # g >= needed  <=>  u >= exp(-exp(-needed))  <=>  bits >= that * 2^32 - 0.5
         min_bits = torch.floor(torch.exp(-torch.exp(-needed)) * 2.0**32 - 0.5).clamp(min=0).to(torch.int64)
-        contender = bits >= min_bits[rows]
-        rows, columns, bits = rows[contender], columns[contender], bits[contender]
+        if 4 * int(reachable.sum()) >= reachable.numel():
+            bits = _absorb_pairs(block_states, vocabulary)
+            rows, columns = (reachable & (bits >= min_bits.reshape(-1, 1))).nonzero(as_tuple=True)
+            bits = bits[rows, columns]
+        else:
+            rows, columns = reachable.nonzero(as_tuple=True)
+            bits = _absorb_pairs(block_states[rows, 0], columns)
+            contender = bits >= min_bits[rows]
+            rows, columns, bits = rows[contender], columns[contender], bits[contender]
         scores = block[rows, columns] + gumbel_of_bits(bits)
         best = torch.full_like(claimed, -torch.inf).scatter_reduce(0, rows, scores, reduce="amax")
         gaps[start:end] = best - claimed

@@ -19,7 +19,8 @@ Malformed input (a proof of the wrong length or with values outside the field, o
 ids) is a rejection with a reason, never an exception. ``precheck_rollout`` runs the checks
 that need no model, so a validator can refuse junk before spending a prefill on it (and must:
 an out-of-vocabulary id cannot be prefilled). ``verify_claims`` does the same for many
-rollouts at once (the proof checks of all of them share each field operation). Only the
+rollouts at once (the proof checks of all of them share each field operation, and their
+sampling replays and log-softmaxes run as one batch). Only the
 caller's own mistakes raise (ValueError): a prefill of another completion, or a task with
 ``top_k`` set, which verifiable sampling does not support.
 """
@@ -33,13 +34,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
+import numpy as np
 import torch
 
 from protocol.errors import ProofError
 from protocol.schemas import SamplingParams
 from toploc.config import ToplocConfig
 from toploc.proof import ChunkCheck, check_proofs
-from toploc.sampling import sampling_gaps
+from toploc.sampling import replay_gaps, stream_states
 
 MAX_REASONS = 16
 
@@ -215,35 +217,62 @@ def verify_claims(
     outcomes = check_proofs(
         [prefills[i].hidden_states for i in checked], [claims[i].proof for i in checked], config.topk, config.chunk_size
     )
+    replays = _replay_all([claims[i] for i in checked], [prefills[i] for i in checked])
     verdicts: dict[int, RolloutVerdict] = {}
-    for i, outcome in zip(checked, outcomes, strict=True):
+    for i, outcome, (gaps, errors) in zip(checked, outcomes, replays, strict=True):
         chunks: list[ChunkCheck] = []
         if isinstance(outcome, ProofError):
             reasons[i].append(f"toploc: malformed proof: {outcome.message}")
         else:
             chunks = outcome
             reasons[i].extend(_proof_reasons(chunks, config))
-        max_gap, max_error = _replay(claims[i], prefills[i], config, reasons[i])
+        reasons[i].extend(_replay_reasons(gaps, errors, config))
         verdicts[i] = RolloutVerdict(
             accepted=not reasons[i],
             reasons=tuple(reasons[i][:MAX_REASONS]),
             chunks=tuple(chunks),
-            max_sampling_gap=max_gap,
-            max_logprob_error=max_error,
+            max_sampling_gap=float(gaps.max()),
+            max_logprob_error=float(errors.max()),
         )
     return [verdicts.get(i) or RolloutVerdict(False, tuple(found[:MAX_REASONS])) for i, found in enumerate(reasons)]
 
 
-def _replay(claim: Claim, prefill: Recomputed, config: ToplocConfig, reasons: list[str]) -> tuple[float, float]:
-    """Sampling replay and logprob checks; appends reasons, returns (max sampling gap, max logprob error)."""
-    task = claim.task
-    num_tokens = len(claim.completion_ids)
-    tokens = torch.tensor(claim.completion_ids, dtype=torch.int64)
-    logits = prefill.logits.to(torch.float32)
-    gaps = sampling_gaps(logits, task.sampling.temperature, task.seed, task.stream, tokens)
-    scaled = torch.log_softmax(logits / task.sampling.temperature, dim=-1)
-    recomputed = scaled.gather(1, tokens.reshape(-1, 1)).reshape(-1)
-    errors = (recomputed.to(torch.float64) - torch.tensor(claim.logprobs, dtype=torch.float64)).abs()
+def _replay_all(claims: Sequence[Claim], prefills: Sequence[Recomputed]) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(sampling gaps, logprob errors) of each claim, per token: one batched replay of all their rows.
+
+    Rows of every claim are stacked (those of one vocabulary size together), each with its own
+    temperature, noise stream and position, so the replay and the log-softmax run as a few large
+    tensor operations instead of a dozen small ones per rollout; every value is the one a replay of
+    the claim alone gives (tests/unit/test_toploc_verify.py checks it).
+    """
+    results: list[tuple[np.ndarray, np.ndarray]] = [(np.empty(0), np.empty(0))] * len(claims)
+    by_vocab: dict[int, list[int]] = {}
+    for index, prefill in enumerate(prefills):
+        by_vocab.setdefault(prefill.logits.shape[-1], []).append(index)
+    for group in by_vocab.values():
+        logits = torch.cat([prefills[i].logits.to(torch.float32) for i in group])
+        lengths = torch.tensor([len(claims[i].completion_ids) for i in group], dtype=torch.int64)
+        temperatures = torch.tensor([claims[i].task.sampling.temperature for i in group], dtype=torch.float32)
+        scaled = logits / temperatures.repeat_interleave(lengths).reshape(-1, 1).to(logits.device)
+        streams = torch.tensor([claims[i].task.stream for i in group], dtype=torch.int64)
+        states = stream_states([claims[i].task.seed for i in group], streams, logits.device)
+        positions = torch.cat([torch.arange(int(n), dtype=torch.int64) for n in lengths])
+        tokens = torch.tensor([t for i in group for t in claims[i].completion_ids], dtype=torch.int64)
+        gaps = replay_gaps(scaled, states.repeat_interleave(lengths.to(logits.device)), positions, tokens)
+        recomputed = torch.log_softmax(scaled, dim=-1).gather(1, tokens.reshape(-1, 1).to(logits.device)).reshape(-1)
+        claimed = torch.tensor([lp for i in group for lp in claims[i].logprobs], dtype=torch.float64)
+        errors = (recomputed.to(torch.float64).cpu() - claimed).abs()
+        offsets = lengths.cumsum(0).tolist()
+        for i, gap_rows, error_rows in zip(
+            group, np.split(gaps.cpu().numpy(), offsets[:-1]), np.split(errors.numpy(), offsets[:-1]), strict=True
+        ):
+            results[i] = (gap_rows, error_rows)
+    return results
+
+
+def _replay_reasons(gaps: np.ndarray, errors: np.ndarray, config: ToplocConfig) -> list[str]:
+    """The sampling replay's and the logprob check's reasons for one rollout's per-token gaps and errors."""
+    reasons = []
     for values, limit, what in (
         (
             gaps,
@@ -258,10 +287,10 @@ def _replay(claim: Claim, prefill: Recomputed, config: ToplocConfig, reasons: li
             " ones (first at position {first} by {value:.4g} > {limit})",
         ),
     ):
-        over = (values > limit).nonzero().reshape(-1)
-        if over.numel():
+        over = np.flatnonzero(values > limit)
+        if over.size:
             first = int(over[0])
             reasons.append(
-                what.format(count=over.numel(), total=num_tokens, first=first, value=float(values[first]), limit=limit)
+                what.format(count=over.size, total=values.size, first=first, value=float(values[first]), limit=limit)
             )
-    return float(gaps.max()), float(errors.max())
+    return reasons

@@ -6,12 +6,16 @@ import pytest
 import torch
 
 from toploc.sampling import (
+    _absorb,
+    _absorb_pairs,
     draw_tokens,
     noisy_scores,
     noisy_scores_rows,
+    replay_gaps,
     sample_stream,
     sampling_gaps,
     stream_indices,
+    stream_states,
     uniform_noise,
 )
 
@@ -80,3 +84,40 @@ def test_replay_gaps_equal_the_full_computation(vocab_size: int, spread: float) 
     assert torch.equal(gaps, expected)
     assert float(gaps[1::5].max()) == 0.0
     assert bool((noisy_scores_rows(logits, torch.full((150,), 0.9), [77] * 150, streams, positions) == scores).all())
+
+
+def test_uint32_hash_equals_the_int64_definition() -> None:
+    """The replay hashes with numpy uint32 words on CPU; every bit must be that of the int64 torch mixer."""
+    generator = torch.Generator().manual_seed(5)
+    edges = torch.tensor([0, 1, 2**31 - 1, 2**31, 2**32 - 2, 2**32 - 1], dtype=torch.int64)
+    states = torch.cat([edges, torch.randint(0, 2**32, (2000,), generator=generator)])
+    words = torch.cat([edges.flip(0), torch.randint(0, 2**40, (2000,), generator=generator)])
+    assert torch.equal(_absorb_pairs(states, words), _absorb(states, words))
+    columns = torch.arange(300).reshape(1, -1)
+    assert torch.equal(_absorb_pairs(states.reshape(-1, 1), columns), _absorb(states.reshape(-1, 1), columns))
+
+
+@pytest.mark.parametrize(("vocab_size", "spread"), [(7, 1.0), (320, 1.0), (1024, 8.0), (5000, 3.0), (5000, 40.0)])
+def test_batched_replay_equals_each_sample_replayed_alone(vocab_size: int, spread: float) -> None:
+    """replay_gaps over rows of many samples (own temperature, seed, stream, length) = the full computation of each."""
+    generator = torch.Generator().manual_seed(vocab_size + int(spread))
+    lengths = [1, 40, 7, 130, 33, 2]
+    temperatures = [0.7, 1.0, 1.3, 0.9, 2.0, 0.35]
+    seeds = [77, 77, 2**40 + 3, 5, 2**63 - 1, 0]
+    streams = [sample_stream(p, s) for p, s in [(0, 0), (0, 1), (3, 2), (9, 0), (1, 65535), (2, 7)]]
+    logits = [torch.randn(n, vocab_size, generator=generator) * spread for n in lengths]
+    tokens, expected = [], []
+    for rows, temperature, seed, stream in zip(logits, temperatures, seeds, streams, strict=True):
+        n = rows.shape[0]
+        scores = noisy_scores(rows, temperature, seed, torch.full((n,), stream), torch.arange(n))
+        claimed = scores.argmax(dim=-1)
+        claimed[::3] = torch.randint(0, vocab_size, (len(claimed[::3]),), generator=generator)  # some off the draw
+        tokens.append(claimed)
+        expected.append(scores.max(dim=-1).values - scores.gather(1, claimed.reshape(-1, 1)).reshape(-1))
+        assert torch.equal(sampling_gaps(rows, temperature, seed, stream, claimed), expected[-1])
+    repeats = torch.tensor(lengths)
+    scaled = torch.cat(logits) / torch.tensor(temperatures).repeat_interleave(repeats).reshape(-1, 1)
+    states = stream_states(seeds, torch.tensor(streams)).repeat_interleave(repeats)
+    positions = torch.cat([torch.arange(n) for n in lengths])
+    gaps = replay_gaps(scaled, states, positions, torch.cat(tokens))
+    assert torch.equal(gaps, torch.cat(expected))

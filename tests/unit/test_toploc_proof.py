@@ -46,6 +46,25 @@ def test_interpolation_passes_through_every_point(k: int) -> None:
     assert value == int(ys[0, k - 1])
 
 
+@pytest.mark.parametrize("k", [1, 2, 3, 128, 129])
+def test_evaluation_equals_horner_in_python_integers(k: int) -> None:
+    """evaluate reduces once per two Horner steps; on any 16-bit words (even >= PRIME) it must agree with Python."""
+    generator = torch.Generator().manual_seed(k)
+    coefficients = torch.randint(0, 1 << 16, (4, k), generator=generator)
+    coefficients[0] = (1 << 16) - 1
+    xs = torch.randint(0, 1 << 17, (4, 9), generator=generator)
+    expected = []
+    for row, points in zip(coefficients.tolist(), xs.tolist(), strict=True):
+        values = []
+        for x in points:
+            value = 0
+            for c in reversed(row):
+                value = (value * x + c) % PRIME
+            values.append(value)
+        expected.append(values)
+    assert evaluate(coefficients, xs).tolist() == expected
+
+
 def test_injective_modulus_steps_down_on_collisions() -> None:
     indices = torch.tensor([[5, 5 + PRIME, 9, 100], [1, 2, 3, 4]])
     moduli = injective_moduli(indices)
@@ -85,6 +104,29 @@ def test_batched_build_and_check_equal_one_by_one() -> None:
     proofs = build_proofs(batch)
     assert proofs == [build_proof(states) for states in batch]
     assert check_proofs(batch, proofs) == [check_proof(s, p) for s, p in zip(batch, proofs, strict=True)]
+
+
+def test_checks_of_many_rollouts_equal_each_rollout_checked_alone() -> None:
+    """check_proofs ranks same-shaped chunks of all rollouts together; every outcome must be the rollout's own,
+    on honest, perturbed, tied (many equal magnitudes), mixed-dtype, mixed-width and malformed inputs."""
+    generator = torch.Generator().manual_seed(11)
+    states, proofs = [], []
+    for i, (num_tokens, hidden_size) in enumerate([(1, 64), (5, 64), (31, 64), (32, 64), (33, 96), (64, 64), (97, 96)]):
+        committed = _states(num_tokens, hidden_size, seed=i)
+        proof = build_proof(committed)
+        tied = torch.randint(-3, 4, (num_tokens, hidden_size), generator=generator).to(torch.float32)
+        states += [committed, committed + 0.05 * torch.randn(committed.shape, generator=generator), -committed]
+        states += [committed.to(torch.bfloat16), tied, 1.3 * committed]
+        proofs += [proof, proof, proof, proof, build_proof(tied), proof]
+    states += [_states(40, 64), _states(3, 64)]
+    proofs += [b"\x00" * proof_size_bytes(40, 64), b"\x01"]
+    together = check_proofs(states, proofs)
+    alone = [check_proofs([s], [p])[0] for s, p in zip(states, proofs, strict=True)]
+    assert [str(r) if isinstance(r, ProofError) else r for r in together] == [
+        str(r) if isinstance(r, ProofError) else r for r in alone
+    ]
+    assert sum(isinstance(r, ProofError) for r in together) == 2
+    assert any(r != [EXACT] * len(r) for r in together if not isinstance(r, ProofError))
 
 
 def test_fp32_noise_below_bf16_precision_is_almost_invisible() -> None:

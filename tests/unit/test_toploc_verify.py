@@ -8,13 +8,22 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import torch
 
 from protocol.errors import ProofError
 from protocol.schemas import SamplingParams
 from toploc.config import ToplocConfig
-from toploc.sampling import sample_stream
+from toploc.sampling import noisy_scores, sample_stream
 from toploc.tiny_model import TINY_EOS_TOKEN_ID, save_tiny_qwen2
-from toploc.verify import Claim, RolloutVerdict, SampleTask, decode_proof_b64, precheck_rollout, verify_rollout
+from toploc.verify import (
+    Claim,
+    RolloutVerdict,
+    SampleTask,
+    decode_proof_b64,
+    precheck_rollout,
+    verify_claims,
+    verify_rollout,
+)
 from worker.adversary import honest_claims
 from worker.engines.hf import HFEngine
 
@@ -153,3 +162,35 @@ def test_config_defaults_are_the_kept_calibration() -> None:
     defaults = ToplocConfig().model_dump()
     for key, value in calibrated.items():
         assert defaults[key] == pytest.approx(value), key
+
+
+def test_batched_verification_equals_each_rollout_alone(engine: HFEngine, claims: list[Claim]) -> None:
+    """verify_claims replays all rollouts in one batch; each verdict must be exactly that of the rollout alone,
+    and its gaps and logprob errors those of the full noisy scores and log-softmax of that rollout."""
+    generator = torch.Generator().manual_seed(3)
+    varied = list(claims)
+    for claim in claims[:4]:  # tampered tokens, logprobs and temperatures, so the replay's reasons differ
+        ids = list(claim.completion_ids)
+        ids[len(ids) // 2] = (ids[len(ids) // 2] + 7) % engine.vocab_size
+        logprobs = [lp - float(torch.rand(1, generator=generator)) * 0.01 for lp in claim.logprobs]
+        hotter = replace(claim.task, sampling=claim.task.sampling.model_copy(update={"temperature": 1.7}))
+        varied += [replace(claim, completion_ids=ids), replace(claim, logprobs=logprobs), replace(claim, task=hotter)]
+    prefills = engine.prefill([c.task.prompt_ids for c in varied], [c.completion_ids for c in varied])
+    batched = verify_claims(varied, prefills)
+    assert any(v.accepted for v in batched) and any(not v.accepted for v in batched)
+    for claim, prefill, verdict in zip(varied, prefills, batched, strict=True):
+        assert verdict == verify_claims([claim], [prefill])[0]
+        n, temperature = len(claim.completion_ids), claim.task.sampling.temperature
+        tokens = torch.tensor(claim.completion_ids).reshape(-1, 1)
+        scores = noisy_scores(
+            prefill.logits, temperature, claim.task.seed, torch.full((n,), claim.task.stream), torch.arange(n)
+        )
+        gaps = scores.max(dim=-1).values - scores.gather(1, tokens).reshape(-1)
+        recomputed = torch.log_softmax(prefill.logits / temperature, dim=-1).gather(1, tokens).reshape(-1)
+        errors = (recomputed.to(torch.float64) - torch.tensor(claim.logprobs, dtype=torch.float64)).abs()
+        assert verdict.max_sampling_gap == float(gaps.max())
+        assert verdict.max_logprob_error == float(errors.max())
+        replay_failed = [r for r in verdict.reasons if r.startswith(("sampling", "logprobs"))]
+        assert bool(replay_failed) == bool(
+            (gaps > ToplocConfig().sampling_tolerance).any() or (errors > ToplocConfig().logprob_tolerance).any()
+        )
