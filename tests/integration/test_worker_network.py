@@ -17,6 +17,7 @@ import signal
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -136,7 +137,13 @@ def test_cheating_worker_is_rejected_and_banned_while_honest_work_is_accepted(ne
     cheater, ban_reason, cheated = asyncio.run(cheat_until_banned(net.url, net.checkpoints[0]))
     assert "reject" in ban_reason.lower(), ban_reason
     assert validator.poll() is None, net.worker_log("validator")
-    verdicts = {e["subject"]: e["data"] for e in net.events("verdict")}
+
+    def verdicts_by_submission() -> dict[str, dict[str, Any]]:
+        return {e["subject"]: e["data"] for e in net.events("verdict")}
+
+    # The cheater can be banned before the slower honest worker's first submission is judged.
+    wait_until(lambda: bool(set(verdicts_by_submission()) - set(cheated)), 180, "a verdict on honest work")
+    verdicts = verdicts_by_submission()
     assert all(submission in verdicts and not verdicts[submission]["accepted"] for submission in cheated)
     assert all(verdicts[s]["reasons"] for s in cheated)
     honest = [data for subject, data in verdicts.items() if subject not in cheated]
