@@ -2,12 +2,13 @@
 
 Layout. The completion's hidden states (n, hidden), aligned as in worker.engines.base (row i
 drew token i), are cut into chunks of ``chunk_size`` rows (32: one proof per 32 decode tokens;
-the last chunk may be shorter). In each chunk, flattened row-major, the ``k = min(topk, numel)``
-entries of largest magnitude are committed as a polynomial over GF(65497) (toploc.field): the
+the last chunk may be shorter). In each chunk, flattened row-major, the ``k = min(topk, numel // 16)``
+(at least 1) entries of largest magnitude are committed as a polynomial over GF(65497) (toploc.field): the
 points are (flat index mod m, code of the value), m the largest modulus <= 65497 that keeps
 the chunk's k indices distinct. A chunk is ``2 + 2k`` bytes, big-endian: m, then the k
 coefficients, constant first (258 bytes at k=128). This is the paper's encoding: for bf16
-input the bytes equal the reference toploc 0.1.6's (bench/toploc_bench.py checks it). A
+input and chunks of at least 16 * topk entries the bytes equal the reference toploc 0.1.6's
+(bench/toploc_bench.py checks it; in smaller chunks ours commits to at most one entry in 16). A
 rollout's proof is its chunks concatenated; its length follows from (n, hidden, topk,
 chunk_size), so a proof of any other length is malformed.
 
@@ -59,8 +60,14 @@ def _chunk_bounds(num_rows: int, chunk_size: int) -> list[tuple[int, int]]:  # (
     return [(start, min(start + chunk_size, num_rows)) for start in range(0, num_rows, chunk_size)]
 
 
+# A chunk commits to at most one entry in 16 (a full chunk of a 64-wide model: 128 of 2048), so a
+# short chunk commits to its large entries only: a near-zero entry's bf16 code flips under honest
+# recomputation noise (~1e-6), and a 1-row tail chunk committing to every entry failed honest work.
+_MAX_COMMITTED_FRACTION = 16
+
+
 def _chunk_topk(num_rows: int, hidden_size: int, topk: int) -> int:
-    return min(topk, num_rows * hidden_size)
+    return max(1, min(topk, num_rows * hidden_size // _MAX_COMMITTED_FRACTION))
 
 
 def proof_size_bytes(
