@@ -146,6 +146,18 @@ def precheck_rollout(
     return reasons
 
 
+def precheck_claim(claim: Claim, vocab_size: int) -> list[str]:
+    """:func:`precheck_rollout` of a claim (what validators run on every rollout before any prefill)."""
+    return precheck_rollout(
+        sampling=claim.task.sampling,
+        completion_ids=claim.completion_ids,
+        logprobs=claim.logprobs,
+        finish_reason=claim.finish_reason,
+        eos_token_ids=claim.task.eos_token_ids,
+        vocab_size=vocab_size,
+    )
+
+
 def _proof_reasons(checks: Sequence[ChunkCheck], config: ToplocConfig) -> list[str]:
     limits = (
         ("exponent mismatches", "exp_mismatches", config.max_exp_mismatches),
@@ -196,14 +208,7 @@ def verify_claims(
         raise ValueError(f"{len(claims)} claims but {len(prefills)} prefills")
     reasons: list[list[str]] = []
     for claim, prefill in zip(claims, prefills, strict=True):
-        found = precheck_rollout(
-            sampling=claim.task.sampling,
-            completion_ids=claim.completion_ids,
-            logprobs=claim.logprobs,
-            finish_reason=claim.finish_reason,
-            eos_token_ids=claim.task.eos_token_ids,
-            vocab_size=prefill.logits.shape[-1],
-        )
+        found = precheck_claim(claim, prefill.logits.shape[-1])
         if not claim.task.prompt_ids:
             found.append("shape: empty prompt")
         num_tokens = len(claim.completion_ids)

@@ -25,7 +25,7 @@ from protocol.schemas import PendingSubmission, Verdict
 from protocol.signing import verify_document
 from toploc.config import ToplocConfig
 from toploc.sampling import sample_stream
-from toploc.verify import Claim, RolloutVerdict, SampleTask, decode_proof_b64, precheck_rollout, verify_claims
+from toploc.verify import Claim, RolloutVerdict, SampleTask, decode_proof_b64, precheck_claim, verify_claims
 from worker.engines.base import PrefillEngine
 
 MAX_VERDICT_REASONS = 64
@@ -135,14 +135,7 @@ def _start_audit(item: PendingSubmission, vocab_size: int, eos_token_ids: Sequen
     if reasons:
         return _Audit(item, reasons, [])
     for rollout, claim in zip(item.submission.rollouts, claims, strict=True):
-        found = precheck_rollout(
-            sampling=claim.task.sampling,
-            completion_ids=claim.completion_ids,
-            logprobs=claim.logprobs,
-            finish_reason=claim.finish_reason,
-            eos_token_ids=claim.task.eos_token_ids,
-            vocab_size=vocab_size,
-        )
+        found = precheck_claim(claim, vocab_size)
         if any(not 0 <= t < vocab_size for t in claim.task.prompt_ids):
             found.append("shape: prompt token ids outside the vocabulary")
         reasons += [f"rollout p{rollout.prompt_index}/s{rollout.sample_index}: {reason}" for reason in found]

@@ -16,11 +16,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rich.console import Console
-from rich.live import Live
 from rich.table import Table
 
 from protocol.schemas import Verdict
-from worker.loop import sleep_unless_stopped
+from worker.status import format_uptime, show_live
 
 
 def reason_kind(reason: str) -> str:
@@ -91,7 +90,6 @@ def render(state: ValidatorState) -> Table:
     table = Table(show_header=True, header_style="bold", box=None)
     for column in ("policy", "accepted", "rejected", "samples/s", "subs/s", "verified", "top reasons", "uptime"):
         table.add_column(column)
-    uptime = int(time.monotonic() - state.started_at)
     table.add_row(
         f"v{state.policy_version}" if state.policy_version is not None else "-",
         str(state.num_accepted),
@@ -100,15 +98,11 @@ def render(state: ValidatorState) -> Table:
         f"{state.submissions_per_s:.2f}",
         f"{state.num_samples_verified}/{state.num_samples}",
         state.top_reasons() or "-",
-        f"{uptime // 60}m{uptime % 60:02d}s",
+        format_uptime(state.started_at),
     )
     return table
 
 
 async def show_status(state: ValidatorState, stop: asyncio.Event, console: Console | None = None) -> None:
     """Redraw the status line every second until ``stop`` is set."""
-    with Live(render(state), console=console or Console(stderr=True), refresh_per_second=2, transient=False) as live:
-        while not stop.is_set():
-            live.update(render(state))
-            await sleep_unless_stopped(stop, 1.0)
-        live.update(render(state))
+    await show_live(lambda: render(state), stop, console)
