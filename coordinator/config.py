@@ -30,6 +30,9 @@ class ApiConfig(Section):
     """Requests one IP address may make in a burst before it is told to slow down (429)."""
     maintenance_interval_s: float = Field(default=5.0, gt=0)
     """How often expired leases are re-queued and expired nonces pruned in the background."""
+    num_threads: int = Field(default=4, ge=1, le=256)
+    """Threads that run ledger calls. Few is faster: every call holds the GIL most of the time, so more
+    threads only queue for it (measured here: p99 under load 80-100 ms with 4 threads, 18 s with 40)."""
 
 
 class LedgerConfig(Section):

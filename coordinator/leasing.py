@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from types import SimpleNamespace
 from typing import Any
 
-from sqlalchemy import Connection, Row, func, insert, select, update
+from sqlalchemy import Connection, Row, bindparam, func, insert, select, update
 
 from coordinator.config import CoordinatorConfig
 from coordinator.replay import NonceClaim, claim_nonce
@@ -67,6 +67,32 @@ from protocol.schemas import (
 
 HEARTBEAT_INTERVAL_S = 10.0
 RETRY_EMPTY_S = 2.0
+
+# The statements of every heartbeat, lease and submission, built once (see coordinator.storage.engine).
+INSERT_EVENT = insert(events)
+NODE_ROW = select(nodes).where(nodes.c.node_id == bindparam("b_node_id"))
+NODE_ROW_LOCKED = NODE_ROW.with_for_update()
+UPDATE_NODE = update(nodes).where(nodes.c.node_id == bindparam("b_node_id"))  # SET: the columns passed
+LEASE_ROW_LOCKED = select(leases).where(leases.c.lease_id == bindparam("b_lease_id")).with_for_update()
+_ACTIVE_LEASES = select(func.count()).where(leases.c.state == "active")
+_ACTIVE_LEASES_OF_NODE = _ACTIVE_LEASES.where(leases.c.node_id == bindparam("b_node_id"))
+_OPEN_TASKS = (
+    select(tasks)
+    .where(tasks.c.state == "open")
+    .order_by(tasks.c.group_index)
+    .limit(bindparam("b_limit"))
+    .with_for_update(skip_locked=True)  # PostgreSQL: concurrent leases claim different tasks
+)
+_INSERT_TASK = insert(tasks)
+_INSERT_LEASE = insert(leases)
+_MARK_TASK_LEASED = (
+    update(tasks)
+    .where(tasks.c.task_id == bindparam("b_task_id"))
+    .values(state="leased", num_leases=tasks.c.num_leases + 1)
+)
+_SET_NEXT_GROUP_INDEX = (
+    update(run_state).where(run_state.c.id == RUN_ROW_ID).values(next_group_index=bindparam("b_next_group_index"))
+)
 
 
 def _dumps(value: Any) -> str:
@@ -137,14 +163,12 @@ class LeasingLedger(LedgerViews):
             yield conn
 
     def _event(self, conn: Connection, kind: str, node_id: str | None, subject: str | None, **data: Any) -> None:
-        conn.execute(
-            insert(events).values(at=self.clock(), kind=kind, node_id=node_id, subject=subject, data_json=_dumps(data))
-        )
+        values = {"at": self.clock(), "kind": kind, "node_id": node_id, "subject": subject, "data_json": _dumps(data)}
+        conn.execute(INSERT_EVENT, values)
 
     def _node(self, conn: Connection, node_id: str, role: Role | None, lock: bool = False) -> Row[Any]:
         """The node's row, or a 403 saying why it may not act in ``role`` (None: in any role)."""
-        query = select(nodes).where(nodes.c.node_id == node_id)
-        row = conn.execute(query.with_for_update() if lock else query).first()
+        row = conn.execute(NODE_ROW_LOCKED if lock else NODE_ROW, {"b_node_id": node_id}).first()
         if row is None:
             raise ForbiddenError(f"node {node_id} is not registered; call POST /v1/nodes/register first")
         if row.banned:
@@ -156,7 +180,7 @@ class LeasingLedger(LedgerViews):
         return row
 
     def _touch(self, conn: Connection, node_id: str) -> None:
-        conn.execute(update(nodes).where(nodes.c.node_id == node_id).values(last_seen=self.clock()))
+        conn.execute(UPDATE_NODE, {"b_node_id": node_id, "last_seen": self.clock()})
 
     def _task_view(self, task_row: Any, lease_row: Any) -> Task:
         """The wire Task from a task's and a lease's columns (rows, or namespaces of just-inserted values)."""
@@ -248,6 +272,7 @@ class LeasingLedger(LedgerViews):
         with self._write(nonce, durable=False) as conn:  # liveness is soft state
             self._node(conn, node_id, None)
             values: dict[str, Any] = {
+                "b_node_id": node_id,
                 "last_seen": self.clock(),
                 "versions_held_json": _dumps(request.policy_versions_held),
                 "tokens_per_s": request.tokens_per_s,
@@ -256,7 +281,7 @@ class LeasingLedger(LedgerViews):
                 values["engine"] = request.engine
             if request.hardware is not None:
                 values["hardware_json"] = request.hardware.model_dump_json()
-            conn.execute(update(nodes).where(nodes.c.node_id == node_id).values(**values))
+            conn.execute(UPDATE_NODE, values)
             current = self._run(conn).current_policy_version
         return HeartbeatResponse(current_policy_version=current, heartbeat_interval_s=HEARTBEAT_INTERVAL_S)
 
@@ -271,10 +296,8 @@ class LeasingLedger(LedgerViews):
             if now >= self._next_expiry_check:  # at most once a second per process; maintenance does it too
                 self._expire_overdue(conn, now)
                 self._next_expiry_check = now + 1.0
-            held = conn.execute(
-                select(func.count()).where(leases.c.node_id == node_id, leases.c.state == "active")
-            ).scalar_one()
-            open_total = conn.execute(select(func.count()).where(leases.c.state == "active")).scalar_one()
+            held = conn.execute(_ACTIVE_LEASES_OF_NODE, {"b_node_id": node_id}).scalar_one()
+            open_total = conn.execute(_ACTIVE_LEASES).scalar_one()
             count = grant_count(
                 request.max_tasks,
                 held,
@@ -289,15 +312,7 @@ class LeasingLedger(LedgerViews):
             self._touch(conn, node_id)
             if count == 0:
                 return LeaseResponse(tasks=[], retry_after_s=RETRY_EMPTY_S)
-            task_rows: list[Any] = list(
-                conn.execute(
-                    select(tasks)
-                    .where(tasks.c.state == "open")
-                    .order_by(tasks.c.group_index)
-                    .limit(count)
-                    .with_for_update(skip_locked=True)  # PostgreSQL: concurrent leases claim different tasks
-                ).all()
-            )
+            task_rows: list[Any] = list(conn.execute(_OPEN_TASKS, {"b_limit": count}).all())
             task_rows += self._new_tasks(conn, count - len(task_rows), now)
             if not task_rows:
                 return LeaseResponse(tasks=[], retry_after_s=RETRY_EMPTY_S)
@@ -349,7 +364,7 @@ class LeasingLedger(LedgerViews):
         """
         if self.db.is_sqlite:
             index = int(self._run(conn).next_group_index)
-            conn.execute(update(run_state).where(run_state.c.id == RUN_ROW_ID).values(next_group_index=index + 1))
+            conn.execute(_SET_NEXT_GROUP_INDEX, {"b_next_group_index": index + 1})
             return index
         return int(conn.exec_driver_sql("SELECT nextval('group_index_seq')").scalar_one())
 
@@ -378,7 +393,7 @@ class LeasingLedger(LedgerViews):
                 "num_leases": 0,
                 "created_at": now,
             }
-            conn.execute(insert(tasks).values(**values))
+            conn.execute(_INSERT_TASK, values)
             created.append(SimpleNamespace(**values))
         return created
 
@@ -399,17 +414,13 @@ class LeasingLedger(LedgerViews):
             "deadline": now + self.scheduling.lease_ttl_s,
             "state": "active",
         }
-        conn.execute(insert(leases).values(**values))
-        conn.execute(
-            update(tasks)
-            .where(tasks.c.task_id == task_row.task_id)
-            .values(state="leased", num_leases=tasks.c.num_leases + 1)
-        )
+        conn.execute(_INSERT_LEASE, values)
+        conn.execute(_MARK_TASK_LEASED, {"b_task_id": task_row.task_id})
         self._event(conn, "lease", node_id, lease_id, task_id=task_row.task_id, policy_version=version)
         return self._task_view(task_row, SimpleNamespace(**values))
 
     def _own_lease(self, conn: Connection, node_id: str, lease_id: str) -> Row[Any]:
-        row = conn.execute(select(leases).where(leases.c.lease_id == lease_id).with_for_update()).first()
+        row = conn.execute(LEASE_ROW_LOCKED, {"b_lease_id": lease_id}).first()
         if row is None:
             raise NotFoundError(f"no lease {lease_id!r}; lease a task first")
         if row.node_id != node_id:

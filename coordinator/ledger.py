@@ -15,8 +15,9 @@ import json
 import secrets
 from typing import Any
 
-from sqlalchemy import Row, insert, select, update
+from sqlalchemy import Row, bindparam, insert, select, update
 
+from coordinator.leasing import LEASE_ROW_LOCKED
 from coordinator.replay import NonceClaim
 from coordinator.scheduling import rollout_problems, staleness_problem
 from coordinator.storage.tables import (
@@ -31,6 +32,7 @@ from coordinator.views import RUN_ROW_ID
 from protocol.errors import (
     ConflictError,
     ForbiddenError,
+    NotFoundError,
     ProtocolError,
     StalePolicyError,
 )
@@ -43,6 +45,13 @@ from protocol.schemas import (
 from protocol.signing import canonical_json, verify_document
 
 MAX_POLICY_VERSION = 2**31 - 1  # stored as a 32-bit INTEGER
+
+# The statements of every submission, built once (see coordinator.storage.engine).
+_SUBMISSION_OF_LEASE = select(submissions).where(submissions.c.lease_id == bindparam("b_lease_id"))
+_TASK_ROW_LOCKED = select(tasks).where(tasks.c.task_id == bindparam("b_task_id")).with_for_update()
+_INSERT_SUBMISSION = insert(submissions)
+_MARK_LEASE_SUBMITTED = update(leases).where(leases.c.lease_id == bindparam("b_lease_id")).values(state="submitted")
+_MARK_TASK_SUBMITTED = update(tasks).where(tasks.c.task_id == bindparam("b_task_id")).values(state="submitted")
 
 
 class Ledger(ValidationLedger):
@@ -65,15 +74,17 @@ class Ledger(ValidationLedger):
     ) -> SubmitResponse:
         document = request.model_dump(mode="json")
         verify_document(node_id, document, worker_signature)
-        body_sha256 = hashlib.sha256(canonical_json(document)).hexdigest()
+        body = canonical_json(document)
+        body_sha256 = hashlib.sha256(body).hexdigest()
         now = self.clock()
         with self._write(nonce) as conn:
             self._node(conn, node_id, "worker")
-            owner = conn.execute(select(leases.c.node_id).where(leases.c.lease_id == request.lease_id)).scalar()
-            if owner is not None and owner != node_id:
+            lease = conn.execute(LEASE_ROW_LOCKED, {"b_lease_id": request.lease_id}).first()
+            if lease is None:
+                raise NotFoundError(f"no lease {request.lease_id!r}; lease a task first")
+            if lease.node_id != node_id:
                 raise Violation(ForbiddenError(f"lease {request.lease_id} belongs to another node"))
-            lease = self._own_lease(conn, node_id, request.lease_id)
-            earlier = conn.execute(select(submissions).where(submissions.c.lease_id == request.lease_id)).first()
+            earlier = conn.execute(_SUBMISSION_OF_LEASE, {"b_lease_id": request.lease_id}).first()
             if earlier is not None:
                 if earlier.body_sha256 != body_sha256:
                     raise Violation(
@@ -87,7 +98,7 @@ class Ledger(ValidationLedger):
                 raise Violation(
                     ConflictError(f"lease {request.lease_id} is for task {lease.task_id}, not {request.task_id}")
                 )
-            task = conn.execute(select(tasks).where(tasks.c.task_id == lease.task_id).with_for_update()).one()
+            task = conn.execute(_TASK_ROW_LOCKED, {"b_task_id": lease.task_id}).one()
             self._check_lease_open(lease, task)
             if request.policy_version != lease.policy_version:
                 raise Violation(
@@ -108,21 +119,22 @@ class Ledger(ValidationLedger):
                 raise Violation(ProtocolError("; ".join(problems[:5])))
             submission_id = f"s-{secrets.token_hex(12)}"
             conn.execute(
-                insert(submissions).values(
-                    submission_id=submission_id,
-                    lease_id=request.lease_id,
-                    task_id=lease.task_id,
-                    node_id=node_id,
-                    policy_version=request.policy_version,
-                    body_sha256=body_sha256,
-                    body_json=canonical_json(document).decode(),
-                    worker_signature=worker_signature,
-                    submitted_at=now,
-                    status="pending",
-                )
+                _INSERT_SUBMISSION,
+                {
+                    "submission_id": submission_id,
+                    "lease_id": request.lease_id,
+                    "task_id": lease.task_id,
+                    "node_id": node_id,
+                    "policy_version": request.policy_version,
+                    "body_sha256": body_sha256,
+                    "body_json": body.decode(),
+                    "worker_signature": worker_signature,
+                    "submitted_at": now,
+                    "status": "pending",
+                },
             )
-            conn.execute(update(leases).where(leases.c.lease_id == request.lease_id).values(state="submitted"))
-            conn.execute(update(tasks).where(tasks.c.task_id == lease.task_id).values(state="submitted"))
+            conn.execute(_MARK_LEASE_SUBMITTED, {"b_lease_id": request.lease_id})
+            conn.execute(_MARK_TASK_SUBMITTED, {"b_task_id": lease.task_id})
             self._event(
                 conn,
                 "submit",

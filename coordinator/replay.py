@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sqlalchemy import Connection, delete, update
+from sqlalchemy import Connection, bindparam, delete, update
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
@@ -32,18 +32,31 @@ class NonceClaim:
     expires_at: float
 
 
+# Built once: every signed request runs these (see coordinator.storage.engine on prebuilt statements).
+_STORE_NONCE = {
+    "sqlite": sqlite_insert(nonces).on_conflict_do_nothing().returning(nonces.c.nonce),
+    "postgresql": postgresql_insert(nonces).on_conflict_do_nothing().returning(nonces.c.nonce),
+}
+_REUSE_EXPIRED_NONCE = (
+    update(nonces)
+    .where(
+        nonces.c.node_id == bindparam("b_node_id"),
+        nonces.c.nonce == bindparam("b_nonce"),
+        nonces.c.expires_at <= bindparam("b_now"),
+    )
+    .values(expires_at=bindparam("b_expires_at"))
+)
+
+
 def claim_nonce(conn: Connection, claim: NonceClaim, now: float) -> bool:
     """Store the nonce in this transaction; False when it is stored already and unexpired (a replay)."""
-    insert = sqlite_insert if conn.dialect.name == "sqlite" else postgresql_insert
     values = {"node_id": claim.node_id, "nonce": claim.nonce, "expires_at": claim.expires_at}
-    statement = insert(nonces).values(**values).on_conflict_do_nothing().returning(nonces.c.nonce)
-    if conn.execute(statement).first() is not None:  # (rowcount is not reliable here under psycopg)
+    if conn.execute(_STORE_NONCE[conn.dialect.name], values).first() is not None:  # (rowcount: unreliable, psycopg)
         return True
     # Already stored: a replay, unless the old entry expired and was not pruned yet.
     reused = conn.execute(
-        update(nonces)
-        .where(nonces.c.node_id == claim.node_id, nonces.c.nonce == claim.nonce, nonces.c.expires_at <= now)
-        .values(expires_at=claim.expires_at)
+        _REUSE_EXPIRED_NONCE,
+        {"b_node_id": claim.node_id, "b_nonce": claim.nonce, "b_now": now, "b_expires_at": claim.expires_at},
     )
     return reused.rowcount == 1
 

@@ -20,6 +20,8 @@ from protocol.errors import NotFoundError
 from protocol.schemas import Event, EventPage, NodeStats, RunStats, RunStatus, SignedManifest
 
 RUN_ROW_ID = 1
+_RUN_ROW = select(run_state).where(run_state.c.id == RUN_ROW_ID)  # built once: nearly every request reads it
+_RUN_ROW_LOCKED = _RUN_ROW.with_for_update()
 
 
 class LedgerViews:
@@ -31,9 +33,7 @@ class LedgerViews:
         self.clock = clock
 
     def _run(self, conn: Connection, lock: bool = False) -> Row[Any]:
-        query = select(run_state).where(run_state.c.id == RUN_ROW_ID)
-        row = conn.execute(query.with_for_update() if lock else query).one()
-        return row
+        return conn.execute(_RUN_ROW_LOCKED if lock else _RUN_ROW).one()
 
     @property
     def _live_s(self) -> float:

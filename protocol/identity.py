@@ -10,6 +10,7 @@ without a lookup.
 
 from __future__ import annotations
 
+import functools
 import os
 import stat
 from dataclasses import dataclass
@@ -56,6 +57,7 @@ def node_id_from_public_key(public_key: Ed25519PublicKey) -> str:
     return _b58encode(_IDENTITY_MULTIHASH_PREFIX + _PROTO_ED25519_PREFIX + raw)
 
 
+@functools.lru_cache(maxsize=8192)  # every signed request decodes its signer's id; keys are immutable
 def public_key_from_node_id(node_id: str) -> Ed25519PublicKey:
     """Recover the Ed25519 public key from a node id; IdentityError when it is not one."""
     try:

@@ -3,6 +3,9 @@
 Routes under ``/v1`` are signed by the caller's node key unless marked public; their bodies
 are the wire messages of :mod:`protocol.schemas`. Handlers are thin: authenticate, call one
 ledger method (in a worker thread; the ledger blocks on the database), return its message.
+The signed routes are ``async`` and hop to a thread once, for the ledger call (FastAPI would
+run a sync handler in a thread and hop again to validate its answer), on a few threads of
+their own (:class:`LedgerThreads`: more threads only queue for the GIL).
 A background task re-queues expired leases and prunes expired nonces.
 """
 
@@ -10,10 +13,12 @@ A background task re-queues expired leases and prunes expired nonces.
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Annotated
+from typing import Annotated, TypeVar
 
+import anyio
+import anyio.to_thread
 from fastapi import Depends, FastAPI, Header, Query, Request
 from fastapi import Path as FastApiPath
 from fastapi.responses import Response
@@ -55,6 +60,25 @@ from protocol.schemas import (
 
 log = logging.getLogger("coordinator.api")
 
+T = TypeVar("T")
+
+
+class LedgerThreads:
+    """Runs ledger calls in worker threads, at most ``num_threads`` at once (see ApiConfig.num_threads).
+
+    Its own limiter, so shard streaming and FastAPI's sync routes keep anyio's default threads.
+    """
+
+    def __init__(self, num_threads: int) -> None:
+        self.num_threads = num_threads
+        self._limiter: anyio.CapacityLimiter | None = None  # made inside the event loop, on first use
+
+    async def __call__(self, call: Callable[..., T], *args: object) -> T:
+        if self._limiter is None:
+            self._limiter = anyio.CapacityLimiter(self.num_threads)
+        return await anyio.to_thread.run_sync(call, *args, limiter=self._limiter)
+
+
 _ERRORS = {code: {"model": ErrorBody} for code in (400, 401, 403, 404, 409, 413, 429)}
 _UNMETERED_PATHS = frozenset({"/healthz", "/metrics"})
 
@@ -85,60 +109,61 @@ def create_app(
     app.add_middleware(RequestMetrics, metrics=metrics)
     app.add_middleware(IpRateLimit, limiter=RateLimiter(api.ip_rate_per_s, api.ip_burst), exempt_paths=_UNMETERED_PATHS)
     app.add_middleware(BodySizeLimit, max_body_bytes=api.max_body_bytes)  # outermost: before anything reads
+    in_thread = LedgerThreads(api.num_threads)
     caller = SignedCaller(config.trust.max_clock_skew_s, RateLimiter(api.node_rate_per_s, api.node_burst))
     Caller = Annotated[SignedRequest, Depends(caller)]  # noqa: N806 - a type alias, named like one
 
     @app.post("/v1/nodes/register", tags=["nodes"])
-    def register(body: RegisterRequest, caller: Caller, request: Request) -> RegisterResponse:
+    async def register(body: RegisterRequest, caller: Caller, request: Request) -> RegisterResponse:
         """Register (or update) the calling node: workers are permissionless, validators need approval."""
         ip = request.client.host if request.client else "unknown"
-        return ledger.register(caller.node_id, ip, body, caller.nonce)
+        return await in_thread(ledger.register, caller.node_id, ip, body, caller.nonce)
 
     @app.post("/v1/nodes/heartbeat", tags=["nodes"])
-    def heartbeat(body: HeartbeatRequest, caller: Caller) -> HeartbeatResponse:
+    async def heartbeat(body: HeartbeatRequest, caller: Caller) -> HeartbeatResponse:
         """Report liveness, engine and policy versions held."""
-        return ledger.heartbeat(caller.node_id, body, caller.nonce)
+        return await in_thread(ledger.heartbeat, caller.node_id, body, caller.nonce)
 
     @app.post("/v1/leases", tags=["leases"])
-    def lease(body: LeaseRequest, caller: Caller) -> LeaseResponse:
+    async def lease(body: LeaseRequest, caller: Caller) -> LeaseResponse:
         """Lease up to max_tasks tasks (fewer, or none with a retry delay, when caps or fair share bind)."""
-        return ledger.lease(caller.node_id, body, caller.nonce)
+        return await in_thread(ledger.lease, caller.node_id, body, caller.nonce)
 
     @app.post("/v1/leases/renew", tags=["leases"])
-    def renew(body: LeaseRenewal, caller: Caller) -> LeaseState:
+    async def renew(body: LeaseRenewal, caller: Caller) -> LeaseState:
         """Push an active lease's deadline out by one lease TTL."""
-        return ledger.renew(caller.node_id, body.lease_id, caller.nonce)
+        return await in_thread(ledger.renew, caller.node_id, body.lease_id, caller.nonce)
 
     @app.post("/v1/leases/abandon", tags=["leases"])
-    def abandon(body: LeaseRenewal, caller: Caller) -> LeaseState:
+    async def abandon(body: LeaseRenewal, caller: Caller) -> LeaseState:
         """Give a lease back; its task is re-issued at once."""
-        return ledger.abandon(caller.node_id, body.lease_id, caller.nonce)
+        return await in_thread(ledger.abandon, caller.node_id, body.lease_id, caller.nonce)
 
     @app.post("/v1/submissions", tags=["submissions"])
-    def submit(
+    async def submit(
         body: SubmitRequest,
         caller: Caller,
         submission_signature: Annotated[str, Header(alias=HEADER_SUBMISSION_SIGNATURE, max_length=256)],
     ) -> SubmitResponse:
         """Submit a leased task's rollouts; a repeat of the same submission is answered as a duplicate."""
-        return ledger.submit(caller.node_id, body, submission_signature, caller.nonce)
+        return await in_thread(ledger.submit, caller.node_id, body, submission_signature, caller.nonce)
 
     @app.get("/v1/submissions/pending", tags=["validation"])
-    def pending(caller: Caller, limit: Annotated[int, Query(ge=1, le=256)] = 16) -> PendingSubmissions:
+    async def pending(caller: Caller, limit: Annotated[int, Query(ge=1, le=256)] = 16) -> PendingSubmissions:
         """Submissions awaiting a verdict, oldest first (approved validators only)."""
-        return ledger.pending(caller.node_id, limit, caller.nonce)
+        return await in_thread(ledger.pending, caller.node_id, limit, caller.nonce)
 
     @app.post("/v1/verdicts", tags=["validation"])
-    def verdict(body: Verdict, caller: Caller) -> VerdictResponse:
+    async def verdict(body: Verdict, caller: Caller) -> VerdictResponse:
         """Accept or reject a submission (approved validators only)."""
-        return ledger.post_verdict(caller.node_id, body, caller.nonce)
+        return await in_thread(ledger.post_verdict, caller.node_id, body, caller.nonce)
 
     @app.post("/v1/policy-versions", tags=["policy"])
-    def publish(body: SignedManifest, caller: Caller) -> PublishResponse:
+    async def publish(body: SignedManifest, caller: Caller) -> PublishResponse:
         """Publish a policy version under its signed manifest (coordinator-internal: its own key only)."""
         if caller.node_id != ledger.coordinator_id:
             raise ForbiddenError("only the coordinator itself publishes policy versions")
-        return ledger.publish(body, caller.nonce)
+        return await in_thread(ledger.publish, body, caller.nonce)
 
     @app.get("/v1/policy-versions/latest", tags=["policy", "public"])
     def latest_manifest() -> SignedManifest:
