@@ -1,6 +1,7 @@
 """Rollout throughput: each engine alone, and the whole worker loop against a real coordinator.
 
-For the vLLM and HF engines on the built-in tiny model it measures completion tokens/s of
+For the vLLM and HF engines on the built-in tiny model, built as `prime-worker join --gpu none`
+builds them (on a CPU each computes on all cores but one), it measures completion tokens/s of
 ``engine.generate`` on tasks of 8 prompts x 8 samples (batch 64), then of the worker's task
 runner doing the same tasks for real: lease from a `prime-coordinator start` process on
 127.0.0.1, generate, build TOPLOC proofs, sign and submit. Prints one JSON object whose
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import platform
 import sys
 import tempfile
@@ -153,19 +155,20 @@ def main() -> None:
     max_tokens = args.max_tokens or (64 if args.quick else 128)
 
     from trainer.builtin import resolve_model_path
-    from worker.engines.hf import HFEngine
-    from worker.engines.vllm import VllmEngine
+    from worker.devices import DeviceInfo
+    from worker.node import create_engine
 
     checkpoint = resolve_model_path("builtin:tiny-qwen2")
+    cpu = DeviceInfo(device="cpu", name="cpu", memory_bytes=0)
+    hf_engine_threads = 0
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="rollout-bench-") as tmp:
         coordinator, url = start_coordinator(Path(tmp), checkpoint, max_tokens)
         try:
-            for name, build in (
-                ("hf", lambda: HFEngine(checkpoint, max_batch_size=64)),
-                ("vllm", lambda: VllmEngine(checkpoint, max_batch_size=64)),
-            ):
-                engine: Engine = build()
+            for name in ("hf", "vllm"):  # as `prime-worker join --gpu none` builds them
+                engine: Engine = create_engine(name, checkpoint, cpu, PROMPTS_PER_TASK * GROUP_SIZE)
+                if name == "hf":
+                    hf_engine_threads = torch.get_num_threads()
                 # Alternate the two measurements and keep the median of each: this machine is shared.
                 alone_runs, loop_runs = [], []
                 for _ in range(args.repeat):
@@ -193,7 +196,12 @@ def main() -> None:
         "batch": PROMPTS_PER_TASK * GROUP_SIZE,
         "max_tokens": max_tokens,
         "tasks_per_measurement": num_tasks,
-        "machine": {"cpus": torch.get_num_threads(), "python": platform.python_version(), "torch": torch.__version__},
+        "hf_engine_threads": hf_engine_threads,  # all cores but one; vLLM's CPU backend also reserves one
+        "machine": {
+            "cpus": len(os.sched_getaffinity(0)),
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+        },
     }
     print(json.dumps({"summary": summary, "engines": results, **detail}))
 

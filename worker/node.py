@@ -23,7 +23,7 @@ from protocol.ledger_client import LedgerClient
 from protocol.schemas import Hardware, RegisterRequest
 from shardcast.cache import WeightsCache
 from worker.config import WorkerConfig
-from worker.devices import DeviceInfo, detect_devices
+from worker.devices import DeviceInfo, cpu_engine_threads, detect_devices
 from worker.engines.base import Engine
 from worker.loop import TaskRunner, WorkerState, heartbeat_forever, with_retries
 from worker.p2p import run_node_gossip
@@ -96,7 +96,8 @@ def create_engine(kind: str, checkpoint_dir: Path, device: DeviceInfo, max_batch
         return VllmEngine(checkpoint_dir, max_batch_size=max_batch_size, dtype=dtype, device=device.device)
     from worker.engines.hf import HFEngine
 
-    return HFEngine(checkpoint_dir, device=device.device, max_batch_size=max_batch_size)
+    threads = cpu_engine_threads() if device.device == "cpu" else None
+    return HFEngine(checkpoint_dir, device=device.device, max_batch_size=max_batch_size, num_threads=threads)
 
 
 async def run_worker(

@@ -150,7 +150,9 @@ def test_vllm_rollouts_pass_verification_by_hf_prefill(engine: VllmEngine, check
 
 
 def test_exported_start_checkpoint_draws_the_same_tokens_in_vllm_and_hf() -> None:
-    """The trainer's exported policy (HF safetensors + config + tokenizer) loads in both engines alike."""
+    """The trainer's exported policy (HF safetensors + config + tokenizer) loads in both engines alike:
+    the same verifiable draws through our engines, and the same plain greedy output from
+    `transformers` ``generate`` and from vLLM's own ``LLM.generate`` with temperature 0."""
     from coordinator.builtin_tasks import BuiltinTasks
     from trainer.builtin import resolve_model_path
     from worker.node import eos_token_ids
@@ -165,8 +167,29 @@ def test_exported_start_checkpoint_draws_the_same_tokens_in_vllm_and_hf() -> Non
     vllm_engine = VllmEngine(checkpoint, max_batch_size=8)
     try:
         from_vllm = vllm_engine.generate(requests)
+        greedy_vllm = vllm_greedy(vllm_engine, [list(p.token_ids) for p in prompts], 32, list(eos))
     finally:
         vllm_engine.close()
     from_hf = HFEngine(checkpoint, max_batch_size=8).generate(requests)
     assert [r.completion_ids for r in from_vllm] == [r.completion_ids for r in from_hf]
     assert {r.finish_reason for r in from_hf} == {"stop"}
+
+    model = AutoModelForCausalLM.from_pretrained(checkpoint, torch_dtype=torch.float32).eval()
+    greedy_hf = []
+    for prompt in prompts:  # one at a time: no padding in the way of a plain comparison
+        ids = torch.tensor([list(prompt.token_ids)])
+        with torch.no_grad():
+            out = model.generate(ids, do_sample=False, max_new_tokens=32, eos_token_id=list(eos), pad_token_id=eos[0])
+        greedy_hf.append(out[0, ids.shape[1] :].tolist())
+    assert greedy_vllm == greedy_hf
+    assert any(len(tokens) > 1 for tokens in greedy_hf)
+
+
+def vllm_greedy(engine: VllmEngine, prompts: list[list[int]], max_tokens: int, eos: list[int]) -> list[list[int]]:
+    """Plain vLLM greedy decoding on the engine's loaded model: no seed and stream, so no noise is added."""
+    from vllm import SamplingParams as VllmSamplingParams
+    from vllm.inputs import TokensPrompt
+
+    params = VllmSamplingParams(temperature=0.0, max_tokens=max_tokens, stop_token_ids=eos)
+    outputs = engine._llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+    return [list(output.outputs[0].token_ids) for output in outputs]
