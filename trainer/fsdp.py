@@ -133,5 +133,11 @@ def barrier(info: DistInfo) -> None:
 
 
 def shutdown(info: DistInfo) -> None:
+    """Leave the process groups together, after every rank's work is done (call it on success paths only).
+
+    The barrier keeps a rank from tearing down its gloo pairs while a peer still finishes (rank 0
+    writing files): seen once in CI as a rank aborting with "terminate called without an active
+    exception" at the end of a 2-rank run."""
     if info.is_distributed and dist.is_initialized():
+        dist.barrier()
         dist.destroy_process_group()
