@@ -68,7 +68,7 @@ from protocol.schemas import (
 HEARTBEAT_INTERVAL_S = 10.0
 RETRY_EMPTY_S = 2.0
 
-# The statements of every heartbeat, lease and submission, built once (see coordinator.storage.engine).
+# The statements of every registration, heartbeat, lease and submission, built once (see coordinator.storage.engine).
 INSERT_EVENT = insert(events)
 NODE_ROW = select(nodes).where(nodes.c.node_id == bindparam("b_node_id"))
 NODE_ROW_LOCKED = NODE_ROW.with_for_update()
@@ -83,6 +83,7 @@ _OPEN_TASKS = (
     .limit(bindparam("b_limit"))
     .with_for_update(skip_locked=True)  # PostgreSQL: concurrent leases claim different tasks
 )
+_INSERT_NODE = insert(nodes)
 _INSERT_TASK = insert(tasks)
 _INSERT_LEASE = insert(leases)
 _MARK_TASK_LEASED = (
@@ -246,24 +247,15 @@ class LeasingLedger(LedgerViews):
             "software_version": request.software_version,
         }
         with self._write(nonce) as conn:
-            row = conn.execute(select(nodes).where(nodes.c.node_id == node_id)).first()
+            row = conn.execute(NODE_ROW, {"b_node_id": node_id}).first()
             if row is not None and row.banned:
                 raise ForbiddenError(f"node {node_id} is banned: {row.ban_reason}")
             if row is None:
-                conn.execute(
-                    insert(nodes).values(
-                        node_id=node_id,
-                        registered_at=now,
-                        versions_held_json="[]",
-                        tokens_per_s=0.0,
-                        num_accepted=0,
-                        num_rejected=0,
-                        banned=False,
-                        **values,
-                    )
-                )
+                new_node = {"versions_held_json": "[]", "tokens_per_s": 0.0, "num_accepted": 0, "num_rejected": 0}
+                new_node |= {"node_id": node_id, "registered_at": now, "banned": False, **values}
+                conn.execute(_INSERT_NODE, new_node)
             else:
-                conn.execute(update(nodes).where(nodes.c.node_id == node_id).values(**values))
+                conn.execute(UPDATE_NODE, {"b_node_id": node_id, **values})
             self._event(conn, "register", node_id, node_id, role=request.role, ip=ip, new=row is None)
             current = self._run(conn).current_policy_version
         return RegisterResponse(node_id=node_id, role=request.role, approved=approved, current_policy_version=current)

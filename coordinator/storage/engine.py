@@ -7,6 +7,10 @@ SQLite's busy handler. Reads begin deferred and run concurrently (WAL). PostgreS
 connection pool; its write transactions lock the rows they change (``FOR UPDATE``).
 SQLite's ``synchronous=NORMAL`` (the default here) already survives a killed process, which
 is what acknowledged writes must survive; ``FULL`` adds power-cut safety at an fsync per commit.
+
+The statements every request runs (nonce, node, lease, submission, event) are module constants
+with bind parameters, built once and run with a dict of values: building a SQLAlchemy statement
+costs more than running it (bench/ledger_load.py: 3.5 -> 2.0 ms of coordinator CPU per request).
 """
 
 from __future__ import annotations
