@@ -73,7 +73,7 @@ INSERT_EVENT = insert(events)
 NODE_ROW = select(nodes).where(nodes.c.node_id == bindparam("b_node_id"))
 NODE_ROW_LOCKED = NODE_ROW.with_for_update()
 UPDATE_NODE = update(nodes).where(nodes.c.node_id == bindparam("b_node_id"))  # SET: the columns passed
-LEASE_ROW_LOCKED = select(leases).where(leases.c.lease_id == bindparam("b_lease_id")).with_for_update()
+_LEASE_ROW_LOCKED = select(leases).where(leases.c.lease_id == bindparam("b_lease_id")).with_for_update()
 _ACTIVE_LEASES = select(func.count()).where(leases.c.state == "active")
 _ACTIVE_LEASES_OF_NODE = _ACTIVE_LEASES.where(leases.c.node_id == bindparam("b_node_id"))
 _OPEN_TASKS = (
@@ -411,10 +411,16 @@ class LeasingLedger(LedgerViews):
         self._event(conn, "lease", node_id, lease_id, task_id=task_row.task_id, policy_version=version)
         return self._task_view(task_row, SimpleNamespace(**values))
 
-    def _own_lease(self, conn: Connection, node_id: str, lease_id: str) -> Row[Any]:
-        row = conn.execute(LEASE_ROW_LOCKED, {"b_lease_id": lease_id}).first()
+    @staticmethod
+    def _lease_row(conn: Connection, lease_id: str) -> Row[Any]:
+        """The lease's row, locked, or a 404."""
+        row = conn.execute(_LEASE_ROW_LOCKED, {"b_lease_id": lease_id}).first()
         if row is None:
             raise NotFoundError(f"no lease {lease_id!r}; lease a task first")
+        return row
+
+    def _own_lease(self, conn: Connection, node_id: str, lease_id: str) -> Row[Any]:
+        row = self._lease_row(conn, lease_id)
         if row.node_id != node_id:
             raise ForbiddenError(f"lease {lease_id} belongs to another node")
         return row

@@ -17,7 +17,6 @@ from typing import Any
 
 from sqlalchemy import Row, bindparam, insert, select, update
 
-from coordinator.leasing import LEASE_ROW_LOCKED
 from coordinator.replay import NonceClaim
 from coordinator.scheduling import rollout_problems, staleness_problem
 from coordinator.storage.tables import (
@@ -32,7 +31,6 @@ from coordinator.views import RUN_ROW_ID
 from protocol.errors import (
     ConflictError,
     ForbiddenError,
-    NotFoundError,
     ProtocolError,
     StalePolicyError,
 )
@@ -42,7 +40,7 @@ from protocol.schemas import (
     SubmitRequest,
     SubmitResponse,
 )
-from protocol.signing import canonical_json, verify_document
+from protocol.signing import canonical_json, verify_canonical_document, verify_document
 
 MAX_POLICY_VERSION = 2**31 - 1  # stored as a 32-bit INTEGER
 
@@ -72,17 +70,14 @@ class Ledger(ValidationLedger):
     def _submit(
         self, node_id: str, request: SubmitRequest, worker_signature: str, nonce: NonceClaim | None
     ) -> SubmitResponse:
-        document = request.model_dump(mode="json")
-        verify_document(node_id, document, worker_signature)
-        body = canonical_json(document)
+        body = canonical_json(request.model_dump(mode="json"))
+        verify_canonical_document(node_id, body, worker_signature)
         body_sha256 = hashlib.sha256(body).hexdigest()
         now = self.clock()
         with self._write(nonce) as conn:
             self._node(conn, node_id, "worker")
-            lease = conn.execute(LEASE_ROW_LOCKED, {"b_lease_id": request.lease_id}).first()
-            if lease is None:
-                raise NotFoundError(f"no lease {request.lease_id!r}; lease a task first")
-            if lease.node_id != node_id:
+            lease = self._lease_row(conn, request.lease_id)
+            if lease.node_id != node_id:  # a Violation here, unlike _own_lease: only a cheat submits another's
                 raise Violation(ForbiddenError(f"lease {request.lease_id} belongs to another node"))
             earlier = conn.execute(_SUBMISSION_OF_LEASE, {"b_lease_id": request.lease_id}).first()
             if earlier is not None:

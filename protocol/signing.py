@@ -172,11 +172,16 @@ def sign_document(identity: NodeIdentity, document: Mapping[str, Any]) -> str:
 
 def verify_document(node_id: str, document: Mapping[str, Any], signature: str) -> None:
     """Raise BadSignatureError unless ``signature`` is ``node_id``'s over ``document``."""
+    verify_canonical_document(node_id, canonical_json(document), signature)
+
+
+def verify_canonical_document(node_id: str, canonical: bytes, signature: str) -> None:
+    """:func:`verify_document` for a document already in its :func:`canonical_json` form (no second encoding)."""
     try:
         raw = base64.b64decode(signature, validate=True)
     except (ValueError, binascii.Error) as exc:
         raise BadSignatureError(f"signature is not base64: {exc}") from exc
     try:
-        verify_signature(node_id, DOCUMENT_DOMAIN + b"\n" + canonical_json(document), raw)
+        verify_signature(node_id, DOCUMENT_DOMAIN + b"\n" + canonical, raw)
     except IdentityError as exc:
         raise BadSignatureError(f"signer is not a valid node id: {exc.message}") from exc
