@@ -20,6 +20,7 @@ from typing import Any
 
 import httpx
 import tomli_w
+from sqlalchemy import Executable, create_engine, text
 
 from coordinator.process import CoordinatorProcess, free_port, stop_processes
 from tests.integration.shardcast_nodes import Nodes
@@ -85,6 +86,10 @@ class Network:
                 return found
             after = page["next_after"]
 
+    def verdicts(self) -> dict[str, dict[str, Any]]:
+        """Each decided submission's verdict event data (accepted, reasons, worker_id, ...), by submission id."""
+        return {event["subject"]: event["data"] for event in self.events("verdict")}
+
     def worker_log(self, name: str) -> str:
         return (self.root / f"{name}.log").read_text(errors="replace")[-4000:]
 
@@ -129,6 +134,17 @@ def running_network(
         stop_processes(net.workers)
         relays.stop_all()
         coordinator.stop()
+
+
+def ledger_rows(root: Path, statement: str | Executable) -> list[Any]:
+    """The rows of ``statement`` (SQL text or a SQLAlchemy statement) on the SQLite ledger of the run whose
+    data dir is ``root / "run"`` (as :func:`running_network` and the orchestrator tests lay it out)."""
+    engine = create_engine(f"sqlite:///{root / 'run' / 'ledger.db'}")
+    try:
+        with engine.connect() as conn:
+            return list(conn.execute(text(statement) if isinstance(statement, str) else statement).all())
+    finally:
+        engine.dispose()
 
 
 def submissions_by_node(net: Network) -> dict[str, list[dict[str, Any]]]:

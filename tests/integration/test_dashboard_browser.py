@@ -180,7 +180,7 @@ def test_dashboard_shows_the_live_worker_and_the_runs_rewards(tmp_path: Path, br
         assert text_of(browser, "#reward-chart polyline.series-line") is not None  # the moving mean
         assert text_of(browser, "#throughput-chart polyline") is not None
         shown = verdict_rows(browser)
-        verdicts = {e["subject"]: e["data"] for e in net.events("verdict")}
+        verdicts = net.verdicts()
         assert shown and all(verdicts[row[1]]["accepted"] == (row[5] == "accepted") for row in shown), shown[:3]
         assert text_of(browser, "#stat-workers") == "1"
 

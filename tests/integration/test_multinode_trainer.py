@@ -21,12 +21,12 @@ from pathlib import Path
 import pytest
 
 from coordinator.process import free_port
+from tests.integration.network import ledger_rows
 from tests.integration.test_orchestrator_network import (
     NUM_STEPS,
     REPO_ROOT,
     check_completed_run,
     finish,
-    ledger_rows,
     metric,
     start,
     wait_for,

@@ -24,9 +24,9 @@ from typing import Any
 import httpx
 import pytest
 import tomli_w
-from sqlalchemy import create_engine, text
 
 from coordinator.process import CoordinatorProcess, free_port
+from tests.integration.network import ledger_rows
 from trainer.checkpoint import latest_checkpoint
 
 pytestmark = pytest.mark.slow
@@ -60,15 +60,6 @@ def write_config(root: Path, port: int, local_network: bool = True, **orchestrat
     path = root / "run.toml"
     path.write_text(tomli_w.dumps(config))
     return path
-
-
-def ledger_rows(root: Path, query: str) -> list[Any]:
-    engine = create_engine(f"sqlite:///{root / 'run' / 'ledger.db'}")
-    try:
-        with engine.connect() as conn:
-            return list(conn.execute(text(query)).all())
-    finally:
-        engine.dispose()
 
 
 def steps_by_state(root: Path, state: str) -> dict[int, list[str]]:

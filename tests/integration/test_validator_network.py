@@ -21,13 +21,13 @@ from typing import Any
 
 import httpx
 import pytest
-from sqlalchemy import create_engine, select
+from sqlalchemy import select
 
 from coordinator.storage.tables import accepted_groups, submissions
 from protocol.identity import load_or_create_identity
 from protocol.schemas import SubmitRequest
 from tests.integration.malicious_worker import PROOF_ATTACKS, attack_until_banned
-from tests.integration.network import Network, running_network
+from tests.integration.network import Network, ledger_rows, running_network
 from tests.integration.shardcast_nodes import wait_until
 
 pytestmark = pytest.mark.slow
@@ -37,19 +37,6 @@ COUNTED_DOOR_ATTACKS = ("replay_same_lease", "policy_version_never_had", "wrong_
 UNCOUNTED_DOOR_ATTACKS = {"forged_signature": 401, "inflated_reward": 400}
 """Refused at the door, not counted: a forgery proves nothing of its signer; a schema error may be version skew."""
 NUM_COUNTED = len(COUNTED_DOOR_ATTACKS) + 1 + len(PROOF_ATTACKS)  # + the copy under a new lease (validator)
-
-
-def ledger_rows(net: Network, table: Any) -> list[Any]:
-    engine = create_engine(f"sqlite:///{net.root / 'run' / 'ledger.db'}")
-    try:
-        with engine.connect() as conn:
-            return list(conn.execute(select(table)).all())
-    finally:
-        engine.dispose()
-
-
-def verdicts_of(net: Network) -> dict[str, dict[str, Any]]:
-    return {event["subject"]: event["data"] for event in net.events("verdict")}
 
 
 def node_row(net: Network, node_id: str) -> dict[str, Any]:
@@ -67,8 +54,8 @@ def test_every_attack_is_refused_or_rejected_and_the_attacker_banned(tmp_path: P
         net.start_worker("worker-honest", "hf", [])
         validator = net.start_validator()
         honest_id = load_or_create_identity(net.root / "worker-honest").node_id
-        wait_until(lambda: any(v["accepted"] for v in verdicts_of(net).values()), 300, "an accepted honest group")
-        (honest_row, *_) = [row for row in ledger_rows(net, submissions) if row.status == "accepted"]
+        wait_until(lambda: any(v["accepted"] for v in net.verdicts().values()), 300, "an accepted honest group")
+        (honest_row, *_) = [row for row in ledger_rows(net.root, select(submissions)) if row.status == "accepted"]
         honest = SubmitRequest.model_validate_json(honest_row.body_json)
 
         attacker = asyncio.run(attack_until_banned(net.url, net.checkpoints[0], honest_id, honest))
@@ -85,7 +72,7 @@ def test_every_attack_is_refused_or_rejected_and_the_attacker_banned(tmp_path: P
         assert "reward" in outcomes["inflated_reward"].reason
 
         # Whatever got past the door was rejected by the validator, with reasons.
-        verdicts = verdicts_of(net)
+        verdicts = net.verdicts()
         judged = [o for o in attacker.outcomes if o.submission_id is not None]
         assert outcomes["replay_under_new_lease"].submission_id is not None
         for outcome in judged:
@@ -101,8 +88,8 @@ def test_every_attack_is_refused_or_rejected_and_the_attacker_banned(tmp_path: P
         assert (impersonated["banned"], impersonated["num_rejected"]) == (False, 0), impersonated
 
         # Nothing of the attacker's reaches the accepted set; the replayed honest group counts once.
-        owner = {r.submission_id: r.node_id for r in ledger_rows(net, submissions)}
-        accepted = ledger_rows(net, accepted_groups)
+        owner = {r.submission_id: r.node_id for r in ledger_rows(net.root, select(submissions))}
+        accepted = ledger_rows(net.root, select(accepted_groups))
         assert all(owner[group.submission_id] != attacker_id for group in accepted)
         assert sum(1 for group in accepted if group.task_id == honest.task_id) == 1
 
@@ -112,7 +99,7 @@ def test_every_attack_is_refused_or_rejected_and_the_attacker_banned(tmp_path: P
             return any(e["event_id"] > last_ban and e["data"]["worker_id"] == honest_id for e in net.events("verdict"))
 
         wait_until(honest_after_ban, 240, "an honest verdict after the ban")
-        honest_verdicts = [v for v in verdicts_of(net).values() if v["worker_id"] == honest_id]
+        honest_verdicts = [v for v in net.verdicts().values() if v["worker_id"] == honest_id]
         rejected = [v["reasons"] for v in honest_verdicts if not v["accepted"]]
         assert honest_verdicts and not rejected, rejected[:3]
         assert validator.poll() is None, net.worker_log("validator")
