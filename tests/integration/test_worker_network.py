@@ -17,7 +17,6 @@ import signal
 import subprocess
 import time
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
@@ -53,8 +52,11 @@ def test_two_engines_across_two_versions_and_a_killed_worker(network: Network) -
     hf_id = load_or_create_identity(net.root / "worker-hf").node_id
 
     def hf_holds_lease() -> bool:
-        leased = {e["data"]["task_id"] for e in net.events("lease") if e["node_id"] == hf_id}
-        submitted = {e["data"]["task_id"] for e in net.events("submit") if e["node_id"] == hf_id}
+        # One read of the (append-only) event log: with a lease read and a submission read made one after the
+        # other, a task the fast HF worker leased and submitted within a read was never seen held.
+        events = [e for e in net.events() if e["node_id"] == hf_id]
+        leased = {e["data"]["task_id"] for e in events if e["kind"] == "lease"}
+        submitted = {e["data"]["task_id"] for e in events if e["kind"] == "submit"}
         return bool(leased - submitted)
 
     try:
@@ -138,12 +140,9 @@ def test_cheating_worker_is_rejected_and_banned_while_honest_work_is_accepted(ne
     assert "reject" in ban_reason.lower(), ban_reason
     assert validator.poll() is None, net.worker_log("validator")
 
-    def verdicts_by_submission() -> dict[str, dict[str, Any]]:
-        return {e["subject"]: e["data"] for e in net.events("verdict")}
-
     # The cheater can be banned before the slower honest worker's first submission is judged.
-    wait_until(lambda: bool(set(verdicts_by_submission()) - set(cheated)), 180, "a verdict on honest work")
-    verdicts = verdicts_by_submission()
+    wait_until(lambda: bool(set(net.verdicts()) - set(cheated)), 180, "a verdict on honest work")
+    verdicts = net.verdicts()
     assert all(submission in verdicts and not verdicts[submission]["accepted"] for submission in cheated)
     assert all(verdicts[s]["reasons"] for s in cheated)
     by_honest_worker = {e["subject"] for e in net.events("submit") if e["node_id"] != cheater}
