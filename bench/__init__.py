@@ -1,1 +1,1 @@
-"""Benchmarks: programs that print one JSON object of figures (see DESIGN.md, Benchmarks)."""
+"""Benchmarks: programs that print one JSON object of figures (see docs/benchmarks.md)."""

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU check of the worker (issue 7): on a CUDA machine with the project installed with the gpu
+# GPU check of the worker: on a CUDA machine with the project installed with the gpu
 # extra (`make install ENGINE_EXTRA=gpu`, or pip install -e '.[gpu]'), run the vLLM engine on
 # the GPU and audit its rollouts with the CPU validator. One short script; prints one JSON line.
 set -euo pipefail

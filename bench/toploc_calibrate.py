@@ -197,7 +197,7 @@ def _attacks(model_dir: Path, work: Path, tasks: list[SampleTask], config: Toplo
     low_precision = HFEngine(model_dir, dtype="bfloat16")
     honest_tokens = [c.completion_ids for c in honest_claims(policy, tasks)]
     attacks = attack_suite(policy, random_init, noisy, low_precision)
-    # Not an attack of the issue but a probe of the sampling check's reach: tokens from the policy
+    # Not one of the attack suite's attacks but a probe of the sampling check's reach: tokens from the policy
     # with 1% weight noise, proofs and logprobs by the policy. Where every token happens to be the
     # policy's own draw the claim *is* an honest one; every other trial must be rejected.
     attacks["probe_noisy_model_tokens_policy_proofs"] = lambda t: other_model_tokens_proven_by_policy(policy, noisy, t)

@@ -40,7 +40,8 @@ def start(
     json_logs: bool = JsonLogsOption,
 ) -> None:
     """Start (or resume) the run: ledger API (uvicorn), SHARDCAST origin and, when configured, the RL loop
-    with its trainer (`[orchestrator]`) and a local network of relay, workers and validator (`[local_network]`)."""
+    with its trainer (config section orchestrator) and a local network of relay, workers and validator
+    (config section local_network)."""
     start_logging(log_level, json_logs)
     flags = {"api.host": host, "api.port": port, "data_dir": data_dir, "ledger.url": ledger_url}
     loaded = load_role_config(CoordinatorConfig, config, sets, flags)

@@ -1,4 +1,4 @@
-"""The RL loop of the coordinator (DESIGN.md, "The loop"): batches in, policies out, one step at a time.
+"""The RL loop of the coordinator: batches in, policies out, one step at a time.
 
 For step s (1-based; step s turns policy v(s-1) into v(s)) the loop:
 

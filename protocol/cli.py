@@ -97,8 +97,3 @@ def make_keys_app(default_data_dir: Path) -> typer.Typer:
         typer.echo(f"key file: {key_path(data_dir)}")
 
     return keys_app
-
-
-def not_yet_built(what: str, issue: int) -> NoReturn:
-    """Say plainly that a command exists but its capability has not landed yet."""
-    fail(f"{what} is not built yet (issue {issue}); see README.md for what runs today")

@@ -264,7 +264,7 @@ class RunStatus(WireModel):
     num_train_steps_done: int = Field(default=0, description="Training steps trained and published (orchestrator).")
 
 
-# Ledger API responses and read-only views (added with the ledger, issue 3).
+# Ledger API responses and read-only views.
 
 LeaseStateName = Literal["active", "submitted", "expired", "abandoned"]
 
@@ -345,7 +345,7 @@ class EventPage(WireModel):
     next_after: int = Field(description="Pass as `after` to read the events that follow.")
 
 
-# The coordinator's dashboard (`GET /v1/dashboard`, public and read-only; issue 9).
+# The coordinator's dashboard (`GET /v1/dashboard`, public and read-only).
 
 
 class DashboardNode(WireModel):

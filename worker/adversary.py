@@ -3,7 +3,7 @@
 A toploc.verify.SampleTask is what the ledger asks of one sample (prompt, sampling params,
 seed, noise stream, EOS ids); a toploc.verify.Claim is what a worker submits for it (tokens,
 logprobs, finish reason, proof bytes). :func:`honest_claims` is what a correct worker sends. Each
-attack of the TOPLOC issue is a function with the same shape, and each is as strong as the
+attack on the proof and sampling checks is a function with the same shape, and each is as strong as the
 attacker can cheaply make it: wherever the attack does not need them wrong, it repairs the
 proof and the logprobs with a prefill of the right model, so only the cheat itself remains.
 Attacks that need a second model (another random init, the policy with 1% weight noise, the
@@ -150,7 +150,7 @@ Attack = Callable[[Sequence[SampleTask]], list[Claim]]
 def attack_suite(
     policy: HFEngine, random_init: HFEngine, noisy: HFEngine, low_precision: HFEngine
 ) -> dict[str, Attack]:
-    """Every attack of the TOPLOC issue, by name, as a function of the tasks."""
+    """Every attack on the proof and sampling checks, by name, as a function of the tasks."""
     return {
         "other_model_random_init": lambda tasks: other_model(policy, random_init, tasks),
         "other_model_weight_noise_1pct": lambda tasks: other_model(policy, noisy, tasks),

@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import typer
 import yaml
+
+from tests.cli_parse import parse_command
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ROLE_SERVICES = {"coordinator", "relay", "worker", "validator"}
@@ -38,31 +39,6 @@ def compose_config() -> dict[str, Any]:
     assert done.returncode == 0, done.stderr
     config: dict[str, Any] = yaml.safe_load(done.stdout)
     return config
-
-
-def cli_app(script: str) -> typer.Typer:
-    from coordinator.cli import app as coordinator
-    from shardcast.cli import app as relay
-    from validator.cli import app as validator
-    from worker.cli import app as worker
-
-    apps = {
-        "prime-coordinator": coordinator,
-        "prime-relay": relay,
-        "prime-worker": worker,
-        "prime-validator": validator,
-    }
-    assert script in apps, f"{script} is not one of our role commands"
-    return apps[script]
-
-
-def parse_command(argv: list[str]) -> Any:
-    """Parse ``argv`` with our CLI down to the subcommand, without running it (returns its context)."""
-    group: Any = typer.main.get_command(cli_app(argv[0]))
-    context = group.make_context(argv[0], [argv[1], "--help"], resilient_parsing=True)
-    sub = group.get_command(context, argv[1])
-    assert sub is not None, f"{argv}: {argv[0]} has no subcommand {argv[1]}"
-    return sub.make_context(argv[1], argv[2:], parent=context)
 
 
 def test_compose_file_is_valid_and_has_every_role() -> None:
