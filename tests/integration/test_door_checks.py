@@ -23,7 +23,7 @@ import pytest
 from protocol.errors import PrimeError
 from protocol.identity import NodeIdentity
 from protocol.ledger_client import LedgerClient
-from protocol.schemas import Dashboard, ErrorBody, EventPage, LeaseRequest, SubmitRequest, Task, Verdict
+from protocol.schemas import Dashboard, ErrorBody, Event, EventPage, LeaseRequest, SubmitRequest, Task, Verdict
 from tests.integration.malicious_worker import signed_post
 from tests.integration.network import Network, running_network
 from tests.ledger_helpers import register_request, submission_for
@@ -61,9 +61,10 @@ def node_stats(net: Network, node_id: str) -> dict[str, Any]:
     return dict(row)
 
 
-def all_events(net: Network) -> list[Any]:
+def all_events(net: Network) -> list[Event]:
     """Every event through GET /v1/events (each page must read back)."""
-    found, after = [], 0
+    found: list[Event] = []
+    after = 0
     while True:
         response = httpx.get(f"{net.url}/v1/events", params={"after": after, "limit": 1000}, timeout=10)
         assert response.status_code == 200, response.text
