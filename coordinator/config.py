@@ -97,6 +97,9 @@ class PolicyConfig(Section):
     """Size of the shards a policy version is cut into."""
     keep_versions: int | None = Field(default=None, ge=1)
     """Versions kept in the origin store; empty means async_level + 2 (never fewer than async_level + 1)."""
+    vocab_size: int | None = Field(default=None, ge=1, le=2**31)
+    """The policy's vocabulary size: a submission with a token id at or above it is refused at the door and
+    counted against its worker. Empty: read from the start checkpoint's config.json when the coordinator starts."""
 
 
 class CoordinatorP2PConfig(P2PConfig):

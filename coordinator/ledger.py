@@ -35,14 +35,13 @@ from protocol.errors import (
     StalePolicyError,
 )
 from protocol.schemas import (
+    MAX_POLICY_VERSION,
     PublishResponse,
     SignedManifest,
     SubmitRequest,
     SubmitResponse,
 )
 from protocol.signing import canonical_json, verify_canonical_document, verify_document
-
-MAX_POLICY_VERSION = 2**31 - 1  # stored as a 32-bit INTEGER
 
 # The statements of every submission, built once (see coordinator.storage.engine).
 _SUBMISSION_OF_LEASE = select(submissions).where(submissions.c.lease_id == bindparam("b_lease_id"))
@@ -54,6 +53,11 @@ _MARK_TASK_SUBMITTED = update(tasks).where(tasks.c.task_id == bindparam("b_task_
 
 class Ledger(ValidationLedger):
     """The run's single source of truth, over one :class:`~coordinator.storage.engine.Database`."""
+
+    @property
+    def vocab_size(self) -> int | None:
+        """The policy's vocabulary size (policy.vocab_size): larger token ids are refused at the door."""
+        return self.config.policy.vocab_size
 
     # ---- submissions ---------------------------------------------------------------------------
 
@@ -108,7 +112,11 @@ class Ledger(ValidationLedger):
                 raise StalePolicyError(stale)
             prompt_indices = [prompt["prompt_index"] for prompt in json.loads(task.prompts_json)]
             problems = rollout_problems(
-                request.rollouts, prompt_indices, lease.group_size, json.loads(lease.sampling_json)["max_tokens"]
+                request.rollouts,
+                prompt_indices,
+                lease.group_size,
+                json.loads(lease.sampling_json)["max_tokens"],
+                self.vocab_size,
             )
             if problems:
                 raise Violation(ProtocolError("; ".join(problems[:5])))

@@ -9,6 +9,7 @@ restarted coordinator (or the same command run again) converges.
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 
@@ -26,6 +27,22 @@ log = logging.getLogger("coordinator.policies")
 
 def policy_store(config: CoordinatorConfig) -> VersionStore:
     return VersionStore(config.policy_store_dir)
+
+
+def with_vocab_size(config: CoordinatorConfig, checkpoint_dir: Path) -> CoordinatorConfig:
+    """The config with policy.vocab_size read from the checkpoint's config.json when it is not set (unchanged
+    when it is set, or when the checkpoint names none: then token ids are checked by the validators only)."""
+    if config.policy.vocab_size is not None:
+        return config
+    try:
+        value = json.loads((checkpoint_dir / "config.json").read_text()).get("vocab_size")
+    except (OSError, ValueError, AttributeError) as exc:
+        log.warning("cannot read the vocab_size of %s (%s); token ids are not checked at the door", checkpoint_dir, exc)
+        return config
+    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 2**31:
+        log.warning("%s names no valid vocab_size; token ids are not checked at the door", checkpoint_dir)
+        return config
+    return config.model_copy(update={"policy": config.policy.model_copy(update={"vocab_size": value})})
 
 
 def published_version(ledger: Ledger) -> int | None:

@@ -5,7 +5,8 @@ each. A submission is accepted when ``required`` validators accepted it with the
 (rewards are recomputed deterministically from the task, so honest validators agree; two
 reward lists agree when they have the same length and differ by at most
 :data:`REWARD_TOLERANCE` each), and rejected when ``required`` validators rejected it. Votes
-that agree with nobody leave the submission pending for further validators.
+that agree with nobody leave the submission pending for further validators. An accepting vote
+whose rewards could not be read back (``readable`` false) agrees with nobody.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ class Vote:
     accepted: bool
     rewards: tuple[float, ...]
     reasons: tuple[str, ...]
+    readable: bool = True
+    """False for a stored vote whose rewards could not be read: as an acceptance it agrees with no vote."""
 
 
 @dataclass(frozen=True)
@@ -49,10 +52,9 @@ def decide(votes: Sequence[Vote], required: int) -> Decision | None:
     rejecting = [vote for vote in votes if not vote.accepted]
     if len(rejecting) >= required:
         return Decision(False, tuple(rejecting[:required]))
-    for vote in votes:
-        if not vote.accepted:
-            continue
-        agreeing = [other for other in votes if other.accepted and rewards_agree(vote.rewards, other.rewards)]
+    accepting = [vote for vote in votes if vote.accepted and vote.readable]
+    for vote in accepting:
+        agreeing = [other for other in accepting if rewards_agree(vote.rewards, other.rewards)]
         if len(agreeing) >= required:
             return Decision(True, tuple(agreeing[:required]))
     return None

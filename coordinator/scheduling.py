@@ -80,9 +80,19 @@ def choose_policy_version(current_version: int, async_level: int, versions_held:
 
 
 def rollout_problems(
-    rollouts: Sequence[Rollout], prompt_indices: Sequence[int], group_size: int, max_tokens: int
+    rollouts: Sequence[Rollout],
+    prompt_indices: Sequence[int],
+    group_size: int,
+    max_tokens: int,
+    vocab_size: int | None = None,
 ) -> list[str]:
-    """What is wrong with a submitted group: every (prompt, sample) exactly once, sane lengths."""
+    """What is wrong with a submitted group that no honest worker sends, checkable without the model.
+
+    Every (prompt, sample) exactly once; per rollout at least one and at most ``max_tokens``
+    tokens, one logprob per token, no logprob above 0 (a probability above 1) and, when the
+    policy's ``vocab_size`` is known, no token id outside its vocabulary. The wire schema has
+    already refused non-finite and absurd numbers; the validators check the rest with the model.
+    """
     problems: list[str] = []
     expected = {(prompt, sample) for prompt in prompt_indices for sample in range(group_size)}
     seen: set[tuple[int, int]] = set()
@@ -100,8 +110,23 @@ def rollout_problems(
             problems.append(
                 f"rollout {number}: {len(rollout.logprobs)} logprobs for {len(rollout.completion_ids)} tokens"
             )
+        if not rollout.completion_ids:
+            problems.append(f"rollout {number}: completion_ids is empty (at least one token is always drawn)")
         if len(rollout.completion_ids) > max_tokens:
             problems.append(f"rollout {number}: {len(rollout.completion_ids)} tokens exceed max_tokens {max_tokens}")
+        positive = next((i for i, logprob in enumerate(rollout.logprobs) if logprob > 0), None)
+        if positive is not None:
+            problems.append(
+                f"rollout {number}: logprobs[{positive}] is {rollout.logprobs[positive]:g}, above 0 "
+                "(a log-probability is at most 0)"
+            )
+        if vocab_size is not None:
+            outside = next((token for token in rollout.completion_ids if token >= vocab_size), None)
+            if outside is not None:
+                problems.append(
+                    f"rollout {number}: completion_ids holds token id {outside}, outside the policy's vocabulary "
+                    f"[0, {vocab_size})"
+                )
     missing = expected - seen
     if missing:
         problems.append(f"{len(missing)} of {len(expected)} samples missing, e.g. (prompt, sample) {min(missing)}")

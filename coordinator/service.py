@@ -29,7 +29,7 @@ def run(config: CoordinatorConfig) -> None:
     from coordinator.dashboard.relays import RelayWatch
     from coordinator.ledger import Ledger
     from coordinator.p2p import start_coordinator_gossip
-    from coordinator.policies import policy_store, publish_policy, published_version
+    from coordinator.policies import policy_store, publish_policy, published_version, with_vocab_size
     from coordinator.replay import DatabaseReplayCache
     from coordinator.storage.engine import Database
     from coordinator.task_source import EmptyTaskSource, load_task_source
@@ -41,6 +41,8 @@ def run(config: CoordinatorConfig) -> None:
     identity = load_or_create_identity(config.data_dir)
     log.info("coordinator node id %s (key %s)", identity.node_id, key_path(config.data_dir))
     config = approve_builtin_validator(config)
+    start = resolve_model_path(config.policy.start_checkpoint)
+    config = with_vocab_size(config, start)
     builtin_validator = BuiltinValidator(config, identity.node_id)
     task_source = load_task_source(config.task_source)
     if isinstance(task_source, EmptyTaskSource):
@@ -60,7 +62,6 @@ def run(config: CoordinatorConfig) -> None:
         app = create_app(config, ledger, DatabaseReplayCache(database), relays)
         store = policy_store(config)
         if published_version(ledger) is None:
-            start = resolve_model_path(config.policy.start_checkpoint)
             log.info("publishing the start checkpoint %s as policy v0", start)
             publish_policy(start, 0, identity, store, ledger, config)
         app.mount("/shardcast", create_shardcast_app(OriginSource(store)))

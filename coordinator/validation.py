@@ -8,14 +8,19 @@ submission is decided in the same transaction: accepted groups enter ``accepted_
 training batches are built from) with the agreeing validators' rewards; rejected ones re-open
 their task and count against the worker's reputation, which may ban it. Nothing about the
 worker or the accepted set changes before the decision. A vote locks the submission's row, so
-concurrent validators (and API replicas) decide each submission exactly once.
+concurrent validators (and API replicas) decide each submission exactly once. Stored rows are
+read defensively: a vote or submission body that no longer parses (written before the wire
+schema refused NaN, say) never fails a later request; see :meth:`ValidationLedger._votes`
+and :meth:`ValidationLedger.pending`.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
+from pydantic import ValidationError
 from sqlalchemy import Connection, Row, exists, insert, select, update
 
 from coordinator.audit_choice import audit_sample_indices
@@ -27,11 +32,17 @@ from coordinator.storage.tables import accepted_groups, leases, nodes, submissio
 from protocol.errors import ConflictError, NotFoundError, PrimeError, ProtocolError, ReplayedNonceError
 from protocol.schemas import PendingSubmission, PendingSubmissions, SubmitRequest, Verdict, VerdictResponse
 
+log = logging.getLogger("coordinator.validation")
+UNREADABLE_SUBMISSION = "ledger: the stored submission no longer passes the wire schema; the task is re-issued"
+
 
 class Violation(Exception):  # noqa: N818 - carries a refusal, is not an error of its own
     """A refused submission that no honest worker makes (its lease is another node's, its task or policy
     version is not the lease's, it changes an earlier submission of the lease, its rollouts do not fit the
     task): the refusal goes back to the worker and counts against its reputation like a rejection.
+
+    Also counted: the claims the ledger checks without a model (:func:`coordinator.scheduling.rollout_problems`:
+    an empty completion, a logprob above 0, a token id outside the policy's vocabulary).
 
     Not counted: bad or replayed request signatures (anyone can send those in another node's name),
     stale policies and expired leases (honest races), and bodies that fail the schema (400 before the
@@ -65,8 +76,13 @@ class ValidationLedger(LeasingLedger):
                 .limit(limit)
             ).all()
             found = []
+            unreadable = []
             for row in rows:
-                submission = SubmitRequest.model_validate_json(row.body_json)
+                try:
+                    submission = SubmitRequest.model_validate_json(row.body_json)
+                except ValidationError:
+                    unreadable.append(row.submission_id)
+                    continue
                 found.append(
                     PendingSubmission(
                         submission_id=row.submission_id,
@@ -81,7 +97,37 @@ class ValidationLedger(LeasingLedger):
                         audit_sample_indices=self.audit_indices(row.submission_id, len(submission.rollouts)),
                     )
                 )
+        for submission_id in unreadable:
+            self._reject_unreadable(submission_id)
         return PendingSubmissions(submissions=found)
+
+    def _reject_unreadable(self, submission_id: str) -> None:
+        """Reject a pending submission whose stored body fails today's schema (stored by an older ledger), so it
+        neither fails every validator's pending list nor stays pending for good; not counted against the worker,
+        whose submission passed the checks of its day."""
+        log.warning("submission %s: %s", submission_id, UNREADABLE_SUBMISSION)
+        with self._write(None) as conn:
+            sub = conn.execute(
+                select(submissions).where(submissions.c.submission_id == submission_id).with_for_update()
+            ).first()
+            if sub is None or sub.status != "pending":
+                return
+            final = Verdict(submission_id=submission_id, accepted=False, reasons=[UNREADABLE_SUBMISSION])
+            values = {"status": "rejected", "verdict_at": self.clock(), "verdict_json": final.model_dump_json()}
+            conn.execute(update(submissions).where(submissions.c.submission_id == submission_id).values(**values))
+            conn.execute(update(tasks).where(tasks.c.task_id == sub.task_id).values(state="open"))
+            self._event(
+                conn,
+                "verdict",
+                None,
+                submission_id,
+                accepted=False,
+                worker_id=sub.node_id,
+                task_id=sub.task_id,
+                reasons=final.reasons,
+                rewards=[],
+                validators=[],
+            )
 
     def post_verdict(self, validator_id: str, verdict: Verdict, nonce: NonceClaim | None = None) -> VerdictResponse:
         now = self.clock()
@@ -164,6 +210,10 @@ class ValidationLedger(LeasingLedger):
 
     @staticmethod
     def _votes(conn: Connection, submission_id: str) -> list[Vote]:
+        """The submission's votes, oldest first. A stored verdict that no longer parses (rewards of NaN, stored
+        as null before the schema refused them) still counts as its validator's vote, with the accept flag of
+        its row: a rejection stays a rejection; an acceptance keeps no rewards, so it agrees with no other
+        (as its NaN rewards never did) and the submission is decided by the other validators' votes."""
         rows = conn.execute(
             select(verdict_votes)
             .where(verdict_votes.c.submission_id == submission_id)
@@ -171,7 +221,12 @@ class ValidationLedger(LeasingLedger):
         ).all()
         votes = []
         for row in rows:
-            verdict = Verdict.model_validate_json(row.verdict_json)
+            try:
+                verdict = Verdict.model_validate_json(row.verdict_json)
+            except ValidationError:
+                reason = "ledger: this validator's stored verdict is unreadable"
+                votes.append(Vote(row.validator_id, bool(row.accepted), (), (reason,), readable=False))
+                continue
             votes.append(Vote(row.validator_id, bool(row.accepted), tuple(verdict.rewards), tuple(verdict.reasons)))
         return votes
 

@@ -24,6 +24,11 @@ _RUN_ROW = select(run_state).where(run_state.c.id == RUN_ROW_ID)  # built once: 
 _RUN_ROW_LOCKED = _RUN_ROW.with_for_update()
 
 
+def _no_constant(_name: str) -> None:
+    """NaN and infinities in an event stored by an older ledger read as null (JSON has no such numbers)."""
+    return None
+
+
 class LedgerViews:
     def __init__(
         self, database: Database, scheduling: SchedulingConfig, clock: Callable[[], float] = time.time
@@ -106,7 +111,7 @@ class LedgerViews:
                 kind=row.kind,
                 node_id=row.node_id,
                 subject=row.subject,
-                data=json.loads(row.data_json),
+                data=json.loads(row.data_json, parse_constant=_no_constant),
             )
             for row in rows
         ]

@@ -3,7 +3,10 @@
 Every message carries ``v`` (the wire version, now 1) and forbids unknown fields, so a peer
 speaking another version or sending junk gets a clear 4xx instead of a silent misread. Bounds
 on sizes and counts live here too: they are part of the contract and the first line of
-defence against hostile clients. Binary fields (proofs) travel as base64 strings.
+defence against hostile clients. No message can hold NaN or an infinity (``allow_inf_nan`` is
+off for every float), and every number a node reports has a range (logprobs, rewards, rates,
+byte counts, versions, indices), so each role refuses the same junk before using or storing
+it. Binary fields (proofs) travel as base64 strings.
 """
 
 from __future__ import annotations
@@ -16,20 +19,39 @@ WIRE_VERSION: Literal[1] = 1
 
 NodeId = Annotated[str, Field(min_length=40, max_length=64, pattern=r"^[1-9A-HJ-NP-Za-km-z]+$")]
 Sha256Hex = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
-PolicyVersion = Annotated[int, Field(ge=0)]
-TokenId = Annotated[int, Field(ge=0, lt=2**31)]
-Role = Literal["worker", "validator"]
-EngineName = Literal["vllm", "hf"]
-
+MAX_POLICY_VERSION = 2**31 - 1  # the ledger stores versions as 32-bit INTEGERs
 MAX_PROMPTS_PER_TASK = 256
 MAX_GROUP_SIZE = 64
 MAX_TOKENS_PER_SAMPLE = 32768
+MAX_BYTES = 2**60
+"""Largest byte count or offset any message may carry (1 EiB): far above any model, below SQL's BIGINT."""
+MAX_COUNT = 2**40
+"""Largest index or count of things (examples, shards, tasks) a message may carry."""
+MAX_ABS_LOGPROB = 1e4
+"""Bound on a claimed log-probability's magnitude; a sampled token's is above -100 for any vocabulary."""
+MAX_ABS_REWARD = 1e6
+"""Bound on a recomputed reward's magnitude (the built-in tasks score in [0, 1])."""
+MAX_TOKENS_PER_S = 1e9
+"""Bound on a node's reported generation rate."""
+MAX_UNIX_TIME = 2**40
+"""Bound on a timestamp (about the year 36800): catches garbage, never a real clock."""
+
+PolicyVersion = Annotated[int, Field(ge=0, le=MAX_POLICY_VERSION)]
+TokenId = Annotated[int, Field(ge=0, lt=2**31)]
+ByteCount = Annotated[int, Field(ge=0, le=MAX_BYTES)]
+Count = Annotated[int, Field(ge=0, le=MAX_COUNT)]
+UnixTime = Annotated[float, Field(ge=0, le=MAX_UNIX_TIME)]
+Logprob = Annotated[float, Field(ge=-MAX_ABS_LOGPROB, le=MAX_ABS_LOGPROB)]
+"""Finite and bounded here; above 0 is refused by the ledger, which counts it against the worker."""
+Reward = Annotated[float, Field(ge=-MAX_ABS_REWARD, le=MAX_ABS_REWARD)]
+Role = Literal["worker", "validator"]
+EngineName = Literal["vllm", "hf"]
 
 
 class WireModel(BaseModel):
-    """Base of every message: versioned, strict about unknown fields, immutable."""
+    """Base of every message: versioned, strict about unknown fields, immutable, no NaN or infinity."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     v: Literal[1] = WIRE_VERSION
 
@@ -44,7 +66,7 @@ class ErrorBody(WireModel):
 class Hardware(WireModel):
     accelerator: str = Field(max_length=128, description="e.g. 'NVIDIA H100 80GB' or 'cpu'.")
     num_devices: int = Field(ge=0, le=1024)
-    memory_bytes: int = Field(ge=0)
+    memory_bytes: ByteCount
 
 
 class RegisterRequest(WireModel):
@@ -65,22 +87,25 @@ class RegisterResponse(WireModel):
 class HeartbeatRequest(WireModel):
     policy_versions_held: list[PolicyVersion] = Field(max_length=64)
     engine: EngineName | None = None
-    tokens_per_s: float = Field(ge=0)
+    tokens_per_s: float = Field(ge=0, le=MAX_TOKENS_PER_S)
     hardware: Hardware | None = None
 
 
 class SamplingParams(WireModel):
     temperature: float = Field(gt=0, le=10)
-    top_k: int | None = Field(default=None, ge=1)
+    top_k: int | None = Field(default=None, ge=1, lt=2**31)
     max_tokens: int = Field(ge=1, le=MAX_TOKENS_PER_SAMPLE)
 
 
 class Prompt(WireModel):
-    prompt_index: int = Field(ge=0)
+    prompt_index: int = Field(ge=0, lt=MAX_PROMPTS_PER_TASK)
     token_ids: list[TokenId] = Field(min_length=1, max_length=MAX_TOKENS_PER_SAMPLE)
     text: str = Field(default="", max_length=65536, description="For people; token_ids are authoritative.")
     example_index: int | None = Field(
-        default=None, ge=0, description="The example's index in the task's generator: rewards are recomputed from it."
+        default=None,
+        ge=0,
+        le=MAX_COUNT,
+        description="The example's index in the task's generator: rewards are recomputed from it.",
     )
 
 
@@ -100,12 +125,12 @@ class Task(WireModel):
     sampling: SamplingParams
     policy_version: PolicyVersion
     sampling_seed: int = Field(ge=0, lt=2**63, description="From the ledger, never chosen by the worker.")
-    deadline: float = Field(description="Unix time after which the lease may be re-issued.")
+    deadline: UnixTime = Field(description="Unix time after which the lease may be re-issued.")
 
 
 class LeaseResponse(WireModel):
     tasks: list[Task]
-    retry_after_s: float = Field(ge=0, description="When no task was leased, when to ask again.")
+    retry_after_s: float = Field(ge=0, le=86400, description="When no task was leased, when to ask again.")
 
 
 class LeaseRenewal(WireModel):
@@ -115,10 +140,10 @@ class LeaseRenewal(WireModel):
 class Rollout(WireModel):
     """One sample: the tokens a worker generated for one prompt, with what proves them."""
 
-    prompt_index: int = Field(ge=0)
+    prompt_index: int = Field(ge=0, lt=MAX_PROMPTS_PER_TASK)
     sample_index: int = Field(ge=0, lt=MAX_GROUP_SIZE)
     completion_ids: list[TokenId] = Field(max_length=MAX_TOKENS_PER_SAMPLE)
-    logprobs: list[float] = Field(max_length=MAX_TOKENS_PER_SAMPLE)
+    logprobs: list[Logprob] = Field(max_length=MAX_TOKENS_PER_SAMPLE)
     finish_reason: Literal["stop", "length"]
     proof_b64: str = Field(max_length=4 * MAX_TOKENS_PER_SAMPLE * 16, description="TOPLOC proof bytes, base64.")
 
@@ -142,9 +167,9 @@ class PendingSubmission(WireModel):
     worker_id: NodeId
     task: Task
     submission: SubmitRequest
-    submitted_at: float
+    submitted_at: UnixTime
     worker_signature_b64: str = Field(description="The worker's signature over the submission's canonical JSON.")
-    audit_sample_indices: list[Annotated[int, Field(ge=0)]] = Field(
+    audit_sample_indices: list[Annotated[int, Field(ge=0, lt=MAX_PROMPTS_PER_TASK * MAX_GROUP_SIZE)]] = Field(
         default_factory=list,
         max_length=MAX_PROMPTS_PER_TASK * MAX_GROUP_SIZE,
         description="Positions in submission.rollouts that the validator must re-check, chosen by the ledger after "
@@ -156,30 +181,34 @@ class Verdict(WireModel):
     submission_id: str = Field(max_length=128)
     accepted: bool
     reasons: list[Annotated[str, Field(max_length=512)]] = Field(default_factory=list, max_length=64)
-    rewards: list[float] = Field(default_factory=list, description="Recomputed from the task, per rollout.")
+    rewards: list[Reward] = Field(
+        default_factory=list,
+        max_length=MAX_PROMPTS_PER_TASK * MAX_GROUP_SIZE,
+        description="Recomputed from the task, per rollout.",
+    )
 
 
 class ShardEntry(WireModel):
-    index: int = Field(ge=0)
-    offset: int = Field(ge=0, description="Byte offset of the shard in the version's concatenated files.")
-    size_bytes: int = Field(ge=0)
+    index: int = Field(ge=0, lt=1_000_000)
+    offset: ByteCount = Field(description="Byte offset of the shard in the version's concatenated files.")
+    size_bytes: ByteCount
     hash: str = Field(max_length=128)
 
 
 class FileEntry(WireModel):
     path: str = Field(max_length=512, pattern=r"^[A-Za-z0-9_.\-/]+$")
-    offset: int = Field(ge=0, description="Byte offset of this file in the version's concatenated files.")
-    size_bytes: int = Field(ge=0)
+    offset: ByteCount = Field(description="Byte offset of this file in the version's concatenated files.")
+    size_bytes: ByteCount
 
 
 class PolicyManifest(WireModel):
     """What the coordinator signs for each policy version; relays and clients verify against it."""
 
     version: PolicyVersion
-    created_at: float
+    created_at: UnixTime
     hash_algorithm: Literal["blake3", "sha256"]
-    shard_size_bytes: int = Field(gt=0)
-    total_size_bytes: int = Field(ge=0)
+    shard_size_bytes: int = Field(gt=0, le=MAX_BYTES)
+    total_size_bytes: ByteCount
     files: list[FileEntry] = Field(max_length=10000)
     shards: list[ShardEntry] = Field(max_length=1_000_000)
 
@@ -194,9 +223,11 @@ class VersionInfo(WireModel):
     """One policy version a SHARDCAST origin or relay holds (``GET /versions``)."""
 
     version: PolicyVersion
-    num_shards: int = Field(ge=0)
-    num_shards_ready: int = Field(ge=0, description="Shards verified and servable now (relays fill in as they mirror).")
-    total_size_bytes: int = Field(ge=0)
+    num_shards: int = Field(ge=0, le=1_000_000)
+    num_shards_ready: int = Field(
+        ge=0, le=1_000_000, description="Shards verified and servable now (relays fill in as they mirror)."
+    )
+    total_size_bytes: ByteCount
 
 
 class VersionsResponse(WireModel):
@@ -214,7 +245,7 @@ class Announcement(WireModel):
     body: dict[str, object]
     signer: NodeId
     signature_b64: str
-    sent_at: float
+    sent_at: UnixTime
 
 
 class PolicyAnnouncement(WireModel):
@@ -224,9 +255,9 @@ class PolicyAnnouncement(WireModel):
     manifest_sha256: Sha256Hex = Field(
         description="sha256 of the manifest's canonical JSON (what the signature covers)."
     )
-    total_size_bytes: int = Field(ge=0)
+    total_size_bytes: ByteCount
     origin_url: str | None = Field(default=None, max_length=512, pattern=r"^https?://")
-    published_at: float
+    published_at: UnixTime
 
 
 class RelayAnnouncement(WireModel):
@@ -239,7 +270,7 @@ class RelayAnnouncement(WireModel):
 class TaskAnnouncement(WireModel):
     """Gossip body (kind ``tasks``): the ledger has tasks to lease under the current policy."""
 
-    num_tasks_open: int = Field(ge=0)
+    num_tasks_open: Count
     current_policy_version: PolicyVersion
 
 
@@ -271,7 +302,7 @@ LeaseStateName = Literal["active", "submitted", "expired", "abandoned"]
 
 class HeartbeatResponse(WireModel):
     current_policy_version: PolicyVersion
-    heartbeat_interval_s: float = Field(gt=0, description="When to send the next heartbeat.")
+    heartbeat_interval_s: float = Field(gt=0, le=86400, description="When to send the next heartbeat.")
 
 
 class LeaseState(WireModel):

@@ -20,7 +20,7 @@ import time
 from collections import OrderedDict
 from pathlib import Path
 
-from protocol.errors import ConflictError, NotFoundError, ProtocolError
+from protocol.errors import ForbiddenError, ProtocolError, RequestRefused
 from protocol.identity import load_or_create_identity
 from protocol.ledger_client import LedgerClient
 from protocol.schemas import Hardware, PendingSubmission, RegisterRequest
@@ -90,7 +90,9 @@ async def audit_pending(
             state.record(verdict, len(item.submission.rollouts), len(rollouts))
             try:
                 answer = await with_retries("verdict", functools.partial(ledger.post_verdict, verdict), stop)
-            except (ConflictError, NotFoundError, ProtocolError) as exc:  # nothing a retry would change
+            except ForbiddenError:  # banned or not approved: stop (with_retries already retried 429s and 5xx)
+                raise
+            except (RequestRefused, ProtocolError) as exc:  # a refusal (4xx): nothing a retry would change
                 log.warning("verdict on %s refused: %s", item.submission_id, exc.message)
                 continue
             log.info(

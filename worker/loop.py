@@ -24,9 +24,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from protocol.errors import ForbiddenError, PrimeError, RateLimitedError, RemoteUnavailableError, RequestRefused
+from pydantic import ValidationError
+
+from protocol.errors import (
+    ForbiddenError,
+    PrimeError,
+    ProtocolError,
+    RateLimitedError,
+    RemoteUnavailableError,
+    RequestRefused,
+)
 from protocol.ledger_client import LedgerClient
-from protocol.schemas import HeartbeatRequest, LeaseRequest, Rollout, SubmitRequest, Task
+from protocol.schemas import MAX_TOKENS_PER_S, HeartbeatRequest, LeaseRequest, Rollout, SubmitRequest, Task
 from shardcast.cache import WeightsCache
 from toploc.proof import build_proofs
 from toploc.sampling import sample_stream
@@ -214,9 +223,15 @@ class TaskRunner:
             answer = await with_retries("submit", lambda: self.ledger.submit(submission), stop)
         except ForbiddenError:
             raise
-        except RequestRefused as exc:
+        except (RequestRefused, ProtocolError) as exc:
             self.state.num_refused += 1
             self.state.last_error = f"submission of {task.task_id} refused: {exc.message}"
+            log.warning("%s", self.state.last_error)
+        except ValidationError as exc:  # e.g. a NaN logprob from the engine: the ledger would refuse it too
+            self.state.num_refused += 1
+            first = exc.errors()[0]
+            where = ".".join(str(part) for part in first.get("loc", ()))
+            self.state.last_error = f"task {task.task_id} not submitted: its {where} fails the schema: {first['msg']}"
             log.warning("%s", self.state.last_error)
         else:
             self.state.num_tasks_done += 1
@@ -270,7 +285,7 @@ async def heartbeat_forever(
         request = HeartbeatRequest(
             policy_versions_held=weights.held_versions()[-16:],
             engine="vllm" if engine_name == "vllm" else "hf",
-            tokens_per_s=round(state.tokens_per_s, 3),
+            tokens_per_s=min(round(state.tokens_per_s, 3), MAX_TOKENS_PER_S),
         )
         try:
             interval = (await ledger.heartbeat(request)).heartbeat_interval_s

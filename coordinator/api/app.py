@@ -30,13 +30,14 @@ from coordinator.api.middleware import BodySizeLimit, IpRateLimit, RequestMetric
 from coordinator.config import CoordinatorConfig
 from coordinator.dashboard import dashboard_router
 from coordinator.dashboard.relays import RelayWatch
-from coordinator.ledger import MAX_POLICY_VERSION, Ledger
+from coordinator.ledger import Ledger
 from coordinator.metrics import LedgerMetrics
 from coordinator.ratelimit import RateLimiter
 from coordinator.replay import DatabaseReplayCache
 from protocol.errors import ForbiddenError
 from protocol.ledger_client import HEADER_SUBMISSION_SIGNATURE
 from protocol.schemas import (
+    MAX_POLICY_VERSION,
     ErrorBody,
     EventPage,
     HeartbeatRequest,

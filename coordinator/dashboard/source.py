@@ -22,7 +22,15 @@ from coordinator.dashboard.history import RunHistory
 from coordinator.dashboard.relays import RelayWatch
 from coordinator.storage.tables import nodes
 from coordinator.views import LedgerViews
-from protocol.schemas import Dashboard, DashboardNode, DashboardRelay, SeriesPoint, VersionSpread
+from protocol.schemas import (
+    MAX_POLICY_VERSION,
+    MAX_TOKENS_PER_S,
+    Dashboard,
+    DashboardNode,
+    DashboardRelay,
+    SeriesPoint,
+    VersionSpread,
+)
 
 MAX_NODES = 200
 MAX_VERSIONS = 16
@@ -78,7 +86,11 @@ class DashboardSource:
             rows = conn.execute(select(nodes).order_by(nodes.c.last_seen.desc()).limit(MAX_NODES)).all()
         found = []
         for row in rows:
-            held = sorted({v for v in json.loads(row.versions_held_json) if isinstance(v, int) and v >= 0})
+            # Stored by older ledgers before the wire schema bounded them: out-of-range values are dropped.
+            held = sorted(
+                {v for v in json.loads(row.versions_held_json) if isinstance(v, int) and 0 <= v <= MAX_POLICY_VERSION}
+            )
+            rate = row.tokens_per_s
             found.append(
                 DashboardNode(
                     node_id=row.node_id,
@@ -86,7 +98,7 @@ class DashboardSource:
                     engine=row.engine,
                     policy_version=held[-1] if held else None,
                     versions_held=held,
-                    tokens_per_s=row.tokens_per_s,
+                    tokens_per_s=rate if 0 <= rate <= MAX_TOKENS_PER_S else 0.0,
                     num_accepted=row.num_accepted,
                     num_rejected=row.num_rejected,
                     last_seen=row.last_seen,

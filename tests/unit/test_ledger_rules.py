@@ -82,6 +82,25 @@ def test_rollout_problems() -> None:
     assert "exceed max_tokens" in rollout_problems([*complete[:3], rollout(1, 1, tokens=5)], [0, 1], 2, 4)[0]
 
 
+def test_rollout_problems_at_the_door() -> None:
+    """Claims no honest worker makes, checkable without the model: empty, logprob above 0, outside the vocabulary."""
+    complete = [rollout(p, s) for p in (0, 1) for s in (0, 1)]
+    assert rollout_problems(complete, [0, 1], 2, 4, vocab_size=2) == []  # token id 1, logprob 0.0: fine
+    empty = [*complete[:3], rollout(1, 1, tokens=0)]
+    assert rollout_problems(empty, [0, 1], 2, 4) == [
+        "rollout 3: completion_ids is empty (at least one token is always drawn)"
+    ]
+    positive = [*complete[:3], complete[3].model_copy(update={"logprobs": [-1.0, 1e-3]})]
+    assert rollout_problems(positive, [0, 1], 2, 4) == [
+        "rollout 3: logprobs[1] is 0.001, above 0 (a log-probability is at most 0)"
+    ]
+    outside = [*complete[:3], complete[3].model_copy(update={"completion_ids": [1, 2]})]
+    assert rollout_problems(outside, [0, 1], 2, 4) == []  # vocabulary unknown: left to the validators
+    assert rollout_problems(outside, [0, 1], 2, 4, vocab_size=2) == [
+        "rollout 3: completion_ids holds token id 2, outside the policy's vocabulary [0, 2)"
+    ]
+
+
 def test_seeds_depend_on_secret_task_and_group() -> None:
     secret = new_run_secret()
     seed = sampling_seed(secret, "reverse_text", 7)

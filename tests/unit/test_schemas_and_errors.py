@@ -1,12 +1,14 @@
-"""Wire schemas refuse unknown fields and versions; error codes are unique and map back."""
+"""Wire schemas refuse unknown fields, versions, NaN and out-of-range numbers; error codes are unique and map back."""
 
 from __future__ import annotations
+
+import math
 
 import pydantic
 import pytest
 
-from protocol import errors
-from protocol.schemas import LeaseRequest, SamplingParams, SubmitRequest
+from protocol import errors, schemas
+from protocol.schemas import HeartbeatRequest, LeaseRequest, Rollout, SamplingParams, SubmitRequest, Verdict
 
 
 def test_unknown_field_and_version_are_refused() -> None:
@@ -24,6 +26,43 @@ def test_bounds_are_part_of_the_contract() -> None:
         SubmitRequest.model_validate(
             {"lease_id": "l", "task_id": "t", "policy_version": 0, "engine": "hf", "rollouts": []}
         )
+
+
+def test_no_wire_message_holds_nan_or_an_infinity() -> None:
+    messages = [cls for cls in vars(schemas).values() if isinstance(cls, type) and issubclass(cls, schemas.WireModel)]
+    assert len(messages) > 30 and all(cls.model_config.get("allow_inf_nan") is False for cls in messages)
+    rollout = {"prompt_index": 0, "sample_index": 0, "completion_ids": [1], "finish_reason": "stop", "proof_b64": ""}
+    for bad in (math.nan, math.inf, -math.inf):
+        with pytest.raises(pydantic.ValidationError, match="finite"):
+            Rollout.model_validate({**rollout, "logprobs": [bad]})
+        with pytest.raises(pydantic.ValidationError, match=r"rewards\.0"):
+            Verdict(submission_id="s", accepted=True, rewards=[bad])
+        with pytest.raises(pydantic.ValidationError, match="tokens_per_s"):
+            HeartbeatRequest(policy_versions_held=[], tokens_per_s=bad)
+
+
+@pytest.mark.parametrize(
+    ("model", "values", "field"),
+    [
+        (Rollout, {"logprobs": [-1e30]}, "logprobs.0"),
+        (Rollout, {"completion_ids": [2**31]}, "completion_ids.0"),
+        (Rollout, {"prompt_index": 10**30}, "prompt_index"),
+        (Verdict, {"rewards": [1e300]}, "rewards.0"),
+        (HeartbeatRequest, {"tokens_per_s": 1e300}, "tokens_per_s"),
+        (HeartbeatRequest, {"tokens_per_s": -1.0}, "tokens_per_s"),
+        (HeartbeatRequest, {"policy_versions_held": [2**31]}, "policy_versions_held.0"),
+    ],
+)
+def test_numbers_have_ranges(model: type[pydantic.BaseModel], values: dict[str, object], field: str) -> None:
+    valid: dict[type[pydantic.BaseModel], dict[str, object]] = {
+        Rollout: {"prompt_index": 0, "sample_index": 0, "completion_ids": [1], "logprobs": [-0.5]}
+        | {"finish_reason": "stop", "proof_b64": ""},
+        Verdict: {"submission_id": "s", "accepted": True, "rewards": [0.5]},
+        HeartbeatRequest: {"policy_versions_held": [0], "tokens_per_s": 10.0},
+    }
+    model.model_validate(valid[model])
+    with pytest.raises(pydantic.ValidationError, match=field.replace(".", r"\.")):
+        model.model_validate({**valid[model], **values})
 
 
 def test_error_codes_are_unique_and_map_back() -> None:
