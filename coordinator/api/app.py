@@ -31,7 +31,7 @@ from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 from coordinator.api.auth import SignedCaller, SignedRequest
 from coordinator.api.errors import install_error_handlers
-from coordinator.api.middleware import BodySizeLimit, IpRateLimit, RequestMetrics
+from coordinator.api.middleware import BodySizeLimit, IpRateLimit, RequestMetrics, SourceConcurrency
 from coordinator.config import CoordinatorConfig
 from coordinator.dashboard import dashboard_router
 from coordinator.dashboard.relays import RelayWatch
@@ -113,6 +113,13 @@ def create_app(
     install_error_handlers(app)
     metrics = LedgerMetrics(ledger.status)
     app.add_middleware(RequestMetrics, metrics=metrics)
+    app.add_middleware(
+        SourceConcurrency,
+        sources=SourcePolicy(config.sources),
+        max_in_flight=config.sources.max_requests_in_flight,
+        max_waiting=config.sources.max_requests_waiting,
+        exempt_paths=_UNMETERED_PATHS,
+    )
     app.add_middleware(IpRateLimit, limiter=RateLimiter(api.ip_rate_per_s, api.ip_burst), exempt_paths=_UNMETERED_PATHS)
     app.add_middleware(BodySizeLimit, max_body_bytes=api.max_body_bytes)  # before anything reads
     if config.sources.trusted_proxies:  # outermost: every layer inside sees the client, not the proxy

@@ -88,8 +88,8 @@ def test_sybil_keys_from_one_source_leave_honest_workers_their_share(coordinator
 
         granted = []
         for _ in range(3):  # every admitted key asks for as much as it may hold, again and again
-            answers = await asyncio.gather(*(c.lease(LeaseRequest(max_tasks=4)) for c in admitted))
-            granted.append(sum(len(answer.tasks) for answer in answers))
+            leased = await asyncio.gather(*(c.lease(LeaseRequest(max_tasks=4)) for c in admitted))
+            granted.append(sum(len(answer.tasks) for answer in leased))
         assert granted == [PROBATION_BUDGET, 0, 0]  # 64 keys, one budget
 
         honest = [client_from(coordinator_url, address) for address in HONEST_ADDRESSES]

@@ -1,9 +1,13 @@
-"""Pure Sybil rules: sources by network prefix, registration caps, probation allowances, per-source lease grants."""
+"""Sybil rules: sources by network prefix, registration caps, probation, per-source lease grants and concurrency."""
 
 from __future__ import annotations
 
-import pytest
+import asyncio
 
+import pytest
+from starlette.types import Message, Receive, Scope, Send
+
+from coordinator.api.middleware import SourceConcurrency
 from coordinator.config import SourcesConfig
 from coordinator.ratelimit import RateLimiter, RegistrationLimit
 from coordinator.reputation import ProbationPolicy, lease_allowance, on_probation
@@ -119,3 +123,49 @@ def test_grant_count_per_source(
 ) -> None:
     got = grant_count(5, held_by_node, node_cap, open_total, 10, live_sources, held_by_source, probation_room)
     assert got == expected
+
+
+def test_a_source_gets_a_few_requests_in_at_once_and_the_rest_wait_or_are_refused() -> None:
+    asyncio.run(a_flood_and_two_other_sources())
+
+
+async def a_flood_and_two_other_sources() -> None:
+    release = asyncio.Event()
+    inside: dict[str, int] = {}
+    most_inside: dict[str, int] = {}
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        host = scope["client"][0]
+        inside[host] = inside.get(host, 0) + 1
+        most_inside[host] = max(most_inside.get(host, 0), inside[host])
+        if host.startswith("203.0.113."):  # the flood's requests hold their slots until released
+            await release.wait()
+        inside[host] -= 1
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    limited = SourceConcurrency(app, policy(allow=["127.0.0.0/8"]), 2, 5, frozenset({"/healthz"}))
+
+    async def call(address: str, path: str = "/v1/leases") -> int:
+        statuses: list[int] = []
+
+        async def send(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                statuses.append(message["status"])
+
+        async def receive() -> Message:
+            return {"type": "http.request", "body": b"", "more_body": False}
+
+        scope = {"type": "http", "path": path, "client": (address, 1), "headers": [], "method": "POST"}
+        await limited(scope, receive, send)
+        return statuses[0]
+
+    flood = [asyncio.create_task(call(f"203.0.113.{host}")) for host in range(1, 11)]  # 10 from one /24
+    await asyncio.sleep(0.05)
+    assert most_inside == {f"203.0.113.{host}": 1 for host in (1, 2)}  # two inside, the others wait
+    assert await asyncio.wait_for(call("198.51.100.1"), 5) == 200  # another source is not held up
+    assert await asyncio.wait_for(call("127.0.0.1"), 5) == 200  # allow-listed
+    refused = [task for task in flood if task.done()]
+    assert len(refused) == 3 and all(task.result() == 429 for task in refused)  # over 2 inside + 5 waiting
+    release.set()
+    assert sorted(await asyncio.gather(*flood)) == [200] * 7 + [429] * 3
