@@ -101,8 +101,8 @@ class SourcesConfig(Section):
     """Unverified work (open leases plus submissions awaiting a verdict) that all identities on probation from one
     source may have at once, however many keys it registers."""
     max_requests_in_flight: int = Field(default=2, ge=1, le=1024)
-    """Requests of one source the API works on at once; the source's further requests wait their turn, so a flood
-    from one source cannot occupy the ledger's threads (api.num_threads) while other sources wait behind it."""
+    """Ledger calls (`/v1/...`) of one source the API works on at once; the source's further calls wait their turn,
+    so a flood from one source cannot occupy the ledger's threads (api.num_threads) while other sources wait."""
     max_requests_waiting: int = Field(default=256, ge=0, le=100_000)
     """Requests of one source that may wait for their turn; beyond that they are refused with 429."""
 

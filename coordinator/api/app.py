@@ -118,7 +118,6 @@ def create_app(
         sources=SourcePolicy(config.sources),
         max_in_flight=config.sources.max_requests_in_flight,
         max_waiting=config.sources.max_requests_waiting,
-        exempt_paths=_UNMETERED_PATHS,
     )
     app.add_middleware(IpRateLimit, limiter=RateLimiter(api.ip_rate_per_s, api.ip_burst), exempt_paths=_UNMETERED_PATHS)
     app.add_middleware(BodySizeLimit, max_body_bytes=api.max_body_bytes)  # before anything reads

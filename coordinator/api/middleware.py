@@ -98,24 +98,22 @@ class IpRateLimit:
 
 
 class SourceConcurrency:
-    """At most ``max_in_flight`` requests of one source inside the app at once; up to ``max_waiting`` more wait
-    their turn and further ones are refused with 429. Allow-listed addresses are not limited."""
+    """At most ``max_in_flight`` ledger calls (paths under ``/v1/``) of one source inside the app at once; up to
+    ``max_waiting`` more wait their turn and further ones are refused with 429. Allow-listed addresses are not
+    limited, nor is anything outside ``/v1/`` (policy shards streamed from ``/shardcast``, the dashboard)."""
 
-    def __init__(
-        self, app: ASGIApp, sources: SourcePolicy, max_in_flight: int, max_waiting: int, exempt_paths: frozenset[str]
-    ) -> None:
+    def __init__(self, app: ASGIApp, sources: SourcePolicy, max_in_flight: int, max_waiting: int) -> None:
         self.app = app
         self.sources = sources
         self.max_in_flight = max_in_flight
         self.max_waiting = max_waiting
-        self.exempt_paths = exempt_paths
         self._slots: dict[str, tuple[asyncio.Semaphore, list[int]]] = {}  # source -> (slots, [requests holding or
         # waiting]); an entry lives while its source has requests, so the table is bounded by open requests
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         client = scope.get("client")
         address = client[0] if client else "unknown"
-        if scope["type"] != "http" or scope["path"] in self.exempt_paths or self.sources.is_allowed(address):
+        if scope["type"] != "http" or not scope["path"].startswith("/v1/") or self.sources.is_allowed(address):
             await self.app(scope, receive, send)
             return
         source = self.sources.prefix(address)

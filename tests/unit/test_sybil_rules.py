@@ -144,7 +144,7 @@ async def a_flood_and_two_other_sources() -> None:
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await send({"type": "http.response.body", "body": b""})
 
-    limited = SourceConcurrency(app, policy(allow=["127.0.0.0/8"]), 2, 5, frozenset({"/healthz"}))
+    limited = SourceConcurrency(app, policy(allow=["127.0.0.0/8"]), 2, 5)
 
     async def call(address: str, path: str = "/v1/leases") -> int:
         statuses: list[int] = []
@@ -165,7 +165,10 @@ async def a_flood_and_two_other_sources() -> None:
     assert most_inside == {f"203.0.113.{host}": 1 for host in (1, 2)}  # two inside, the others wait
     assert await asyncio.wait_for(call("198.51.100.1"), 5) == 200  # another source is not held up
     assert await asyncio.wait_for(call("127.0.0.1"), 5) == 200  # allow-listed
+    shard = asyncio.create_task(call("203.0.113.1", "/shardcast/v1/versions/0/shards/0"))
+    await asyncio.sleep(0.05)
+    assert most_inside["203.0.113.1"] == 2  # a policy download is not a ledger call: not held back
     refused = [task for task in flood if task.done()]
     assert len(refused) == 3 and all(task.result() == 429 for task in refused)  # over 2 inside + 5 waiting
     release.set()
-    assert sorted(await asyncio.gather(*flood)) == [200] * 7 + [429] * 3
+    assert sorted(await asyncio.gather(*flood, shard)) == [200] * 8 + [429] * 3
