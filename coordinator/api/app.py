@@ -113,19 +113,20 @@ def create_app(
     install_error_handlers(app)
     metrics = LedgerMetrics(ledger.status)
     app.add_middleware(RequestMetrics, metrics=metrics)
+    sources = config.sources
+    source_policy = SourcePolicy(sources)
     app.add_middleware(
         SourceConcurrency,
-        sources=SourcePolicy(config.sources),
-        max_in_flight=config.sources.max_requests_in_flight,
-        max_waiting=config.sources.max_requests_waiting,
+        sources=source_policy,
+        max_in_flight=sources.max_requests_in_flight,
+        max_waiting=sources.max_requests_waiting,
     )
     app.add_middleware(IpRateLimit, limiter=RateLimiter(api.ip_rate_per_s, api.ip_burst), exempt_paths=_UNMETERED_PATHS)
     app.add_middleware(BodySizeLimit, max_body_bytes=api.max_body_bytes)  # before anything reads
-    if config.sources.trusted_proxies:  # outermost: every layer inside sees the client, not the proxy
-        app.add_middleware(ProxyHeadersMiddleware, trusted_hosts=config.sources.trusted_proxies)
-    sources = config.sources
+    if sources.trusted_proxies:  # outermost: every layer inside sees the client, not the proxy
+        app.add_middleware(ProxyHeadersMiddleware, trusted_hosts=sources.trusted_proxies)
     registrations = RegistrationLimit(
-        SourcePolicy(sources),
+        source_policy,
         RateLimiter(sources.register_rate_per_s, sources.register_burst),
         RateLimiter(sources.prefix_register_rate_per_s, sources.prefix_register_burst),
     )
