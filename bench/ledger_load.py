@@ -82,8 +82,10 @@ class Connection:
 
 
 class Pool:
-    def __init__(self, host: str, port: int, size: int) -> None:
+    def __init__(self, host: str, port: int, size: int, local_address: str | None = None) -> None:
+        """``size`` keep-alive connections to host:port, leaving from ``local_address`` when given."""
         self.host, self.port, self.size = host, port, size
+        self.local_addr = None if local_address is None else (local_address, 0)
         self.idle: asyncio.Queue[Connection | None] = asyncio.Queue()
         for _ in range(size):
             self.idle.put_nowait(None)  # connected lazily
@@ -95,7 +97,7 @@ class Pool:
         conn = await self.idle.get()
         try:
             if conn is None:
-                conn = Connection(*await asyncio.open_connection(self.host, self.port))
+                conn = Connection(*await asyncio.open_connection(self.host, self.port, local_addr=self.local_addr))
             result = await conn.request(method, path, body, headers())
         except BaseException:
             if conn is not None:
@@ -107,15 +109,21 @@ class Pool:
 
 
 class Recorder:
-    def __init__(self) -> None:
-        self.latencies_s: dict[str, list[float]] = {name: [] for name in ENDPOINTS}
-        self.errors: dict[str, int] = dict.fromkeys(ENDPOINTS, 0)
+    def __init__(self, endpoints: Sequence[str] = ENDPOINTS) -> None:
+        self.latencies_s: dict[str, list[float]] = {name: [] for name in endpoints}
+        self.errors: dict[str, int] = dict.fromkeys(endpoints, 0)
         self.error_kinds: dict[str, int] = {}
 
     def error(self, endpoint: str, kind: str) -> None:
         self.errors[endpoint] += 1
         key = f"{endpoint}: {kind}"
         self.error_kinds[key] = self.error_kinds.get(key, 0) + 1
+
+
+def registration(role: str) -> dict[str, Any]:
+    """The body of a simulated node's registration."""
+    hardware = {"accelerator": "cpu", "num_devices": 1, "memory_bytes": 2**34}
+    return {"v": 1, "role": role, "hardware": hardware, "engine": "vllm", "software_version": "bench"}
 
 
 class SimulatedWorker:
@@ -125,17 +133,23 @@ class SimulatedWorker:
         self.recorder = recorder
 
     async def call(
-        self, endpoint: str, path: str, document: dict[str, Any], extra: dict[str, str] | None = None
+        self,
+        endpoint: str,
+        path: str,
+        document: dict[str, Any] | None,
+        extra: dict[str, str] | None = None,
     ) -> dict[str, Any] | None:
-        body = json.dumps(document).encode()
+        """POST ``document`` signed to ``path`` (GET when it is None); the answer, or None on an error (counted)."""
+        method = "GET" if document is None else "POST"
+        body = b"" if document is None else json.dumps(document).encode()
 
         def headers() -> dict[str, str]:
-            signed = sign_request(self.identity, "POST", path, body)
+            signed = sign_request(self.identity, method, path, body)
             return {"Content-Type": "application/json", **signed, **(extra or {})}
 
         started = time.perf_counter()
         try:
-            status, answer = await self.pool.request("POST", path, body, headers)
+            status, answer = await self.pool.request(method, path, body, headers)
         except (OSError, asyncio.IncompleteReadError, ValueError, IndexError) as exc:
             self.recorder.error(endpoint, type(exc).__name__)
             return None
@@ -175,9 +189,7 @@ class SimulatedWorker:
     async def run(self, stop_at: float, period_s: float, rng: random.Random) -> None:
         loop = asyncio.get_running_loop()
         await asyncio.sleep(rng.uniform(0, period_s))  # workers join spread over one period
-        hardware = {"accelerator": "cpu", "num_devices": 1, "memory_bytes": 2**34}
-        register = {"v": 1, "role": "worker", "hardware": hardware, "engine": "vllm", "software_version": "bench"}
-        if await self.call("register", "/v1/nodes/register", register) is None:
+        if await self.call("register", "/v1/nodes/register", registration("worker")) is None:
             return
         next_beat = loop.time() + period_s
         next_task = loop.time() + rng.uniform(0, period_s)

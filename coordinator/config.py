@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import ipaddress
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from protocol.config import RoleConfig, Section
@@ -55,15 +56,65 @@ class SchedulingConfig(Section):
     group_size: int = Field(default=8, ge=1, le=64)
     """Samples per prompt (GRPO group)."""
     max_leases_per_node: int = Field(default=2, ge=1)
-    """Open leases one node may hold at once (fair share across workers)."""
+    """Open leases one node may hold at once, once it earned them (see sources.new_identity_leases)."""
     max_open_leases: int = Field(default=4096, ge=1)
-    """Open leases across the network; when reached, each live worker gets an equal share of them."""
+    """Open leases across the network; each live source (see the sources section) may hold an equal share."""
     temperature: float = Field(default=1.0, gt=0, le=10)
     """Sampling temperature handed out with every task."""
     max_tokens: int = Field(default=128, ge=1, le=32768)
     """Maximum completion length per sample handed out with every task."""
     worker_live_s: float = Field(default=60.0, gt=0)
     """A node that has not been heard from for this long no longer counts as live."""
+
+
+class SourcesConfig(Section):
+    """Limits per client source, so that identities minted on one host do not multiply its share (docs/sybil.md).
+
+    A source is the client's address cut to its network prefix; every key registered from it shares the
+    source's registration bucket, its fair share of open leases and its probation budget."""
+
+    ipv4_prefix: int = Field(default=24, ge=8, le=32)
+    """IPv4 addresses in the same network of this many leading bits are one source (32: every address its own)."""
+    ipv6_prefix: int = Field(default=64, ge=16, le=128)
+    """IPv6 addresses in the same network of this many leading bits are one source (a /64 is usually one site)."""
+    allow: list[Annotated[str, Field(max_length=64)]] = Field(default_factory=list, max_length=1024)
+    """Networks (CIDR, e.g. `10.0.0.0/8`) the operator trusts: no registration cap, no probation, and each key
+    counts as a source of its own (the ledger's behaviour without Sybil limits). configs/demo.toml lists loopback,
+    where all the demo's nodes run; keep it empty on a public ledger."""
+    trusted_proxies: list[Annotated[str, Field(max_length=64)]] = Field(default_factory=list, max_length=64)
+    """Reverse proxies (addresses or CIDR networks) whose `X-Forwarded-For` names the client; empty: the client is
+    the TCP peer and the header is ignored. Behind a proxy, list it here or every client is the proxy's source."""
+    register_rate_per_s: float = Field(default=0.05, gt=0)
+    """Registrations one address may make per second on average (token bucket refill; 0.05 is 3 a minute)."""
+    register_burst: int = Field(default=16, ge=1)
+    """Registrations one address may make at once before it is told to wait (429)."""
+    prefix_register_rate_per_s: float = Field(default=0.2, gt=0)
+    """Registrations one network prefix (all its addresses together) may make per second on average."""
+    prefix_register_burst: int = Field(default=64, ge=1)
+    """Registrations one network prefix may make at once before it is told to wait (429)."""
+    new_identity_leases: int = Field(default=1, ge=1)
+    """Open leases a new identity may hold; each accepted submission adds one and each rejected one takes one away,
+    between 1 and scheduling.max_leases_per_node."""
+    proven_after_accepted: int = Field(default=2, ge=0)
+    """An identity is on probation until its accepted submissions exceed its rejected ones by this many."""
+    probation_budget: int = Field(default=4, ge=1)
+    """Unverified work (open leases plus submissions awaiting a verdict) that all identities on probation from one
+    source may have at once, however many keys it registers."""
+    max_requests_in_flight: int = Field(default=2, ge=1, le=1024)
+    """Ledger calls (`/v1/...`) of one source the API works on at once; the source's further calls wait their turn,
+    so a flood from one source cannot occupy the ledger's threads (api.num_threads) while other sources wait."""
+    max_requests_waiting: int = Field(default=256, ge=0, le=100_000)
+    """Requests of one source that may wait for their turn; beyond that they are refused with 429."""
+
+    @field_validator("allow", "trusted_proxies")
+    @classmethod
+    def _networks(cls, value: list[str]) -> list[str]:
+        for network in value:
+            try:
+                ipaddress.ip_network(network, strict=False)
+            except ValueError:
+                raise ValueError(f"{network!r} is not an IP address or CIDR network (e.g. 10.0.0.0/8)") from None
+        return value
 
 
 class TrustConfig(Section):
@@ -185,6 +236,7 @@ class CoordinatorConfig(RoleConfig):
     ledger: LedgerConfig = LedgerConfig()
     scheduling: SchedulingConfig = SchedulingConfig()
     trust: TrustConfig = TrustConfig()
+    sources: SourcesConfig = SourcesConfig()
     policy: PolicyConfig = PolicyConfig()
     p2p: CoordinatorP2PConfig = CoordinatorP2PConfig()
     validation: ValidationConfig = ValidationConfig()

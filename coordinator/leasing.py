@@ -12,6 +12,13 @@ per-node cap holds), claims open tasks with ``FOR UPDATE SKIP LOCKED`` and draws
 indices from a sequence, so leases to different workers do not queue behind one another.
 Several API replicas can share one database; the network-wide lease cap is then approximate
 by at most the number of concurrent lease calls.
+
+Sybil limits: a lease counts against its node's *source* (:mod:`coordinator.sources`), and
+each live source gets a fair share of the network-wide cap, not each key; a node on probation
+(:mod:`coordinator.reputation`) holds only what it has earned, and all probationary nodes of
+one source share one budget of unverified work (open leases plus submissions awaiting a
+verdict). On PostgreSQL these per-source counts are, like the network-wide cap, approximate
+by at most the number of concurrent lease calls from that source.
 """
 
 from __future__ import annotations
@@ -28,9 +35,10 @@ from sqlalchemy import Connection, Row, bindparam, func, insert, select, update
 
 from coordinator.config import CoordinatorConfig
 from coordinator.replay import NonceClaim, claim_nonce
-from coordinator.reputation import BanPolicy
+from coordinator.reputation import BanPolicy, ProbationPolicy, lease_allowance, on_probation
 from coordinator.scheduling import choose_policy_version, grant_count, lease_room, oldest_allowed_version
 from coordinator.seeds import new_run_secret, sampling_seed
+from coordinator.sources import SourcePolicy
 from coordinator.storage.engine import Database
 from coordinator.storage.migrations import migrate
 from coordinator.storage.tables import (
@@ -76,6 +84,16 @@ UPDATE_NODE = update(nodes).where(nodes.c.node_id == bindparam("b_node_id"))  # 
 _LEASE_ROW_LOCKED = select(leases).where(leases.c.lease_id == bindparam("b_lease_id")).with_for_update()
 _ACTIVE_LEASES = select(func.count()).where(leases.c.state == "active")
 _ACTIVE_LEASES_OF_NODE = _ACTIVE_LEASES.where(leases.c.node_id == bindparam("b_node_id"))
+_ACTIVE_LEASES_OF_SOURCE = _ACTIVE_LEASES.where(leases.c.source == bindparam("b_source"))
+_PROBATION_LEASES_OF_SOURCE = _ACTIVE_LEASES_OF_SOURCE.where(leases.c.probation.is_(True))
+_PROBATION_PENDING_OF_SOURCE = (
+    select(func.count())
+    .select_from(submissions.join(leases, submissions.c.lease_id == leases.c.lease_id))
+    .where(submissions.c.status == "pending", leases.c.source == bindparam("b_source"), leases.c.probation.is_(True))
+)
+_LIVE_WORKERS = select(nodes.c.node_id, nodes.c.ip).where(
+    nodes.c.role == "worker", nodes.c.banned.is_(False), nodes.c.last_seen >= bindparam("b_live_after")
+)
 _OPEN_TASKS = (
     select(tasks)
     .where(tasks.c.state == "open")
@@ -117,12 +135,18 @@ class LeasingLedger(LedgerViews):
         self.task_source = task_source
         self.coordinator_id = coordinator_id
         self.ban_policy = BanPolicy(ban_after_rejections=config.trust.ban_after_rejections)
+        self.sources = SourcePolicy(config.sources)
+        self.probation = ProbationPolicy(
+            new_identity_leases=config.sources.new_identity_leases,
+            max_leases_per_node=config.scheduling.max_leases_per_node,
+            proven_after_accepted=config.sources.proven_after_accepted,
+        )
         if not task_source.has_task(config.task):
             raise ConfigError(f"task {config.task!r} is not provided by the configured task source")
         migrate(self.db)
         self._secret = self._load_or_create_run()
         self._next_expiry_check = 0.0
-        self._live_workers = (float("-inf"), 0)
+        self._live_sources = (float("-inf"), 0)
 
     def _load_or_create_run(self) -> str:
         with self.db.write() as conn:
@@ -283,20 +307,25 @@ class LeasingLedger(LedgerViews):
         now = self.clock()
         with self._write(nonce) as conn:
             # One lease call per node at a time (its cap holds); different nodes do not wait for each other.
-            self._node(conn, node_id, "worker", lock=True)
+            node = self._node(conn, node_id, "worker", lock=True)
             run = self._run(conn)
             if now >= self._next_expiry_check:  # at most once a second per process; maintenance does it too
                 self._expire_overdue(conn, now)
                 self._next_expiry_check = now + 1.0
             held = conn.execute(_ACTIVE_LEASES_OF_NODE, {"b_node_id": node_id}).scalar_one()
             open_total = conn.execute(_ACTIVE_LEASES).scalar_one()
+            source = self.sources.source_of(node_id, node.ip)
+            trusted = self.sources.is_allowed(node.ip)
+            probation = not trusted and on_probation(self.probation, node.num_accepted, node.num_rejected)
             count = grant_count(
                 request.max_tasks,
                 held,
-                self.scheduling.max_leases_per_node,
+                self._node_cap(node, trusted),
                 open_total,
                 self.scheduling.max_open_leases,
-                self._num_live_workers(conn, now),
+                self._num_live_sources(conn, now),
+                held if trusted else conn.execute(_ACTIVE_LEASES_OF_SOURCE, {"b_source": source}).scalar_one(),
+                self._probation_room(conn, source) if probation else None,
             )
             room = self._lease_room(conn, run.current_policy_version)
             if room is not None:
@@ -312,7 +341,7 @@ class LeasingLedger(LedgerViews):
                 run.current_policy_version, self.scheduling.async_level, request.policy_versions_held
             )
             sampling = SamplingParams(temperature=self.scheduling.temperature, max_tokens=self.scheduling.max_tokens)
-            leased = [self._issue(conn, node_id, row, version, sampling, now) for row in task_rows]
+            leased = [self._issue(conn, node_id, row, version, sampling, now, source, probation) for row in task_rows]
         return LeaseResponse(tasks=leased, retry_after_s=0.0)
 
     def _lease_room(self, conn: Connection, current_version: int) -> int | None:
@@ -335,16 +364,26 @@ class LeasingLedger(LedgerViews):
             waiting = waiting.where(submissions.c.submission_id.not_in(select(step_submissions.c.submission_id)))
         return lease_room(k, orchestrator.groups_per_step, leased + conn.execute(waiting).scalar_one())
 
-    def _num_live_workers(self, conn: Connection, now: float) -> int:
-        """Live workers, counted at most once a second (the fair share needs a rough figure, fast)."""
-        counted_at, count = self._live_workers
+    def _node_cap(self, node: Row[Any], trusted: bool) -> int:
+        """Open leases the node may hold: the per-node limit when allow-listed, else what it has earned."""
+        if trusted:
+            return self.scheduling.max_leases_per_node
+        return lease_allowance(self.probation, node.num_accepted, node.num_rejected)
+
+    def _probation_room(self, conn: Connection, source: str) -> int:
+        """What is left of the source's probation budget: its probationary open leases and pending submissions."""
+        params = {"b_source": source}
+        unverified = conn.execute(_PROBATION_LEASES_OF_SOURCE, params).scalar_one()
+        unverified += conn.execute(_PROBATION_PENDING_OF_SOURCE, params).scalar_one()
+        return int(self.config.sources.probation_budget - unverified)
+
+    def _num_live_sources(self, conn: Connection, now: float) -> int:
+        """Sources with a live worker, counted at most once a second (the fair share needs a rough figure, fast)."""
+        counted_at, count = self._live_sources
         if now - counted_at >= 1.0 or now < counted_at:
-            count = conn.execute(
-                select(func.count()).where(
-                    nodes.c.role == "worker", nodes.c.banned.is_(False), nodes.c.last_seen >= now - self._live_s
-                )
-            ).scalar_one()
-            self._live_workers = (now, count)
+            live = conn.execute(_LIVE_WORKERS, {"b_live_after": now - self._live_s}).all()
+            count = len({self.sources.source_of(node_id, ip) for node_id, ip in live})
+            self._live_sources = (now, count)
         return count
 
     def _next_group_index(self, conn: Connection) -> int:
@@ -390,7 +429,15 @@ class LeasingLedger(LedgerViews):
         return created
 
     def _issue(
-        self, conn: Connection, node_id: str, task_row: Any, version: int, sampling: SamplingParams, now: float
+        self,
+        conn: Connection,
+        node_id: str,
+        task_row: Any,
+        version: int,
+        sampling: SamplingParams,
+        now: float,
+        source: str,
+        probation: bool,
     ) -> Task:
         lease_id = f"l-{secrets.token_hex(12)}"
         seed = sampling_seed(self._secret, task_row.task_name, task_row.group_index)
@@ -405,6 +452,8 @@ class LeasingLedger(LedgerViews):
             "issued_at": now,
             "deadline": now + self.scheduling.lease_ttl_s,
             "state": "active",
+            "source": source,
+            "probation": probation,
         }
         conn.execute(_INSERT_LEASE, values)
         conn.execute(_MARK_TASK_LEASED, {"b_task_id": task_row.task_id})

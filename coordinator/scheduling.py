@@ -25,28 +25,38 @@ LEASE_STATES = ("active", "submitted", "expired", "abandoned")
 TASK_STATES = ("open", "leased", "submitted", "accepted")
 
 
-def fair_share(max_open_leases: int, num_live_workers: int) -> int:
-    """Open leases one worker may hold when the network is at capacity: an equal share, at least 1."""
-    return max(1, math.ceil(max_open_leases / max(1, num_live_workers)))
+def fair_share(max_open_leases: int, num_live_sources: int) -> int:
+    """Open leases one source may hold when the network is at capacity: an equal share, at least 1."""
+    return max(1, math.ceil(max_open_leases / max(1, num_live_sources)))
 
 
 def grant_count(
     requested: int,
     held_by_node: int,
-    max_leases_per_node: int,
+    node_cap: int,
     open_leases_total: int,
     max_open_leases: int,
-    num_live_workers: int,
+    num_live_sources: int,
+    held_by_source: int | None = None,
+    probation_room: int | None = None,
 ) -> int:
     """How many new leases a worker gets now (0 means: come back later).
 
-    Bounded by what it asked for, its per-node cap, the network-wide cap and, when the network
-    is full enough that caps bind, its fair share of the network-wide cap.
+    Bounded by what it asked for, its own cap (``node_cap``: the per-node limit or what it has
+    earned so far), the network-wide cap, its source's fair share of the network-wide cap (all
+    keys of one source share it; ``held_by_source`` None: the node is a source of its own) and,
+    for an identity on probation, the room left in its source's probation budget.
     """
-    own_cap = min(max_leases_per_node, fair_share(max_open_leases, num_live_workers))
-    room_for_node = own_cap - held_by_node
-    room_in_network = max_open_leases - open_leases_total
-    return max(0, min(requested, room_for_node, room_in_network))
+    held_by_source = held_by_node if held_by_source is None else held_by_source
+    rooms = [
+        requested,
+        node_cap - held_by_node,
+        fair_share(max_open_leases, num_live_sources) - held_by_source,
+        max_open_leases - open_leases_total,
+    ]
+    if probation_room is not None:
+        rooms.append(probation_room)
+    return max(0, min(rooms))
 
 
 def oldest_allowed_version(current_version: int, async_level: int) -> int:

@@ -78,7 +78,14 @@ def run(config: CoordinatorConfig) -> None:
         if gossip is not None:
             relays.start()  # asks the relays heard on gossip what they hold, for the dashboard
         server = uvicorn.Server(
-            uvicorn.Config(app, log_config=None, access_log=False, timeout_graceful_shutdown=5, backlog=4096)
+            uvicorn.Config(
+                app,
+                log_config=None,
+                access_log=False,
+                timeout_graceful_shutdown=5,
+                backlog=4096,
+                proxy_headers=False,  # X-Forwarded-For only from sources.trusted_proxies (see coordinator.api.app)
+            )
         )
         if config.validation.builtin_enabled:
             builtin_validator.start(local_url(host, port))

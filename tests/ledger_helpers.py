@@ -67,6 +67,9 @@ def ledger_config(data_dir: Path, url: str = "", **overrides: Any) -> Coordinato
         "scheduling.group_size": 2,
         "scheduling.max_tokens": 8,
         "trust.validators_open": True,
+        # In-process clients all come from 127.0.0.1: trusted, so tests of other rules see no Sybil limits
+        # (the tests of those limits set sources.allow to []).
+        "sources.allow": ["127.0.0.0/8"],
     }
     values.update({key.replace("__", "."): value for key, value in overrides.items()})
     return load_config(CoordinatorConfig, None, values)

@@ -7,6 +7,10 @@ The signed routes are ``async`` and hop to a thread once, for the ledger call (F
 run a sync handler in a thread and hop again to validate its answer), on a few threads of
 their own (:class:`LedgerThreads`: more threads only queue for the GIL).
 A background task re-queues expired leases and prunes expired nonces.
+
+The client's address is the TCP peer, or, when the peer is one of ``sources.trusted_proxies``,
+the address its ``X-Forwarded-For`` names (uvicorn's ProxyHeadersMiddleware, outermost); the
+per-IP limit, registration caps and the sources leases count against all see that address.
 """
 
 # No `from __future__ import annotations`: FastAPI must see the local `Caller` alias at definition time.
@@ -23,18 +27,20 @@ from fastapi import Depends, FastAPI, Header, Query, Request
 from fastapi import Path as FastApiPath
 from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
+from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 from coordinator.api.auth import SignedCaller, SignedRequest
 from coordinator.api.errors import install_error_handlers
-from coordinator.api.middleware import BodySizeLimit, IpRateLimit, RequestMetrics
+from coordinator.api.middleware import BodySizeLimit, IpRateLimit, RequestMetrics, SourceConcurrency
 from coordinator.config import CoordinatorConfig
 from coordinator.dashboard import dashboard_router
 from coordinator.dashboard.relays import RelayWatch
 from coordinator.ledger import Ledger
 from coordinator.metrics import LedgerMetrics
-from coordinator.ratelimit import RateLimiter
+from coordinator.ratelimit import RateLimiter, RegistrationLimit
 from coordinator.replay import DatabaseReplayCache
-from protocol.errors import ForbiddenError
+from coordinator.sources import SourcePolicy
+from protocol.errors import ForbiddenError, RateLimitedError
 from protocol.ledger_client import HEADER_SUBMISSION_SIGNATURE
 from protocol.schemas import (
     MAX_POLICY_VERSION,
@@ -108,8 +114,23 @@ def create_app(
     install_error_handlers(app)
     metrics = LedgerMetrics(ledger.status)
     app.add_middleware(RequestMetrics, metrics=metrics)
+    sources = config.sources
+    source_policy = SourcePolicy(sources)
+    app.add_middleware(
+        SourceConcurrency,
+        sources=source_policy,
+        max_in_flight=sources.max_requests_in_flight,
+        max_waiting=sources.max_requests_waiting,
+    )
     app.add_middleware(IpRateLimit, limiter=RateLimiter(api.ip_rate_per_s, api.ip_burst), exempt_paths=_UNMETERED_PATHS)
-    app.add_middleware(BodySizeLimit, max_body_bytes=api.max_body_bytes)  # outermost: before anything reads
+    app.add_middleware(BodySizeLimit, max_body_bytes=api.max_body_bytes)  # before anything reads
+    if sources.trusted_proxies:  # outermost: every layer inside sees the client, not the proxy
+        app.add_middleware(ProxyHeadersMiddleware, trusted_hosts=sources.trusted_proxies)
+    registrations = RegistrationLimit(
+        source_policy,
+        RateLimiter(sources.register_rate_per_s, sources.register_burst),
+        RateLimiter(sources.prefix_register_rate_per_s, sources.prefix_register_burst),
+    )
     in_thread = LedgerThreads(api.num_threads)
     caller = SignedCaller(config.trust.max_clock_skew_s, RateLimiter(api.node_rate_per_s, api.node_burst))
     Caller = Annotated[SignedRequest, Depends(caller)]  # noqa: N806 - a type alias, named like one
@@ -118,6 +139,13 @@ def create_app(
     async def register(body: RegisterRequest, caller: Caller, request: Request) -> RegisterResponse:
         """Register (or update) the calling node: workers are permissionless, validators need approval."""
         ip = request.client.host if request.client else "unknown"
+        wait_s = registrations.retry_after_s(ip)
+        if wait_s is not None:
+            raise RateLimitedError(
+                f"too many registrations from {ip} or its network; retry in {wait_s:.1f} s "
+                "(an operator can allow-list trusted networks in sources.allow)",
+                wait_s,
+            )
         return await in_thread(ledger.register, caller.node_id, ip, body, caller.nonce)
 
     @app.post("/v1/nodes/heartbeat", tags=["nodes"])

@@ -1,14 +1,17 @@
-"""ASGI middleware in front of every route: body size limit, per-IP rate limit, request metrics.
+"""ASGI middleware in front of every route: body size limit, per-IP rate limit, per-source concurrency, metrics.
 
 Plain ASGI (no BaseHTTPMiddleware) so a refusal costs no body read: a declared
 ``Content-Length`` over the limit is answered 413 before one byte is received, and a chunked
 body is cut off with 413 as soon as it passes the limit. The per-IP limit counts every
 request from one address, whatever node keys it signs with (one host cannot multiply its
-share by minting keys).
+share by minting keys). The per-source concurrency limit lets a few requests of each source
+(:mod:`coordinator.sources`) in at once and queues the rest, so a flood from one source waits
+behind itself, not in front of everyone else.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 from typing import Any
@@ -18,6 +21,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from coordinator.api.errors import error_response, prime_error_response
 from coordinator.metrics import LedgerMetrics
 from coordinator.ratelimit import RateLimiter
+from coordinator.sources import SourcePolicy
 from protocol.errors import PayloadTooLargeError, RateLimitedError
 
 
@@ -91,6 +95,41 @@ class IpRateLimit:
                 await prime_error_response(exc)(scope, receive, send)
                 return
         await self.app(scope, receive, send)
+
+
+class SourceConcurrency:
+    """At most ``max_in_flight`` ledger calls (paths under ``/v1/``) of one source inside the app at once; up to
+    ``max_waiting`` more wait their turn and further ones are refused with 429. Allow-listed addresses are not
+    limited, nor is anything outside ``/v1/`` (policy shards streamed from ``/shardcast``, the dashboard)."""
+
+    def __init__(self, app: ASGIApp, sources: SourcePolicy, max_in_flight: int, max_waiting: int) -> None:
+        self.app = app
+        self.sources = sources
+        self.max_in_flight = max_in_flight
+        self.max_waiting = max_waiting
+        self._slots: dict[str, tuple[asyncio.Semaphore, list[int]]] = {}  # source -> (slots, [requests holding or
+        # waiting]); an entry lives while its source has requests, so the table is bounded by open requests
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        client = scope.get("client")
+        address = client[0] if client else "unknown"
+        if scope["type"] != "http" or not scope["path"].startswith("/v1/") or self.sources.is_allowed(address):
+            await self.app(scope, receive, send)
+            return
+        source = self.sources.prefix(address)
+        slots, users = self._slots.setdefault(source, (asyncio.Semaphore(self.max_in_flight), [0]))
+        if users[0] >= self.max_in_flight + self.max_waiting:
+            exc = RateLimitedError(f"too many concurrent requests from {source}; retry in 1 s", 1.0)
+            await prime_error_response(exc)(scope, receive, send)
+            return
+        users[0] += 1
+        try:
+            async with slots:
+                await self.app(scope, receive, send)
+        finally:
+            users[0] -= 1
+            if users[0] == 0:
+                del self._slots[source]
 
 
 class RequestMetrics:

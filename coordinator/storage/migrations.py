@@ -16,6 +16,9 @@ rather than misread.
   ``validation.validators_per_submission`` of them must agree before the submission is decided.
 - v5: the orchestrator's training steps (``train_steps``) and which accepted submission went
   into which step (``step_submissions``, keyed by submission so none is used twice).
+- v6: each lease records the source it counts against and whether its node was on probation
+  (``leases.source``, ``leases.probation``), so per-source fair share and probation budgets are
+  index counts (:mod:`coordinator.sources`).
 """
 
 from __future__ import annotations
@@ -105,6 +108,12 @@ _V5 = [
     "CREATE INDEX step_submissions_step ON step_submissions (step, position)",
 ]
 
+_V6 = [
+    "ALTER TABLE leases ADD COLUMN source TEXT NOT NULL DEFAULT ''",
+    "ALTER TABLE leases ADD COLUMN probation {bool} NOT NULL DEFAULT FALSE",
+    "CREATE INDEX leases_source ON leases (source, state)",
+]
+
 _SPELLING = {
     "sqlite": {"id": "INTEGER PRIMARY KEY AUTOINCREMENT", "float": "REAL", "bool": "BOOLEAN"},
     "postgresql": {"id": "BIGSERIAL PRIMARY KEY", "float": "DOUBLE PRECISION", "bool": "BOOLEAN"},
@@ -116,11 +125,11 @@ def steps(dialect: str) -> list[Sequence[str]]:
     v2_specific = _V2_SQLITE if dialect == "sqlite" else _V2_POSTGRESQL
     v3 = [] if dialect == "sqlite" else _V3_POSTGRESQL
     spelling = _SPELLING[dialect]
-    all_steps = (_V1, _V2_COMMON + v2_specific, v3, _V4, _V5)
+    all_steps = (_V1, _V2_COMMON + v2_specific, v3, _V4, _V5, _V6)
     return [[statement.format(**spelling) for statement in step] for step in all_steps]
 
 
-LATEST_VERSION = 5
+LATEST_VERSION = 6
 _MIGRATION_LOCK_ID = 7_253_001
 
 

@@ -74,6 +74,8 @@ leases = Table(
     Column("issued_at", Float, nullable=False),
     Column("deadline", Float, nullable=False),
     Column("state", Text, nullable=False),
+    Column("source", Text, nullable=False),
+    Column("probation", Boolean, nullable=False),
 )
 
 submissions = Table(

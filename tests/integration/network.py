@@ -117,6 +117,7 @@ def running_network(
         "api": {"host": "127.0.0.1", "port": port, "node_burst": 100000, "ip_burst": 100000},
         "scheduling": {"prompts_per_task": 2, "group_size": 4, "max_tokens": 48, "lease_ttl_s": 8, "async_level": 1},
         "trust": {"validators_open": True},
+        "sources": {"allow": ["127.0.0.0/8"]},  # every node runs here: trusted, as in configs/demo.toml
         "policy": {"start_checkpoint": str(checkpoints[0]), "shard_size_bytes": 16384},
     }
     for name, values in (sections or {}).items():

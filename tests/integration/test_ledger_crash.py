@@ -87,6 +87,7 @@ def test_sigkill_loses_no_acknowledged_submission_and_no_lease(tmp_path: Path, l
         "api": {"host": "127.0.0.1", "port": port, "node_burst": 100000, "ip_burst": 100000},
         "ledger": {"url": ledger_url},
         "scheduling": {"prompts_per_task": 2, "group_size": 2, "max_tokens": 8, "lease_ttl_s": 600},
+        "sources": {"allow": ["127.0.0.0/8"]},  # no validator: probation would stop the stream before the kill
     }
     config_path = tmp_path / "crash.toml"
     config_path.write_text(tomli_w.dumps(config))

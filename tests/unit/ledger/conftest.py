@@ -61,12 +61,13 @@ class LedgerHarness:
     coordinator: NodeIdentity
     clock: FakeClock
 
-    def client(self, identity: NodeIdentity | None = None) -> LedgerClient:
-        transport = httpx.ASGITransport(app=self.app)
+    def client(self, identity: NodeIdentity | None = None, address: str = "127.0.0.1") -> LedgerClient:
+        """A client of the app whose requests come from ``address`` (the TCP peer the app sees)."""
+        transport = httpx.ASGITransport(app=self.app, client=(address, 40000))
         return LedgerClient("http://ledger", identity or NodeIdentity.generate(), transport=transport)
 
-    async def worker(self) -> LedgerClient:
-        client = self.client()
+    async def worker(self, address: str = "127.0.0.1") -> LedgerClient:
+        client = self.client(address=address)
         await client.register(register_request("worker"))
         return client
 

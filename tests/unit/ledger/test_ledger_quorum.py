@@ -150,6 +150,9 @@ async def test_a_ledger_upgraded_from_v3_decides_its_pending_submissions(make_ha
     worker = await old.worker()
     submission_id = await submitted(worker)
     with old.database.write() as conn:  # back to the schema before votes (v3), a submission pending
+        conn.exec_driver_sql("DROP INDEX leases_source")  # v6's
+        for column in ("source", "probation"):
+            conn.exec_driver_sql(f"ALTER TABLE leases DROP COLUMN {column}")
         for table in ("step_submissions", "train_steps", "verdict_votes"):  # v5's, then v4's
             conn.exec_driver_sql(f"DROP TABLE {table}")
         conn.execute(delete(schema_version).where(schema_version.c.version >= 4))
