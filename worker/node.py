@@ -134,14 +134,19 @@ async def run_worker(
             )
         )
         start_version = registered.current_policy_version
-        checkpoint = await with_retries(
-            f"download of policy v{start_version}", lambda: weights.ensure(start_version), stop
-        )
-        eos = eos_token_ids(checkpoint)
-        engines = [await asyncio.to_thread(engine_factory, kind, checkpoint, d, config.max_batch_size) for d in devices]
-        state.policy_version = start_version
-        log.info("%d %s engine(s) ready on policy v%d", len(engines), kind, start_version)
-        runners = [TaskRunner(ledger, engine, weights, state, eos, loaded_version=start_version) for engine in engines]
+        with weights.pinned(start_version):  # engines read it while they start, and a cold start is slow
+            checkpoint = await with_retries(
+                f"download of policy v{start_version}", lambda: weights.ensure(start_version), stop
+            )
+            eos = eos_token_ids(checkpoint)
+            engines = [
+                await asyncio.to_thread(engine_factory, kind, checkpoint, d, config.max_batch_size) for d in devices
+            ]
+            state.policy_version = start_version
+            log.info("%d %s engine(s) ready on policy v%d", len(engines), kind, start_version)
+            runners = [
+                TaskRunner(ledger, engine, weights, state, eos, loaded_version=start_version) for engine in engines
+            ]
         jobs = [asyncio.create_task(heartbeat_forever(ledger, weights, state, kind, stop))]
         jobs += [asyncio.create_task(runner.run(stop)) for runner in runners]
         try:
