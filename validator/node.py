@@ -21,6 +21,7 @@ from collections import OrderedDict
 from pathlib import Path
 
 from protocol.errors import ConflictError, NotFoundError, ProtocolError
+from protocol.first_contact import check_coordinator, check_relay
 from protocol.identity import load_or_create_identity
 from protocol.ledger_client import LedgerClient
 from protocol.schemas import Hardware, PendingSubmission, RegisterRequest
@@ -131,6 +132,9 @@ async def run_validator(config: ValidatorConfig, stop: asyncio.Event, state: Val
     """Audit the run at ``config.coordinator_url`` until ``stop`` is set."""
     state = state or ValidatorState()
     identity = load_or_create_identity(config.data_dir)
+    await check_coordinator(config.coordinator_url, config.first_contact_timeout_s, stop)
+    for relay in config.relays:
+        await check_relay(relay)
     async with LedgerClient(config.coordinator_url, identity) as ledger:
         coordinator_id = await trusted_coordinator_id(ledger, config.data_dir, config.coordinator_id, stop)
         hardware = Hardware(accelerator="cpu", num_devices=1, memory_bytes=0)

@@ -131,7 +131,7 @@ async def test_the_worker_pins_its_loaded_version_and_the_leased_tasks_version(c
         await cache.ensure(version)
     assert 0 in cache.held_versions()
     with pytest.raises(RuntimeError, match="engine crashed"):
-        await runner.generate_task(task_of(4), asyncio.Event())
+        (await runner.generate_task(task_of(4), asyncio.Event())).close()
     assert engine.in_use_while_generating == {4}  # loaded v4 (pinned) for a task of v4 (pinned)
     assert cache.in_use() == {4}  # the task's pin is released; the engine's moved from v0 to v4
     held = cache.held_versions()
