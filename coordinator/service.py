@@ -32,6 +32,10 @@ LEDGER_URL_FIX = (
     "role and database must exist (PostgreSQL: createuser prime && createdb -O prime prime), or leave ledger.url "
     "empty for a SQLite file in the data dir"
 )
+SQLITE_URL_FIX = (
+    "point ledger.url (--ledger-url) at a file in a directory this user may write, or leave it empty for "
+    "ledger.db in the data dir"
+)
 
 
 def open_ledger(config: CoordinatorConfig, task_source: TaskSource, node_id: str) -> tuple[Database, Ledger]:
@@ -42,6 +46,7 @@ def open_ledger(config: CoordinatorConfig, task_source: TaskSource, node_id: str
     from coordinator.storage.engine import Database
 
     shown = config.ledger_url.split("@")[-1] if "@" in config.ledger_url else config.ledger_url
+    fix = SQLITE_URL_FIX if config.ledger_url.startswith("sqlite") else LEDGER_URL_FIX
     try:
         database = Database(config.ledger_url, config.ledger.sqlite_synchronous, config.ledger.pool_size)
     except (ArgumentError, NoSuchModuleError) as exc:
@@ -52,13 +57,18 @@ def open_ledger(config: CoordinatorConfig, task_source: TaskSource, node_id: str
         raise StartupError(
             f"the database driver {exc.name!r} for ledger.url is not installed", "pip install 'psycopg[binary]'"
         ) from exc
+    except OSError as exc:
+        raise StartupError(f"cannot create the ledger database file of {shown}: {exc}", fix) from exc
     try:
         return database, Ledger(database, config, task_source, node_id)
+    except OSError as exc:
+        database.dispose()
+        raise StartupError(f"cannot create the ledger database at {shown}: {exc}", fix) from exc
     except DBAPIError as exc:
         database.dispose()
         reason = str(exc.orig).strip().splitlines()[0] if exc.orig is not None else str(exc)
         reason = reason.split("FATAL:")[-1].strip()
-        raise StartupError(f"cannot open the ledger database at {shown}: {reason}", LEDGER_URL_FIX) from exc
+        raise StartupError(f"cannot open the ledger database at {shown}: {reason}", fix) from exc
 
 
 def bind_api_socket(family: socket.AddressFamily, host: str, port: int) -> socket.socket:
