@@ -22,6 +22,7 @@ from tests.integration.network import BIN, REPO_ROOT
 
 pytestmark = pytest.mark.slow
 NUM_STEPS = 3
+TIMEOUT_S = 1500  # building the start checkpoint (200 SFT steps) is most of it; minutes on an idle 2-core machine
 
 
 def fresh_copy(dest: Path) -> Path:
@@ -35,6 +36,7 @@ def fresh_copy(dest: Path) -> Path:
     return dest
 
 
+@pytest.mark.timeout(TIMEOUT_S + 60)
 def test_the_demo_completes_on_the_first_cold_try(tmp_path: Path) -> None:
     repo = fresh_copy(tmp_path / "prime-network")
     assert not (repo / "runs").exists()
@@ -49,7 +51,7 @@ def test_the_demo_completes_on_the_first_cold_try(tmp_path: Path) -> None:
     log = tmp_path / "demo.log"
     with log.open("wb") as err:
         try:
-            done = subprocess.run(argv, cwd=repo, env=env, stdout=subprocess.PIPE, stderr=err, timeout=900)
+            done = subprocess.run(argv, cwd=repo, env=env, stdout=subprocess.PIPE, stderr=err, timeout=TIMEOUT_S)
         except subprocess.TimeoutExpired:
             pytest.fail(f"the demo did not finish in time:\n{log.read_text(errors='replace')[-4000:]}")
     output = done.stdout.decode(errors="replace")

@@ -94,6 +94,7 @@ def worker_argv(tmp_path: Path, coordinator: str, *extra: str) -> list[str]:
 # --- the coordinator --------------------------------------------------------------------------------------
 
 
+@pytest.mark.postgres
 def test_coordinator_on_a_postgres_role_that_does_not_exist(tmp_path: Path, postgres_url: str) -> None:
     from sqlalchemy.engine import make_url
 

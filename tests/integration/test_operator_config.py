@@ -20,7 +20,7 @@ from shardcast.store import VersionStore
 from tests.integration.network import BIN, REPO_ROOT
 from tests.ledger_helpers import scratch_postgres_database
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 NUM_STEPS = 2
 
 
@@ -31,8 +31,8 @@ def test_the_shipped_coordinator_config_trains_with_a_joining_worker(tmp_path: P
     env = {"PYTHONPATH": str(REPO_ROOT)}
     with scratch_postgres_database(postgres_url) as ledger_url:
         coordinator = CoordinatorProcess(REPO_ROOT / "configs" / "coordinator.toml", tmp_path / "coordinator.log", env)
-        overrides = ("--data-dir", str(run_dir), "--host", "127.0.0.1", "--port", str(port), "--ledger-url", ledger_url)
-        overrides += ("--set", "p2p.host='127.0.0.1'", "--set", "p2p.port=0")
+        overrides: tuple[str, ...] = ("--data-dir", str(run_dir), "--host", "127.0.0.1", "--port", str(port))
+        overrides += ("--ledger-url", ledger_url, "--set", "p2p.host='127.0.0.1'", "--set", "p2p.port=0")
         overrides += ("--set", f"orchestrator.num_steps={NUM_STEPS}")
         workers: list[subprocess.Popen[bytes]] = []
         try:
