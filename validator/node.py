@@ -8,6 +8,8 @@ pending submissions of each version together (one prefill batch across them, onl
 the ledger picked) and posts a verdict per submission. Progress
 (:mod:`validator.progress`): one log line per verdict and a periodic summary (verified
 samples/s and submissions/s, accepted, rejected and the most common rejection reasons).
+Each version with a loaded engine, and each version being audited, is pinned in the weights
+cache, so pruning never removes it from under an audit.
 """
 
 from __future__ import annotations

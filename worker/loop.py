@@ -8,7 +8,9 @@ seed, builds a TOPLOC proof from each sample's hidden states, and submits the gr
 it generates, the lease is renewed at a third of its remaining time. Failures of the ledger
 or the relays are retried with capped exponential backoff; a refusal (4xx) of a task's
 submission is logged and the task is dropped (its lease will expire and be re-issued); a 403
-(banned, or not allowed) ends the worker with that ForbiddenError.
+(banned, or not allowed) ends the worker with that ForbiddenError. The version an engine serves
+and the version of the task being generated are pinned in the weights cache, so newer versions
+fetched meanwhile never prune them.
 """
 
 from __future__ import annotations
