@@ -11,6 +11,7 @@ from protocol.cli import (
     ConfigOption,
     JsonLogsOption,
     LogLevelOption,
+    PrimeTyper,
     SetOption,
     load_role_config,
     make_keys_app,
@@ -18,7 +19,7 @@ from protocol.cli import (
     start_logging,
 )
 
-app = typer.Typer(
+app = PrimeTyper(
     help=(
         "Run a prime-network coordinator: the task ledger API, the SHARDCAST origin and, when configured, "
         "the RL loop with its torchrun trainer and a local demo network."

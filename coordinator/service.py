@@ -12,13 +12,80 @@ and the local network; the server exits when the run is done.
 
 from __future__ import annotations
 
+import errno
 import logging
 import socket
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from coordinator.config import CoordinatorConfig
+from protocol.errors import StartupError
+
+if TYPE_CHECKING:
+    from coordinator.ledger import Ledger
+    from coordinator.storage.engine import Database
+    from coordinator.task_source import TaskSource
 
 log = logging.getLogger("coordinator")
+LEDGER_URL_FIX = (
+    "check ledger.url (--ledger-url or PRIME_COORDINATOR_LEDGER__URL): the database server must be running and its "
+    "role and database must exist (PostgreSQL: createuser prime && createdb -O prime prime), or leave ledger.url "
+    "empty for a SQLite file in the data dir"
+)
+SQLITE_URL_FIX = (
+    "point ledger.url (--ledger-url) at a file in a directory this user may write, or leave it empty for "
+    "ledger.db in the data dir"
+)
+
+
+def open_ledger(config: CoordinatorConfig, task_source: TaskSource, node_id: str) -> tuple[Database, Ledger]:
+    """Open (and migrate) the run's ledger database; a database that cannot be used is a StartupError."""
+    from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError
+
+    from coordinator.ledger import Ledger
+    from coordinator.storage.engine import Database
+
+    shown = config.ledger_url.split("@")[-1] if "@" in config.ledger_url else config.ledger_url
+    fix = SQLITE_URL_FIX if config.ledger_url.startswith("sqlite") else LEDGER_URL_FIX
+    try:
+        database = Database(config.ledger_url, config.ledger.sqlite_synchronous, config.ledger.pool_size)
+    except (ArgumentError, NoSuchModuleError) as exc:
+        raise StartupError(
+            f"ledger.url {config.ledger_url!r} is not a database URL SQLAlchemy knows ({exc})", LEDGER_URL_FIX
+        ) from exc
+    except ModuleNotFoundError as exc:
+        raise StartupError(
+            f"the database driver {exc.name!r} for ledger.url is not installed", "pip install 'psycopg[binary]'"
+        ) from exc
+    except OSError as exc:
+        raise StartupError(f"cannot create the ledger database file of {shown}: {exc}", fix) from exc
+    try:
+        return database, Ledger(database, config, task_source, node_id)
+    except OSError as exc:
+        database.dispose()
+        raise StartupError(f"cannot create the ledger database at {shown}: {exc}", fix) from exc
+    except DBAPIError as exc:
+        database.dispose()
+        reason = str(exc.orig).strip().splitlines()[0] if exc.orig is not None else str(exc)
+        reason = reason.split("FATAL:")[-1].strip()
+        raise StartupError(f"cannot open the ledger database at {shown}: {reason}", fix) from exc
+
+
+def bind_api_socket(family: socket.AddressFamily, host: str, port: int) -> socket.socket:
+    """The API's listening socket (bound here so port 0 works); a port in use is a StartupError."""
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        problem = f"cannot listen on {host}:{port} for the ledger API: {exc.strerror}"
+        if exc.errno == errno.EADDRINUSE:
+            fix = "another program (perhaps another coordinator) uses that port: stop it, or pick another with --port"
+        else:
+            fix = "pick an address of this machine with --host (0.0.0.0 for all) and a free port with --port"
+        raise StartupError(problem, fix) from exc
+    return sock
 
 
 def run(config: CoordinatorConfig) -> None:
@@ -27,11 +94,9 @@ def run(config: CoordinatorConfig) -> None:
     from coordinator.api.app import create_app
     from coordinator.builtin_validator import BuiltinValidator, approve_builtin_validator, local_url
     from coordinator.dashboard.relays import RelayWatch
-    from coordinator.ledger import Ledger
     from coordinator.p2p import start_coordinator_gossip
     from coordinator.policies import policy_store, publish_policy, published_version, with_vocab_size
     from coordinator.replay import DatabaseReplayCache
-    from coordinator.storage.engine import Database
     from coordinator.task_source import EmptyTaskSource, load_task_source
     from protocol.identity import key_path, load_or_create_identity
     from shardcast.origin import OriginSource
@@ -47,9 +112,8 @@ def run(config: CoordinatorConfig) -> None:
     task_source = load_task_source(config.task_source)
     if isinstance(task_source, EmptyTaskSource):
         log.warning("no task_source configured: the ledger runs but hands out no tasks until one is wired")
-    database = Database(config.ledger_url, config.ledger.sqlite_synchronous, config.ledger.pool_size)
+    database, ledger = open_ledger(config, task_source, identity.node_id)
     try:
-        ledger = Ledger(database, config, task_source, identity.node_id)
         status = ledger.status()
         log.info(
             "ledger %s: run %r, policy version %d, %d submission(s) accepted",
@@ -66,9 +130,7 @@ def run(config: CoordinatorConfig) -> None:
             publish_policy(start, 0, identity, store, ledger, config)
         app.mount("/shardcast", create_shardcast_app(OriginSource(store)))
         family = socket.AF_INET6 if ":" in config.api.host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((config.api.host, config.api.port))
+        sock = bind_api_socket(family, config.api.host, config.api.port)
         host, port = sock.getsockname()[:2]
         log.info("ledger API listening on http://%s:%d (OpenAPI at /docs)", host, port)
         url_host = f"[{host}]" if family == socket.AF_INET6 else host
@@ -110,16 +172,13 @@ def run(config: CoordinatorConfig) -> None:
 
 def publish_from_cli(config: CoordinatorConfig, checkpoint: Path, version: int | None) -> None:
     """`prime-coordinator publish`: the same publication the orchestrator makes, from a shell."""
-    from coordinator.ledger import Ledger
     from coordinator.policies import policy_store, publish_policy, published_version
-    from coordinator.storage.engine import Database
     from coordinator.task_source import EmptyTaskSource
     from protocol.identity import load_or_create_identity
 
     identity = load_or_create_identity(config.data_dir)
-    database = Database(config.ledger_url, config.ledger.sqlite_synchronous, config.ledger.pool_size)
+    database, ledger = open_ledger(config, EmptyTaskSource(), identity.node_id)
     try:
-        ledger = Ledger(database, config, EmptyTaskSource(), identity.node_id)
         current = published_version(ledger)
         chosen = version if version is not None else (0 if current is None else current + 1)
         signed = publish_policy(checkpoint, chosen, identity, policy_store(config), ledger, config)

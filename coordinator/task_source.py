@@ -57,7 +57,10 @@ def load_task_source(spec: str) -> TaskSource:
     try:
         found = getattr(importlib.import_module(module_name), attribute)
     except (ImportError, AttributeError) as exc:
-        raise ConfigError(f"task_source {spec!r} cannot be loaded: {exc}") from exc
+        raise ConfigError(
+            f"task_source {spec!r} cannot be loaded ({exc}); install the package that provides it "
+            "(pip install ...) or fix task_source (module:attribute)"
+        ) from exc
     is_instance = isinstance(found, TaskSource) and not isinstance(found, type)
     source = found if is_instance or not callable(found) else found()
     if not isinstance(source, TaskSource):

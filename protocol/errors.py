@@ -24,6 +24,8 @@ answers with, so a client can map a response back to the same class.
     ├── IntegrityError              downloaded bytes or a manifest fail verification
     ├── ProofError                  a TOPLOC proof cannot be built or parsed
     ├── ChildExitedError            a process the coordinator runs (trainer, local network) exited
+    ├── StartupError                a role cannot start: a database, port, model, package or peer it
+    │                               needs is missing or wrong (carries the fix)
     └── RemoteUnavailableError 503  a coordinator or relay could not be reached
         └── NotReadyError      503  a relay holds the version but is still mirroring that shard
 """
@@ -179,3 +181,17 @@ class ChildExitedError(PrimeError):
     """A process the coordinator started and needs (the trainer service, a local-network node) exited."""
 
     code = "child_exited"
+
+
+class StartupError(PrimeError):
+    """A role cannot start: something it needs (a database, a port, a model, a package, a peer) is missing or wrong.
+
+    It carries the problem and the fix apart; its message is both on one line, as the command prints it.
+    """
+
+    code = "startup"
+
+    def __init__(self, problem: str, fix: str) -> None:
+        super().__init__(f"{problem}; {fix}")
+        self.problem = problem
+        self.fix = fix

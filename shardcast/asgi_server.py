@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import os
 import signal
@@ -25,6 +26,8 @@ from typing import Any, cast
 from urllib.parse import unquote
 
 from starlette.types import ASGIApp, Message
+
+from protocol.errors import StartupError
 
 log = logging.getLogger("shardcast.http")
 _MAX_HEAD_BYTES = 64 * 1024
@@ -221,7 +224,16 @@ async def serve_asgi(app: ASGIApp, host: str, port: int, stop: asyncio.Event | N
     for signum in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(signum, stop.set)
-    server = await loop.create_server(lambda: _Connection(app, (host, port)), host, port, reuse_address=True)
+    try:
+        server = await loop.create_server(lambda: _Connection(app, (host, port)), host, port, reuse_address=True)
+    except OSError as exc:
+        in_use = exc.errno == errno.EADDRINUSE
+        raise StartupError(
+            f"cannot listen on {host}:{port}: {exc.strerror or exc}",
+            "another program uses that port: stop it, or pick another with --port"
+            if in_use
+            else "pick an address of this machine with --host (0.0.0.0 for all) and a free port with --port",
+        ) from exc
     log.debug("serving on %s:%d (pid %d)", host, port, os.getpid())
     try:
         await stop.wait()

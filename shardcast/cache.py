@@ -4,24 +4,32 @@ Each version is fetched from the relays by :func:`shardcast.client.fetch_version
 verifies every shard against the manifest signed by the coordinator and exposes the version
 atomically. Concurrent asks for one version share one download; a failed prefetch is only
 logged (the task that needs the version will try again and report the error).
+
+A version in use is never removed: whoever needs one on disk (an engine that loads or serves
+it, a leased task, an audit) pins it with :meth:`WeightsCache.pin` or :meth:`WeightsCache.pinned`
+and unpins it when done. Pruning keeps the newest ``keep_versions`` and every pinned version;
+it runs after each download and whenever the last pin of a version is released.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import shutil
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from shardcast.client import fetch_version, version_path
+from shardcast.store import versions_to_prune
 from shardcast.transfer import TransferOptions
 
 log = logging.getLogger(__name__)
 
 
 class WeightsCache:
-    """Downloads, caches and prunes policy versions for one worker."""
+    """Downloads, caches and prunes policy versions for one worker or validator."""
 
     def __init__(
         self,
@@ -37,6 +45,7 @@ class WeightsCache:
         self.keep_versions = keep_versions
         self.options = options
         self._downloads: dict[int, asyncio.Task[Path]] = {}
+        self._pins: Counter[int] = Counter()
 
     def held_versions(self) -> list[int]:
         """Versions fully on disk (as the heartbeat reports them)."""
@@ -48,6 +57,34 @@ class WeightsCache:
                 held.append(int(path.name[1:]))
         return sorted(held)
 
+    def pin(self, version: int) -> None:
+        """Keep ``version`` on disk until a matching :meth:`unpin` (pins of one version add up)."""
+        self._pins[version] += 1
+
+    def unpin(self, version: int) -> None:
+        """Release one pin of ``version``; the last one lets pruning remove it."""
+        if self._pins[version] <= 0:
+            raise ValueError(f"policy v{version} is not pinned")
+        self._pins[version] -= 1
+        if self._pins[version] == 0:
+            del self._pins[version]
+            self.prune()
+
+    @contextlib.contextmanager
+    def pinned(self, *versions: int) -> Iterator[None]:
+        """Pin ``versions`` for the duration of a ``with`` block."""
+        for version in versions:
+            self.pin(version)
+        try:
+            yield
+        finally:
+            for version in versions:
+                self.unpin(version)
+
+    def in_use(self) -> set[int]:
+        """The versions pruning must not touch: pinned ones."""
+        return set(self._pins)
+
     def _start(self, version: int) -> asyncio.Task[Path]:
         """The download of ``version``: the one running or done, or a new one after a failure."""
         task = self._downloads.get(version)
@@ -58,7 +95,10 @@ class WeightsCache:
         return task
 
     async def ensure(self, version: int) -> Path:
-        """The directory of ``version``, downloading it first if needed."""
+        """The directory of ``version``, downloading it first if needed.
+
+        A caller that goes on to read the directory pins the version first (see :meth:`pinned`).
+        """
         return await asyncio.shield(self._start(version))
 
     def prefetch(self, version: int) -> None:
@@ -72,16 +112,22 @@ class WeightsCache:
 
     async def _download(self, version: int) -> Path:
         path = await fetch_version(version, self.relays, self.coordinator_id, self.dest_root, self.options)
-        self.prune(keep_at_least=version)
+        self.prune(also_keep=version)  # the asker has not pinned it yet if it was old: let it have it
         return path
 
-    def prune(self, keep_at_least: int) -> None:
-        """Remove versions older than the newest ``keep_versions``, never ``keep_at_least`` or newer."""
-        held = self.held_versions()
-        for version in held[: max(0, len(held) - self.keep_versions)]:
-            if version < keep_at_least:
-                shutil.rmtree(version_path(self.dest_root, version), ignore_errors=True)
-                self._downloads.pop(version, None)
+    def prune(self, also_keep: int | None = None) -> list[int]:
+        """Remove versions beyond the newest ``keep_versions``, never a pinned one (nor ``also_keep``).
+
+        Returns the versions removed.
+        """
+        protected = self.in_use() | ({also_keep} if also_keep is not None else set())
+        doomed = versions_to_prune(self.held_versions(), self.keep_versions, protected)
+        for version in doomed:
+            shutil.rmtree(version_path(self.dest_root, version), ignore_errors=True)
+            self._downloads.pop(version, None)
+        if doomed:
+            log.debug("pruned policy version(s) %s (in use: %s)", doomed, sorted(self.in_use()))
+        return doomed
 
     async def aclose(self) -> None:
         for task in self._downloads.values():

@@ -14,6 +14,7 @@ from protocol.cli import (
     JsonLogsOption,
     LogLevelOption,
     NoP2POption,
+    PrimeTyper,
     SetOption,
     fail,
     load_role_config,
@@ -22,7 +23,7 @@ from protocol.cli import (
 )
 from shardcast.config import RelayConfig
 
-app = typer.Typer(help="SHARDCAST relays: mirror signed policy versions over HTTP.", no_args_is_help=True)
+app = PrimeTyper(help="SHARDCAST relays: mirror signed policy versions over HTTP.", no_args_is_help=True)
 
 
 @app.command()

@@ -27,7 +27,9 @@ class RelayConfig(RoleConfig):
     poll_interval_s: float = Field(default=2.0, gt=0)
     """How often upstreams are asked for new versions."""
     keep_versions: int = Field(default=3, ge=1)
-    """How many policy versions to keep on disk."""
+    """How many policy versions to keep on disk (older ones still being served are kept until idle)."""
+    in_use_s: float = Field(default=60.0, ge=0)
+    """An older version whose manifest or shard was served this recently is still in use: pruning waits."""
     num_parallel: int = Field(default=8, ge=1, le=256)
     """Shards fetched from upstreams at the same time."""
     shard_wait_s: float = Field(default=10.0, ge=0)

@@ -11,7 +11,9 @@ verifies, and a request for a shard still on its way is held (up to ``shard_wait
 it lands, then answered 503 with ``Retry-After`` if it has not.
 
 On restart the relay re-verifies what it holds (manifest signatures and shard hashes) and
-resumes unfinished versions. It keeps the newest ``keep_versions`` versions.
+resumes unfinished versions. It keeps the newest ``keep_versions`` versions, and an older one
+as long as it is in use: a download of it (manifest or shard) was served within ``in_use_s``,
+so a node fetching a version shard by shard is never cut off halfway.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import time
 import uuid
 from pathlib import Path
 from typing import Any, Literal
@@ -161,6 +164,8 @@ class RelayMirror:
             4 * config.num_parallel,
         )
         self.versions: dict[int, MirroredVersion] = {}
+        self.last_served: dict[int, float] = {}
+        """When (monotonic) each version was last served: recently served versions are in use."""
         self.wake = asyncio.Event()
         """Set to poll the upstreams now rather than at the next interval."""
 
@@ -183,7 +188,13 @@ class RelayMirror:
         mirrored = self.versions.get(version)
         if mirrored is None:
             raise NotFoundError(f"version {version} is not held by this relay (see /versions)")
+        self.last_served[version] = time.monotonic()
         return mirrored
+
+    def in_use(self) -> set[int]:
+        """Versions served within ``in_use_s``: someone may be downloading them shard by shard."""
+        since = time.monotonic() - self.config.in_use_s
+        return {version for version, served in self.last_served.items() if served >= since}
 
     def manifest_bytes(self, version: int) -> bytes:
         return self._held(version).raw_manifest
@@ -322,10 +333,12 @@ class RelayMirror:
         if not self.versions:
             return
         newest = max(self.versions)
+        in_use = self.in_use()
         for version in sorted(self.versions):
-            if version > newest - self.config.keep_versions:
+            if version > newest - self.config.keep_versions or version in in_use:
                 continue
             mirrored = self.versions.pop(version)
+            self.last_served.pop(version, None)
             if mirrored.task is not None:
                 mirrored.task.cancel()
             self.store.remove_version(version)
@@ -353,6 +366,10 @@ async def serve_relay(config: RelayConfig) -> None:
         raise ConfigError("a relay needs at least one upstream (--upstream URL)")
     if config.coordinator_id is None:
         raise ConfigError("a relay needs the coordinator's node id (--coordinator-id) to verify manifests")
+    from protocol.first_contact import check_relay
+
+    for upstream in config.upstreams:
+        await check_relay(upstream)
     relay = RelayMirror(config, config.coordinator_id)
     log.info("relay on http://%s:%d mirroring %s", config.host, config.port, ", ".join(relay.upstreams))
 

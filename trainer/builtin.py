@@ -17,6 +17,8 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from protocol.errors import ConfigError
+
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
     from transformers import Qwen2Config
@@ -122,11 +124,15 @@ def resolve_model_path(name: str, cache_dir: Path | None = None) -> Path:
     if not is_builtin(name):
         path = Path(name)
         if not (path / "config.json").is_file():
-            raise FileNotFoundError(f"{path} is not an HF checkpoint directory (no config.json); give a local one")
+            what = "does not exist" if not path.exists() else "is not an HF checkpoint directory (no config.json)"
+            raise ConfigError(
+                f"model {str(path)!r} {what}; give the path of a local HF checkpoint directory or a built-in model "
+                f"({', '.join(BUILTIN_PREFIX + b for b in _BUILDERS)})"
+            )
         return path
     builtin = name.removeprefix(BUILTIN_PREFIX)
     if builtin not in _BUILDERS:
-        raise ValueError(f"unknown built-in model {name!r}; known: {', '.join(BUILTIN_PREFIX + b for b in _BUILDERS)}")
+        raise ConfigError(f"unknown built-in model {name!r}; known: {', '.join(BUILTIN_PREFIX + b for b in _BUILDERS)}")
     root = cache_dir or builtin_cache_dir()
     target = root / builtin
     if (target / "config.json").is_file():

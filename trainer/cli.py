@@ -17,6 +17,7 @@ from protocol.cli import (
     ConfigOption,
     JsonLogsOption,
     LogLevelOption,
+    PrimeTyper,
     SetOption,
     fail,
     load_role_config,
@@ -25,7 +26,7 @@ from protocol.cli import (
 )
 from trainer.config import EvalConfig, RlConfig, SftConfig
 
-app = typer.Typer(help="Train and evaluate policies locally (SFT, RL, eval).", no_args_is_help=True)
+app = PrimeTyper(help="Train and evaluate policies locally (SFT, RL, eval).", no_args_is_help=True)
 
 
 def _hf_engine(model_dir: Path) -> tuple[Any, Any]:

@@ -11,6 +11,7 @@ from protocol.cli import (
     JsonLogsOption,
     LogLevelOption,
     NoP2POption,
+    PrimeTyper,
     SetOption,
     load_role_config,
     make_keys_app,
@@ -18,7 +19,7 @@ from protocol.cli import (
 )
 from validator.config import ValidatorConfig
 
-app = typer.Typer(help="Audit submitted rollouts: recompute, check proofs, post verdicts.", no_args_is_help=True)
+app = PrimeTyper(help="Audit submitted rollouts: recompute, check proofs, post verdicts.", no_args_is_help=True)
 app.add_typer(make_keys_app(ValidatorConfig.model_fields["data_dir"].default), name="keys")
 
 
@@ -44,7 +45,7 @@ def run_audit(settings: ValidatorConfig, show_live_status: bool = False) -> int:
     import asyncio
     import signal
 
-    from protocol.cli import EXIT_BANNED, EXIT_FAILURE, EXIT_INTERRUPTED, fail
+    from protocol.cli import EXIT_BANNED, EXIT_INTERRUPTED, exit_on_error, fail
     from protocol.errors import ForbiddenError, PrimeError
     from validator.node import run_validator
     from validator.progress import ValidatorState, show_status
@@ -69,4 +70,4 @@ def run_audit(settings: ValidatorConfig, show_live_status: bool = False) -> int:
     except ForbiddenError as exc:
         fail(f"the coordinator refuses this validator: {exc.message}", EXIT_BANNED)
     except PrimeError as exc:
-        fail(exc.message, EXIT_FAILURE)
+        exit_on_error(exc)

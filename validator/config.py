@@ -25,6 +25,8 @@ class ValidatorConfig(RoleConfig):
     """Engine used for the prefill re-computation."""
     data_dir: Path = Path.home() / ".prime-network" / "validator"
     """Node key and downloaded policy versions."""
+    first_contact_timeout_s: float = Field(default=60.0, ge=0)
+    """How long to keep trying a coordinator that does not answer at start before exiting with an error."""
     max_batch_size: int = Field(default=64, ge=1, le=4096)
     """Most sequences recomputed in one prefill batch."""
     max_versions: int = Field(default=3, ge=1)

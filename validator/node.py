@@ -8,6 +8,8 @@ pending submissions of each version together (one prefill batch across them, onl
 the ledger picked) and posts a verdict per submission. Progress
 (:mod:`validator.progress`): one log line per verdict and a periodic summary (verified
 samples/s and submissions/s, accepted, rejected and the most common rejection reasons).
+Each version with a loaded engine, and each version being audited, is pinned in the weights
+cache, so pruning never removes it from under an audit.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from collections import OrderedDict
 from pathlib import Path
 
 from protocol.errors import ForbiddenError, ProtocolError, RequestRefused
+from protocol.first_contact import check_coordinator, check_relay
 from protocol.identity import load_or_create_identity
 from protocol.ledger_client import LedgerClient
 from protocol.schemas import Hardware, PendingSubmission, RegisterRequest
@@ -49,6 +52,19 @@ class PolicyEngines:
         if version in self._engines:
             self._engines.move_to_end(version)
             return self._engines[version]
+        self.weights.pin(version)  # pinned while its engine is loaded
+        try:
+            self._engines[version] = await self._load(version)
+        except BaseException:
+            self.weights.unpin(version)
+            raise
+        while len(self._engines) > self.max_loaded:
+            old_version, (old, _eos, _reward) = self._engines.popitem(last=False)
+            old.close()
+            self.weights.unpin(old_version)
+        return self._engines[version]
+
+    async def _load(self, version: int) -> tuple[PrefillEngine, tuple[int, ...], RewardFn]:
         path: Path = await self.weights.ensure(version)
         from transformers import AutoTokenizer
 
@@ -57,15 +73,12 @@ class PolicyEngines:
         engine = await asyncio.to_thread(HFEngine, path, max_batch_size=self.max_batch_size)
         eos = eos_token_ids(path)
         tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, str(path))
-        self._engines[version] = (engine, eos, text_reward_fn(tokenizer, eos))
-        while len(self._engines) > self.max_loaded:
-            _version, (old, _eos, _reward) = self._engines.popitem(last=False)
-            old.close()
-        return self._engines[version]
+        return engine, eos, text_reward_fn(tokenizer, eos)
 
     def close(self) -> None:
-        for engine, _eos, _reward in self._engines.values():
+        for version, (engine, _eos, _reward) in self._engines.items():
             engine.close()
+            self.weights.unpin(version)
         self._engines.clear()
 
 
@@ -80,36 +93,52 @@ async def audit_pending(
     by_version: dict[int, list[PendingSubmission]] = {}
     for item in pending:
         by_version.setdefault(item.task.policy_version, []).append(item)
-    for version, items in sorted(by_version.items()):
-        engine, eos, reward_fn = await engines.get(version)
-        state.policy_version = version
-        started = time.monotonic()
-        audited = await asyncio.to_thread(audit_submissions_safely, items, engine, eos, None, reward_fn)
-        state.audit_s += time.monotonic() - started
-        for item, (verdict, rollouts) in zip(items, audited, strict=True):
-            state.record(verdict, len(item.submission.rollouts), len(rollouts))
-            try:
-                answer = await with_retries("verdict", functools.partial(ledger.post_verdict, verdict), stop)
-            except ForbiddenError:  # banned or not approved: stop (with_retries already retried 429s and 5xx)
-                raise
-            except (RequestRefused, ProtocolError) as exc:  # a refusal (4xx): nothing a retry would change
-                log.warning("verdict on %s refused: %s", item.submission_id, exc.message)
-                continue
-            log.info(
-                "%s %s from %s (%s)%s%s",
-                "accepted" if verdict.accepted else "REJECTED",
-                item.submission_id,
-                item.worker_id[:16],
-                answer.status,
-                "" if verdict.accepted else f": {verdict.reasons[0]}",
-                " (worker banned)" if answer.worker_banned else "",
-            )
+    with engines.weights.pinned(*by_version):  # being verified: kept until every verdict is posted
+        for version, items in sorted(by_version.items()):
+            await _audit_version(ledger, engines, state, version, items, stop)
+
+
+async def _audit_version(
+    ledger: LedgerClient,
+    engines: PolicyEngines,
+    state: ValidatorState,
+    version: int,
+    items: list[PendingSubmission],
+    stop: asyncio.Event,
+) -> None:
+    """Audit the pending submissions of one policy version in one prefill batch and post each verdict."""
+    engine, eos, reward_fn = await engines.get(version)
+    state.policy_version = version
+    started = time.monotonic()
+    audited = await asyncio.to_thread(audit_submissions_safely, items, engine, eos, None, reward_fn)
+    state.audit_s += time.monotonic() - started
+    for item, (verdict, rollouts) in zip(items, audited, strict=True):
+        state.record(verdict, len(item.submission.rollouts), len(rollouts))
+        try:
+            answer = await with_retries("verdict", functools.partial(ledger.post_verdict, verdict), stop)
+        except ForbiddenError:  # banned or not approved: stop (with_retries already retried 429s and 5xx)
+            raise
+        except (RequestRefused, ProtocolError) as exc:  # a refusal (4xx): nothing a retry would change
+            log.warning("verdict on %s refused: %s", item.submission_id, exc.message)
+            continue
+        log.info(
+            "%s %s from %s (%s)%s%s",
+            "accepted" if verdict.accepted else "REJECTED",
+            item.submission_id,
+            item.worker_id[:16],
+            answer.status,
+            "" if verdict.accepted else f": {verdict.reasons[0]}",
+            " (worker banned)" if answer.worker_banned else "",
+        )
 
 
 async def run_validator(config: ValidatorConfig, stop: asyncio.Event, state: ValidatorState | None = None) -> None:
     """Audit the run at ``config.coordinator_url`` until ``stop`` is set."""
     state = state or ValidatorState()
     identity = load_or_create_identity(config.data_dir)
+    await check_coordinator(config.coordinator_url, config.first_contact_timeout_s, stop)
+    for relay in config.relays:
+        await check_relay(relay)
     async with LedgerClient(config.coordinator_url, identity) as ledger:
         coordinator_id = await trusted_coordinator_id(ledger, config.data_dir, config.coordinator_id, stop)
         hardware = Hardware(accelerator="cpu", num_devices=1, memory_bytes=0)

@@ -11,6 +11,7 @@ from protocol.cli import (
     JsonLogsOption,
     LogLevelOption,
     NoP2POption,
+    PrimeTyper,
     SetOption,
     load_role_config,
     make_keys_app,
@@ -24,7 +25,7 @@ def run_join(settings: WorkerConfig, show_live_status: bool) -> int:
     import asyncio
     import signal
 
-    from protocol.cli import EXIT_BANNED, EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK, EXIT_REFUSED, fail
+    from protocol.cli import EXIT_BANNED, EXIT_INTERRUPTED, EXIT_OK, EXIT_REFUSED, exit_on_error, fail
     from protocol.errors import ForbiddenError, PrimeError, RequestRefused
     from worker.loop import WorkerState
     from worker.node import check_config, run_worker
@@ -59,10 +60,10 @@ def run_join(settings: WorkerConfig, show_live_status: bool) -> int:
     except RequestRefused as exc:
         fail(f"the coordinator refused a request: {exc.message}", EXIT_REFUSED)
     except PrimeError as exc:
-        fail(exc.message, EXIT_FAILURE)
+        exit_on_error(exc)
 
 
-app = typer.Typer(
+app = PrimeTyper(
     help="Contribute GPUs (or a CPU) to a prime-network run: generate rollouts, prove them, get credit.",
     no_args_is_help=True,
 )

@@ -31,6 +31,8 @@ class WorkerConfig(RoleConfig):
     """Inference engine; `auto` picks vLLM when it is installed, else HF transformers."""
     data_dir: Path = Path.home() / ".prime-network" / "worker"
     """Node key, downloaded policy versions, state."""
+    first_contact_timeout_s: float = Field(default=60.0, ge=0)
+    """How long to keep trying a coordinator that does not answer at start before exiting with an error."""
     max_batch_size: int = Field(default=64, ge=1, le=4096)
     """Most sequences generated at once per engine."""
     p2p: P2PConfig = P2PConfig()

@@ -8,7 +8,9 @@ seed, builds a TOPLOC proof from each sample's hidden states, and submits the gr
 it generates, the lease is renewed at a third of its remaining time. Failures of the ledger
 or the relays are retried with capped exponential backoff; a refusal (4xx) of a task's
 submission is logged and the task is dropped (its lease will expire and be re-issued); a 403
-(banned, or not allowed) ends the worker with that ForbiddenError.
+(banned, or not allowed) ends the worker with that ForbiddenError. The version an engine serves
+and the version of the task being generated are pinned in the weights cache, so newer versions
+fetched meanwhile never prune them.
 """
 
 from __future__ import annotations
@@ -161,6 +163,8 @@ class TaskRunner:
         self.state = state
         self.eos_token_ids = eos_token_ids
         self.loaded_version = loaded_version
+        if loaded_version is not None:
+            weights.pin(loaded_version)  # the engine serves it: pinned until it serves another
 
     async def run(self, stop: asyncio.Event) -> None:
         """Lease and run tasks until stopped, proving and submitting one task while generating the next."""
@@ -201,6 +205,7 @@ class TaskRunner:
         """
         self.state.current_task = task.task_id
         renewer = asyncio.create_task(self._renew_until_cancelled(task))
+        self.weights.pin(task.policy_version)  # the leased task needs it until its samples are generated
         try:
             await self._load_version(task.policy_version, stop)
             self.weights.prefetch(task.policy_version + 1)
@@ -213,6 +218,8 @@ class TaskRunner:
             await asyncio.gather(renewer, return_exceptions=True)
             await self._abandon(task.lease_id)
             raise
+        finally:
+            self.weights.unpin(task.policy_version)
         return self._prove_and_submit(task, results, renewer, stop)
 
     async def _prove_and_submit(
@@ -255,6 +262,9 @@ class TaskRunner:
             return
         path: Path = await with_retries(f"download of policy v{version}", lambda: self.weights.ensure(version), stop)
         await asyncio.to_thread(self.engine.load_weights, path)
+        self.weights.pin(version)
+        if self.loaded_version is not None:
+            self.weights.unpin(self.loaded_version)
         self.loaded_version = version
         self.state.policy_version = version
         log.info("engine %s now serves policy v%d", self.engine.name, version)

@@ -17,7 +17,8 @@ from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from protocol.errors import ConfigError, IdentityError
+from protocol.errors import ConfigError, IdentityError, StartupError
+from protocol.first_contact import check_coordinator, check_relay
 from protocol.identity import load_or_create_identity, public_key_from_node_id
 from protocol.ledger_client import LedgerClient
 from protocol.schemas import Hardware, RegisterRequest
@@ -88,6 +89,20 @@ def resolve_engine_kind(kind: str) -> str:
     return "vllm" if importlib.util.find_spec("vllm") is not None else "hf"
 
 
+VLLM_MISSING_FIX = (
+    "install it (pip install 'prime-network[gpu]' on a CUDA machine, 'prime-network[cpu]' on a CPU) "
+    "or run the HF engine with --engine hf"
+)
+
+
+def require_vllm() -> None:
+    """A StartupError if vLLM cannot be imported (checked before anything is downloaded)."""
+    try:
+        import vllm  # noqa: F401
+    except ImportError as exc:
+        raise StartupError(f"--engine vllm needs vLLM, which cannot be imported ({exc})", VLLM_MISSING_FIX) from exc
+
+
 def create_engine(kind: str, checkpoint_dir: Path, device: DeviceInfo, max_batch_size: int) -> Engine:
     if kind == "vllm":
         from worker.engines.vllm import VllmEngine
@@ -112,6 +127,9 @@ async def run_worker(
     kind = resolve_engine_kind(config.engine)
     devices = detect_devices(config.gpu)
     log.info("node %s joining %s with %d %s engine(s)", identity.node_id, config.coordinator_url, len(devices), kind)
+    await check_coordinator(config.coordinator_url, config.first_contact_timeout_s, stop)
+    for relay in config.relays:
+        await check_relay(relay)
     async with LedgerClient(config.coordinator_url, identity) as ledger:
         coordinator_id = await trusted_coordinator_id(ledger, config.data_dir, config.coordinator_id, stop)
         hardware = Hardware(
@@ -134,14 +152,19 @@ async def run_worker(
             )
         )
         start_version = registered.current_policy_version
-        checkpoint = await with_retries(
-            f"download of policy v{start_version}", lambda: weights.ensure(start_version), stop
-        )
-        eos = eos_token_ids(checkpoint)
-        engines = [await asyncio.to_thread(engine_factory, kind, checkpoint, d, config.max_batch_size) for d in devices]
-        state.policy_version = start_version
-        log.info("%d %s engine(s) ready on policy v%d", len(engines), kind, start_version)
-        runners = [TaskRunner(ledger, engine, weights, state, eos, loaded_version=start_version) for engine in engines]
+        with weights.pinned(start_version):  # engines read it while they start, and a cold start is slow
+            checkpoint = await with_retries(
+                f"download of policy v{start_version}", lambda: weights.ensure(start_version), stop
+            )
+            eos = eos_token_ids(checkpoint)
+            engines = [
+                await asyncio.to_thread(engine_factory, kind, checkpoint, d, config.max_batch_size) for d in devices
+            ]
+            state.policy_version = start_version
+            log.info("%d %s engine(s) ready on policy v%d", len(engines), kind, start_version)
+            runners = [
+                TaskRunner(ledger, engine, weights, state, eos, loaded_version=start_version) for engine in engines
+            ]
         jobs = [asyncio.create_task(heartbeat_forever(ledger, weights, state, kind, stop))]
         jobs += [asyncio.create_task(runner.run(stop)) for runner in runners]
         try:
@@ -164,6 +187,8 @@ async def run_worker(
 
 def check_config(config: WorkerConfig) -> None:
     """Start-up checks that need no network."""
+    if config.engine == "vllm":
+        require_vllm()
     if config.coordinator_id is not None:
         try:
             public_key_from_node_id(config.coordinator_id)

@@ -1,4 +1,4 @@
-"""Console scripts: every one answers --help without importing torch or vllm; bad configs exit 2."""
+"""Console scripts: --help without torch or vllm; any failure one line and an exit code (bad configs 2)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,11 @@ import sys
 from pathlib import Path
 
 import pytest
+import typer
 from typer.testing import CliRunner
 
 from protocol.cli import EXIT_BAD_CONFIG
+from protocol.errors import ConfigError, StartupError
 
 SCRIPTS = {
     "prime-coordinator": "coordinator.cli",
@@ -64,3 +66,63 @@ def test_keys_show_creates_a_0600_key(tmp_path: Path) -> None:
     assert "12D3KooW" in first.output
     assert first.output == second.output
     assert (tmp_path / "node_key.pem").stat().st_mode & 0o777 == 0o600
+
+
+def failing_app(error: BaseException) -> typer.Typer:
+    """A PrimeTyper whose one command raises ``error`` (after setting up logging like every command)."""
+    from protocol.cli import LogLevelOption, PrimeTyper, start_logging
+
+    app = PrimeTyper(help="test")
+
+    @app.command()
+    def fail_now(log_level: str = LogLevelOption) -> None:
+        start_logging(log_level, json_logs=False)
+        raise error
+
+    @app.command()
+    def other() -> None:
+        """A second command, so that the first is a subcommand as in our scripts."""
+
+    return app
+
+
+@pytest.mark.parametrize(
+    ("error", "code", "line"),
+    [
+        (
+            StartupError("the port is taken", "pick another with --port"),
+            1,
+            "error: the port is taken; pick another with --port",
+        ),
+        (ConfigError("key 'x' is wrong"), EXIT_BAD_CONFIG, "error: key 'x' is wrong"),
+        (
+            RuntimeError("disk on fire\nand more"),
+            1,
+            "error: unexpected RuntimeError: disk on fire; and more; run again with --log-level debug for the "
+            "traceback, and report it if the cause is not yours",
+        ),
+        (
+            ModuleNotFoundError("No module named 'foo.bar'", name="foo.bar"),
+            1,
+            "error: the Python package 'foo.bar' is not installed; install it (pip install foo) or the extra of "
+            "prime-network that needs it",
+        ),
+    ],
+)
+def test_any_error_of_a_command_is_one_line_and_an_exit_code(
+    error: BaseException, code: int, line: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        failing_app(error)(["fail-now"], prog_name="prime-test")
+    assert exited.value.code == code
+    err = capsys.readouterr().err
+    assert err.strip().splitlines() == [line]
+
+
+def test_the_traceback_comes_with_log_level_debug(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        failing_app(RuntimeError("boom"))(["fail-now", "--log-level", "debug"], prog_name="prime-test")
+    assert exited.value.code == 1
+    err = capsys.readouterr().err
+    assert "Traceback (most recent call last)" in err and "raise error" in err
+    assert err.strip().splitlines()[-1].startswith("error: unexpected RuntimeError: boom")

@@ -41,6 +41,6 @@ def test_fetch_refuses_a_version_that_is_not_a_number(tmp_path: Path) -> None:
 
 def test_serve_without_upstream_or_coordinator_says_what_is_missing(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["serve", "--data-dir", str(tmp_path), "--port", "0"])
-    assert result.exit_code == 1 and "upstream" in result.output
+    assert result.exit_code == EXIT_BAD_CONFIG and "upstream" in result.output
     result = CliRunner().invoke(app, ["serve", "--upstream", "http://127.0.0.1:9", "--data-dir", str(tmp_path)])
-    assert result.exit_code == 1 and "coordinator" in result.output
+    assert result.exit_code == EXIT_BAD_CONFIG and "coordinator" in result.output

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from protocol.errors import ConfigError
 from trainer.tasks import get_task, task_names, task_prompt
 
 TEXTS = [
@@ -59,10 +60,12 @@ def test_building_is_deterministic(tiny_model_dir: Path, tmp_path: Path) -> None
 def test_unknown_builtin_and_missing_dir_are_explained(tmp_path: Path) -> None:
     from trainer.builtin import resolve_model_path
 
-    with pytest.raises(ValueError, match="known: builtin:tiny-qwen2"):
+    with pytest.raises(ConfigError, match="known: builtin:tiny-qwen2"):
         resolve_model_path("builtin:gpt5", tmp_path)
-    with pytest.raises(FileNotFoundError, match=r"no config\.json"):
+    with pytest.raises(ConfigError, match="does not exist; give the path of a local HF checkpoint"):
         resolve_model_path(str(tmp_path / "nothing"))
+    with pytest.raises(ConfigError, match=r"no config\.json"):
+        resolve_model_path(str(tmp_path))
 
 
 def test_task_prompt_gives_text_and_ids(tiny_model_dir: Path) -> None:
