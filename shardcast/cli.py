@@ -69,17 +69,15 @@ def fetch(
 ) -> None:
     """Download one version from several relays, verifying every shard; resumes an interrupted download."""
     start_logging(log_level, json_logs=False)
-    import asyncio
-
     from protocol.errors import PrimeError
-    from shardcast.client import describe_failure, download_version, latest_version
+    from shardcast.client import describe_failure, download_version
     from shardcast.transfer import TransferOptions
 
     options = TransferOptions(num_parallel=parallel, max_attempts_per_shard=max_attempts, fsync_enabled=not no_fsync)
     progress = None if json_events else _ProgressBar()
     sink = progress.on_event if progress is not None else _print_json
     try:
-        number = asyncio.run(latest_version(relay)) if version == "latest" else _parse_version(version)
+        number = _resolve_latest(relay, coordinator_id, out, sink) if version == "latest" else _parse_version(version)
         path = download_version(number, relay, coordinator_id, out, options, on_event=sink)
     except PrimeError as exc:
         if json_events:
@@ -169,6 +167,28 @@ def origin(
     run_or_exit("origin", run_event_loop, lambda: serve_http(app_, host, port))
 
 
+def _resolve_latest(relays: list[str], coordinator_id: str, out: Path, sink: Any) -> int:
+    """What 'latest' means here: the newest version the relays list, never older than one held or seen."""
+    import asyncio
+
+    from shardcast.client import latest_version, newest_known
+
+    floor = newest_known(out, coordinator_id)
+    listed = asyncio.run(latest_version(relays))
+    if floor is not None and floor > listed:
+        sink(
+            {
+                "event": "relays_behind",
+                "listed": listed,
+                "held": floor,
+                "detail": f"the relays list v{listed} but v{floor} is already held or was seen signed under {out}; "
+                "staying on it (a relay may be hiding newer versions)",
+            }
+        )
+        return floor
+    return listed
+
+
 def _parse_version(text: str) -> int:
     if not text.isdigit():
         fail(f"VERSION must be a non-negative integer or 'latest', not {text!r}", 2)
@@ -217,6 +237,10 @@ class _ProgressBar:
             )
         elif kind == "shard_done" and self.task_id is not None:
             self.progress.advance(self.task_id, event["bytes"])
+        elif kind == "relays_behind":
+            from protocol.cli import err_console
+
+            err_console.print(f"[yellow]{event['detail']}")
         elif kind == "shard_failed" and self.task_id is not None:
             self.num_failures += 1
             self.progress.update(self.task_id, note=f"[yellow]{self.num_failures} retried ({event['kind']})")

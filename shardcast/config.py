@@ -34,6 +34,8 @@ class RelayConfig(RoleConfig):
     """How long a request for a shard still being mirrored is held before it is answered 503."""
     upstream_ban_s: float = Field(default=300.0, ge=0)
     """An upstream that sent a bad manifest or corrupt shard is not used for this long."""
+    local_fault_retry_s: float = Field(default=30.0, gt=0)
+    """After a local disk fault (full, read-only, permissions) mirroring pauses this long before trying again."""
     coordinator_url: str | None = None
     """Coordinator whose gossip network to join (via its GET /v1/p2p); unset: the upstream ending in /shardcast."""
     public_url: str | None = Field(default=None, pattern=r"^https?://")

@@ -22,6 +22,8 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from shardcast.progress import ProgressDeadline, with_progress_deadline
+
 BodyConsumer = Callable[[memoryview], None]
 _RECV_BUFFER_BYTES = 1024 * 1024
 _MAX_HEADER_BYTES = 64 * 1024
@@ -240,8 +242,12 @@ def open_fetcher(
     return _SchemeRouter(through_httpx, SocketFetcher(connect_timeout_s, read_timeout_s))
 
 
-async def get_bytes(fetcher: ShardFetcher, url: str, max_bytes: int) -> tuple[int, bytes]:
-    """GET a small document (a manifest): the status and, for a 200, the body (at most ``max_bytes``)."""
+async def get_bytes(
+    fetcher: ShardFetcher, url: str, max_bytes: int, deadline: ProgressDeadline | None = None
+) -> tuple[int, bytes]:
+    """GET a small document (a manifest): the status and, for a 200, the body (at most ``max_bytes``).
+
+    Under ``deadline`` a source too slow to answer raises :class:`~shardcast.progress.TooSlowError`."""
     parts: list[bytes] = []
     size = 0
 
@@ -252,7 +258,8 @@ async def get_bytes(fetcher: ShardFetcher, url: str, max_bytes: int) -> tuple[in
             raise FetchTransportError(f"{url}: more than {max_bytes} bytes")
         parts.append(bytes(chunk))
 
-    status = await fetcher.get(url, collect)
+    request = fetcher.get(url, collect)
+    status = await (request if deadline is None else with_progress_deadline(request, lambda: size, deadline, url))
     return status, b"".join(parts)
 
 

@@ -23,12 +23,28 @@ import os
 import re
 import shutil
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+
+from protocol.errors import LocalFaultError
 
 _VERSION_DIR = re.compile(r"^v(\d{1,18})$")
 MANIFEST_NAME = "manifest.json"
 ANNOUNCED_NAME = "announced"
+
+
+@contextmanager
+def local_disk(doing: str) -> Iterator[None]:
+    """Report an OSError from the file operations inside as a :class:`LocalFaultError` saying ``doing``.
+
+    Wrap local file work only, never a network call (socket errors are OSErrors too): a local
+    fault must stop the work with advice, not be retried as if a remote had failed.
+    """
+    try:
+        yield
+    except OSError as exc:
+        raise LocalFaultError.from_os_error(exc, doing) from exc
 
 
 def write_file_atomically(path: Path, data: bytes) -> None:

@@ -253,19 +253,21 @@ async def test_origin_app_mounts_under_a_prefix_as_the_coordinator_will(
 async def test_a_local_write_failure_stops_the_transfer_instead_of_hanging(
     tmp_path: Path, origin_store: VersionStore, coordinator: NodeIdentity
 ) -> None:
-    from protocol.errors import PrimeError
+    from protocol.errors import LocalFaultError
     from shardcast.fetchers import HttpxFetcher
     from shardcast.scoring import Scoreboard
     from shardcast.transfer import fetch_shards
 
     class FullDisk:
+        location = tmp_path
+
         def open_shard(self, shard: Any) -> Any:
             raise OSError(28, "No space left on device")
 
     signed = load_verified_manifest(origin_store.manifest_path(1).read_bytes(), coordinator.node_id)
     router = HostRouter({"origin": create_app(OriginSource(origin_store))})
     async with httpx.AsyncClient(transport=router) as http:
-        with pytest.raises(PrimeError, match="No space left"):
+        with pytest.raises(LocalFaultError, match="No space left"):
             await asyncio.wait_for(
                 fetch_shards(
                     HttpxFetcher(http),
