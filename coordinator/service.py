@@ -59,6 +59,8 @@ def run(config: CoordinatorConfig) -> None:
         relays = RelayWatch()
         app = create_app(config, ledger, DatabaseReplayCache(database), relays)
         store = policy_store(config)
+        if store.clear_leftovers_if_idle():  # what a publish killed mid-write left in the store's staging
+            log.debug("origin store %s: leftovers of interrupted publishes cleared", store.root)
         if published_version(ledger) is None:
             start = resolve_model_path(config.policy.start_checkpoint)
             log.info("publishing the start checkpoint %s as policy v0", start)

@@ -163,7 +163,9 @@ def origin(
     from shardcast.server import create_app, run_event_loop, serve_http
     from shardcast.store import VersionStore
 
-    app_ = create_app(OriginSource(VersionStore(store)))
+    version_store = VersionStore(store)
+    version_store.clear_leftovers_if_idle()  # what a killed `prime-relay publish` left in staging
+    app_ = create_app(OriginSource(version_store))
     run_or_exit("origin", run_event_loop, lambda: serve_http(app_, host, port))
 
 

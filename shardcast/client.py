@@ -42,9 +42,9 @@ from protocol.errors import IntegrityError, NotFoundError, PrimeError, RemoteUna
 from protocol.schemas import PolicyManifest, ShardEntry, SignedManifest, VersionsResponse
 from shardcast.fetchers import ShardFetcher, get_bytes, open_fetcher
 from shardcast.manifest import LOCAL_MANIFEST_NAME, FileSpan, load_verified_manifest, new_hasher, shard_spans
-from shardcast.progress import TooSlowError
+from shardcast.progress import TooSlowError, prompt_answers
 from shardcast.scoring import Outcome, Scoreboard
-from shardcast.store import local_disk, write_file_atomically
+from shardcast.store import local_disk, pwrite_all, write_file_atomically
 from shardcast.transfer import EventSink, ShardWriter, TransferOptions, fetch_shards, no_events, progress_deadline
 
 PARTIAL_PREFIX = ".partial-v"
@@ -86,7 +86,7 @@ class _PreallocatedFiles:
             lo = max(offset, span.range_offset)
             hi = min(end, span.range_offset + span.length)
             if lo < hi:
-                os.pwrite(
+                pwrite_all(
                     self.fds[span.path], view[lo - offset : hi - offset], span.file_offset + lo - span.range_offset
                 )
 
@@ -425,25 +425,25 @@ async def latest_version(
     relays: Sequence[str],
     transport: httpx.AsyncBaseTransport | None = None,
     timeout_s: float = 10.0,
+    late_grace_s: float = 2.0,
 ) -> int:
     """The newest version any relay lists (a hint: the download still verifies the manifest).
 
     A listing is unsigned, so a relay can hide versions: callers never go below
-    :func:`newest_known`. Each relay gets ``timeout_s`` in all, so a trickling one cannot
-    stall the question.
+    :func:`newest_known`. Each relay gets ``timeout_s`` in all, and once one has answered the
+    rest get ``late_grace_s`` more, so a trickling relay cannot stall the question.
     """
 
     async def ask(http: httpx.AsyncClient, relay: str) -> int | None:
         try:
-            async with asyncio.timeout(timeout_s):
-                response = await http.get(f"{relay.rstrip('/')}/versions")
+            response = await http.get(f"{relay.rstrip('/')}/versions")
             response.raise_for_status()
             return VersionsResponse.model_validate_json(response.content).latest
-        except (httpx.HTTPError, pydantic.ValidationError, TimeoutError):
+        except (httpx.HTTPError, pydantic.ValidationError):
             return None
 
     async with httpx.AsyncClient(timeout=timeout_s, transport=transport) as http:
-        answers = await asyncio.gather(*(ask(http, relay) for relay in relays))
+        answers = await prompt_answers([ask(http, relay) for relay in relays], timeout_s, late_grace_s)
     known = [answer for answer in answers if answer is not None]
     if not known:
         raise RemoteUnavailableError(f"no relay answered /versions with a version ({', '.join(relays)})")

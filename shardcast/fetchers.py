@@ -96,9 +96,11 @@ class _Connection(asyncio.BufferedProtocol):
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
 
-    async def wait_for_data(self, timeout_s: float) -> None:
-        """Return once unconsumed bytes are buffered, or the peer closed; TimeoutError after ``timeout_s``."""
-        if self.filled or self.closed:
+    async def wait_for_data(self, timeout_s: float, have: int = 0) -> None:
+        """Return once more than ``have`` unconsumed bytes are buffered, or the peer closed; TimeoutError after
+        ``timeout_s``. A reader that needs more than it has (a response head cut mid-way) passes what it has,
+        or it would spin on the bytes already there without ever yielding to the event loop."""
+        if self.filled > have or self.closed:
             return
         self._waiter = asyncio.get_running_loop().create_future()
         try:
@@ -178,7 +180,7 @@ class SocketFetcher:
                 break
             if connection.closed or connection.filled >= _MAX_HEADER_BYTES:
                 raise FetchTransportError(f"{url}: connection closed or oversized before the response head")
-            await connection.wait_for_data(self.read_timeout_s)
+            await connection.wait_for_data(self.read_timeout_s, have=connection.filled)
         head = bytes(connection.view[:end]).decode("latin-1").split("\r\n")
         connection.consumed(end + 4)
         status_line = head[0].split(" ", 2)

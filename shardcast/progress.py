@@ -6,12 +6,14 @@ request runs instead: the response must start (its first body byte) within
 ``response_timeout_s``, and from then on every ``window_s`` must bring at least
 ``min_rate_bps * window_s`` bytes. A request that falls behind is cancelled and
 :class:`TooSlowError` is raised, so the caller can demote the source and ask another.
+:func:`prompt_answers` asks many sources the same small question without waiting for the
+slowest: once one answered, the others get a short grace.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -69,3 +71,24 @@ async def with_progress_deadline(
         if not task.done():
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
+
+
+async def prompt_answers(asks: Sequence[Awaitable[T]], timeout_s: float, grace_s: float) -> list[T | None]:
+    """Run ``asks`` at once; each answer, or None for one that failed or was still out when the
+    first answer plus ``grace_s`` (or ``timeout_s`` in all) had passed."""
+    tasks = [asyncio.ensure_future(ask) for ask in asks]
+    if not tasks:
+        return []
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    try:
+        _, waiting = await asyncio.wait(tasks, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+        if waiting:
+            await asyncio.wait(waiting, timeout=min(grace_s, max(0.0, timeout_s - (loop.time() - started))))
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    return [
+        task.result() if task.done() and not task.cancelled() and task.exception() is None else None for task in tasks
+    ]

@@ -40,12 +40,15 @@ from shardcast.config import RelayConfig
 from shardcast.fetchers import open_fetcher
 from shardcast.manifest import load_verified_manifest, new_hasher
 from shardcast.metrics import ShardcastMetrics
+from shardcast.progress import prompt_answers
 from shardcast.scoring import Scoreboard
 from shardcast.server import Segment
-from shardcast.store import MANIFEST_NAME, VersionStore, local_disk, write_file_atomically
+from shardcast.store import MANIFEST_NAME, VersionStore, local_disk, pwrite_all, write_file_atomically
 from shardcast.transfer import ShardWriter, TransferOptions, fetch_shards, http_timeout
 
 log = logging.getLogger("shardcast.relay")
+_POLL_GRACE_S = 1.0
+"""How long a poll waits for the other upstreams' listings once one has answered."""
 _HASH_CHUNK_BYTES = 8 * 1024 * 1024
 
 
@@ -99,7 +102,7 @@ class _RelayShardWriter:
         self.fd = os.open(self.part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
 
     def write(self, offset: int, data: memoryview) -> None:
-        os.pwrite(self.fd, data, offset)
+        pwrite_all(self.fd, data, offset)
 
     def commit(self) -> None:
         os.close(self.fd)
@@ -249,7 +252,9 @@ class RelayMirror:
 
     async def poll_once(self) -> None:
         """Ask every upstream what it holds; adopt new versions, resume stalled ones, prune old ones."""
-        listings = await asyncio.gather(*(self._list_versions(url) for url in self.upstreams))
+        listings = await prompt_answers(  # a trickling upstream cannot hold the others' versions back
+            [self._list_versions(url) for url in self.upstreams], self.options.response_timeout_s, _POLL_GRACE_S
+        )
         offered: dict[int, list[str]] = {}
         for url, listing in zip(self.upstreams, listings, strict=True):
             for info in listing.versions if listing else []:
@@ -265,11 +270,10 @@ class RelayMirror:
 
     async def _list_versions(self, url: str) -> VersionsResponse | None:
         try:
-            async with asyncio.timeout(self.options.response_timeout_s):  # a trickling upstream cannot stall polls
-                response = await self.http.get(f"{url}/versions")
+            response = await self.http.get(f"{url}/versions")
             response.raise_for_status()
             return VersionsResponse.model_validate_json(response.content)
-        except (httpx.HTTPError, pydantic.ValidationError, TimeoutError) as exc:
+        except (httpx.HTTPError, pydantic.ValidationError) as exc:
             log.debug("upstream %s: cannot list versions: %s", url, exc)
             return None
 
