@@ -65,6 +65,12 @@ def fetch(
     max_attempts: int = typer.Option(6, min=1, max=100, help="Failed fetches of one shard before giving up."),
     json_events: bool = typer.Option(False, "--json-events", help="One JSON object per line on stdout, for programs."),
     no_fsync: bool = typer.Option(False, "--no-fsync", help="Skip syncing files to disk before exposing the version."),
+    min_rate: float = typer.Option(
+        32 * 1024, "--min-rate-bps", min=0, help="Slowest body rate accepted from a relay (bytes/s; 0: no floor)."
+    ),
+    hedge_after: float = typer.Option(
+        1.5, "--hedge-after-s", min=0.01, help="Also ask another relay for a request still running after this long."
+    ),
     log_level: str = LogLevelOption,
 ) -> None:
     """Download one version from several relays, verifying every shard; resumes an interrupted download."""
@@ -73,7 +79,13 @@ def fetch(
     from shardcast.client import describe_failure, download_version
     from shardcast.transfer import TransferOptions
 
-    options = TransferOptions(num_parallel=parallel, max_attempts_per_shard=max_attempts, fsync_enabled=not no_fsync)
+    options = TransferOptions(
+        num_parallel=parallel,
+        max_attempts_per_shard=max_attempts,
+        fsync_enabled=not no_fsync,
+        min_rate_bps=min_rate,
+        hedge_after_s=hedge_after,
+    )
     progress = None if json_events else _ProgressBar()
     sink = progress.on_event if progress is not None else _print_json
     try:

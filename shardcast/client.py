@@ -18,8 +18,19 @@ What the worker and the validator call::
 4. When every shard verified, the files are synced and the directory is renamed to
    ``dest_root/v{N}``: a reader sees the whole version or nothing.
 
+A slow relay costs little: the manifest request is hedged to the next relay after
+``hedge_after_s``, shard requests are hedged by the engine, and every request runs under a
+progress deadline (see :mod:`shardcast.transfer`). A local fault (no space, read-only,
+permissions) raises :class:`~protocol.errors.LocalFaultError` at once; the partial directory
+keeps what verified, and no version is exposed.
+
+Versions never go back: every verified manifest newer than the last is kept as
+``dest_root/.shardcast-newest.json``, and :func:`newest_known` (that, or the newest version
+held) is the floor below which "latest" never resolves, whatever a relay lists.
+
 Events (``on_event``, one dict each: ``start``, ``manifest``, ``shard_done``, ``shard_failed``,
-``shard_retry``, ``done``) feed the progress bar of ``prime-relay fetch`` and its ``--json-events``.
+``shard_retry``, ``shard_hedged``, ``manifest_refused``, ``done``) feed the progress bar of
+``prime-relay fetch`` and its ``--json-events``.
 """
 
 from __future__ import annotations
@@ -425,7 +436,7 @@ async def latest_version(
     relays: Sequence[str],
     transport: httpx.AsyncBaseTransport | None = None,
     timeout_s: float = 10.0,
-    late_grace_s: float = 2.0,
+    late_grace_s: float = 1.0,
 ) -> int:
     """The newest version any relay lists (a hint: the download still verifies the manifest).
 

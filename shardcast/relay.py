@@ -161,7 +161,9 @@ class RelayMirror:
         self.upstreams = [url.rstrip("/") for url in config.upstreams]
         self.store = VersionStore(config.data_dir)
         self.metrics = metrics or ShardcastMetrics("relay")
-        self.options = TransferOptions(num_parallel=config.num_parallel)
+        self.options = TransferOptions(
+            num_parallel=config.num_parallel, min_rate_bps=config.min_rate_bps, hedge_after_s=config.hedge_after_s
+        )
         self.scoreboard = Scoreboard(self.upstreams, ban_s=config.upstream_ban_s)
         self.http = httpx.AsyncClient(timeout=http_timeout(self.options), transport=transport)  # control requests
         self.fetcher = open_fetcher(

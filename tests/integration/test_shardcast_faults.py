@@ -151,9 +151,14 @@ def test_a_one_byte_per_second_relay_next_to_a_healthy_origin_costs_seconds(
             events, seconds, code = timed_fetch(
                 nodes, version, [slow.url, origin], coordinator.node_id, tmp_path / name, "--parallel", "4"
             )
-            print(f"{name}: {seconds:.2f} s with the slow relay listed first, {alone:.2f} s from the origin alone")
-            assert code == 0 and events[-1]["event"] == "done", events[-3:]
-            assert seconds < 10, f"the slow relay cost {seconds:.1f} s"
+            done = events[-1]
+            print(
+                f"{name}: {seconds:.2f} s wall ({done.get('seconds')} s downloading) with the slow relay listed "
+                f"first; {alone:.2f} s wall from the origin alone"
+            )
+            assert code == 0 and done["event"] == "done", events[-3:]
+            # wall time includes starting the interpreter (seconds on a loaded 2-core machine)
+            assert seconds < 15 and float(done["seconds"]) < 8, f"the slow relay cost {seconds:.1f} s"  # type: ignore[arg-type]
             assert tree_bytes(tmp_path / name / "v1") == tree_bytes(checkpoint)
             assert all(e["source"] == origin for e in events if e["event"] == "shard_done")
             assert slow.num_requests >= 1  # it was asked (first in line), and lost
@@ -183,6 +188,7 @@ def test_a_full_disk_stops_the_download_at_once_and_says_what_to_do(
         assert code == 1, events[-3:]
         assert events[-1]["event"] == "error" and events[-1]["error"] == "local_fault", events[-1]
         detail = str(events[-1]["detail"])
+        print(f"full disk: exit {code} after {seconds:.2f} s: {detail}")
         assert "No space left on device" in detail and "free space" in detail, detail
         assert not [e for e in events if e["event"] in ("shard_failed", "shard_retry")]  # nothing blamed on a relay
         assert seconds < 10

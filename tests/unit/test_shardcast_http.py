@@ -279,3 +279,31 @@ async def test_a_local_write_failure_stops_the_transfer_instead_of_hanging(
                 ),
                 timeout=10,
             )
+
+
+async def test_a_hedge_that_wins_is_never_overwritten_by_the_request_it_outran(
+    tmp_path: Path, origin_store: VersionStore, coordinator: NodeIdentity
+) -> None:
+    """Two fetches of one shard run at once; the loser's bytes (maybe a liar's) must not land after the winner's."""
+    from shardcast.client import _InPlaceSink, _PreallocatedFiles
+    from shardcast.manifest import shard_spans
+
+    manifest = load_verified_manifest(origin_store.manifest_path(1).read_bytes(), coordinator.node_id).manifest
+    shard = manifest.shards[0]
+    good = b"".join(
+        (origin_store.version_dir(1) / "files" / span.path).read_bytes()[
+            span.file_offset : span.file_offset + span.length
+        ]
+        for span in shard_spans(manifest, shard)
+    )
+    partial = tmp_path / "partial"
+    files = _PreallocatedFiles(partial, manifest, create=True)
+    sink = _InPlaceSink(files, manifest, partial)
+    primary, hedge = sink.open_shard(shard), sink.open_shard(shard)
+    primary.write(0, memoryview(b"\xff" * 100))
+    hedge.write(0, memoryview(good))
+    hedge.commit()
+    primary.write(100, memoryview(b"\xff" * 100))  # still streaming when it was outrun: ignored
+    primary.discard()
+    assert files.matches(manifest, shard)
+    files.close(sync=False)
