@@ -75,19 +75,23 @@ class _PreallocatedFiles:
 
     def __init__(self, root: Path, manifest: PolicyManifest, create: bool) -> None:
         self.fds: dict[str, int] = {}
-        for entry in manifest.files:
-            path = root / entry.path
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-            self.fds[entry.path] = fd
-            if os.fstat(fd).st_size != entry.size_bytes or create:
-                os.ftruncate(fd, entry.size_bytes)
-                if entry.size_bytes and hasattr(os, "posix_fallocate"):
-                    try:  # reserve the space now: a full disk shows up before any byte is fetched
-                        os.posix_fallocate(fd, 0, entry.size_bytes)
-                    except OSError as exc:
-                        if exc.errno not in _NO_FALLOCATE:  # no fallocate here: the truncate sized the file
-                            raise
+        try:
+            for entry in manifest.files:
+                path = root / entry.path
+                path.parent.mkdir(parents=True, exist_ok=True)
+                fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+                self.fds[entry.path] = fd
+                if os.fstat(fd).st_size != entry.size_bytes or create:
+                    os.ftruncate(fd, entry.size_bytes)
+                    if entry.size_bytes and hasattr(os, "posix_fallocate"):
+                        try:  # reserve the space now: a full disk shows up before any byte is fetched
+                            os.posix_fallocate(fd, 0, entry.size_bytes)
+                        except OSError as exc:
+                            if exc.errno not in _NO_FALLOCATE:  # no fallocate here: the truncate sized the file
+                                raise
+        except BaseException:
+            self.close(sync=False)
+            raise
 
     def write(self, spans: Sequence[FileSpan], offset: int, data: bytes | memoryview) -> None:
         """Write ``data``, which starts ``offset`` bytes into the range the ``spans`` describe."""

@@ -107,7 +107,7 @@ class _RelayShardWriter:
     def commit(self) -> None:
         os.close(self.fd)
         target = self.relay.store.shard_path(self.mirrored.version, self.shard.index)
-        if not target.parent.is_dir():  # the version was pruned meanwhile
+        if not target.parent.is_dir() or self.mirrored.ready[self.shard.index]:  # pruned, or a hedge won first
             self.part.unlink(missing_ok=True)
             return
         os.replace(self.part, target)

@@ -143,8 +143,9 @@ def test_a_one_byte_per_second_relay_next_to_a_healthy_origin_costs_seconds(
 ) -> None:
     checkpoint = publish(tmp_path, tmp_path / "store", coordinator, 1)
     origin = nodes.origin(tmp_path / "store")
-    _, alone, code = timed_fetch(nodes, 1, [origin], coordinator.node_id, tmp_path / "alone")
+    alone_events, alone, code = timed_fetch(nodes, 1, [origin], coordinator.node_id, tmp_path / "alone")
     assert code == 0
+    print(f"origin alone: {alone:.2f} s wall ({alone_events[-1]['seconds']} s downloading)")
     cases = (("client", "1", False), ("latest", "latest", False), ("shards", "1", True))
     for name, version, shards_only in cases:
         with TricklingRelay(origin, shards_only=shards_only) as slow:
