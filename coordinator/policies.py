@@ -4,7 +4,9 @@ A version is published in two steps: :func:`shardcast.origin.publish_checkpoint`
 and atomically installs it in the origin store; then the ledger records the signed manifest
 and makes it current. A crash between the two leaves a version in the store that the ledger
 does not know; :func:`publish_policy` finishes such a publication instead of failing, so a
-restarted coordinator (or the same command run again) converges.
+restarted coordinator (or the same command run again) converges, but only when the stored
+version holds exactly the checkpoint asked for: otherwise it refuses and says why, so a
+version number never stands for other bytes than the ones published under it.
 """
 
 from __future__ import annotations
@@ -15,11 +17,11 @@ from pathlib import Path
 
 from coordinator.config import CoordinatorConfig
 from coordinator.ledger import Ledger
-from protocol.errors import NotFoundError
+from protocol.errors import ConflictError, NotFoundError
 from protocol.identity import NodeIdentity
 from protocol.schemas import SignedManifest
 from shardcast.manifest import parse_signed_manifest
-from shardcast.origin import publish_checkpoint
+from shardcast.origin import publish_checkpoint, stored_version_differs
 from shardcast.store import VersionStore
 
 log = logging.getLogger("coordinator.policies")
@@ -62,8 +64,16 @@ def publish_policy(
     config: CoordinatorConfig,
 ) -> SignedManifest:
     """Make ``checkpoint_dir`` policy ``version``: in the origin store, then current in the ledger."""
+    store.clear_leftovers_if_idle()  # a publish killed mid-write left its staging folder: remove it
     if version in store.versions():
         signed = parse_signed_manifest(store.manifest_path(version).read_bytes())
+        difference = stored_version_differs(store, version, checkpoint_dir)  # finish it only if it is this one
+        if difference is not None:
+            raise ConflictError(
+                f"policy v{version} in {store.root} holds another checkpoint than {checkpoint_dir} ({difference}); "
+                f"publish that checkpoint again to finish an interrupted publish, or publish this one as a new "
+                f"version (--version {max(version, published_version(ledger) or 0) + 1})"
+            )
         log.info("policy v%d was already in the origin store; announcing it to the ledger", version)
     else:
         signed = publish_checkpoint(

@@ -125,6 +125,8 @@ def run(config: CoordinatorConfig) -> None:
         relays = RelayWatch()
         app = create_app(config, ledger, DatabaseReplayCache(database), relays)
         store = policy_store(config)
+        if store.clear_leftovers_if_idle():  # what a publish killed mid-write left in the store's staging
+            log.debug("origin store %s: leftovers of interrupted publishes cleared", store.root)
         if published_version(ledger) is None:
             log.info("publishing the start checkpoint %s as policy v0", start)
             publish_policy(start, 0, identity, store, ledger, config)

@@ -26,11 +26,14 @@ answers with, so a client can map a response back to the same class.
     ├── ChildExitedError            a process the coordinator runs (trainer, local network) exited
     ├── StartupError                a role cannot start: a database, port, model, package or peer it
     │                               needs is missing or wrong (carries the fix)
+    ├── LocalFaultError             this machine's disk failed us (no space, permissions, read-only)
     └── RemoteUnavailableError 503  a coordinator or relay could not be reached
         └── NotReadyError      503  a relay holds the version but is still mirroring that shard
 """
 
 from __future__ import annotations
+
+import errno
 
 
 class PrimeError(Exception):
@@ -195,3 +198,32 @@ class StartupError(PrimeError):
         super().__init__(f"{problem}; {fix}")
         self.problem = problem
         self.fix = fix
+_LOCAL_FAULT_ADVICE = {
+    errno.ENOSPC: "free space on that disk (or point the directory elsewhere), then run again",
+    errno.EDQUOT: "raise the disk quota or free space (or point the directory elsewhere), then run again",
+    errno.EACCES: "give this user write access to it (or point the directory elsewhere), then run again",
+    errno.EPERM: "give this user write access to it (or point the directory elsewhere), then run again",
+    errno.EROFS: "the disk is mounted read-only: remount it read-write or point the directory elsewhere",
+    errno.EIO: "the disk reported an I/O error: check it (dmesg, SMART) or point the directory elsewhere",
+}
+
+
+class LocalFaultError(PrimeError):
+    """A file operation on this machine failed (no space, permissions, read-only disk): not a remote's fault.
+
+    Retrying against another relay cannot help, so downloads stop at once with this error
+    instead of treating it as a network failure.
+    """
+
+    code = "local_fault"
+
+    def __init__(self, message: str, errno_code: int | None = None) -> None:
+        super().__init__(message)
+        self.errno_code = errno_code
+
+    @classmethod
+    def from_os_error(cls, exc: OSError, doing: str) -> LocalFaultError:
+        """``doing`` says what failed, e.g. "writing /data/v3/model.safetensors"."""
+        reason = exc.strerror or type(exc).__name__
+        advice = _LOCAL_FAULT_ADVICE.get(exc.errno or 0, "fix the local disk or directory, then run again")
+        return cls(f"local disk fault while {doing}: {reason}; {advice}", exc.errno)

@@ -66,21 +66,31 @@ def fetch(
     max_attempts: int = typer.Option(6, min=1, max=100, help="Failed fetches of one shard before giving up."),
     json_events: bool = typer.Option(False, "--json-events", help="One JSON object per line on stdout, for programs."),
     no_fsync: bool = typer.Option(False, "--no-fsync", help="Skip syncing files to disk before exposing the version."),
+    min_rate: float = typer.Option(
+        32 * 1024, "--min-rate-bps", min=0, help="Slowest body rate accepted from a relay (bytes/s; 0: no floor)."
+    ),
+    hedge_after: float = typer.Option(
+        1.5, "--hedge-after-s", min=0.01, help="Also ask another relay for a request still running after this long."
+    ),
     log_level: str = LogLevelOption,
 ) -> None:
     """Download one version from several relays, verifying every shard; resumes an interrupted download."""
     start_logging(log_level, json_logs=False)
-    import asyncio
-
     from protocol.errors import PrimeError
-    from shardcast.client import describe_failure, download_version, latest_version
+    from shardcast.client import describe_failure, download_version
     from shardcast.transfer import TransferOptions
 
-    options = TransferOptions(num_parallel=parallel, max_attempts_per_shard=max_attempts, fsync_enabled=not no_fsync)
+    options = TransferOptions(
+        num_parallel=parallel,
+        max_attempts_per_shard=max_attempts,
+        fsync_enabled=not no_fsync,
+        min_rate_bps=min_rate,
+        hedge_after_s=hedge_after,
+    )
     progress = None if json_events else _ProgressBar()
     sink = progress.on_event if progress is not None else _print_json
     try:
-        number = asyncio.run(latest_version(relay)) if version == "latest" else _parse_version(version)
+        number = _resolve_latest(relay, coordinator_id, out, sink) if version == "latest" else _parse_version(version)
         path = download_version(number, relay, coordinator_id, out, options, on_event=sink)
     except PrimeError as exc:
         if json_events:
@@ -166,8 +176,32 @@ def origin(
     from shardcast.server import create_app, run_event_loop, serve_http
     from shardcast.store import VersionStore
 
-    app_ = create_app(OriginSource(VersionStore(store)))
+    version_store = VersionStore(store)
+    version_store.clear_leftovers_if_idle()  # what a killed `prime-relay publish` left in staging
+    app_ = create_app(OriginSource(version_store))
     run_or_exit("origin", run_event_loop, lambda: serve_http(app_, host, port))
+
+
+def _resolve_latest(relays: list[str], coordinator_id: str, out: Path, sink: Any) -> int:
+    """What 'latest' means here: the newest version the relays list, never older than one held or seen."""
+    import asyncio
+
+    from shardcast.client import latest_version, newest_known
+
+    floor = newest_known(out, coordinator_id)
+    listed = asyncio.run(latest_version(relays))
+    if floor is not None and floor > listed:
+        sink(
+            {
+                "event": "relays_behind",
+                "listed": listed,
+                "held": floor,
+                "detail": f"the relays list v{listed} but v{floor} is already held or was seen signed under {out}; "
+                "staying on it (a relay may be hiding newer versions)",
+            }
+        )
+        return floor
+    return listed
 
 
 def _parse_version(text: str) -> int:
@@ -218,6 +252,10 @@ class _ProgressBar:
             )
         elif kind == "shard_done" and self.task_id is not None:
             self.progress.advance(self.task_id, event["bytes"])
+        elif kind == "relays_behind":
+            from protocol.cli import err_console
+
+            err_console.print(f"[yellow]{event['detail']}")
         elif kind == "shard_failed" and self.task_id is not None:
             self.num_failures += 1
             self.progress.update(self.task_id, note=f"[yellow]{self.num_failures} retried ({event['kind']})")

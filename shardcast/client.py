@@ -18,14 +18,25 @@ What the worker and the validator call::
 4. When every shard verified, the files are synced and the directory is renamed to
    ``dest_root/v{N}``: a reader sees the whole version or nothing.
 
+A slow relay costs little: the manifest request is hedged to the next relay after
+``hedge_after_s``, shard requests are hedged by the engine, and every request runs under a
+progress deadline (see :mod:`shardcast.transfer`). A local fault (no space, read-only,
+permissions) raises :class:`~protocol.errors.LocalFaultError` at once; the partial directory
+keeps what verified, and no version is exposed.
+
+Versions never go back: every verified manifest newer than the last is kept as
+``dest_root/.shardcast-newest.json``, and :func:`newest_known` (that, or the newest version
+held) is the floor below which "latest" never resolves, whatever a relay lists.
+
 Events (``on_event``, one dict each: ``start``, ``manifest``, ``shard_done``, ``shard_failed``,
-``shard_retry``, ``done``) feed the progress bar of ``prime-relay fetch`` and its ``--json-events``.
+``shard_retry``, ``shard_hedged``, ``manifest_refused``, ``done``) feed the progress bar of
+``prime-relay fetch`` and its ``--json-events``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import errno
 import fcntl
 import os
 import shutil
@@ -42,11 +53,16 @@ from protocol.errors import IntegrityError, NotFoundError, PrimeError, RemoteUna
 from protocol.schemas import PolicyManifest, ShardEntry, SignedManifest, VersionsResponse
 from shardcast.fetchers import ShardFetcher, get_bytes, open_fetcher
 from shardcast.manifest import LOCAL_MANIFEST_NAME, FileSpan, load_verified_manifest, new_hasher, shard_spans
-from shardcast.scoring import Scoreboard
-from shardcast.transfer import EventSink, ShardWriter, TransferOptions, fetch_shards, no_events
+from shardcast.progress import TooSlowError, prompt_answers
+from shardcast.scoring import Outcome, Scoreboard
+from shardcast.store import local_disk, pwrite_all, write_file_atomically
+from shardcast.transfer import EventSink, ShardWriter, TransferOptions, fetch_shards, no_events, progress_deadline
 
 PARTIAL_PREFIX = ".partial-v"
+NEWEST_SEEN_NAME = ".shardcast-newest.json"
+"""The newest signed manifest a download verified under a destination: "latest" never goes below it."""
 _HASH_CHUNK_BYTES = 8 * 1024 * 1024
+_NO_FALLOCATE = (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS)
 
 
 def version_path(dest_root: Path, version: int) -> Path:
@@ -59,17 +75,23 @@ class _PreallocatedFiles:
 
     def __init__(self, root: Path, manifest: PolicyManifest, create: bool) -> None:
         self.fds: dict[str, int] = {}
-        for entry in manifest.files:
-            path = root / entry.path
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-            self.fds[entry.path] = fd
-            if os.fstat(fd).st_size != entry.size_bytes or create:
-                os.ftruncate(fd, entry.size_bytes)
-                if entry.size_bytes and hasattr(os, "posix_fallocate"):
-                    # filesystems without fallocate: the truncate already sized the file
-                    with contextlib.suppress(OSError):
-                        os.posix_fallocate(fd, 0, entry.size_bytes)
+        try:
+            for entry in manifest.files:
+                path = root / entry.path
+                path.parent.mkdir(parents=True, exist_ok=True)
+                fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+                self.fds[entry.path] = fd
+                if os.fstat(fd).st_size != entry.size_bytes or create:
+                    os.ftruncate(fd, entry.size_bytes)
+                    if entry.size_bytes and hasattr(os, "posix_fallocate"):
+                        try:  # reserve the space now: a full disk shows up before any byte is fetched
+                            os.posix_fallocate(fd, 0, entry.size_bytes)
+                        except OSError as exc:
+                            if exc.errno not in _NO_FALLOCATE:  # no fallocate here: the truncate sized the file
+                                raise
+        except BaseException:
+            self.close(sync=False)
+            raise
 
     def write(self, spans: Sequence[FileSpan], offset: int, data: bytes | memoryview) -> None:
         """Write ``data``, which starts ``offset`` bytes into the range the ``spans`` describe."""
@@ -79,7 +101,7 @@ class _PreallocatedFiles:
             lo = max(offset, span.range_offset)
             hi = min(end, span.range_offset + span.length)
             if lo < hi:
-                os.pwrite(
+                pwrite_all(
                     self.fds[span.path], view[lo - offset : hi - offset], span.file_offset + lo - span.range_offset
                 )
 
@@ -105,33 +127,71 @@ class _PreallocatedFiles:
 
 
 class _InPlaceWriter:
-    def __init__(self, files: _PreallocatedFiles, spans: list[FileSpan]) -> None:
-        self.files = files
+    """The first writer of a shard: bytes go straight into their place in the files."""
+
+    def __init__(self, sink: _InPlaceSink, shard: ShardEntry, spans: list[FileSpan]) -> None:
+        self.sink = sink
+        self.index = shard.index
         self.spans = spans
 
     def write(self, offset: int, data: memoryview) -> None:
-        self.files.write(self.spans, offset, data)
+        if self.index not in self.sink.finished:  # a hedge already placed verified bytes: leave them
+            self.sink.files.write(self.spans, offset, data)
 
     def commit(self) -> None:
         """The bytes are already in place; verification was all that was missing."""
+        self.sink.finished.add(self.index)
+        self.sink.writing.discard(self.index)
 
     def discard(self) -> None:
-        """Wrong bytes stay until the retry overwrites them; the shard is not marked done."""
+        """Wrong bytes stay until a retry or the hedge overwrites them; the shard is not marked done."""
+        self.sink.writing.discard(self.index)
+
+
+class _BufferedWriter:
+    """A hedge of a shard already being written in place: kept in memory, placed only once verified."""
+
+    def __init__(self, sink: _InPlaceSink, shard: ShardEntry, spans: list[FileSpan]) -> None:
+        self.sink = sink
+        self.index = shard.index
+        self.spans = spans
+        self.buffer = bytearray(shard.size_bytes)
+
+    def write(self, offset: int, data: memoryview) -> None:
+        self.buffer[offset : offset + len(data)] = data
+
+    def commit(self) -> None:
+        if self.index not in self.sink.finished:
+            self.sink.files.write(self.spans, 0, memoryview(self.buffer))
+            self.sink.finished.add(self.index)
+
+    def discard(self) -> None:
+        self.buffer = bytearray()
 
 
 class _InPlaceSink:
-    def __init__(self, files: _PreallocatedFiles, manifest: PolicyManifest) -> None:
+    def __init__(self, files: _PreallocatedFiles, manifest: PolicyManifest, location: Path) -> None:
         self.files = files
         self.manifest = manifest
+        self.location = location
+        self.writing: set[int] = set()
+        """Shards with an in-place writer open (a second fetch of one, a hedge, is buffered)."""
+        self.finished: set[int] = set()
 
     def open_shard(self, shard: ShardEntry) -> ShardWriter:
-        return _InPlaceWriter(self.files, shard_spans(self.manifest, shard))
+        spans = shard_spans(self.manifest, shard)
+        if shard.index in self.writing:
+            return _BufferedWriter(self, shard, spans)
+        self.writing.add(shard.index)
+        return _InPlaceWriter(self, shard, spans)
 
 
 @contextmanager
 def _exclusive(lock_path: Path) -> Iterator[None]:
     """One downloader per version and destination at a time (others wait)."""
-    with open(lock_path, "a") as handle:
+    with local_disk(f"opening the lock file {lock_path}"):
+        handle = open(lock_path, "a")  # noqa: SIM115 - closed below
+    with handle:
         fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
         try:
             yield
@@ -139,9 +199,11 @@ def _exclusive(lock_path: Path) -> Iterator[None]:
             fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
 
 
-def _read_local_manifest(directory: Path, coordinator_id: str, version: int) -> SignedManifest | None:
+def _read_local_manifest(
+    directory: Path, coordinator_id: str, version: int | None, name: str = LOCAL_MANIFEST_NAME
+) -> SignedManifest | None:
     try:
-        return load_verified_manifest((directory / LOCAL_MANIFEST_NAME).read_bytes(), coordinator_id, version)
+        return load_verified_manifest((directory / name).read_bytes(), coordinator_id, version)
     except (OSError, IntegrityError):
         return None
 
@@ -155,37 +217,82 @@ async def fetch_manifest(
     version: int,
     coordinator_id: str,
     emit: EventSink = no_events,
+    options: TransferOptions | None = None,
+    candidates: Sequence[str] | None = None,
 ) -> tuple[bytes, SignedManifest]:
-    """The version's manifest from the best relay that serves one the coordinator signed."""
+    """The version's manifest from the first relay that serves one the coordinator signed.
+
+    The best-ranked relay is asked first; if it has not answered after ``hedge_after_s`` (or
+    answered with something unusable) the next one is asked too, and so on: the first
+    verified manifest wins and the other requests are cancelled. Every request runs under
+    the progress deadline, and a relay that was too slow is demoted.
+    """
+    options = options or TransferOptions()
+    deadline = progress_deadline(options)
+    offered = set(scoreboard.sources if candidates is None else candidates)
+    queue = [url for url in scoreboard.ranked() if url in offered]
     problems: list[str] = []
     missing = 0
-    for relay in scoreboard.ranked():
-        try:
-            status, raw = await get_bytes(fetcher, f"{relay}/v/{version}/manifest.json", MAX_MANIFEST_BYTES)
-        except (httpx.HTTPError, OSError, TimeoutError) as exc:
-            scoreboard.record(relay, "network", error=str(exc))
-            problems.append(f"{relay}: {type(exc).__name__}")
-            continue
-        if status == 404:
-            missing += 1
-            problems.append(f"{relay}: does not hold version {version}")
-            continue
-        if status != 200:
-            scoreboard.record(relay, "network", error=f"HTTP {status}")
-            problems.append(f"{relay}: HTTP {status}")
-            continue
-        try:
-            signed = load_verified_manifest(raw, coordinator_id, version)
-        except IntegrityError as exc:
-            scoreboard.record(relay, "integrity", error=exc.message)
-            emit({"event": "manifest_refused", "version": version, "source": relay, "reason": exc.message})
-            problems.append(f"{relay}: {exc.message}")
-            continue
-        return raw, signed
+    running: dict[asyncio.Task[tuple[int, bytes]], tuple[str, float]] = {}
+
+    def ask_next() -> None:
+        relay = queue.pop(0)
+        url = f"{relay}/v/{version}/manifest.json"
+        running[asyncio.create_task(get_bytes(fetcher, url, MAX_MANIFEST_BYTES, deadline))] = (relay, time.monotonic())
+
+    answered_badly = False
+    try:
+        while queue or running:
+            if queue and (answered_badly or not running):
+                ask_next()
+            answered_badly = False
+            timeout = options.hedge_after_s if queue else None
+            done, _ = await asyncio.wait(running, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+            if not done:
+                ask_next()  # the relays asked so far drag: hedge to the next one
+                continue
+            answered_badly = True  # unless one below is the manifest
+            for task in done:
+                relay, started = running.pop(task)
+                try:
+                    status, raw = task.result()
+                except TooSlowError as exc:
+                    scoreboard.record(relay, "slow", 0, time.monotonic() - started, error=str(exc))
+                    problems.append(f"{relay}: too slow")
+                    continue
+                except (httpx.HTTPError, OSError, TimeoutError) as exc:
+                    scoreboard.record(relay, "network", error=str(exc))
+                    problems.append(f"{relay}: {type(exc).__name__}")
+                    continue
+                if status == 404:
+                    missing += 1
+                    problems.append(f"{relay}: does not hold version {version}")
+                    continue
+                if status != 200:
+                    scoreboard.record(relay, "network", error=f"HTTP {status}")
+                    problems.append(f"{relay}: HTTP {status}")
+                    continue
+                try:
+                    signed = load_verified_manifest(raw, coordinator_id, version)
+                except IntegrityError as exc:
+                    scoreboard.record(relay, "integrity", error=exc.message)
+                    emit({"event": "manifest_refused", "version": version, "source": relay, "reason": exc.message})
+                    problems.append(f"{relay}: {exc.message}")
+                    continue
+                for other, (other_relay, other_started) in running.items():
+                    other.cancel()
+                    outcome: Outcome = "slow" if other_started < started else "cancelled"  # outrun by its hedge
+                    seconds = time.monotonic() - other_started
+                    scoreboard.record(other_relay, outcome, 0, seconds, error=f"outrun by {relay} on the manifest")
+                return raw, signed
+    finally:
+        for task in running:
+            task.cancel()
+        await asyncio.gather(*running, return_exceptions=True)
     summary = "; ".join(problems) or "no relay left to ask"
-    if missing == len(scoreboard.sources):
+    if missing == len(offered):
         raise NotFoundError(f"no relay holds version {version} ({summary})")
-    if any(scoreboard.is_banned(url) for url in scoreboard.sources):
+    if any(scoreboard.is_banned(url) for url in offered):
         raise IntegrityError(f"no relay served a manifest for version {version} signed by {coordinator_id} ({summary})")
     raise RemoteUnavailableError(f"could not get the manifest of version {version} ({summary})")
 
@@ -208,7 +315,8 @@ async def fetch_version(
     def emit(event: dict[str, Any]) -> None:
         sink({**event, "ts": round(time.time(), 3)})
 
-    dest_root.mkdir(parents=True, exist_ok=True)
+    with local_disk(f"creating {dest_root}"):
+        dest_root.mkdir(parents=True, exist_ok=True)
     final = version_path(dest_root, version)
     started = time.monotonic()
     emit({"event": "start", "version": version, "relays": list(relays), "dest": str(final)})
@@ -222,14 +330,16 @@ async def fetch_version(
             urls, transport, options.connect_timeout_s, options.read_timeout_s, 2 * options.num_parallel
         )
         try:
-            raw, signed = await fetch_manifest(fetcher, scoreboard, version, coordinator_id, emit)
+            raw, signed = await fetch_manifest(fetcher, scoreboard, version, coordinator_id, emit, options)
+            remember_newest(dest_root, coordinator_id, raw, version)
             partial = dest_root / f"{PARTIAL_PREFIX}{version}"
             await _download_into(partial, raw, signed.manifest, coordinator_id, fetcher, scoreboard, options, emit)
         finally:
             await fetcher.aclose()
-        if final.exists():  # left by something else and not a verified version: set it aside
-            os.rename(final, dest_root / f".stale-v{version}-{int(time.time())}")
-        os.rename(partial, final)
+        with local_disk(f"moving the finished download into {final}"):
+            if final.exists():  # left by something else and not a verified version: set it aside
+                os.rename(final, dest_root / f".stale-v{version}-{int(time.time())}")
+            os.rename(partial, final)
         emit(
             {
                 "event": "done",
@@ -242,6 +352,28 @@ async def fetch_version(
             }
         )
         return final
+
+
+def newest_known(dest_root: Path, coordinator_id: str) -> int | None:
+    """The newest version held under ``dest_root`` or whose signed manifest a download there verified."""
+    known: list[int] = []
+    if dest_root.is_dir():
+        for path in dest_root.glob("v*"):
+            number = path.name[1:]
+            if number.isdigit() and _read_local_manifest(path, coordinator_id, int(number)) is not None:
+                known.append(int(number))
+        seen = _read_local_manifest(dest_root, coordinator_id, None, NEWEST_SEEN_NAME)
+        if seen is not None:
+            known.append(seen.manifest.version)
+    return max(known, default=None)
+
+
+def remember_newest(dest_root: Path, coordinator_id: str, raw_manifest: bytes, version: int) -> None:
+    """Keep ``raw_manifest`` as the newest signed manifest seen under ``dest_root`` if it is newer."""
+    seen = _read_local_manifest(dest_root, coordinator_id, None, NEWEST_SEEN_NAME)
+    if seen is None or seen.manifest.version < version:
+        with local_disk(f"writing {dest_root / NEWEST_SEEN_NAME}"):
+            write_file_atomically(dest_root / NEWEST_SEEN_NAME, raw_manifest)
 
 
 async def _download_into(
@@ -257,16 +389,18 @@ async def _download_into(
     """Fill ``partial`` with the verified version, resuming what an earlier attempt left there."""
     previous = _read_local_manifest(partial, coordinator_id, manifest.version)
     resuming = previous is not None and previous.manifest == manifest
-    if not resuming:
-        shutil.rmtree(partial, ignore_errors=True)
-        partial.mkdir()
-        (partial / LOCAL_MANIFEST_NAME).write_bytes(raw_manifest)
-    files = _PreallocatedFiles(partial, manifest, create=not resuming)
+    with local_disk(f"preparing {partial} ({manifest.total_size_bytes} bytes)"):
+        if not resuming:
+            shutil.rmtree(partial, ignore_errors=True)
+            partial.mkdir()
+            (partial / LOCAL_MANIFEST_NAME).write_bytes(raw_manifest)
+        files = _PreallocatedFiles(partial, manifest, create=not resuming)
     synced = False
     try:
         done = set()
         if resuming:
-            checks = await asyncio.gather(*(asyncio.to_thread(files.matches, manifest, s) for s in manifest.shards))
+            with local_disk(f"re-reading the shards already in {partial}"):
+                checks = await asyncio.gather(*(asyncio.to_thread(files.matches, manifest, s) for s in manifest.shards))
             done = {shard.index for shard, ok in zip(manifest.shards, checks, strict=True) if ok}
         pending = [shard for shard in manifest.shards if shard.index not in done]
         emit(
@@ -279,8 +413,10 @@ async def _download_into(
                 "bytes_resumed": sum(manifest.shards[i].size_bytes for i in done),
             }
         )
-        await fetch_shards(fetcher, manifest, pending, scoreboard, _InPlaceSink(files, manifest), options, emit)
-        await asyncio.to_thread(files.close, options.fsync_enabled)
+        sink = _InPlaceSink(files, manifest, partial)
+        await fetch_shards(fetcher, manifest, pending, scoreboard, sink, options, emit)
+        with local_disk(f"syncing {partial} to disk"):
+            await asyncio.to_thread(files.close, options.fsync_enabled)
         synced = True
     finally:
         if not synced:
@@ -301,9 +437,17 @@ def download_version(
 
 
 async def latest_version(
-    relays: Sequence[str], transport: httpx.AsyncBaseTransport | None = None, timeout_s: float = 10.0
+    relays: Sequence[str],
+    transport: httpx.AsyncBaseTransport | None = None,
+    timeout_s: float = 10.0,
+    late_grace_s: float = 1.0,
 ) -> int:
-    """The newest version any relay lists (a hint: the download still verifies the manifest)."""
+    """The newest version any relay lists (a hint: the download still verifies the manifest).
+
+    A listing is unsigned, so a relay can hide versions: callers never go below
+    :func:`newest_known`. Each relay gets ``timeout_s`` in all, and once one has answered the
+    rest get ``late_grace_s`` more, so a trickling relay cannot stall the question.
+    """
 
     async def ask(http: httpx.AsyncClient, relay: str) -> int | None:
         try:
@@ -314,7 +458,7 @@ async def latest_version(
             return None
 
     async with httpx.AsyncClient(timeout=timeout_s, transport=transport) as http:
-        answers = await asyncio.gather(*(ask(http, relay) for relay in relays))
+        answers = await prompt_answers([ask(http, relay) for relay in relays], timeout_s, late_grace_s)
     known = [answer for answer in answers if answer is not None]
     if not known:
         raise RemoteUnavailableError(f"no relay answered /versions with a version ({', '.join(relays)})")

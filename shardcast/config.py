@@ -34,8 +34,14 @@ class RelayConfig(RoleConfig):
     """Shards fetched from upstreams at the same time."""
     shard_wait_s: float = Field(default=10.0, ge=0)
     """How long a request for a shard still being mirrored is held before it is answered 503."""
+    min_rate_bps: float = Field(default=32 * 1024, ge=0)
+    """Slowest shard or manifest body rate accepted from an upstream (bytes/s over 10 s); 0: no floor."""
+    hedge_after_s: float = Field(default=1.5, gt=0)
+    """A fetch from an upstream still running after this long is also asked of another upstream."""
     upstream_ban_s: float = Field(default=300.0, ge=0)
     """An upstream that sent a bad manifest or corrupt shard is not used for this long."""
+    local_fault_retry_s: float = Field(default=30.0, gt=0)
+    """After a local disk fault (full, read-only, permissions) mirroring pauses this long before trying again."""
     coordinator_url: str | None = None
     """Coordinator whose gossip network to join (via its GET /v1/p2p); unset: the upstream ending in /shardcast."""
     public_url: str | None = Field(default=None, pattern=r"^https?://")

@@ -22,6 +22,8 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from shardcast.progress import ProgressDeadline, with_progress_deadline
+
 BodyConsumer = Callable[[memoryview], None]
 _RECV_BUFFER_BYTES = 1024 * 1024
 _MAX_HEADER_BYTES = 64 * 1024
@@ -94,9 +96,11 @@ class _Connection(asyncio.BufferedProtocol):
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
 
-    async def wait_for_data(self, timeout_s: float) -> None:
-        """Return once unconsumed bytes are buffered, or the peer closed; TimeoutError after ``timeout_s``."""
-        if self.filled or self.closed:
+    async def wait_for_data(self, timeout_s: float, have: int = 0) -> None:
+        """Return once more than ``have`` unconsumed bytes are buffered, or the peer closed; TimeoutError after
+        ``timeout_s``. A reader that needs more than it has (a response head cut mid-way) passes what it has,
+        or it would spin on the bytes already there without ever yielding to the event loop."""
+        if self.filled > have or self.closed:
             return
         self._waiter = asyncio.get_running_loop().create_future()
         try:
@@ -176,7 +180,7 @@ class SocketFetcher:
                 break
             if connection.closed or connection.filled >= _MAX_HEADER_BYTES:
                 raise FetchTransportError(f"{url}: connection closed or oversized before the response head")
-            await connection.wait_for_data(self.read_timeout_s)
+            await connection.wait_for_data(self.read_timeout_s, have=connection.filled)
         head = bytes(connection.view[:end]).decode("latin-1").split("\r\n")
         connection.consumed(end + 4)
         status_line = head[0].split(" ", 2)
@@ -240,8 +244,12 @@ def open_fetcher(
     return _SchemeRouter(through_httpx, SocketFetcher(connect_timeout_s, read_timeout_s))
 
 
-async def get_bytes(fetcher: ShardFetcher, url: str, max_bytes: int) -> tuple[int, bytes]:
-    """GET a small document (a manifest): the status and, for a 200, the body (at most ``max_bytes``)."""
+async def get_bytes(
+    fetcher: ShardFetcher, url: str, max_bytes: int, deadline: ProgressDeadline | None = None
+) -> tuple[int, bytes]:
+    """GET a small document (a manifest): the status and, for a 200, the body (at most ``max_bytes``).
+
+    Under ``deadline`` a source too slow to answer raises :class:`~shardcast.progress.TooSlowError`."""
     parts: list[bytes] = []
     size = 0
 
@@ -252,7 +260,8 @@ async def get_bytes(fetcher: ShardFetcher, url: str, max_bytes: int) -> tuple[in
             raise FetchTransportError(f"{url}: more than {max_bytes} bytes")
         parts.append(bytes(chunk))
 
-    status = await fetcher.get(url, collect)
+    request = fetcher.get(url, collect)
+    status = await (request if deadline is None else with_progress_deadline(request, lambda: size, deadline, url))
     return status, b"".join(parts)
 
 

@@ -66,28 +66,29 @@ def publish_checkpoint(
     The hashes are taken from the files as placed in the store, so they describe what is served.
     With ``fsync_enabled`` (the default) the files are on disk before the version appears.
     """
-    if version in store.versions():
-        raise ConflictError(f"version {version} is already published in {store.root}; versions are immutable")
-    announced = store.announced()
-    if announced is not None and version <= announced:
-        raise ConflictError(f"version {version} is not newer than the announced version {announced}")
-    files = list_checkpoint_files(checkpoint_dir)
-    staged = store.new_staging_dir(f"v{version}")
-    try:
-        _place_files(checkpoint_dir, files, staged / FILES_DIR, link_enabled, fsync_enabled)
-        hashes = _hash_shards(staged / FILES_DIR, files, shard_size_bytes, hash_algorithm)
-        manifest = make_manifest(
-            version, files, hashes, shard_size_bytes, hash_algorithm, time.time() if now is None else now
-        )
-        signed = sign_manifest(identity, manifest)
-        write_file_atomically(staged / MANIFEST_NAME, signed.model_dump_json().encode())
-        fsync_dir(staged)
-        store.install_version(staged, version)
-    except BaseException:
-        store.remove_staging(staged)
-        raise
-    store.announce(version)
-    removed = store.prune(keep_versions, protected={version})
+    with store.publishing():
+        if version in store.versions():
+            raise ConflictError(f"version {version} is already published in {store.root}; versions are immutable")
+        announced = store.announced()
+        if announced is not None and version <= announced:
+            raise ConflictError(f"version {version} is not newer than the announced version {announced}")
+        files = list_checkpoint_files(checkpoint_dir)
+        staged = store.new_staging_dir(f"v{version}")
+        try:
+            _place_files(checkpoint_dir, files, staged / FILES_DIR, link_enabled, fsync_enabled)
+            hashes = _hash_shards(staged / FILES_DIR, files, shard_size_bytes, hash_algorithm)
+            manifest = make_manifest(
+                version, files, hashes, shard_size_bytes, hash_algorithm, time.time() if now is None else now
+            )
+            signed = sign_manifest(identity, manifest)
+            write_file_atomically(staged / MANIFEST_NAME, signed.model_dump_json().encode())
+            fsync_dir(staged)
+            store.install_version(staged, version)
+        except BaseException:
+            store.remove_staging(staged)
+            raise
+        store.announce(version)
+        removed = store.prune(keep_versions, protected={version})
     log.info(
         "published version %d: %d files, %d bytes, %d shards%s",
         version,
@@ -97,6 +98,26 @@ def publish_checkpoint(
         f"; pruned {removed}" if removed else "",
     )
     return signed
+
+
+def stored_version_differs(store: VersionStore, version: int, checkpoint_dir: Path) -> str | None:
+    """Why the stored ``version`` is not ``checkpoint_dir``'s content (None when it is, byte for byte).
+
+    Used to finish an interrupted publication safely: the version in the store may be from
+    another checkpoint (a publish killed before the ledger made it current).
+    """
+    manifest = parse_signed_manifest(store.manifest_path(version).read_bytes()).manifest
+    files = list_checkpoint_files(checkpoint_dir)
+    stored = [(entry.path, entry.size_bytes) for entry in manifest.files]
+    if files != stored:
+        names = sorted({path for path, _ in files} ^ {path for path, _ in stored})
+        what = f"files differ ({', '.join(names[:3])})" if names else "file sizes differ"
+        return f"{what}: {len(stored)} files, {manifest.total_size_bytes} bytes stored"
+    hashes = _hash_shards(checkpoint_dir, files, manifest.shard_size_bytes, manifest.hash_algorithm)
+    differing = [shard.index for shard, digest in zip(manifest.shards, hashes, strict=True) if shard.hash != digest]
+    if differing:
+        return f"{len(differing)} of {len(hashes)} shards hash differently (first: shard {differing[0]})"
+    return None
 
 
 def _place_files(

@@ -14,6 +14,11 @@ On restart the relay re-verifies what it holds (manifest signatures and shard ha
 resumes unfinished versions. It keeps the newest ``keep_versions`` versions, and an older one
 as long as it is in use: a download of it (manifest or shard) was served within ``in_use_s``,
 so a node fetching a version shard by shard is never cut off halfway.
+
+A slow upstream costs little (the engine's progress deadlines and hedged requests, for
+manifests and shards alike). A local fault (disk full, read-only, permissions) is not
+blamed on an upstream: the relay logs it once with what to do, keeps serving what it holds,
+and tries mirroring again every ``local_fault_retry_s``.
 """
 
 from __future__ import annotations
@@ -30,18 +35,22 @@ from typing import Any, Literal
 import httpx
 import pydantic
 
-from protocol.errors import IntegrityError, NotFoundError, NotReadyError, PrimeError
+from protocol.errors import IntegrityError, LocalFaultError, NotFoundError, NotReadyError, PrimeError
 from protocol.schemas import PolicyManifest, ShardEntry, VersionInfo, VersionsResponse
+from shardcast.client import fetch_manifest
 from shardcast.config import RelayConfig
 from shardcast.fetchers import open_fetcher
 from shardcast.manifest import load_verified_manifest, new_hasher
 from shardcast.metrics import ShardcastMetrics
+from shardcast.progress import prompt_answers
 from shardcast.scoring import Scoreboard
 from shardcast.server import Segment
-from shardcast.store import MANIFEST_NAME, VersionStore, write_file_atomically
+from shardcast.store import MANIFEST_NAME, VersionStore, local_disk, pwrite_all, write_file_atomically
 from shardcast.transfer import ShardWriter, TransferOptions, fetch_shards, http_timeout
 
 log = logging.getLogger("shardcast.relay")
+_POLL_GRACE_S = 1.0
+"""How long a poll waits for the other upstreams' listings once one has answered."""
 _HASH_CHUNK_BYTES = 8 * 1024 * 1024
 
 
@@ -95,12 +104,12 @@ class _RelayShardWriter:
         self.fd = os.open(self.part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
 
     def write(self, offset: int, data: memoryview) -> None:
-        os.pwrite(self.fd, data, offset)
+        pwrite_all(self.fd, data, offset)
 
     def commit(self) -> None:
         os.close(self.fd)
         target = self.relay.store.shard_path(self.mirrored.version, self.shard.index)
-        if not target.parent.is_dir():  # the version was pruned meanwhile
+        if not target.parent.is_dir() or self.mirrored.ready[self.shard.index]:  # pruned, or a hedge won first
             self.part.unlink(missing_ok=True)
             return
         os.replace(self.part, target)
@@ -117,6 +126,7 @@ class _RelaySink:
     def __init__(self, relay: RelayMirror, mirrored: MirroredVersion) -> None:
         self.relay = relay
         self.mirrored = mirrored
+        self.location = relay.store.root
 
     def open_shard(self, shard: ShardEntry) -> ShardWriter:
         return _RelayShardWriter(self.relay, self.mirrored, shard)
@@ -153,7 +163,9 @@ class RelayMirror:
         self.upstreams = [url.rstrip("/") for url in config.upstreams]
         self.store = VersionStore(config.data_dir)
         self.metrics = metrics or ShardcastMetrics("relay")
-        self.options = TransferOptions(num_parallel=config.num_parallel)
+        self.options = TransferOptions(
+            num_parallel=config.num_parallel, min_rate_bps=config.min_rate_bps, hedge_after_s=config.hedge_after_s
+        )
         self.scoreboard = Scoreboard(self.upstreams, ban_s=config.upstream_ban_s)
         self.http = httpx.AsyncClient(timeout=http_timeout(self.options), transport=transport)  # control requests
         self.fetcher = open_fetcher(
@@ -166,6 +178,9 @@ class RelayMirror:
         self.versions: dict[int, MirroredVersion] = {}
         self.last_served: dict[int, float] = {}
         """When (monotonic) each version was last served: recently served versions are in use."""
+        self.local_fault: str | None = None
+        """The last local fault (disk full, read-only...), while mirroring waits for it to be fixed."""
+        self._local_fault_until = 0.0
         self.wake = asyncio.Event()
         """Set to poll the upstreams now rather than at the next interval."""
 
@@ -249,7 +264,9 @@ class RelayMirror:
 
     async def poll_once(self) -> None:
         """Ask every upstream what it holds; adopt new versions, resume stalled ones, prune old ones."""
-        listings = await asyncio.gather(*(self._list_versions(url) for url in self.upstreams))
+        listings = await prompt_answers(  # a trickling upstream cannot hold the others' versions back
+            [self._list_versions(url) for url in self.upstreams], self.options.response_timeout_s, _POLL_GRACE_S
+        )
         offered: dict[int, list[str]] = {}
         for url, listing in zip(self.upstreams, listings, strict=True):
             for info in listing.versions if listing else []:
@@ -272,37 +289,46 @@ class RelayMirror:
             log.debug("upstream %s: cannot list versions: %s", url, exc)
             return None
 
+    def _local_fault_pending(self) -> bool:
+        return time.monotonic() < self._local_fault_until
+
+    def _on_local_fault(self, exc: LocalFaultError) -> None:
+        """Log a local fault once (again only if it changes) and pause mirroring for a while."""
+        if exc.message != self.local_fault:
+            log.error("mirroring paused, retrying every %g s: %s", self.config.local_fault_retry_s, exc.message)
+        self.local_fault = exc.message
+        self._local_fault_until = time.monotonic() + self.config.local_fault_retry_s
+
     async def _adopt(self, version: int, urls: list[str]) -> None:
-        """Fetch and verify a manifest from the first upstream that offers a valid one."""
-        for url in sorted(urls, key=lambda u: self.scoreboard.weight(u), reverse=True):
-            if self.scoreboard.is_banned(url):
-                continue
-            try:
-                response = await self.http.get(f"{url}/v/{version}/manifest.json")
-                response.raise_for_status()
-                signed = load_verified_manifest(response.content, self.coordinator_id, version)
-            except httpx.HTTPError as exc:
-                log.debug("upstream %s: manifest %d unavailable: %s", url, version, exc)
-                continue
-            except IntegrityError as exc:
-                self.metrics.manifests_rejected.inc()
-                self.scoreboard.record(url, "integrity", error=exc.message)
-                log.warning("refused manifest %d from %s: %s", version, url, exc.message)
-                continue
-            raw = response.content
-            staged = self.store.new_staging_dir(f"v{version}")
-            (staged / "shards").mkdir()
-            write_file_atomically(staged / MANIFEST_NAME, raw)
-            self.store.install_version(staged, version)
-            mirrored = MirroredVersion(raw, signed.manifest, [False] * len(signed.manifest.shards))
-            self.versions[version] = mirrored
-            log.info("version %d: manifest verified (from %s); mirroring %d shards", version, url, len(mirrored.ready))
-            self._ensure_mirroring(mirrored)
-            self._update_gauges()
+        """Fetch and verify a manifest from the first upstream that offers a valid one (hedged, deadlined)."""
+        if self._local_fault_pending():
             return
+        try:
+            raw, signed = await fetch_manifest(
+                self.fetcher, self.scoreboard, version, self.coordinator_id, self._on_event, self.options, urls
+            )
+        except PrimeError as exc:
+            log.debug("version %d: no upstream served a usable manifest: %s", version, exc.message)
+            return
+        try:
+            with local_disk(f"storing the manifest of version {version} under {self.store.root}"):
+                staged = self.store.new_staging_dir(f"v{version}")
+                (staged / "shards").mkdir()
+                write_file_atomically(staged / MANIFEST_NAME, raw)
+                self.store.install_version(staged, version)
+        except LocalFaultError as exc:
+            self._on_local_fault(exc)
+            return
+        mirrored = MirroredVersion(raw, signed.manifest, [False] * len(signed.manifest.shards))
+        self.versions[version] = mirrored
+        log.info("version %d: manifest verified; mirroring %d shards", version, len(mirrored.ready))
+        self._ensure_mirroring(mirrored)
+        self._update_gauges()
 
     def _ensure_mirroring(self, mirrored: MirroredVersion) -> None:
         if mirrored.complete or (mirrored.task is not None and not mirrored.task.done()):
+            return
+        if self._local_fault_pending():
             return
         mirrored.task = asyncio.create_task(self._mirror(mirrored))
 
@@ -318,12 +344,21 @@ class RelayMirror:
                 self.options,
                 self._on_event,
             )
+        except LocalFaultError as exc:
+            self._on_local_fault(exc)
+            return
         except PrimeError as exc:
             log.warning("version %d: mirroring stopped (will retry at the next poll): %s", mirrored.version, exc)
             return
+        if self.local_fault is not None:
+            log.info("local fault cleared: mirroring again")
+            self.local_fault = None
         log.info("version %d: all %d shards verified", mirrored.version, len(mirrored.ready))
 
     def _on_event(self, event: dict[str, Any]) -> None:
+        if event["event"] == "manifest_refused":
+            self.metrics.manifests_rejected.inc()
+            log.warning("refused manifest %d from %s: %s", event["version"], event["source"], event["reason"])
         if event["event"] in ("shard_failed", "shard_retry"):
             self.metrics.fetch_failures.labels(kind=event["kind"]).inc()
             if event["kind"] == "integrity":

@@ -15,7 +15,11 @@ Outcomes of a fetch, as recorded by :meth:`Scoreboard.record`:
 - ``network`` (refused, reset, timeout, 5xx): one more consecutive failure and a cool-down
   growing exponentially with them (``backoff_base_s * 2**(n-1)``, capped), during which the
   source is not picked.
+- ``slow`` (cut off by the progress deadline, or outrun by a hedged request to another
+  source): a failure as ``network``, and the rate it managed enters its throughput, so a
+  trickling source is demoted below every healthy one.
 - ``not_ready`` (a relay still mirroring the shard): no penalty; the caller retries later.
+- ``cancelled`` (a hedge that lost to the request it hedged): no penalty.
 - ``integrity`` (bytes or manifest that do not match what the coordinator signed): the
   source is banned for ``ban_s`` (forever by default): it is broken or malicious.
 """
@@ -29,7 +33,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Literal
 
-Outcome = Literal["ok", "network", "not_ready", "integrity"]
+Outcome = Literal["ok", "network", "slow", "not_ready", "integrity", "cancelled"]
 _EWMA_ALPHA = 0.3
 _DEFAULT_THROUGHPUT_BPS = 100e6
 
@@ -132,8 +136,12 @@ class Scoreboard:
                     sample if previous is None else _EWMA_ALPHA * sample + (1 - _EWMA_ALPHA) * previous
                 )
             return
-        if outcome == "not_ready":
+        if outcome in ("not_ready", "cancelled"):
             return
+        if outcome == "slow" and seconds > 0:
+            sample = num_bytes / seconds
+            previous = state.throughput_bps
+            state.throughput_bps = sample if previous is None else min(previous, sample)
         state.num_failures += 1
         state.last_error = error
         if outcome == "integrity":

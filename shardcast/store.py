@@ -8,27 +8,58 @@
       v{N}/shards/{i}       relay: shard i (only ever present once complete and verified)
       .staging/             versions (origin) and shards (relay) still being written
       .trash/               versions being deleted
+      .publish.lock         origin: held by the one process publishing (flock)
       announced             origin: the version currently announced (never pruned)
 
 Every change appears at once or not at all: a version is written under ``.staging`` and
 renamed into place; a shard is written as ``.staging/...part`` and renamed once verified;
 a pruned version is renamed into ``.trash`` before it is deleted. A reader therefore never
 sees a half-written version or shard, and a file it already opened stays readable (POSIX
-keeps unlinked files alive while open).
+keeps unlinked files alive while open). A publisher holds ``.publish.lock``; whoever takes it
+knows that anything left in ``.staging`` or ``.trash`` belongs to a process that died, and
+removes it (:meth:`VersionStore.publishing`, :meth:`VersionStore.clear_leftovers_if_idle`).
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import shutil
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+
+from protocol.errors import LocalFaultError
 
 _VERSION_DIR = re.compile(r"^v(\d{1,18})$")
 MANIFEST_NAME = "manifest.json"
 ANNOUNCED_NAME = "announced"
+PUBLISH_LOCK_NAME = ".publish.lock"
+
+
+@contextmanager
+def local_disk(doing: str) -> Iterator[None]:
+    """Report an OSError from the file operations inside as a :class:`LocalFaultError` saying ``doing``.
+
+    Wrap local file work only, never a network call (socket errors are OSErrors too): a local
+    fault must stop the work with advice, not be retried as if a remote had failed.
+    """
+    try:
+        yield
+    except OSError as exc:
+        raise LocalFaultError.from_os_error(exc, doing) from exc
+
+
+def pwrite_all(fd: int, data: bytes | memoryview, offset: int) -> None:
+    """Write all of ``data`` at ``offset``. ``os.pwrite`` may write less than asked (a disk filling
+    up does exactly that) and say so only in its return value; the rest is retried, so a full disk
+    ends in ENOSPC instead of a silently truncated file."""
+    view = memoryview(data)
+    while view:
+        written = os.pwrite(fd, view, offset)
+        view, offset = view[written:], offset + written
 
 
 def write_file_atomically(path: Path, data: bytes) -> None:
@@ -127,6 +158,30 @@ class VersionStore:
                     shutil.rmtree(entry, ignore_errors=True)
                 else:
                     entry.unlink(missing_ok=True)
+
+    @contextmanager
+    def publishing(self) -> Iterator[None]:
+        """Be the one publisher of this store (others wait); first clear what a killed one left."""
+        with open(self.root / PUBLISH_LOCK_NAME, "a") as handle:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+            try:
+                self.clear_leftovers()
+                yield
+            finally:
+                fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+    def clear_leftovers_if_idle(self) -> bool:
+        """Clear a killed publisher's staging and trash unless a publish is running now; True if cleared."""
+        with open(self.root / PUBLISH_LOCK_NAME, "a") as handle:
+            try:
+                fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return False
+            try:
+                self.clear_leftovers()
+            finally:
+                fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+        return True
 
     def announced(self) -> int | None:
         try:

@@ -10,6 +10,16 @@ backoff and another source is tried (the failing one is excluded for that shard)
 ``max_attempts_per_shard`` failures the whole transfer fails. A relay answering 503 (it is
 still mirroring that shard) costs no attempt: the shard is simply asked for again shortly.
 A source that sends bytes that do not match is banned by the scoreboard.
+
+One slow source costs little. Every fetch runs under a progress deadline
+(:mod:`shardcast.progress`): a body that starts too late or flows below ``min_rate_bps`` is
+cut off and its source demoted (outcome ``slow``). And a fetch still running after
+``hedge_after_s`` (or ``hedge_factor`` times what the fastest measured source would need)
+is hedged: the same shard is asked of another source, the first verified copy wins, the
+other request is cancelled, and a primary that lost to its hedge is demoted the same way.
+
+A failure on this machine (no space, permissions, a read-only disk) is not a source's fault:
+it stops the transfer at once with :class:`~protocol.errors.LocalFaultError`.
 """
 
 from __future__ import annotations
@@ -18,19 +28,23 @@ import asyncio
 import itertools
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal, Protocol
 
 import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
-from protocol.errors import IntegrityError, NotFoundError, PrimeError, RemoteUnavailableError
+from protocol.errors import IntegrityError, LocalFaultError, NotFoundError, PrimeError, RemoteUnavailableError
 from protocol.schemas import PolicyManifest, ShardEntry
 from shardcast.fetchers import ShardFetcher
 from shardcast.manifest import new_hasher
+from shardcast.progress import ProgressDeadline, TooSlowError, with_progress_deadline
 from shardcast.scoring import Outcome, Scoreboard
+from shardcast.store import local_disk
 
 EventSink = Callable[[dict[str, Any]], None]
-FailureKind = Literal["network", "not_ready", "integrity", "missing"]
+FailureKind = Literal["network", "slow", "not_ready", "integrity", "missing"]
 
 
 def no_events(_event: dict[str, Any]) -> None:
@@ -56,6 +70,18 @@ class TransferOptions(BaseModel):
     """Time to open a connection to a source."""
     read_timeout_s: float = Field(default=60.0, gt=0)
     """Longest silence while reading a response (relays may hold a shard request while mirroring it)."""
+    response_timeout_s: float = Field(default=30.0, gt=0)
+    """Longest wait for the first body byte of a response, trickled or not (above a relay's shard_wait_s)."""
+    min_rate_bps: float = Field(default=32 * 1024, ge=0)
+    """Slowest body rate accepted from a source, averaged over ``progress_window_s``; 0 disables the floor."""
+    progress_window_s: float = Field(default=10.0, gt=0)
+    """Window the body rate is measured over."""
+    hedge_after_s: float = Field(default=1.5, gt=0)
+    """A fetch still running this long (at least) is also asked of another source; the first copy wins."""
+    hedge_factor: float = Field(default=4.0, ge=1)
+    """Hedge once a fetch takes this many times what the fastest measured source would need (if longer)."""
+    max_hedges: int = Field(default=4, ge=0, le=256)
+    """Hedged requests in flight at once (0 disables hedging)."""
     fsync_enabled: bool = True
     """Client: sync the files to disk before exposing the version (off trades crash safety for speed)."""
 
@@ -77,6 +103,11 @@ class ShardWriter(Protocol):
 
 
 class ShardSink(Protocol):
+    """Hands out a writer per fetch; a hedged shard gets a second writer while the first is open."""
+
+    location: Path
+    """The local directory written to (named in local-fault errors)."""
+
     def open_shard(self, shard: ShardEntry) -> ShardWriter: ...
 
 
@@ -93,8 +124,23 @@ def http_timeout(options: TransferOptions) -> httpx.Timeout:
     return httpx.Timeout(options.read_timeout_s, connect=options.connect_timeout_s)
 
 
+def progress_deadline(options: TransferOptions) -> ProgressDeadline:
+    return ProgressDeadline(options.response_timeout_s, options.min_rate_bps, options.progress_window_s)
+
+
 def shard_url(source: str, version: int, index: int) -> str:
     return f"{source.rstrip('/')}/v/{version}/shards/{index}"
+
+
+@dataclass
+class _Attempt:
+    """One fetch of one shard from one source (the primary, or a hedge of it)."""
+
+    source: str
+    hedge: bool
+    started: float = field(default_factory=time.monotonic)
+    received: int = 0
+    task: asyncio.Task[None] | None = None
 
 
 async def fetch_shard(
@@ -103,46 +149,71 @@ async def fetch_shard(
     manifest: PolicyManifest,
     shard: ShardEntry,
     sink: ShardSink,
+    deadline: ProgressDeadline | None = None,
+    attempt: _Attempt | None = None,
 ) -> None:
     """Stream one shard from ``source`` into ``sink`` and commit it only if its hash matches."""
-    writer = sink.open_shard(shard)
+    where = f"writing shard {shard.index} of version {manifest.version} under {sink.location}"
+    with local_disk(where):
+        writer = sink.open_shard(shard)
     committed = False
     try:
-        await _stream_verified(fetcher, source, manifest, shard, writer)
-        writer.commit()
+        await _stream_verified(fetcher, source, manifest, shard, writer, deadline, attempt or _Attempt(source, False))
+        with local_disk(where):
+            writer.commit()
         committed = True
     finally:
         if not committed:
-            writer.discard()
+            with local_disk(where):
+                writer.discard()
 
 
 async def _stream_verified(
-    fetcher: ShardFetcher, source: str, manifest: PolicyManifest, shard: ShardEntry, writer: ShardWriter
+    fetcher: ShardFetcher,
+    source: str,
+    manifest: PolicyManifest,
+    shard: ShardEntry,
+    writer: ShardWriter,
+    deadline: ProgressDeadline | None,
+    attempt: _Attempt,
 ) -> None:
     url = shard_url(source, manifest.version, shard.index)
     hasher = new_hasher(manifest.hash_algorithm)
-    received = 0
+    local_fault: list[LocalFaultError] = []
 
     def consume(chunk: memoryview) -> None:
-        nonlocal received
-        if received + len(chunk) > shard.size_bytes:
+        if attempt.received + len(chunk) > shard.size_bytes:
             raise ShardFetchError("integrity", f"{url}: more than the {shard.size_bytes} bytes signed")
         hasher.update(chunk)
-        writer.write(received, chunk)
-        received += len(chunk)
+        try:
+            writer.write(attempt.received, chunk)
+        except OSError as exc:  # kept apart from the network's OSErrors, which the fetcher raises
+            local_fault.append(
+                LocalFaultError.from_os_error(exc, f"writing shard {shard.index} of v{manifest.version}")
+            )
+            raise local_fault[-1] from exc
+        attempt.received += len(chunk)
 
     try:
-        status = await fetcher.get(url, consume)
+        request = fetcher.get(url, consume)
+        if deadline is None:
+            status = await request
+        else:
+            status = await with_progress_deadline(request, lambda: attempt.received, deadline, url)
+    except TooSlowError as exc:
+        raise ShardFetchError("slow", str(exc)) from exc
     except (httpx.HTTPError, OSError, TimeoutError) as exc:
         raise ShardFetchError("network", f"{url}: {type(exc).__name__}: {exc}") from exc
+    if local_fault:  # a fetcher that swallowed the callback's error must not hide a full disk
+        raise local_fault[0]
     if status == 503:
         raise ShardFetchError("not_ready", f"{url}: not mirrored yet")
     if status == 404:
         raise ShardFetchError("missing", f"{url}: 404 (source does not hold this version)")
     if status != 200:
         raise ShardFetchError("network", f"{url}: HTTP {status}")
-    if received != shard.size_bytes:
-        raise ShardFetchError("network", f"{url}: got {received} of {shard.size_bytes} bytes")
+    if attempt.received != shard.size_bytes:
+        raise ShardFetchError("network", f"{url}: got {attempt.received} of {shard.size_bytes} bytes")
     digest = hasher.hexdigest()
     if digest != shard.hash:
         raise ShardFetchError("integrity", f"{url}: {manifest.hash_algorithm} {digest[:16]}... is not the signed hash")
@@ -150,6 +221,7 @@ async def _stream_verified(
 
 _OUTCOME: dict[FailureKind, Outcome] = {
     "network": "network",
+    "slow": "slow",
     "not_ready": "not_ready",
     "integrity": "integrity",
     "missing": "network",
@@ -171,10 +243,12 @@ async def fetch_shards(
     queue: asyncio.PriorityQueue[tuple[float, int, int]] = asyncio.PriorityQueue()
     order = itertools.count()
     loop = asyncio.get_running_loop()
+    deadline = progress_deadline(options)
     attempts = dict.fromkeys((shard.index for shard in pending), 0)
     excluded: dict[int, set[str]] = {shard.index: set() for shard in pending}
     kinds_seen: dict[int, set[FailureKind]] = {shard.index: set() for shard in pending}
     remaining = len(pending)
+    hedges_in_flight = 0
     finished = loop.create_future()
 
     def requeue(index: int, delay_s: float) -> None:
@@ -186,6 +260,90 @@ async def fetch_shards(
 
     for shard in pending:
         requeue(shard.index, 0.0)
+
+    def hedge_delay(shard: ShardEntry) -> float:
+        measured = [s.throughput_bps for s in scoreboard.sources.values() if s.throughput_bps]
+        expected = shard.size_bytes / max(measured) if measured else 0.0
+        return max(options.hedge_after_s, options.hedge_factor * expected)
+
+    def start(attempt: _Attempt, shard: ShardEntry) -> None:
+        scoreboard.started(attempt.source)
+        attempt.task = asyncio.create_task(
+            fetch_shard(fetcher, attempt.source, manifest, shard, sink, deadline, attempt)
+        )
+
+    async def fetch_hedged(shard: ShardEntry, source: str) -> tuple[_Attempt | None, list[tuple[str, ShardFetchError]]]:
+        """Fetch ``shard`` from ``source``, hedged to another source if it drags: (winner, failures)."""
+        nonlocal hedges_in_flight
+        running = [_Attempt(source, hedge=False)]
+        start(running[0], shard)
+        failures: list[tuple[str, ShardFetchError]] = []
+        may_hedge = len(scoreboard.sources) > 1 and options.max_hedges > 0
+        try:
+            while running:
+                timeout = None
+                if may_hedge:
+                    timeout = max(0.0, running[0].started + hedge_delay(shard) - time.monotonic())
+                tasks = {attempt.task for attempt in running if attempt.task is not None}
+                done, _ = await asyncio.wait(tasks, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+                if not done:  # the primary drags: ask another source too
+                    may_hedge = False
+                    busy = {attempt.source for attempt in running}
+                    other = scoreboard.choose(exclude=excluded[shard.index] | busy)
+                    if other is None or hedges_in_flight >= options.max_hedges:
+                        continue
+                    hedge = _Attempt(other, hedge=True)
+                    hedges_in_flight += 1
+                    start(hedge, shard)
+                    running.append(hedge)
+                    emit(
+                        {
+                            "event": "shard_hedged",
+                            "version": manifest.version,
+                            "index": shard.index,
+                            "source": other,
+                            "slow_source": running[0].source,
+                        }
+                    )
+                    continue
+                for attempt in [a for a in running if a.task in done]:
+                    running.remove(attempt)
+                    if attempt.hedge:
+                        hedges_in_flight -= 1
+                    assert attempt.task is not None
+                    error = attempt.task.exception()
+                    if error is None:
+                        seconds = time.monotonic() - attempt.started
+                        scoreboard.record(attempt.source, "ok", shard.size_bytes, seconds)
+                        for loser in running:  # outrun: a primary beaten by its hedge is demoted
+                            outcome: Outcome = "cancelled" if loser.hedge else "slow"
+                            scoreboard.record(
+                                loser.source,
+                                outcome,
+                                loser.received,
+                                time.monotonic() - loser.started,
+                                error=f"outrun by {attempt.source} on shard {shard.index}",
+                            )
+                        return attempt, failures
+                    if not isinstance(error, ShardFetchError):
+                        raise error
+                    scoreboard.record(
+                        attempt.source,
+                        _OUTCOME[error.kind],
+                        attempt.received,
+                        time.monotonic() - attempt.started,
+                        error=error.reason,
+                    )
+                    emit(_failure_event(manifest.version, shard.index, attempt.source, error))
+                    failures.append((attempt.source, error))
+            return None, failures
+        finally:
+            for attempt in running:
+                if attempt.task is not None and not attempt.task.done():
+                    attempt.task.cancel()
+                if attempt.hedge:
+                    hedges_in_flight -= 1
+            await asyncio.gather(*(a.task for a in running if a.task is not None), return_exceptions=True)
 
     async def worker() -> None:
         nonlocal remaining
@@ -203,19 +361,17 @@ async def fetch_shards(
                     return
                 requeue(index, wait_s + 0.01)
                 continue
-            scoreboard.started(source)
-            started = time.monotonic()
-            try:
-                await fetch_shard(fetcher, source, manifest, shard, sink)
-            except ShardFetchError as failure:
-                scoreboard.record(source, _OUTCOME[failure.kind], error=failure.reason)
-                emit(_failure_event(manifest.version, index, source, failure))
-                if failure.kind == "not_ready":
+            winner, failures = await fetch_hedged(shard, source)
+            if winner is None:
+                if all(failure.kind == "not_ready" for _, failure in failures):
                     requeue(index, options.not_ready_retry_s)
                     continue
-                kinds_seen[index].add(failure.kind)
-                if failure.kind in ("integrity", "missing") or len(scoreboard.sources) > 1:
-                    excluded[index].add(source)
+                for failed_source, failure in failures:
+                    if failure.kind == "not_ready":
+                        continue
+                    kinds_seen[index].add(failure.kind)
+                    if failure.kind in ("integrity", "missing") or len(scoreboard.sources) > 1:
+                        excluded[index].add(failed_source)
                 if not scoreboard.usable(exclude=excluded[index]):
                     excluded[index].clear()  # every source failed once: let the healthy ones try again
                     excluded[index].update(url for url in scoreboard.sources if scoreboard.is_banned(url))
@@ -225,16 +381,15 @@ async def fetch_shards(
                     return
                 requeue(index, min(options.backoff_max_s, options.backoff_base_s * 2 ** (attempts[index] - 1)))
                 continue
-            seconds = time.monotonic() - started
-            scoreboard.record(source, "ok", shard.size_bytes, seconds)
             emit(
                 {
                     "event": "shard_done",
                     "version": manifest.version,
                     "index": index,
-                    "source": source,
+                    "source": winner.source,
                     "bytes": shard.size_bytes,
-                    "seconds": round(seconds, 4),
+                    "seconds": round(time.monotonic() - winner.started, 4),
+                    "hedged": winner.hedge,
                 }
             )
             remaining -= 1
@@ -246,7 +401,9 @@ async def fetch_shards(
             await worker()
         except asyncio.CancelledError:
             raise
-        except Exception as exc:  # a local failure (disk full, a bug): stop the transfer, never hang it
+        except PrimeError as exc:  # a local fault (disk full, read-only): stop at once, say what to do
+            give_up(exc)
+        except Exception as exc:  # a bug: stop the transfer, never hang it
             give_up(PrimeError(f"transfer of version {manifest.version} stopped: {type(exc).__name__}: {exc}"))
 
     workers = [asyncio.create_task(guarded_worker()) for _ in range(min(options.num_parallel, len(pending)))]

@@ -105,11 +105,16 @@ class Nodes:
         return url
 
     def relay(
-        self, upstreams: list[str], coordinator_id: str, port: int | None = None, **settings: Any
+        self,
+        upstreams: list[str],
+        coordinator_id: str,
+        port: int | None = None,
+        data_dir: Path | None = None,
+        **settings: Any,
     ) -> tuple[str, subprocess.Popen[bytes]]:
         port = port or free_port()
         argv = ["serve", "--port", str(port), "--coordinator-id", coordinator_id]
-        argv += ["--data-dir", str(self.root / f"relay-{port}"), "--set", "poll_interval_s=0.2"]
+        argv += ["--data-dir", str(data_dir or self.root / f"relay-{port}"), "--set", "poll_interval_s=0.2"]
         for key, value in settings.items():
             argv += ["--set", f"{key}={value}"]
         for upstream in upstreams:
@@ -120,7 +125,7 @@ class Nodes:
         return url, proc
 
     def fetch(
-        self, version: int, relays: list[str], coordinator_id: str, out: Path, *extra: str
+        self, version: int | str, relays: list[str], coordinator_id: str, out: Path, *extra: str
     ) -> subprocess.Popen[bytes]:
         argv = ["fetch", str(version), "--coordinator-id", coordinator_id, "--out", str(out), "--json-events"]
         argv += [item for relay in relays for item in ("--relay", relay)]

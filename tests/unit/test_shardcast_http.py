@@ -253,19 +253,21 @@ async def test_origin_app_mounts_under_a_prefix_as_the_coordinator_will(
 async def test_a_local_write_failure_stops_the_transfer_instead_of_hanging(
     tmp_path: Path, origin_store: VersionStore, coordinator: NodeIdentity
 ) -> None:
-    from protocol.errors import PrimeError
+    from protocol.errors import LocalFaultError
     from shardcast.fetchers import HttpxFetcher
     from shardcast.scoring import Scoreboard
     from shardcast.transfer import fetch_shards
 
     class FullDisk:
+        location = tmp_path
+
         def open_shard(self, shard: Any) -> Any:
             raise OSError(28, "No space left on device")
 
     signed = load_verified_manifest(origin_store.manifest_path(1).read_bytes(), coordinator.node_id)
     router = HostRouter({"origin": create_app(OriginSource(origin_store))})
     async with httpx.AsyncClient(transport=router) as http:
-        with pytest.raises(PrimeError, match="No space left"):
+        with pytest.raises(LocalFaultError, match="No space left"):
             await asyncio.wait_for(
                 fetch_shards(
                     HttpxFetcher(http),
@@ -277,3 +279,31 @@ async def test_a_local_write_failure_stops_the_transfer_instead_of_hanging(
                 ),
                 timeout=10,
             )
+
+
+async def test_a_hedge_that_wins_is_never_overwritten_by_the_request_it_outran(
+    tmp_path: Path, origin_store: VersionStore, coordinator: NodeIdentity
+) -> None:
+    """Two fetches of one shard run at once; the loser's bytes (maybe a liar's) must not land after the winner's."""
+    from shardcast.client import _InPlaceSink, _PreallocatedFiles
+    from shardcast.manifest import shard_spans
+
+    manifest = load_verified_manifest(origin_store.manifest_path(1).read_bytes(), coordinator.node_id).manifest
+    shard = manifest.shards[0]
+    good = b"".join(
+        (origin_store.version_dir(1) / "files" / span.path).read_bytes()[
+            span.file_offset : span.file_offset + span.length
+        ]
+        for span in shard_spans(manifest, shard)
+    )
+    partial = tmp_path / "partial"
+    files = _PreallocatedFiles(partial, manifest, create=True)
+    sink = _InPlaceSink(files, manifest, partial)
+    primary, hedge = sink.open_shard(shard), sink.open_shard(shard)
+    primary.write(0, memoryview(b"\xff" * 100))
+    hedge.write(0, memoryview(good))
+    hedge.commit()
+    primary.write(100, memoryview(b"\xff" * 100))  # still streaming when it was outrun: ignored
+    primary.discard()
+    assert files.matches(manifest, shard)
+    files.close(sync=False)

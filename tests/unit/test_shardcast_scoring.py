@@ -66,3 +66,19 @@ def test_corruption_bans_and_not_ready_costs_nothing() -> None:
     clock.now += 61
     assert not board.is_banned("evil")
     assert board.snapshot()[0]["last_error"] == "hash mismatch"
+
+
+def test_a_slow_source_is_demoted_below_healthy_ones_and_a_lost_hedge_costs_nothing() -> None:
+    clock = FakeClock()
+    board = Scoreboard(["trickle", "healthy"], clock=clock, rng=random.Random(0))
+    board.record("healthy", "ok", num_bytes=10_000_000, seconds=1.0)
+    board.started("trickle")
+    board.record("trickle", "slow", num_bytes=3, seconds=3.0, error="outrun")
+    assert board.sources["trickle"].throughput_bps == 1.0
+    assert board.choose() == "healthy"  # cooling down
+    clock.now += 60
+    picks = Counter(board.choose() for _ in range(1000))
+    assert picks["healthy"] > 990
+    board.started("healthy")
+    board.record("healthy", "cancelled")
+    assert board.sources["healthy"].num_failures == 0 and board.sources["healthy"].in_flight == 0

@@ -85,3 +85,28 @@ def test_prune_never_removes_the_protected_version(tmp_path: Path) -> None:
         store.install_version(staged, version)
     assert store.prune(keep=1, protected={1}) == [2]
     assert store.versions() == [1, 3]
+
+
+def test_pwrite_all_finishes_short_writes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A filling disk makes os.pwrite write less than asked; nothing may be silently left out."""
+    from shardcast.store import pwrite_all
+
+    real_pwrite = os.pwrite
+    monkeypatch.setattr(os, "pwrite", lambda fd, data, offset: real_pwrite(fd, bytes(data)[:3], offset))
+    fd = os.open(tmp_path / "f", os.O_RDWR | os.O_CREAT)
+    try:
+        pwrite_all(fd, memoryview(b"0123456789"), 5)
+    finally:
+        os.close(fd)
+    assert (tmp_path / "f").read_bytes() == b"\0" * 5 + b"0123456789"
+
+
+def test_a_killed_publish_leaves_nothing_behind_the_next_one(tmp_path: Path) -> None:
+    store = VersionStore(tmp_path / "store")
+    (store.staging / "v7-killed" / "files").mkdir(parents=True)
+    assert store.clear_leftovers_if_idle()
+    assert list(store.staging.iterdir()) == []
+    with store.publishing():
+        (store.staging / "v8-running").mkdir()
+        assert not store.clear_leftovers_if_idle()  # a publish is running: its staging stays
+        assert (store.staging / "v8-running").is_dir()

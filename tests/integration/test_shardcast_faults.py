@@ -1,0 +1,288 @@
+"""SHARDCAST under faults, with real processes: slow relays, full disks, versions hidden, publishes cut short.
+
+- A relay that trickles one byte a second, listed next to a healthy origin, costs a client
+  (and a relay mirroring from both) a few seconds, and is demoted.
+- A full disk (a real 1 MiB tmpfs) stops a download at once with the local fault named,
+  never retried as a relay's failure; a relay on a full disk says so once and keeps serving.
+- `prime-relay fetch latest` never moves a node to a version older than one it holds or saw signed.
+- `prime-coordinator publish` never calls a version published from a checkpoint it does not hold,
+  and cleans up what a killed publish left in staging.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import socket
+import socketserver
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from protocol.identity import NodeIdentity, load_or_create_identity
+from shardcast.origin import publish_checkpoint
+from shardcast.store import VersionStore
+from tests.integration.shardcast_nodes import (
+    Nodes,
+    events_of,
+    holds,
+    make_checkpoint,
+    tree_bytes,
+    wait_until,
+)
+
+pytestmark = pytest.mark.slow
+SHARD = 256 * 1024
+BIN = Path(sys.executable).parent
+
+
+@pytest.fixture
+def nodes(tmp_path: Path) -> Iterator[Nodes]:
+    started = Nodes(tmp_path)
+    try:
+        yield started
+    finally:
+        started.stop_all()
+
+
+@pytest.fixture
+def coordinator() -> NodeIdentity:
+    return NodeIdentity.generate()
+
+
+def publish(tmp_path: Path, store: Path, signer: NodeIdentity, version: int, size_bytes: int = 3 * 1024 * 1024) -> Path:
+    checkpoint = make_checkpoint(tmp_path / f"ckpt{version}", seed=version, size_bytes=size_bytes)
+    publish_checkpoint(checkpoint, version, signer, VersionStore(store), shard_size_bytes=SHARD, keep_versions=3)
+    return checkpoint
+
+
+class TricklingRelay:
+    """A real HTTP server that answers every request with the upstream's response, one byte a second."""
+
+    def __init__(self, upstream: str, bytes_per_s: float = 1.0, shards_only: bool = False) -> None:
+        self.upstream = upstream
+        self.delay_s = 1.0 / bytes_per_s
+        self.shards_only = shards_only
+        """Answer manifests and listings at full speed: only shard bodies trickle (so hedging must catch it)."""
+        self.stopping = threading.Event()
+        self.num_requests = 0
+        relay = self
+
+        class Handler(socketserver.BaseRequestHandler):
+            def handle(self) -> None:
+                relay.serve(self.request)
+
+        self.server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def serve(self, connection: socket.socket) -> None:
+        request = b""
+        while b"\r\n\r\n" not in request:
+            chunk = connection.recv(4096)
+            if not chunk:
+                return
+            request += chunk
+        self.num_requests += 1
+        path = request.split(b" ", 2)[1].decode()
+        answer = httpx.get(f"{self.upstream}{path}", timeout=10)
+        head = f"HTTP/1.1 {answer.status_code} X\r\nContent-Length: {len(answer.content)}\r\nConnection: close\r\n\r\n"
+        if self.shards_only and "/shards/" not in path:
+            connection.sendall(head.encode() + answer.content)
+            return
+        for byte in head.encode() + answer.content:
+            if self.stopping.wait(self.delay_s):
+                return
+            try:
+                connection.sendall(bytes([byte]))
+            except OSError:
+                return
+
+    def __enter__(self) -> TricklingRelay:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stopping.set()
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(timeout=10)
+
+
+@contextlib.contextmanager
+def tmpfs(path: Path, size: str) -> Iterator[Path]:
+    """A real, tiny filesystem (root only: mount -t tmpfs), unmounted in any case."""
+    path.mkdir(parents=True)
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root): {mounted.stderr.decode().strip()}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+def timed_fetch(nodes: Nodes, *args: object, timeout_s: float = 60) -> tuple[list[dict[str, object]], float, int]:
+    started = time.monotonic()
+    proc = nodes.fetch(*args)  # type: ignore[arg-type]
+    events = events_of(proc, timeout_s)
+    return events, time.monotonic() - started, proc.returncode
+
+
+def test_a_one_byte_per_second_relay_next_to_a_healthy_origin_costs_seconds(
+    tmp_path: Path, nodes: Nodes, coordinator: NodeIdentity
+) -> None:
+    checkpoint = publish(tmp_path, tmp_path / "store", coordinator, 1)
+    origin = nodes.origin(tmp_path / "store")
+    alone_events, alone, code = timed_fetch(nodes, 1, [origin], coordinator.node_id, tmp_path / "alone")
+    assert code == 0
+    print(f"origin alone: {alone:.2f} s wall ({alone_events[-1]['seconds']} s downloading)")
+    cases = (("client", "1", False), ("latest", "latest", False), ("shards", "1", True))
+    for name, version, shards_only in cases:
+        with TricklingRelay(origin, shards_only=shards_only) as slow:
+            events, seconds, code = timed_fetch(
+                nodes, version, [slow.url, origin], coordinator.node_id, tmp_path / name, "--parallel", "4"
+            )
+            done = events[-1]
+            print(
+                f"{name}: {seconds:.2f} s wall ({done.get('seconds')} s downloading) with the slow relay listed "
+                f"first; {alone:.2f} s wall from the origin alone"
+            )
+            assert code == 0 and done["event"] == "done", events[-3:]
+            # wall time includes starting the interpreter (seconds on a loaded 2-core machine)
+            assert seconds < 15 and float(done["seconds"]) < 8, f"the slow relay cost {seconds:.1f} s"  # type: ignore[arg-type]
+            assert tree_bytes(tmp_path / name / "v1") == tree_bytes(checkpoint)
+            assert all(e["source"] == origin for e in events if e["event"] == "shard_done")
+            assert slow.num_requests >= 1  # it was asked (first in line), and lost
+            relays = {r["url"]: r for r in events[-1]["relays"]}  # type: ignore[attr-defined]
+            assert relays[slow.url]["num_failures"] >= 1 and relays[slow.url]["throughput_bps"] < 1000
+
+
+def test_a_relay_mirrors_past_a_one_byte_per_second_upstream(
+    tmp_path: Path, nodes: Nodes, coordinator: NodeIdentity
+) -> None:
+    publish(tmp_path, tmp_path / "store", coordinator, 1)
+    origin = nodes.origin(tmp_path / "store")
+    with TricklingRelay(origin) as slow:
+        started = time.monotonic()
+        relay, _ = nodes.relay([slow.url, origin], coordinator.node_id)
+        wait_until(lambda: holds(relay, 1), 20, "the relay to mirror version 1 past the slow upstream")
+        print(f"relay mirrored v1 in {time.monotonic() - started:.2f} s next to a 1 B/s upstream")
+
+
+def test_a_full_disk_stops_the_download_at_once_and_says_what_to_do(
+    tmp_path: Path, nodes: Nodes, coordinator: NodeIdentity
+) -> None:
+    publish(tmp_path, tmp_path / "store", coordinator, 1)
+    origin = nodes.origin(tmp_path / "store")
+    with tmpfs(tmp_path / "disk", "1m") as disk:
+        events, seconds, code = timed_fetch(nodes, 1, [origin], coordinator.node_id, disk / "out")
+        assert code == 1, events[-3:]
+        assert events[-1]["event"] == "error" and events[-1]["error"] == "local_fault", events[-1]
+        detail = str(events[-1]["detail"])
+        print(f"full disk: exit {code} after {seconds:.2f} s: {detail}")
+        assert "No space left on device" in detail and "free space" in detail, detail
+        assert not [e for e in events if e["event"] in ("shard_failed", "shard_retry")]  # nothing blamed on a relay
+        assert seconds < 10
+        assert not (disk / "out" / "v1").exists()
+        # the human form: one line, non-zero exit
+        argv = [str(BIN / "prime-relay"), "fetch", "1", "--relay", origin, "--coordinator-id", coordinator.node_id]
+        human = subprocess.run([*argv, "--out", str(disk / "out2"), "--no-fsync"], capture_output=True, timeout=60)
+        message = " ".join(human.stderr.decode().split())  # the console wraps long lines
+        assert human.returncode == 1 and "No space left on device" in message and "Traceback" not in message
+
+
+def test_a_relay_on_a_full_disk_says_so_once_and_keeps_serving(
+    tmp_path: Path, nodes: Nodes, coordinator: NodeIdentity
+) -> None:
+    checkpoint = publish(tmp_path, tmp_path / "store", coordinator, 1)
+    origin = nodes.origin(tmp_path / "store")
+    with tmpfs(tmp_path / "disk", "1m") as disk:
+        relay, proc = nodes.relay([origin], coordinator.node_id, data_dir=disk / "relay", shard_wait_s=0.2)
+        log = tmp_path / f"relay-{relay.rsplit(':', 1)[1]}.log"
+        wait_until(lambda: b"mirroring paused" in log.read_bytes(), 30, "the relay to report the full disk")
+        time.sleep(2)  # ten polls later: still one report, not one per poll
+        lines = [line for line in log.read_text().splitlines() if "No space left" in line]
+        assert len(lines) == 1 and "free space" in lines[0], lines
+        assert proc.poll() is None
+        listing = httpx.get(f"{relay}/versions", timeout=5).json()["versions"][0]
+        assert 0 < listing["num_shards_ready"] < listing["num_shards"]
+        files = json.loads(httpx.get(f"{relay}/v/1/manifest.json", timeout=5).content)["manifest"]["files"]
+        concatenated = b"".join((checkpoint / entry["path"]).read_bytes() for entry in files)
+        for index in range(listing["num_shards"]):  # what it serves is right; what it lacks is 503, never garbage
+            response = httpx.get(f"{relay}/v/1/shards/{index}", timeout=10)
+            assert response.status_code in (200, 503)
+            if response.status_code == 200:
+                assert response.content == concatenated[index * SHARD : (index + 1) * SHARD]
+        nodes.stop(proc)
+
+
+def test_fetch_latest_never_goes_back_to_an_older_version(
+    tmp_path: Path, nodes: Nodes, coordinator: NodeIdentity
+) -> None:
+    publish(tmp_path, tmp_path / "store", coordinator, 1, size_bytes=512 * 1024)
+    publish(tmp_path, tmp_path / "store", coordinator, 2, size_bytes=512 * 1024)
+    origin = nodes.origin(tmp_path / "store")
+    hiding_store = tmp_path / "hiding-store"  # a relay that hides v2: it serves only the (genuine) v1
+    shutil.copytree(tmp_path / "store" / "v1", hiding_store / "v1")
+    hider = nodes.origin(hiding_store)
+    out = tmp_path / "node"
+    events, _, code = timed_fetch(nodes, "latest", [origin], coordinator.node_id, out)
+    assert code == 0 and events[-1]["path"] == str(out / "v2")
+
+    events, _, code = timed_fetch(nodes, "latest", [hider], coordinator.node_id, out)
+    assert code == 0, events[-3:]
+    assert events[-1]["event"] == "done" and events[-1]["path"] == str(out / "v2")
+    assert any(e["event"] == "relays_behind" and e["listed"] == 1 and e["held"] == 2 for e in events)
+    assert not (out / "v1").exists()
+
+    # seen signed but not held (deleted since): still never v1; the hidden v2 is asked for and not found
+    from shardcast.client import NEWEST_SEEN_NAME
+
+    shutil.rmtree(out / "v2")
+    assert (out / NEWEST_SEEN_NAME).is_file()
+    events, _, code = timed_fetch(nodes, "latest", [hider], coordinator.node_id, out)
+    assert code == 1 and events[-1]["error"] == "not_found", events[-3:]
+    assert not (out / "v1").exists()
+
+
+def coordinator_publish(checkpoint: Path, run_dir: Path) -> subprocess.CompletedProcess[str]:
+    argv = [str(BIN / "prime-coordinator"), "publish", str(checkpoint), "--data-dir", str(run_dir)]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=120, env={**os.environ, "NO_COLOR": "1"})
+
+
+def test_publish_never_names_a_version_after_a_checkpoint_it_does_not_hold(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    first = coordinator_publish(make_checkpoint(tmp_path / "Z", seed=0, size_bytes=64 * 1024), run_dir)
+    assert first.returncode == 0, first.stderr
+    a = make_checkpoint(tmp_path / "A", seed=1, size_bytes=64 * 1024)
+    b = make_checkpoint(tmp_path / "B", seed=2, size_bytes=64 * 1024)
+    # `publish A` killed after the origin store installed v1, before the ledger made it current;
+    # and another publish killed mid-write, leaving its staging folder
+    store = VersionStore(run_dir / "policies")
+    publish_checkpoint(a, 1, load_or_create_identity(run_dir), store, shard_size_bytes=SHARD)
+    leftover = store.staging / "v9-killed"
+    (leftover / "files").mkdir(parents=True)
+    (leftover / "files" / "model.safetensors").write_bytes(b"x" * 4096)
+
+    refused = coordinator_publish(b, run_dir)
+    assert refused.returncode != 0 and "published policy" not in refused.stdout, refused.stdout
+    message = " ".join(refused.stderr.split())  # the console wraps long lines
+    assert "holds another checkpoint" in message and "--version 2" in message, message
+    assert not leftover.exists()  # the next start cleaned the killed publish up
+
+    finished = coordinator_publish(a, run_dir)
+    assert finished.returncode == 0, finished.stderr
+    assert f"published policy v1 from {a}" in finished.stdout
+    served = run_dir / "policies" / "v1" / "files"
+    assert tree_bytes(served) == tree_bytes(a)
+    assert list(store.staging.iterdir()) == []
