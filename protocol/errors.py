@@ -198,6 +198,8 @@ class StartupError(PrimeError):
         super().__init__(f"{problem}; {fix}")
         self.problem = problem
         self.fix = fix
+
+
 _LOCAL_FAULT_ADVICE = {
     errno.ENOSPC: "free space on that disk (or point the directory elsewhere), then run again",
     errno.EDQUOT: "raise the disk quota or free space (or point the directory elsewhere), then run again",
