@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Sequence
 
 import httpx
 import pydantic
@@ -83,14 +84,30 @@ async def check_coordinator(url: str, timeout_s: float, stop: asyncio.Event | No
                 ) from None
 
 
-async def check_relay(url: str) -> bool:
-    """Whether ``url`` answers as a SHARDCAST relay or origin; a StartupError if it answers as something else."""
-    async with httpx.AsyncClient(timeout=10.0) as http:
-        try:
+RELAY_CHECK_TIMEOUT_S = 5.0
+"""A relay's whole answer to the first-contact check must arrive within this: a slow relay is only logged."""
+
+
+async def check_relays(urls: Sequence[str], timeout_s: float = RELAY_CHECK_TIMEOUT_S) -> list[bool]:
+    """:func:`check_relay` for every URL at once, so one slow relay delays a start by ``timeout_s`` at most."""
+    return list(await asyncio.gather(*(check_relay(url, timeout_s) for url in urls)))
+
+
+async def check_relay(url: str, timeout_s: float = RELAY_CHECK_TIMEOUT_S) -> bool:
+    """Whether ``url`` answers as a SHARDCAST relay or origin; a StartupError if it answers as something else.
+
+    The check is bounded as a whole (``timeout_s``), not per read: a relay that trickles its answer
+    is logged as slow and left to the downloads' own progress deadlines, never waited for.
+    """
+    try:
+        async with asyncio.timeout(timeout_s), httpx.AsyncClient(timeout=timeout_s) as http:
             response = await http.get(f"{url.rstrip('/')}/versions")
-        except httpx.TransportError as exc:
-            log.warning("relay %s is not reachable now (%s); downloads use the other sources", url, type(exc).__name__)
-            return False
+    except TimeoutError:
+        log.warning("relay %s did not answer within %.0f s; downloads use the other sources", url, timeout_s)
+        return False
+    except httpx.TransportError as exc:
+        log.warning("relay %s is not reachable now (%s); downloads use the other sources", url, type(exc).__name__)
+        return False
     if response.status_code >= 500:
         log.warning("relay %s fails now (%d); downloads use the other sources", url, response.status_code)
         return False

@@ -401,10 +401,9 @@ async def serve_relay(config: RelayConfig) -> None:
         raise ConfigError("a relay needs at least one upstream (--upstream URL)")
     if config.coordinator_id is None:
         raise ConfigError("a relay needs the coordinator's node id (--coordinator-id) to verify manifests")
-    from protocol.first_contact import check_relay
+    from protocol.first_contact import check_relays
 
-    for upstream in config.upstreams:
-        await check_relay(upstream)
+    await check_relays(config.upstreams)
     relay = RelayMirror(config, config.coordinator_id)
     log.info("relay on http://%s:%d mirroring %s", config.host, config.port, ", ".join(relay.upstreams))
 

@@ -23,7 +23,7 @@ from collections import OrderedDict
 from pathlib import Path
 
 from protocol.errors import ForbiddenError, ProtocolError, RequestRefused
-from protocol.first_contact import check_coordinator, check_relay
+from protocol.first_contact import check_coordinator, check_relays
 from protocol.identity import load_or_create_identity
 from protocol.ledger_client import LedgerClient
 from protocol.schemas import Hardware, PendingSubmission, RegisterRequest
@@ -137,8 +137,7 @@ async def run_validator(config: ValidatorConfig, stop: asyncio.Event, state: Val
     state = state or ValidatorState()
     identity = load_or_create_identity(config.data_dir)
     await check_coordinator(config.coordinator_url, config.first_contact_timeout_s, stop)
-    for relay in config.relays:
-        await check_relay(relay)
+    await check_relays(config.relays)
     async with LedgerClient(config.coordinator_url, identity) as ledger:
         coordinator_id = await trusted_coordinator_id(ledger, config.data_dir, config.coordinator_id, stop)
         hardware = Hardware(accelerator="cpu", num_devices=1, memory_bytes=0)

@@ -18,7 +18,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from protocol.errors import ConfigError, IdentityError, StartupError
-from protocol.first_contact import check_coordinator, check_relay
+from protocol.first_contact import check_coordinator, check_relays
 from protocol.identity import load_or_create_identity, public_key_from_node_id
 from protocol.ledger_client import LedgerClient
 from protocol.schemas import Hardware, RegisterRequest
@@ -128,8 +128,7 @@ async def run_worker(
     devices = detect_devices(config.gpu)
     log.info("node %s joining %s with %d %s engine(s)", identity.node_id, config.coordinator_url, len(devices), kind)
     await check_coordinator(config.coordinator_url, config.first_contact_timeout_s, stop)
-    for relay in config.relays:
-        await check_relay(relay)
+    await check_relays(config.relays)
     async with LedgerClient(config.coordinator_url, identity) as ledger:
         coordinator_id = await trusted_coordinator_id(ledger, config.data_dir, config.coordinator_id, stop)
         hardware = Hardware(
