@@ -138,6 +138,10 @@ class OrchestratorConfig(Section):
     """How often a progress line (step, reward, accepted/rejected, tokens/s, staleness) is printed."""
     exit_when_done: bool = True
     """Stop the coordinator (and its local network) once `num_steps` are trained and published."""
+    keep_step_files: int = Field(default=0, ge=0, le=1_000_000)
+    """Published steps whose batch file, exported policy, done marker and metrics stay in `data_dir/train`
+    (0: removed as soon as the step is published; the ledger keeps each step's submissions and metrics, the
+    origin store the policy). Files of steps not yet published are never removed."""
 
     @model_validator(mode="after")
     def _check_trainer_nodes(self) -> OrchestratorConfig:

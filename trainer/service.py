@@ -6,8 +6,9 @@ from ``DIR/service.json`` (trainer section, loss, number of steps), resumes from
 checkpoint under ``DIR/checkpoints``, and then, for the next step n: waits for the batch file
 of step n (:mod:`trainer.transport`), runs :meth:`Trainer.rl_step` on it, exports the policy
 (rank 0 writes, then renames it into place), keeps the step's metrics, saves the trainer
-state for exact resume and writes the done marker with the metrics, last. A checkpoint without its done marker
-(a crash between the two) is finished on the next start by exporting again.
+state for exact resume (keeping the newest ``checkpoint.keep``) and writes the done marker with the metrics,
+last. A checkpoint without its done marker (a crash between the two) is finished on the next start by
+exporting again. The coordinator removes the files of published steps (:meth:`TrainDir.prune_published`).
 
 Each rank asks for SIGKILL when its parent (torchrun) dies, and the ranks on the coordinator's
 machine watch its PID while they wait, so no rank there outlives a killed coordinator. The job
@@ -34,6 +35,7 @@ from pydantic import Field
 
 from protocol.config import Section
 from protocol.lifetime import die_with_parent, parent_of
+from trainer.checkpoint import prune_checkpoints
 from trainer.config import LossConfig, TrainerSection
 from trainer.launch import SPEC_FILE, check_train_dir
 from trainer.transport import StepBatch, TrainDir, write_json_atomic
@@ -44,7 +46,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("trainer.service")
 
 POLL_INTERVAL_S = 0.2
-KEEP_CHECKPOINTS = 2
 
 
 class ServiceSpec(Section):
@@ -92,15 +93,6 @@ def wait_for_batch(
         time.sleep(POLL_INTERVAL_S)
 
 
-def _prune_checkpoints(directory: Path, keep: int) -> None:
-    found = sorted(
-        (p for p in directory.glob("step_*") if p.name.removeprefix("step_").isdigit()),
-        key=lambda p: int(p.name.removeprefix("step_")),
-    )
-    for old in found[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
-
-
 def serve(train_dir: TrainDir, spec: ServiceSpec, coordinator_pid: int | None) -> None:
     from trainer.fsdp import barrier, control_group, from_main, shutdown
     from trainer.train import Trainer
@@ -137,7 +129,7 @@ def serve(train_dir: TrainDir, spec: ServiceSpec, coordinator_pid: int | None) -
             train_dir.write_metrics(step, metrics)
         trainer.save(train_dir.checkpoints)
         if info.is_main:
-            _prune_checkpoints(train_dir.checkpoints, KEEP_CHECKPOINTS)
+            prune_checkpoints(train_dir.checkpoints, spec.trainer.checkpoint.keep)
             train_dir.write_done(step, metrics)
             log.info(
                 "step %d trained by %d ranks: loss %.4f, reward %.3f",
