@@ -17,6 +17,7 @@ removes what published steps no longer need (see docs/retention.md).
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -72,7 +73,7 @@ def read_json_object(path: Path) -> dict[str, Any] | None:
 def _ragged(rows: list[list[Any]], dtype: Any) -> tuple[np.ndarray, np.ndarray]:
     offsets = np.zeros(len(rows) + 1, dtype=np.int64)
     np.cumsum([len(row) for row in rows], out=offsets[1:])
-    flat = np.fromiter((x for row in rows for x in row), dtype=dtype, count=int(offsets[-1]))
+    flat = np.fromiter(itertools.chain.from_iterable(rows), dtype=dtype, count=int(offsets[-1]))
     return flat, offsets
 
 
