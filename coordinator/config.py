@@ -99,6 +99,21 @@ class PolicyConfig(Section):
     """Versions kept in the origin store; empty means async_level + 2 (never fewer than async_level + 1)."""
 
 
+class ArchiveConfig(Section):
+    """What `prime-coordinator archive` moves out of the ledger database into Parquet files (docs/retention.md)."""
+
+    dir: Path | None = None
+    """Where archive files are written; empty means `archive/` in the data dir."""
+    keep_versions: int = Field(default=50, ge=0, le=1_000_000)
+    """Bodies (tokens, logprobs, proofs) of decided submissions made with a policy more than this many versions
+    (plus scheduling.async_level) older than the current one, and not in one of the last this many published
+    steps, are archived; newer ones stay in the database. Undecided submissions are never archived."""
+    keep_events_s: float = Field(default=7 * 86400.0, ge=0)
+    """Events younger than this (seconds) stay in the database; older ones are archived."""
+    rows_per_file: int = Field(default=10_000, ge=1, le=1_000_000)
+    """Rows in one archive file (each is written whole before its rows leave the database)."""
+
+
 class CoordinatorP2PConfig(P2PConfig):
     watch_interval_s: float = Field(default=0.1, gt=0, le=60)
     """How often the ledger is checked for a newly published policy version to announce on gossip."""
@@ -191,6 +206,7 @@ class CoordinatorConfig(RoleConfig):
     validation: ValidationConfig = ValidationConfig()
     orchestrator: OrchestratorConfig = OrchestratorConfig()
     local_network: LocalNetworkConfig = LocalNetworkConfig()
+    archive: ArchiveConfig = ArchiveConfig()
 
     @model_validator(mode="after")
     def _check(self) -> CoordinatorConfig:
@@ -213,6 +229,10 @@ class CoordinatorConfig(RoleConfig):
     @property
     def policy_keep_versions(self) -> int:
         return self.policy.keep_versions or self.scheduling.async_level + 2
+
+    @property
+    def archive_dir(self) -> Path:
+        return self.archive.dir or self.data_dir / "archive"
 
     @property
     def ledger_url(self) -> str:
