@@ -46,6 +46,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("trainer.service")
 
 POLL_INTERVAL_S = 0.2
+FAILPOINT_ENV = "PRIME_TRAINER_FAILPOINT"
+"""Crash tests set it to ``<point>:<step>``: the rank SIGKILLs itself there (see :func:`failpoint`)."""
+FAILPOINTS = ("batch", "trained", "exported", "metrics", "saved", "pruned")
+"""The points of a step, in order, at which a crash leaves a different state on disk."""
 
 
 class ServiceSpec(Section):
@@ -93,6 +97,12 @@ def wait_for_batch(
         time.sleep(POLL_INTERVAL_S)
 
 
+def failpoint(point: str, step: int) -> None:
+    """SIGKILL this process at ``point`` of ``step`` when ``PRIME_TRAINER_FAILPOINT`` names them (crash tests)."""
+    if os.environ.get(FAILPOINT_ENV) == f"{point}:{step}":
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
 def serve(train_dir: TrainDir, spec: ServiceSpec, coordinator_pid: int | None) -> None:
     from trainer.fsdp import barrier, control_group, from_main, shutdown
     from trainer.train import Trainer
@@ -123,13 +133,19 @@ def serve(train_dir: TrainDir, spec: ServiceSpec, coordinator_pid: int | None) -
     while trainer.step < spec.num_steps:
         step = trainer.step + 1
         batch = wait_for_batch(train_dir, step, coordinator_pid, info, group)
+        failpoint("batch", step)
         metrics = trainer.rl_step(batch.samples, spec.loss, batch.temperature)
+        failpoint("trained", step)
         export_step(step)
+        failpoint("exported", step)
         if info.is_main:
             train_dir.write_metrics(step, metrics)
+        failpoint("metrics", step)
         trainer.save(train_dir.checkpoints)
+        failpoint("saved", step)
         if info.is_main:
             prune_checkpoints(train_dir.checkpoints, spec.trainer.checkpoint.keep)
+            failpoint("pruned", step)
             train_dir.write_done(step, metrics)
             log.info(
                 "step %d trained by %d ranks: loss %.4f, reward %.3f",

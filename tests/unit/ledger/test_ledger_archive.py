@@ -14,12 +14,15 @@ import pyarrow.parquet as pq
 import pytest
 from sqlalchemy import delete, select
 from sqlalchemy.exc import DBAPIError
+from typer.testing import CliRunner
 
 from coordinator.archive import ARCHIVED_BODY, archive_ledger, archived_bodies, archived_events
 from coordinator.batches import train_samples
+from coordinator.cli import app
 from coordinator.export import export_rollouts, parse_steps
 from coordinator.storage.tables import events, submissions
 from coordinator.train_steps import TrainSteps
+from protocol.cli import EXIT_FAILURE
 from protocol.errors import ConfigError
 from protocol.ledger_client import LedgerClient
 from protocol.schemas import LeaseRequest
@@ -141,3 +144,24 @@ async def test_archive_moves_old_bodies_and_events_out_and_keeps_them_readable(
     assert archived_bodies(harness.config.archive_dir, archived) == found
     for client in (worker, validator, coordinator):
         await client.aclose()
+
+
+async def test_export_and_archive_commands(make_harness: MakeHarness, tmp_path: Path) -> None:
+    harness = make_harness()
+    worker, validator, _ = await trained_run(harness)
+    where = ["--data-dir", str(harness.config.data_dir), "--ledger-url", harness.config.ledger_url]
+    out = tmp_path / "out" / "steps.jsonl"
+    result = CliRunner().invoke(app, ["export", "--steps", "1:2", "--format", "jsonl", "--out", str(out), *where])
+    assert result.exit_code == 0, result.output
+    assert "exported 12 rollouts of steps 1:2" in result.output and len(out.read_text().splitlines()) == 12
+    result = CliRunner().invoke(app, ["archive", "--set", "archive.keep_events_s=0", *where])
+    assert result.exit_code == 0, result.output
+    assert "archived 0 submission bodies and" in result.output and list(archived_events(harness.config.archive_dir))
+    result = CliRunner().invoke(app, ["export", "--steps", "1:2", "--format", "csv", "--out", str(out), *where])
+    assert result.exit_code == EXIT_FAILURE and "choose parquet or jsonl" in result.output
+    nowhere = ["--data-dir", str(tmp_path / "no-run")]
+    result = CliRunner().invoke(app, ["export", "--steps", "1", "--out", str(out), *nowhere])
+    assert result.exit_code == EXIT_FAILURE and "no ledger at" in result.output
+    assert not (tmp_path / "no-run" / "ledger.db").exists()
+    await worker.aclose()
+    await validator.aclose()
