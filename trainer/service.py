@@ -35,7 +35,6 @@ from pydantic import Field
 
 from protocol.config import Section
 from protocol.lifetime import die_with_parent, parent_of
-from trainer.checkpoint import prune_checkpoints
 from trainer.config import LossConfig, TrainerSection
 from trainer.launch import SPEC_FILE, check_train_dir
 from trainer.transport import StepBatch, TrainDir, write_json_atomic
@@ -104,6 +103,7 @@ def failpoint(point: str, step: int) -> None:
 
 
 def serve(train_dir: TrainDir, spec: ServiceSpec, coordinator_pid: int | None) -> None:
+    from trainer.checkpoint import prune_checkpoints
     from trainer.fsdp import barrier, control_group, from_main, shutdown
     from trainer.train import Trainer
 

@@ -77,6 +77,7 @@ def test_prune_published_keeps_what_a_restart_needs(tmp_path: Path) -> None:
     populate(train_dir, range(1, 7))
     train_dir.staging_policy_dir(2).mkdir()  # an export cut short, long since redone
     (train_dir.root / "batches" / ".step_1.safetensors.999.tmp").write_bytes(b"half")
+    train_dir.legacy_batch_path(3).write_text("{}")  # a run dir from before the safetensors transport
     (train_dir.root / "done" / "notes.txt").write_text("not ours")
     removed = train_dir.prune_published(4)
     assert names(train_dir, "batches") == ["step_5.safetensors", "step_6.safetensors"]
@@ -84,7 +85,7 @@ def test_prune_published_keeps_what_a_restart_needs(tmp_path: Path) -> None:
     # the published step's done marker stays: a trainer restarted at its checkpoint must see it finished
     assert names(train_dir, "done") == ["notes.txt", "step_4.json", "step_5.json", "step_6.json"]
     assert names(train_dir, "metrics") == ["step_4.json", "step_5.json", "step_6.json"]
-    assert len(removed) == 4 + 4 + 3 + 3 + 1 + 1
+    assert len(removed) == 4 + 4 + 3 + 3 + 1 + 1 + 1
     assert train_dir.prune_published(4) == []
 
     kept = TrainDir(tmp_path / "kept")
