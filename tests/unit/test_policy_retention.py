@@ -21,7 +21,7 @@ def test_prune_origin_keeps_what_a_worker_k_versions_behind_downloads(tmp_path: 
     store = VersionStore(tmp_path / "store")
     for version in range(8):
         (store.version_dir(version) / "files").mkdir(parents=True)
-    config = CoordinatorConfig(data_dir=tmp_path, scheduling={"async_level": 2})  # type: ignore[arg-type]
+    config = CoordinatorConfig(data_dir=tmp_path, scheduling={"async_level": 2})
     assert config.policy_keep_versions == 4
     assert prune_origin(store, config, current=7) == [0, 1, 2, 3]
     # Every version a submission may still be made with (current - k .. current) stays downloadable.
