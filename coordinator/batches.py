@@ -14,7 +14,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
-from protocol.schemas import SubmitRequest, Verdict
+from protocol.schemas import Rollout, SubmitRequest, Verdict
 from trainer.advantages import group_advantages
 from trainer.packing import TrainSample
 
@@ -58,28 +58,33 @@ def accepted_group(
     )
 
 
+def scored_rollouts(group: AcceptedGroup, normalize_std: bool = False) -> list[tuple[Rollout, float, float]]:
+    """(rollout, reward, group advantage) of every rollout of ``group``, prompt by prompt, each in sample order."""
+    by_prompt: dict[int, list[tuple[int, int]]] = defaultdict(list)
+    for position, rollout in enumerate(group.submission.rollouts):
+        by_prompt[rollout.prompt_index].append((rollout.sample_index, position))
+    scored: list[tuple[Rollout, float, float]] = []
+    for prompt_index in sorted(by_prompt):
+        positions = [position for _, position in sorted(by_prompt[prompt_index])]
+        rewards = [group.rewards[p] for p in positions]
+        for position, advantage in zip(positions, group_advantages(rewards, normalize_std), strict=True):
+            scored.append((group.submission.rollouts[position], group.rewards[position], advantage))
+    return scored
+
+
 def train_samples(groups: list[AcceptedGroup], normalize_std: bool = False) -> list[TrainSample]:
     """Samples of every group, prompt by prompt, each prompt's samples in sample order."""
-    samples: list[TrainSample] = []
-    for group in groups:
-        by_prompt: dict[int, list[tuple[int, int]]] = defaultdict(list)
-        for position, rollout in enumerate(group.submission.rollouts):
-            by_prompt[rollout.prompt_index].append((rollout.sample_index, position))
-        for prompt_index in sorted(by_prompt):
-            positions = [position for _, position in sorted(by_prompt[prompt_index])]
-            rewards = [group.rewards[p] for p in positions]
-            for position, advantage in zip(positions, group_advantages(rewards, normalize_std), strict=True):
-                rollout = group.submission.rollouts[position]
-                samples.append(
-                    TrainSample(
-                        prompt_ids=group.prompt_token_ids[prompt_index],
-                        completion_ids=list(rollout.completion_ids),
-                        advantage=advantage,
-                        inference_logprobs=list(rollout.logprobs),
-                        reward=group.rewards[position],
-                    )
-                )
-    return samples
+    return [
+        TrainSample(
+            prompt_ids=group.prompt_token_ids[rollout.prompt_index],
+            completion_ids=list(rollout.completion_ids),
+            advantage=advantage,
+            inference_logprobs=list(rollout.logprobs),
+            reward=reward,
+        )
+        for group in groups
+        for rollout, reward, advantage in scored_rollouts(group, normalize_std)
+    ]
 
 
 def batch_summary(groups: list[AcceptedGroup], trained_version: int) -> dict[str, float]:

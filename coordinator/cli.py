@@ -13,6 +13,7 @@ from protocol.cli import (
     LogLevelOption,
     PrimeTyper,
     SetOption,
+    fail,
     load_role_config,
     make_keys_app,
     run_or_exit,
@@ -67,3 +68,45 @@ def publish(
     from coordinator.service import publish_from_cli
 
     run_or_exit("coordinator", publish_from_cli, loaded, checkpoint, version)
+
+
+@app.command()
+def export(
+    steps: str = typer.Option(..., help="Training steps to export: A:B (inclusive), A: (to the newest) or N."),
+    out: Path = typer.Option(..., help="File to write (replaced whole once complete)."),
+    fmt: str = typer.Option("parquet", "--format", help="parquet or jsonl."),
+    config: Path | None = ConfigOption,
+    sets: list[str] | None = SetOption,
+    data_dir: Path | None = typer.Option(None, help="Run directory (data_dir)."),
+    ledger_url: str | None = typer.Option(None, help="SQLAlchemy URL of the ledger (ledger.url)."),
+    log_level: str = LogLevelOption,
+    json_logs: bool = JsonLogsOption,
+) -> None:
+    """Export the rollouts the RL loop trained on (tokens, logprobs, rewards, advantages, verdicts) for analysis
+    or SFT; archived bodies are read from the archive. Safe while the run goes on."""
+    start_logging(log_level, json_logs)
+    if fmt not in ("parquet", "jsonl"):
+        fail(f"--format {fmt!r}: choose parquet or jsonl")
+    loaded = load_role_config(CoordinatorConfig, config, sets, {"data_dir": data_dir, "ledger.url": ledger_url})
+    from coordinator.export import export_from_cli
+
+    run_or_exit("coordinator", export_from_cli, loaded, steps, fmt, out)
+
+
+@app.command()
+def archive(
+    config: Path | None = ConfigOption,
+    sets: list[str] | None = SetOption,
+    data_dir: Path | None = typer.Option(None, help="Run directory (data_dir)."),
+    ledger_url: str | None = typer.Option(None, help="SQLAlchemy URL of the ledger (ledger.url)."),
+    compact: bool = typer.Option(False, help="SQLite: VACUUM afterwards, to return the freed space to the disk."),
+    log_level: str = LogLevelOption,
+    json_logs: bool = JsonLogsOption,
+) -> None:
+    """Move old submission bodies and events out of the ledger database into Parquet files (`[archive]`:
+    keep_versions, keep_events_s, dir). Safe while the run goes on."""
+    start_logging(log_level, json_logs)
+    loaded = load_role_config(CoordinatorConfig, config, sets, {"data_dir": data_dir, "ledger.url": ledger_url})
+    from coordinator.archive import archive_from_cli
+
+    run_or_exit("coordinator", archive_from_cli, loaded, compact)

@@ -153,6 +153,21 @@ class PolicyConfig(Section):
     counted against its worker. Empty: read from the start checkpoint's config.json when the coordinator starts."""
 
 
+class ArchiveConfig(Section):
+    """What `prime-coordinator archive` moves out of the ledger database into Parquet files (docs/retention.md)."""
+
+    dir: Path | None = None
+    """Where archive files are written; empty means `archive/` in the data dir."""
+    keep_versions: int = Field(default=50, ge=0, le=1_000_000)
+    """Bodies (tokens, logprobs, proofs) of decided submissions made with a policy more than this many versions
+    (plus scheduling.async_level) older than the current one, and not in one of the last this many published
+    steps, are archived; newer ones stay in the database. Undecided submissions are never archived."""
+    keep_events_s: float = Field(default=7 * 86400.0, ge=0)
+    """Events younger than this (seconds) stay in the database; older ones are archived."""
+    rows_per_file: int = Field(default=10_000, ge=1, le=1_000_000)
+    """Rows in one archive file (each is written whole before its rows leave the database)."""
+
+
 class CoordinatorP2PConfig(P2PConfig):
     watch_interval_s: float = Field(default=0.1, gt=0, le=60)
     """How often the ledger is checked for a newly published policy version to announce on gossip."""
@@ -192,6 +207,10 @@ class OrchestratorConfig(Section):
     """How often a progress line (step, reward, accepted/rejected, tokens/s, staleness) is printed."""
     exit_when_done: bool = True
     """Stop the coordinator (and its local network) once `num_steps` are trained and published."""
+    keep_step_files: int = Field(default=0, ge=0, le=1_000_000)
+    """Published steps whose batch file, exported policy, done marker and metrics stay in `data_dir/train`
+    (0: removed as soon as the step is published; the ledger keeps each step's submissions and metrics, the
+    origin store the policy). Files of steps not yet published are never removed."""
 
     @model_validator(mode="after")
     def _check_trainer_nodes(self) -> OrchestratorConfig:
@@ -242,6 +261,7 @@ class CoordinatorConfig(RoleConfig):
     validation: ValidationConfig = ValidationConfig()
     orchestrator: OrchestratorConfig = OrchestratorConfig()
     local_network: LocalNetworkConfig = LocalNetworkConfig()
+    archive: ArchiveConfig = ArchiveConfig()
 
     @model_validator(mode="after")
     def _check(self) -> CoordinatorConfig:
@@ -264,6 +284,10 @@ class CoordinatorConfig(RoleConfig):
     @property
     def policy_keep_versions(self) -> int:
         return self.policy.keep_versions or self.scheduling.async_level + 2
+
+    @property
+    def archive_dir(self) -> Path:
+        return self.archive.dir or self.data_dir / "archive"
 
     @property
     def ledger_url(self) -> str:

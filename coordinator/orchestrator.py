@@ -10,7 +10,9 @@ For step s (1-based; step s turns policy v(s-1) into v(s)) the loop:
    the trainer service (:mod:`trainer.transport`), unless the trainer already finished it;
 3. waits for the trainer's done marker, records the step as trained with its metrics, and
    publishes ``policies/step_s`` as version s through :func:`coordinator.policies.publish_policy`
-   (origin store, then ledger; idempotent), then records it as published.
+   (origin store, then ledger; idempotent; the origin store is then pruned), records it as
+   published and removes the step files that published steps no longer need
+   (:meth:`TrainDir.prune_published`, keeping ``orchestrator.keep_step_files``).
 
 Generation never waits for this loop: leasing goes on at the current version while the
 trainer works (with k = 0 the ledger caps what is leased, see
@@ -82,6 +84,7 @@ class Orchestrator:
         first = self.steps.num_published() + 1
         if first > 1:
             log.info("resuming the RL loop at step %d of %d", first, settings.num_steps)
+            self._retain(first - 1)  # a crash may have come between publishing and pruning
         for step in range(first, settings.num_steps + 1):
             self.run_step(step)
         return self.steps.steps()
@@ -95,7 +98,7 @@ class Orchestrator:
             return
         groups = self.steps.groups(step)
         summary = batch_summary(groups, trained_version=step - 1)
-        if self.train_dir.read_done(step) is None and self.train_dir.read_batch(step) is None:
+        if self.train_dir.read_done(step) is None and not self.train_dir.has_batch(step):
             samples = train_samples(groups, settings.normalize_std)
             batch = StepBatch(step, samples, self.config.scheduling.temperature, record.submission_ids)
             self.train_dir.write_batch(batch)
@@ -114,4 +117,10 @@ class Orchestrator:
             self.steps.mark_trained(step, metrics)
         publish_policy(self.train_dir.policy_dir(step), step, self.identity, self.store, self.ledger, self.config)
         self.steps.mark_published(step)
+        self._retain(step)
         log.info("step %d trained and published as policy v%d", step, step)
+
+    def _retain(self, published: int) -> None:
+        removed = self.train_dir.prune_published(published, self.config.orchestrator.keep_step_files)
+        if removed:
+            log.debug("step %d published: removed %d step files from %s", published, len(removed), self.train_dir.root)

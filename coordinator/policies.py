@@ -7,12 +7,18 @@ does not know; :func:`publish_policy` finishes such a publication instead of fai
 restarted coordinator (or the same command run again) converges, but only when the stored
 version holds exactly the checkpoint asked for: otherwise it refuses and says why, so a
 version number never stands for other bytes than the ones published under it.
+
+What the origin store keeps is decided in one place, :func:`origin_versions_to_remove`, and
+applied after each publication by :func:`prune_origin`: the newest ``policy_keep_versions``
+(at least async_level + 1, so every version a lagging worker may still generate with stays
+downloadable), the current version, and any version named as a base to keep.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterable
 from pathlib import Path
 
 from coordinator.config import CoordinatorConfig
@@ -22,7 +28,7 @@ from protocol.identity import NodeIdentity
 from protocol.schemas import SignedManifest
 from shardcast.manifest import parse_signed_manifest
 from shardcast.origin import publish_checkpoint, stored_version_differs
-from shardcast.store import VersionStore
+from shardcast.store import VersionStore, versions_to_prune
 
 log = logging.getLogger("coordinator.policies")
 
@@ -55,6 +61,27 @@ def published_version(ledger: Ledger) -> int | None:
         return None
 
 
+def origin_versions_to_remove(
+    held: Iterable[int], current: int, keep_versions: int, bases: Iterable[int] = ()
+) -> list[int]:
+    """The origin store's retention policy: of the versions ``held``, those to delete.
+
+    Kept: the newest ``keep_versions``, the ``current`` (announced) version, and every version in
+    ``bases`` (versions that something still served is expressed against, e.g. a patch's base).
+    """
+    return versions_to_prune(held, keep_versions, protected={current, *bases})
+
+
+def prune_origin(store: VersionStore, config: CoordinatorConfig, current: int) -> list[int]:
+    """Apply :func:`origin_versions_to_remove` to ``store``; returns the versions removed."""
+    doomed = origin_versions_to_remove(store.versions(), current, config.policy_keep_versions)
+    for version in doomed:
+        store.remove_version(version)
+    if doomed:
+        log.info("origin store: removed versions %s (keeping the newest %d)", doomed, config.policy_keep_versions)
+    return doomed
+
+
 def publish_policy(
     checkpoint_dir: Path,
     version: int,
@@ -63,7 +90,8 @@ def publish_policy(
     ledger: Ledger,
     config: CoordinatorConfig,
 ) -> SignedManifest:
-    """Make ``checkpoint_dir`` policy ``version``: in the origin store, then current in the ledger."""
+    """Make ``checkpoint_dir`` policy ``version``: in the origin store, then current in the ledger; then prune the
+    origin store (after the ledger moved on, so no version the ledger still calls current is ever removed)."""
     store.clear_leftovers_if_idle()  # a publish killed mid-write left its staging folder: remove it
     if version in store.versions():
         signed = parse_signed_manifest(store.manifest_path(version).read_bytes())
@@ -82,10 +110,11 @@ def publish_policy(
             identity,
             store,
             shard_size_bytes=config.policy.shard_size_bytes,
-            keep_versions=config.policy_keep_versions,
+            keep_versions=None,
         )
     if published_version(ledger) != version:
         ledger.publish(signed)
+    prune_origin(store, config, version)
     log.info(
         "policy v%d is current (%d bytes in %d shards)",
         version,

@@ -52,12 +52,14 @@ def publish_checkpoint(
     store: VersionStore,
     shard_size_bytes: int = DEFAULT_SHARD_SIZE_BYTES,
     hash_algorithm: HashAlgorithm = "blake3",
-    keep_versions: int = 3,
+    keep_versions: int | None = 3,
     now: float | None = None,
     fsync_enabled: bool = True,
     link_enabled: bool = True,
 ) -> SignedManifest:
     """Hash, sign and atomically publish ``checkpoint_dir`` as ``version``; then announce and prune.
+
+    ``keep_versions`` None leaves pruning to the caller (the coordinator has its own retention policy).
 
     The files enter the store as hard links when ``link_enabled`` and the store is on the same
     filesystem (no copy at all), else as copies. A hard link shares the checkpoint's bytes, so a
@@ -88,7 +90,7 @@ def publish_checkpoint(
             store.remove_staging(staged)
             raise
         store.announce(version)
-        removed = store.prune(keep_versions, protected={version})
+        removed = [] if keep_versions is None else store.prune(keep_versions, protected={version})
     log.info(
         "published version %d: %d files, %d bytes, %d shards%s",
         version,

@@ -4,7 +4,8 @@ A trainer checkpoint ``<dir>/step_<n>/`` holds the full (unsharded) model and op
 the scheduler state and step in ``trainer_state.pt`` (written by rank 0), and each rank's RNG
 states in ``rng_rank<r>.pt``. Full state dicts make it independent of the world size: a run
 saved with 2 ranks resumes on 1 and vice versa. ``latest`` names the newest complete one
-(written last, so a crash mid-save never points at half a checkpoint).
+(written last, so a crash mid-save never points at half a checkpoint). :func:`prune_checkpoints`
+keeps the newest few.
 
 The exported policy is what SHARDCAST's origin publishes and what HF and vLLM load:
 ``model.safetensors`` (full weights, untied), ``config.json``, ``generation_config.json`` and
@@ -103,6 +104,19 @@ def latest_checkpoint(directory: Path) -> Path | None:
         return None
     target = directory / marker.read_text().strip()
     return target if (target / STATE_FILE).is_file() else None
+
+
+def prune_checkpoints(directory: Path, keep: int) -> list[Path]:
+    """Delete all but the newest ``keep`` checkpoints under ``directory``, never the one ``latest`` names."""
+    found = sorted(
+        (p for p in directory.glob("step_*") if p.name.removeprefix("step_").isdigit()),
+        key=lambda p: int(p.name.removeprefix("step_")),
+    )
+    latest = latest_checkpoint(directory)
+    doomed = [p for p in found[: max(0, len(found) - keep)] if latest is None or p.name != latest.name]
+    for old in doomed:
+        shutil.rmtree(old, ignore_errors=True)
+    return doomed
 
 
 def load_checkpoint(target: Path, model: nn.Module, optimizer: torch.optim.Optimizer, info: DistInfo) -> TrainerState:

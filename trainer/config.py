@@ -94,6 +94,9 @@ class CheckpointConfig(Section):
     """Save the full trainer state every this many steps (0: only at the end)."""
     export_dtype: Literal["float32", "bfloat16"] = "float32"
     """Dtype of the exported HF policy weights."""
+    keep: int = Field(default=2, ge=1, le=1000)
+    """Trainer checkpoints kept (the newest); older ones are deleted after each save. The newest is what a
+    restart resumes from; a second one is a spare."""
 
 
 class TrainerSection(Section):

@@ -6,8 +6,9 @@ from ``DIR/service.json`` (trainer section, loss, number of steps), resumes from
 checkpoint under ``DIR/checkpoints``, and then, for the next step n: waits for the batch file
 of step n (:mod:`trainer.transport`), runs :meth:`Trainer.rl_step` on it, exports the policy
 (rank 0 writes, then renames it into place), keeps the step's metrics, saves the trainer
-state for exact resume and writes the done marker with the metrics, last. A checkpoint without its done marker
-(a crash between the two) is finished on the next start by exporting again.
+state for exact resume (keeping the newest ``checkpoint.keep``) and writes the done marker with the metrics,
+last. A checkpoint without its done marker (a crash between the two) is finished on the next start by
+exporting again. The coordinator removes the files of published steps (:meth:`TrainDir.prune_published`).
 
 Each rank asks for SIGKILL when its parent (torchrun) dies, and the ranks on the coordinator's
 machine watch its PID while they wait, so no rank there outlives a killed coordinator. The job
@@ -44,7 +45,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("trainer.service")
 
 POLL_INTERVAL_S = 0.2
-KEEP_CHECKPOINTS = 2
+FAILPOINT_ENV = "PRIME_TRAINER_FAILPOINT"
+"""Crash tests set it to ``<point>:<step>``: the rank SIGKILLs itself there (see :func:`failpoint`)."""
+FAILPOINTS = ("batch", "trained", "exported", "metrics", "saved", "pruned")
+"""The points of a step, in order, at which a crash leaves a different state on disk."""
 
 
 class ServiceSpec(Section):
@@ -92,16 +96,14 @@ def wait_for_batch(
         time.sleep(POLL_INTERVAL_S)
 
 
-def _prune_checkpoints(directory: Path, keep: int) -> None:
-    found = sorted(
-        (p for p in directory.glob("step_*") if p.name.removeprefix("step_").isdigit()),
-        key=lambda p: int(p.name.removeprefix("step_")),
-    )
-    for old in found[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
+def failpoint(point: str, step: int) -> None:
+    """SIGKILL this process at ``point`` of ``step`` when ``PRIME_TRAINER_FAILPOINT`` names them (crash tests)."""
+    if os.environ.get(FAILPOINT_ENV) == f"{point}:{step}":
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def serve(train_dir: TrainDir, spec: ServiceSpec, coordinator_pid: int | None) -> None:
+    from trainer.checkpoint import prune_checkpoints
     from trainer.fsdp import barrier, control_group, from_main, shutdown
     from trainer.train import Trainer
 
@@ -131,13 +133,19 @@ def serve(train_dir: TrainDir, spec: ServiceSpec, coordinator_pid: int | None) -
     while trainer.step < spec.num_steps:
         step = trainer.step + 1
         batch = wait_for_batch(train_dir, step, coordinator_pid, info, group)
+        failpoint("batch", step)
         metrics = trainer.rl_step(batch.samples, spec.loss, batch.temperature)
+        failpoint("trained", step)
         export_step(step)
+        failpoint("exported", step)
         if info.is_main:
             train_dir.write_metrics(step, metrics)
+        failpoint("metrics", step)
         trainer.save(train_dir.checkpoints)
+        failpoint("saved", step)
         if info.is_main:
-            _prune_checkpoints(train_dir.checkpoints, KEEP_CHECKPOINTS)
+            prune_checkpoints(train_dir.checkpoints, spec.trainer.checkpoint.keep)
+            failpoint("pruned", step)
             train_dir.write_done(step, metrics)
             log.info(
                 "step %d trained by %d ranks: loss %.4f, reward %.3f",

@@ -130,6 +130,19 @@ def steps(dialect: str) -> list[Sequence[str]]:
 
 
 LATEST_VERSION = 6
+
+
+def events_guard(dialect: str) -> tuple[list[str], list[str]]:
+    """The DDL that lifts, and the DDL that restores, the guard against deleting events (v2).
+
+    Only the ledger archive uses it, both halves in the one transaction that deletes the events it
+    has just written to an archive file, so no other transaction ever sees the guard missing.
+    """
+    if dialect == "sqlite":
+        return ["DROP TRIGGER events_no_delete"], [_V2_SQLITE[1]]
+    return ["DROP TRIGGER events_no_change ON events"], [_V2_POSTGRESQL[1]]
+
+
 _MIGRATION_LOCK_ID = 7_253_001
 
 

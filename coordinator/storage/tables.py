@@ -2,7 +2,9 @@
 
 Queries are written against these; the DDL that creates them lives in
 :mod:`coordinator.storage.migrations` (a test checks that the two agree). Times are Unix
-seconds as floats; JSON payloads are stored as text exactly as they were validated.
+seconds as floats; JSON payloads are stored as text exactly as they were validated. A
+submission whose body was moved to the archive (:mod:`coordinator.archive`) has an empty
+``body_json``; its ``body_sha256`` still identifies the archived body.
 """
 
 from __future__ import annotations

@@ -153,7 +153,13 @@ def check_completed_run(root: Path, stdout: str) -> dict[int, list[str]]:
     assert all(m["num_samples"] == GROUPS_PER_STEP * 2 * 4 and m["loss"] == m["loss"] for m in metrics)
     checkpoint = latest_checkpoint(root / "run" / "train" / "checkpoints")
     assert checkpoint is not None and checkpoint.name == f"step_{NUM_STEPS}"
-    assert all((root / "run" / "train" / "policies" / f"step_{s}" / "model.safetensors").is_file() for s in published)
+    # Retention: published steps' exported policies and batch files are gone from train/, the origin store serves
+    # the newest versions, and the last step's done marker stays for a trainer restarted at its checkpoint.
+    train = root / "run" / "train"
+    assert not [p for p in (train / "policies").iterdir() if not p.name.startswith(".")]
+    assert not list((train / "batches").iterdir())
+    assert sorted(p.name for p in (train / "done").iterdir()) == [f"step_{NUM_STEPS}.json"]
+    assert (root / "run" / "policies" / f"v{NUM_STEPS}" / "manifest.json").is_file()
     assert "reward per step" in stdout and re.search(rf"^\s+{NUM_STEPS}\s+\d\.\d{{3}}", stdout, re.MULTILINE)
     return published
 

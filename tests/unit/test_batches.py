@@ -78,6 +78,6 @@ def test_batch_files_round_trip_and_appear_whole(tmp_path: Path) -> None:
     samples = [TrainSample([1, 2], [3], advantage=0.5, inference_logprobs=[-0.25], reward=1.0)]
     train_dir.write_batch(StepBatch(1, samples, 0.7, ["s-1"]))
     assert train_dir.read_batch(1) == StepBatch(1, samples, 0.7, ["s-1"])
-    assert [p.name for p in (tmp_path / "batches").iterdir()] == ["step_1.json"]  # no temporary left behind
+    assert [p.name for p in (tmp_path / "batches").iterdir()] == ["step_1.safetensors"]  # no temporary left behind
     train_dir.write_done(1, {"loss": 0.1})
     assert train_dir.read_done(1) == {"loss": 0.1}

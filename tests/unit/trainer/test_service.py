@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -43,7 +42,7 @@ def test_service_trains_each_batch_once_and_finishes_a_step_saved_without_its_ma
     recovered = train_dir.read_done(2)
     assert recovered is not None and recovered["recovered"] and recovered["loss"] == done[1]["loss"]
     assert (train_dir.policy_dir(2) / "model.safetensors").read_bytes() == exported
-    assert json.loads(train_dir.batch_path(1).read_text())["submission_ids"] == ["s-1"]
+    assert (read := train_dir.read_batch(1)) is not None and read.submission_ids == ["s-1"]
 
 
 def test_service_stops_when_the_coordinator_is_gone(tiny_model_dir: Path, tmp_path: Path) -> None:

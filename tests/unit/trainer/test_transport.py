@@ -1,0 +1,96 @@
+"""The trainer transport's batch files (safetensors, older JSON ones still read) and its retention."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+
+from trainer.packing import TrainSample
+from trainer.transport import StepBatch, TrainDir, encode_batch
+
+
+def sample(n: int, logprobs: bool = True) -> TrainSample:
+    return TrainSample(
+        prompt_ids=list(range(1, n + 2)),
+        completion_ids=[151_000 - n, 7] * n,
+        advantage=-0.1 * n + 1 / 3,
+        inference_logprobs=[-1e-9 * (i + 1) - 0.1 / 7 for i in range(2 * n)] if logprobs else None,
+        reward=0.1 * n,
+    )
+
+
+def test_batches_round_trip_exactly_whatever_their_shape(tmp_path: Path) -> None:
+    train_dir = TrainDir(tmp_path)
+    batch = StepBatch(3, [sample(0), sample(1), sample(5, logprobs=False), sample(40)], 0.7, ["a", "b", "c", "d"])
+    train_dir.write_batch(batch)
+    assert train_dir.has_batch(3) and not train_dir.has_batch(4)
+    assert train_dir.read_batch(3) == batch
+    empty = StepBatch(4, [], 1.0, [])
+    train_dir.write_batch(empty)
+    assert train_dir.read_batch(4) == empty
+
+
+def test_a_json_batch_of_an_older_run_is_still_read(tmp_path: Path) -> None:
+    train_dir = TrainDir(tmp_path)
+    batch = StepBatch(2, [sample(2), sample(3)], 1.0, ["x", "y"])
+    legacy = {
+        "step": 2,
+        "temperature": 1.0,
+        "submission_ids": ["x", "y"],
+        "samples": [asdict(s) for s in batch.samples],
+    }
+    train_dir.legacy_batch_path(2).parent.mkdir(parents=True)
+    train_dir.legacy_batch_path(2).write_text(json.dumps(legacy))
+    assert train_dir.has_batch(2)
+    assert train_dir.read_batch(2) == batch
+
+
+def test_a_foreign_or_misplaced_batch_file_is_refused_with_the_fix(tmp_path: Path) -> None:
+    train_dir = TrainDir(tmp_path)
+    train_dir.batch_path(1).parent.mkdir(parents=True)
+    train_dir.batch_path(1).write_bytes(b"\x02\x00\x00\x00\x00\x00\x00\x00{}")
+    with pytest.raises(ValueError, match=r"not a readable batch file.*delete it"):
+        train_dir.read_batch(1)
+    train_dir.batch_path(2).write_bytes(encode_batch(StepBatch(5, [sample(1)], 1.0, ["s"])))
+    with pytest.raises(ValueError, match="holds the batch of step 5, not 2"):
+        train_dir.read_batch(2)
+
+
+def populate(train_dir: TrainDir, steps: range) -> None:
+    for step in steps:
+        train_dir.write_batch(StepBatch(step, [sample(1)], 1.0, [f"s{step}"]))
+        train_dir.policy_dir(step).mkdir(parents=True)
+        (train_dir.policy_dir(step) / "model.safetensors").write_bytes(b"w")
+        train_dir.write_metrics(step, {"step": step})
+        train_dir.write_done(step, {"step": step})
+
+
+def names(train_dir: TrainDir, folder: str) -> list[str]:
+    return sorted(p.name for p in (train_dir.root / folder).iterdir())
+
+
+def test_prune_published_keeps_what_a_restart_needs(tmp_path: Path) -> None:
+    train_dir = TrainDir(tmp_path)
+    populate(train_dir, range(1, 7))
+    train_dir.staging_policy_dir(2).mkdir()  # an export cut short, long since redone
+    (train_dir.root / "batches" / ".step_1.safetensors.999.tmp").write_bytes(b"half")
+    train_dir.legacy_batch_path(3).write_text("{}")  # a run dir from before the safetensors transport
+    (train_dir.root / "done" / "notes.txt").write_text("not ours")
+    removed = train_dir.prune_published(4)
+    assert names(train_dir, "batches") == ["step_5.safetensors", "step_6.safetensors"]
+    assert names(train_dir, "policies") == ["step_5", "step_6"]
+    # the published step's done marker stays: a trainer restarted at its checkpoint must see it finished
+    assert names(train_dir, "done") == ["notes.txt", "step_4.json", "step_5.json", "step_6.json"]
+    assert names(train_dir, "metrics") == ["step_4.json", "step_5.json", "step_6.json"]
+    assert len(removed) == 4 + 4 + 3 + 3 + 1 + 1 + 1
+    assert train_dir.prune_published(4) == []
+
+    kept = TrainDir(tmp_path / "kept")
+    populate(kept, range(1, 7))
+    kept.prune_published(4, keep_steps=2)
+    assert names(kept, "batches") == [f"step_{s}.safetensors" for s in (3, 4, 5, 6)]
+    assert names(kept, "done") == [f"step_{s}.json" for s in (3, 4, 5, 6)]
+    assert TrainDir(tmp_path / "nothing").prune_published(3) == []
