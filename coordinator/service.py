@@ -31,8 +31,8 @@ def run(config: CoordinatorConfig) -> None:
     from coordinator.p2p import start_coordinator_gossip
     from coordinator.policies import policy_store, publish_policy, published_version
     from coordinator.replay import DatabaseReplayCache
+    from coordinator.run_spec import environment_prompts, signed_run_spec
     from coordinator.storage.engine import Database
-    from coordinator.task_source import EmptyTaskSource, load_task_source
     from protocol.identity import key_path, load_or_create_identity
     from shardcast.origin import OriginSource
     from shardcast.server import create_app as create_shardcast_app
@@ -42,12 +42,20 @@ def run(config: CoordinatorConfig) -> None:
     log.info("coordinator node id %s (key %s)", identity.node_id, key_path(config.data_dir))
     config = approve_builtin_validator(config)
     builtin_validator = BuiltinValidator(config, identity.node_id)
-    task_source = load_task_source(config.task_source)
-    if isinstance(task_source, EmptyTaskSource):
-        log.warning("no task_source configured: the ledger runs but hands out no tasks until one is wired")
+    prompts = environment_prompts(config)
+    run_spec = signed_run_spec(config, identity)
+    environment = run_spec.spec.environment
+    log.info(
+        "environment %s %r (%s %s, hash %s)",
+        environment.kind,
+        environment.name,
+        environment.package,
+        environment.package_version,
+        environment.config_hash[:12],
+    )
     database = Database(config.ledger_url, config.ledger.sqlite_synchronous, config.ledger.pool_size)
     try:
-        ledger = Ledger(database, config, task_source, identity.node_id)
+        ledger = Ledger(database, config, prompts, identity.node_id)
         status = ledger.status()
         log.info(
             "ledger %s: run %r, policy version %d, %d submission(s) accepted",
@@ -57,7 +65,7 @@ def run(config: CoordinatorConfig) -> None:
             status.num_submissions_accepted,
         )
         relays = RelayWatch()
-        app = create_app(config, ledger, DatabaseReplayCache(database), relays)
+        app = create_app(config, ledger, DatabaseReplayCache(database), relays, run_spec)
         store = policy_store(config)
         if published_version(ledger) is None:
             start = resolve_model_path(config.policy.start_checkpoint)
@@ -105,13 +113,13 @@ def publish_from_cli(config: CoordinatorConfig, checkpoint: Path, version: int |
     from coordinator.ledger import Ledger
     from coordinator.policies import policy_store, publish_policy, published_version
     from coordinator.storage.engine import Database
-    from coordinator.task_source import EmptyTaskSource
+    from environments.prompts import NoPrompts
     from protocol.identity import load_or_create_identity
 
     identity = load_or_create_identity(config.data_dir)
     database = Database(config.ledger_url, config.ledger.sqlite_synchronous, config.ledger.pool_size)
     try:
-        ledger = Ledger(database, config, EmptyTaskSource(), identity.node_id)
+        ledger = Ledger(database, config, NoPrompts(), identity.node_id)
         current = published_version(ledger)
         chosen = version if version is not None else (0 if current is None else current + 1)
         signed = publish_policy(checkpoint, chosen, identity, policy_store(config), ledger, config)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
 WIRE_VERSION: Literal[1] = 1
 
@@ -24,6 +24,8 @@ EngineName = Literal["vllm", "hf"]
 MAX_PROMPTS_PER_TASK = 256
 MAX_GROUP_SIZE = 64
 MAX_TOKENS_PER_SAMPLE = 32768
+MAX_NAMED_REWARDS = 16
+RewardName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.\-]+$")]
 
 
 class WireModel(BaseModel):
@@ -157,6 +159,35 @@ class Verdict(WireModel):
     accepted: bool
     reasons: list[Annotated[str, Field(max_length=512)]] = Field(default_factory=list, max_length=64)
     rewards: list[float] = Field(default_factory=list, description="Recomputed from the task, per rollout.")
+    reward_components: dict[RewardName, list[float]] = Field(
+        default_factory=dict,
+        max_length=MAX_NAMED_REWARDS,
+        description="Each named reward of the environment, per rollout (unweighted); their weighted sum is rewards.",
+    )
+
+
+class EnvironmentIdentity(WireModel):
+    """What pins an environment across roles: equal identities serve and score the same examples."""
+
+    kind: Literal["builtin", "reasoning_gym", "verifiers", "python"]
+    name: str = Field(max_length=128, description="The dataset, taskset, built-in or module:attribute.")
+    arguments: dict[str, JsonValue] = Field(description="The resolved [environment] section.")
+    package: str = Field(max_length=128, description="The distribution that implements it.")
+    package_version: str = Field(max_length=128)
+    config_hash: Sha256Hex = Field(description="SHA-256 of the canonical JSON of the other fields.")
+
+
+class RunSpec(WireModel):
+    """What every role of a run must agree on, signed by the coordinator (``GET /v1/run-spec``)."""
+
+    run_name: str = Field(max_length=128)
+    environment: EnvironmentIdentity
+
+
+class SignedRunSpec(WireModel):
+    spec: RunSpec
+    signer: NodeId
+    signature_b64: str = Field(max_length=256)
 
 
 class ShardEntry(WireModel):

@@ -114,6 +114,15 @@ async def run_worker(
     log.info("node %s joining %s with %d %s engine(s)", identity.node_id, config.coordinator_url, len(devices), kind)
     async with LedgerClient(config.coordinator_url, identity) as ledger:
         coordinator_id = await trusted_coordinator_id(ledger, config.data_dir, config.coordinator_id, stop)
+        spec = (await with_retries("run spec", lambda: ledger.run_spec(coordinator_id), stop)).environment
+        log.info(
+            "run environment: %s %r from %s %s (hash %s)",
+            spec.kind,
+            spec.name,
+            spec.package,
+            spec.package_version,
+            spec.config_hash[:12],
+        )
         hardware = Hardware(
             accelerator=devices[0].name, num_devices=len(devices), memory_bytes=sum(d.memory_bytes for d in devices)
         )
