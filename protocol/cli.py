@@ -14,6 +14,7 @@ from typing import Any, NoReturn
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from protocol.config import ConfigT, load_config, parse_assignment
 from protocol.errors import ConfigError, PrimeError
@@ -41,7 +42,7 @@ NoP2POption = typer.Option(
 
 def fail(message: str, exit_code: int = EXIT_FAILURE) -> NoReturn:
     """Print an error a person can act on and exit with ``exit_code``."""
-    err_console.print(f"[bold red]error:[/] {message}", highlight=False)
+    err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False)  # brackets are the message's
     raise typer.Exit(exit_code)
 
 

@@ -64,3 +64,13 @@ def test_keys_show_creates_a_0600_key(tmp_path: Path) -> None:
     assert "12D3KooW" in first.output
     assert first.output == second.output
     assert (tmp_path / "node_key.pem").stat().st_mode & 0o777 == 0o600
+
+
+def test_fail_prints_the_message_verbatim_brackets_included(capsys: pytest.CaptureFixture[str]) -> None:
+    import typer
+
+    from protocol.cli import fail
+
+    with pytest.raises(typer.Exit):
+        fail("set [environment] to the run's, not ['a']")
+    assert "set [environment] to the run's, not ['a']" in " ".join(capsys.readouterr().err.split())
