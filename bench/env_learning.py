@@ -56,12 +56,12 @@ def sft(out_dir: Path, seed: int, steps: int) -> Path:
 
     config = SftConfig(
         model="builtin:tiny-qwen2",
-        environment=ENVIRONMENT,  # type: ignore[arg-type]
+        environment=ENVIRONMENT,
         output_dir=out_dir,
         num_steps=steps,
         batch_size=32,
         seed=seed,
-        optimizer={"lr": 1e-3},  # type: ignore[arg-type]
+        optimizer={"lr": 1e-3},
         resume=False,
         eval_examples=0,
     )
@@ -76,7 +76,7 @@ def eval_reward(model: Path, num_examples: int, seed: int) -> dict[str, Any]:
     from worker.engines.base import GenerationRequest
     from worker.engines.hf import HFEngine
 
-    config = EvalConfig(model=str(model), environment=ENVIRONMENT, num_examples=num_examples, max_tokens=MAX_TOKENS)  # type: ignore[arg-type]
+    config = EvalConfig(model=str(model), environment=ENVIRONMENT, num_examples=num_examples, max_tokens=MAX_TOKENS)
     environment = load_environment(config.environment)
     sampler = RolloutSampler(
         HFEngine(model, max_batch_size=64), GenerationRequest, environment, load_tokenizer(str(model)), 1.0, MAX_TOKENS

@@ -10,6 +10,7 @@ against a prefill) are the inference logprobs of the off-policy correction.
 from __future__ import annotations
 
 import json
+import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
@@ -88,6 +89,23 @@ def train_samples(groups: list[AcceptedGroup], normalize_std: bool = False) -> l
 
 NAMED_REWARD_PREFIX = "reward_mean/"
 """Step metrics ``reward_mean/<name>``: the batch mean of each named reward of the environment."""
+
+
+STEP_NAMED_REWARD_PREFIX = "batch_" + NAMED_REWARD_PREFIX
+"""The same means as a step's metrics carry them (the orchestrator prefixes the batch summary with ``batch_``)."""
+
+
+def named_rewards(step_metrics: object) -> dict[str, float]:
+    """Reward name -> batch mean, from a step's metrics (read defensively: junk counts as absent)."""
+    if not isinstance(step_metrics, dict):
+        return {}
+    found = {}
+    for key, value in step_metrics.items():
+        name = str(key).removeprefix(STEP_NAMED_REWARD_PREFIX)
+        number = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+        if str(key).startswith(STEP_NAMED_REWARD_PREFIX) and number and 0 < len(name) <= 64:
+            found[name] = float(value)
+    return dict(sorted(found.items())[:16])
 
 
 def named_reward_means(groups: list[AcceptedGroup]) -> dict[str, float]:

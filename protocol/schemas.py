@@ -293,6 +293,11 @@ class RunStatus(WireModel):
     num_submissions_accepted: int
     num_submissions_rejected: int
     num_train_steps_done: int = Field(default=0, description="Training steps trained and published (orchestrator).")
+    step_rewards: dict[RewardName, float] = Field(
+        default_factory=dict,
+        max_length=MAX_NAMED_REWARDS,
+        description="Each named reward's batch mean in the newest trained step (the environment's rewards).",
+    )
 
 
 # Ledger API responses and read-only views (added with the ledger, issue 3).
@@ -444,6 +449,9 @@ class DashboardTrainStep(WireModel):
     step: int = Field(ge=1)
     at: float = Field(description="When the step was recorded as trained.")
     reward_mean: float
+    rewards: dict[RewardName, float] = Field(
+        default_factory=dict, max_length=MAX_NAMED_REWARDS, description="Each named reward's batch mean."
+    )
 
 
 class DashboardTraining(WireModel):

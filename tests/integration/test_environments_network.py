@@ -44,7 +44,7 @@ def start_model() -> Path:
     return resolve_model_path("builtin:tiny-qwen2")
 
 
-def accepted(net: Network) -> list[tuple[dict[str, Any], SubmitRequest, Verdict]]:
+def accepted(net: Network) -> list[tuple[dict[int, dict[str, Any]], SubmitRequest, Verdict]]:
     """(task prompts by index, submission, final verdict) of every accepted submission."""
     prompts = {row.task_id: json.loads(row.prompts_json) for row in ledger_rows(net.root, select(tasks))}
     found = []
