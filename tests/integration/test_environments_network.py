@@ -33,6 +33,8 @@ from tests.integration.shardcast_nodes import wait_until
 pytestmark = pytest.mark.slow
 
 ENVS_DIR = REPO_ROOT / "tests" / "envs"
+TASKSETS_DIR = ENVS_DIR / "site"
+"""Where the tests' verifiers tasksets live, importable as top-level modules like installed packages."""
 START_TIMEOUT_S = 300
 """The ecosystem packages take a while to import on a busy machine."""
 SPELL = {"type": "reasoning_gym", "dataset": "spell_backward", "seed": 1, "size": 1000, "args": {"max_word_len": 5}}
@@ -107,7 +109,7 @@ def test_python_environment_rewards_are_recomputed_and_other_code_is_refused(tmp
     ours, theirs = tmp_path / "ours", tmp_path / "theirs"
     for directory in (ours, theirs):
         directory.mkdir()
-        shutil.copyfile(ENVS_DIR / "keyword.py", directory / "keyword_env.py")
+        shutil.copyfile(ENVS_DIR / "words.py", directory / "keyword_env.py")
     with (theirs / "keyword_env.py").open("a") as changed:
         changed.write("\n# another version of the code\n")
     section = {"type": "python", "target": "keyword_env:KeywordEnvironment", "args": {"limit": 12}}
@@ -128,22 +130,22 @@ def test_python_environment_rewards_are_recomputed_and_other_code_is_refused(tmp
 def test_verifiers_v1_rewards_are_recomputed_with_the_tasksets_own_code(tmp_path: Path) -> None:
     section = {"type": "verifiers", "taskset": "vf_echo_taskset", "args": {"count": 8}}
     with running_network(
-        tmp_path, [start_model()], environment=section, pythonpath=[ENVS_DIR], start_timeout_s=START_TIMEOUT_S
+        tmp_path, [start_model()], environment=section, pythonpath=[TASKSETS_DIR], start_timeout_s=START_TIMEOUT_S
     ) as net:
         net.start_worker("worker", "hf", [])
         net.start_validator()
-        sys.path.insert(0, str(ENVS_DIR))
+        sys.path.insert(0, str(TASKSETS_DIR))
         try:
             assert check_recomputed_rewards(net, section) == {"exact", "starts_right"}
         finally:
-            sys.path.remove(str(ENVS_DIR))
+            sys.path.remove(str(TASKSETS_DIR))
         log = refused_validator(net, "validator-no-taskset", pythonpath=str(REPO_ROOT))
         assert "cannot load the run's environment verifiers 'vf_echo_taskset'" in log
 
 
 def test_a_coordinator_refuses_an_environment_with_a_non_deterministic_reward(tmp_path: Path) -> None:
     config = tmp_path / "run.toml"
-    section = {"type": "python", "target": "tests.envs.keyword:FlakyEnvironment"}
+    section = {"type": "python", "target": "tests.envs.words:FlakyEnvironment"}
     config.write_text(tomli_w.dumps({"data_dir": str(tmp_path / "run"), "environment": section}))
     done = subprocess.run(
         [str(BIN / "prime-coordinator"), "start", "-c", str(config), "--port", "0"],

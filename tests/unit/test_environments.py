@@ -25,6 +25,7 @@ from protocol.errors import ConfigError
 from protocol.schemas import RunSpec
 
 ENVS_DIR = Path(__file__).resolve().parents[1] / "envs"
+TASKSETS_DIR = ENVS_DIR / "site"
 SPELL = {"type": "reasoning_gym", "dataset": "spell_backward", "size": 50, "seed": 3, "args": {"max_word_len": 5}}
 
 
@@ -79,7 +80,7 @@ def test_scores_refuse_non_finite_and_mismatched_names() -> None:
 
 def test_config_is_a_discriminated_union_refusing_unknown_fields() -> None:
     assert isinstance(parse(SPELL), ReasoningGymEnvConfig)
-    assert isinstance(parse({"type": "python", "target": "tests.envs.keyword:KeywordEnvironment"}), PythonEnvConfig)
+    assert isinstance(parse({"type": "python", "target": "tests.envs.words:KeywordEnvironment"}), PythonEnvConfig)
     with pytest.raises(ValidationError):
         parse({"type": "reasoning_gym", "dataset": "spell_backward", "sise": 3})
     with pytest.raises(ValidationError):
@@ -113,7 +114,7 @@ def test_reasoning_gym_refuses_an_unknown_dataset() -> None:
 
 
 def test_python_adapter_loads_the_operators_class_with_its_arguments() -> None:
-    config = parse({"type": "python", "target": "tests.envs.keyword:KeywordEnvironment", "args": {"limit": 2}})
+    config = parse({"type": "python", "target": "tests.envs.words:KeywordEnvironment", "args": {"limit": 2}})
     environment = load_checked_environment(config)
     example = environment.example(1)
     assert example.prompt == "reverse: dog\n"
@@ -123,11 +124,11 @@ def test_python_adapter_loads_the_operators_class_with_its_arguments() -> None:
     with pytest.raises(ConfigError, match="cannot be loaded"):
         load_environment(parse({"type": "python", "target": "no_such_module:Env"}))
     with pytest.raises(ConfigError, match=r"not an environments\.base\.Environment"):
-        load_environment(parse({"type": "python", "target": "tests.envs.keyword:random"}))
+        load_environment(parse({"type": "python", "target": "tests.envs.words:random"}))
 
 
 def test_a_non_deterministic_reward_is_refused_naming_it() -> None:
-    flaky = load_environment(parse({"type": "python", "target": "tests.envs.keyword:FlakyEnvironment"}))
+    flaky = load_environment(parse({"type": "python", "target": "tests.envs.words:FlakyEnvironment"}))
     with pytest.raises(ConfigError, match="reward luck is not deterministic"):
         check_deterministic(flaky)
 
@@ -178,7 +179,7 @@ def test_chat_template_renders_system_prompt_messages_and_generation_prompt() ->
 
 
 def test_verifiers_v1_taskset_is_scored_offline_with_its_own_rewards(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.syspath_prepend(str(ENVS_DIR))
+    monkeypatch.syspath_prepend(str(TASKSETS_DIR))
     config = parse({"type": "verifiers", "taskset": "vf_echo_taskset", "args": {"count": 8}, "eval_fraction": 0.25})
     assert isinstance(config, VerifiersEnvConfig)
     environment = load_checked_environment(config)
@@ -195,7 +196,7 @@ def test_verifiers_v1_taskset_is_scored_offline_with_its_own_rewards(monkeypatch
 
 
 def test_verifiers_taskset_needing_a_sandbox_is_refused_naming_the_reward(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.syspath_prepend(str(ENVS_DIR))
+    monkeypatch.syspath_prepend(str(TASKSETS_DIR))
     with pytest.raises(ConfigError, match="reward 'tests_pass' needs a sandbox"):
         load_environment(parse({"type": "verifiers", "taskset": "vf_sandbox_taskset"}))
     with pytest.raises(ConfigError, match="cannot be loaded"):

@@ -8,7 +8,7 @@ from typing import Any
 import verifiers.v1 as vf
 from verifiers.v1.taskset import Taskset
 
-from tests.envs.vf_echo_taskset import EchoConfig, EchoData, EchoTask
+from tests.envs.site.vf_echo_taskset import EchoConfig, EchoData, EchoTask
 
 
 class SandboxTask(EchoTask):
