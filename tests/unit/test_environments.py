@@ -201,3 +201,13 @@ def test_verifiers_taskset_needing_a_sandbox_is_refused_naming_the_reward(monkey
         load_environment(parse({"type": "verifiers", "taskset": "vf_sandbox_taskset"}))
     with pytest.raises(ConfigError, match="cannot be loaded"):
         load_environment(parse({"type": "verifiers", "taskset": "no_such_taskset"}))
+
+
+@pytest.mark.parametrize(
+    "path", sorted((Path(__file__).resolve().parents[2] / "configs" / "environments").glob("*.toml"))
+)
+def test_every_example_environment_section_parses(path: Path) -> None:
+    import tomllib
+
+    section = tomllib.loads(path.read_text())["environment"]
+    assert parse(section).type == path.stem
