@@ -32,7 +32,7 @@ from protocol.signing import sign_document
 TASK_NAME = "count"
 
 
-class CountingTaskSource:
+class CountingPrompts:
     """The ledger's prompts in unit tests: group i of 'count' asks to count from i (deterministic, unbounded)."""
 
     name = TASK_NAME
