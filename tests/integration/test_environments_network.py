@@ -30,7 +30,7 @@ from protocol.schemas import SubmitRequest, Verdict
 from tests.integration.network import BIN, REPO_ROOT, Network, ledger_rows, running_network
 from tests.integration.shardcast_nodes import wait_until
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]  # ecosystem imports are slow on a busy machine
 
 ENVS_DIR = REPO_ROOT / "tests" / "envs"
 TASKSETS_DIR = ENVS_DIR / "site"
