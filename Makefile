@@ -19,7 +19,7 @@ $(BIN)/python:
 # gpu: no torch pin at all; vllm brings the CUDA torch it is built against.
 $(STAMP): pyproject.toml | $(BIN)/python
 	if [ "$(ENGINE_EXTRA)" = cpu ]; then $(BIN)/pip install -q torch==2.13.0; fi
-	$(BIN)/pip install -q -e '.[dev,$(ENGINE_EXTRA)]'
+	$(BIN)/pip install -q -e '.[dev,envs,$(ENGINE_EXTRA)]'
 	if [ "$(ENGINE_EXTRA)" = cpu ]; then $(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec; fi
 	touch $(STAMP)
 

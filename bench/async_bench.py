@@ -50,8 +50,7 @@ def run_config(root: Path, k: int, steps: int, quick: bool, cores: tuple[list[in
     config: dict[str, Any] = {
         "run_name": f"async-bench-k{k}",
         "data_dir": str(root / f"k{k}"),
-        "task": "reverse_text",
-        "task_source": "coordinator.builtin_tasks:BuiltinTasks",
+        "environment": {"type": "builtin", "name": "reverse_text"},
         "api": {"host": "127.0.0.1", "port": free_port(), "node_burst": 10000, "ip_burst": 10000},
         "scheduling": {"async_level": k, "prompts_per_task": 4, "group_size": 8, "max_tokens": 32},
         "trust": {"validators_open": True},

@@ -39,23 +39,24 @@ import httpx  # noqa: E402
 import tomli_w  # noqa: E402
 
 from coordinator.process import CoordinatorProcess, free_port  # noqa: E402
-from coordinator.task_source import SourcePrompt  # noqa: E402
+from environments.base import Environment, Example, Scores  # noqa: E402
 from protocol.identity import NodeIdentity  # noqa: E402
 from protocol.ledger_client import HEADER_SUBMISSION_SIGNATURE  # noqa: E402
 from protocol.signing import sign_document, sign_request  # noqa: E402
 
 ENDPOINTS = ("register", "heartbeat", "lease", "submit")
-TASK_NAME = "bench"
 
 
-class BenchTaskSource:
-    """Deterministic prompts for the bench: the coordinator loads it by `bench.ledger_load:BenchTaskSource`."""
+class BenchEnvironment(Environment):
+    """Short deterministic prompts for the bench, served as ``target = "bench.ledger_load:BenchEnvironment"``."""
 
-    def has_task(self, task_name: str) -> bool:
-        return task_name == TASK_NAME
+    name = "bench"
 
-    def prompt_group(self, task_name: str, group_index: int, num_prompts: int) -> Sequence[SourcePrompt]:
-        return [SourcePrompt(token_ids=(1, 2 + group_index % 5000, 3 + k), text="") for k in range(num_prompts)]
+    def example(self, index: int) -> Example:
+        return Example(index=index, prompt=f"{index % 5000}+{index % 7}=", answer=str(index % 5000 + index % 7))
+
+    def score(self, example: Example, completion: str) -> Scores:
+        return Scores.single("exact_match", float(completion.strip() == example.answer))
 
 
 # ---- load generator (child process) ---------------------------------------------------------------
@@ -316,8 +317,7 @@ def run_backend(backend: str, ledger_url: str, args: argparse.Namespace, workdir
     config = {
         "run_name": f"bench-{backend}",
         "data_dir": str(workdir / backend),
-        "task": TASK_NAME,
-        "task_source": "bench.ledger_load:BenchTaskSource",
+        "environment": {"type": "python", "target": "bench.ledger_load:BenchEnvironment"},
         "api": {"host": "127.0.0.1", "port": port, "ip_rate_per_s": 1e6, "ip_burst": 1_000_000},
         "ledger": {"url": ledger_url},
         "scheduling": {"prompts_per_task": 2, "group_size": 2, "max_tokens": 16, "lease_ttl_s": 600},

@@ -34,7 +34,7 @@ def run_seed(args: argparse.Namespace, seed: int, start: Path, out_dir: Path) ->
 
     config = RlConfig(
         trainer={"model": str(start), "seed": seed, "optimizer": {"lr": args.lr}},
-        task="reverse_text",
+        environment={"type": "builtin", "name": "reverse_text"},
         output_dir=out_dir / f"seed{seed}",
         num_steps=args.steps,
         prompts_per_step=args.prompts,

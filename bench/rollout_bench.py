@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import platform
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +32,8 @@ import tomli_w  # noqa: E402
 import torch  # noqa: E402
 
 from coordinator.process import CoordinatorProcess, free_port  # noqa: E402
-from coordinator.task_source import SourcePrompt  # noqa: E402
+from environments.base import Environment, Example, Scores  # noqa: E402
+from environments.prompts import EnvironmentPrompts  # noqa: E402
 from protocol.identity import NodeIdentity  # noqa: E402
 from protocol.ledger_client import LedgerClient  # noqa: E402
 from protocol.schemas import Hardware, RegisterRequest, SamplingParams, Task  # noqa: E402
@@ -45,25 +46,36 @@ PROMPTS_PER_TASK = 8
 GROUP_SIZE = 8
 
 
-class BenchTaskSource:
-    """Prompt group i: 8 prompts of 16 pseudo-random token ids (deterministic)."""
+class BenchEnvironment(Environment):
+    """Example i: 16 pseudo-random letters, space-separated (about 16 tokens of the built-in tokenizer)."""
 
-    def has_task(self, task_name: str) -> bool:
-        return task_name == TASK_NAME
+    name = TASK_NAME
 
-    def prompt_group(self, task_name: str, group_index: int, num_prompts: int) -> Sequence[SourcePrompt]:
-        generator = torch.Generator().manual_seed(group_index)
-        return [
-            SourcePrompt(token_ids=tuple(torch.randint(10, 200, (16,), generator=generator).tolist()), text="")
-            for _ in range(num_prompts)
-        ]
+    def example(self, index: int) -> Example:
+        generator = torch.Generator().manual_seed(index)
+        letters = [chr(ord("a") + int(c)) for c in torch.randint(0, 26, (16,), generator=generator)]
+        return Example(index=index, prompt=" ".join(letters) + "\n")
+
+    def score(self, example: Example, completion: str) -> Scores:
+        return Scores.single("length", float(len(completion)))
 
 
-def local_task(index: int, max_tokens: int) -> Task:
+@functools.cache
+def builtin_tokenizer() -> Any:
+    """The built-in model's tokenizer (what the coordinator renders the bench's prompts with)."""
+    from transformers import AutoTokenizer
+
+    from trainer.builtin import resolve_model_path
+
+    return AutoTokenizer.from_pretrained(str(resolve_model_path("builtin:tiny-qwen2")))
+
+
+def local_task(index: int, max_tokens: int, tokenizer: Any = None) -> Task:
     """A task shaped like the coordinator's, for the engine-alone measurement."""
+    source = EnvironmentPrompts(BenchEnvironment(), tokenizer or builtin_tokenizer())
     prompts = [
         {"prompt_index": i, "token_ids": list(prompt.token_ids)}
-        for i, prompt in enumerate(BenchTaskSource().prompt_group(TASK_NAME, 10_000 + index, PROMPTS_PER_TASK))
+        for i, prompt in enumerate(source.prompt_group(10_000 + index, PROMPTS_PER_TASK))
     ]
     return Task.model_validate(
         {
@@ -80,11 +92,11 @@ def local_task(index: int, max_tokens: int) -> Task:
     )
 
 
-def engine_alone(engine: Engine, num_tasks: int, max_tokens: int) -> dict[str, float]:
-    engine.generate(generation_requests(local_task(-1, 8), ()))  # warm-up
+def engine_alone(engine: Engine, num_tasks: int, max_tokens: int, tokenizer: Any) -> dict[str, float]:
+    engine.generate(generation_requests(local_task(-1, 8, tokenizer), ()))  # warm-up
     tokens, started = 0, time.perf_counter()
     for index in range(num_tasks):
-        results = engine.generate(generation_requests(local_task(index, max_tokens), ()))
+        results = engine.generate(generation_requests(local_task(index, max_tokens, tokenizer), ()))
         tokens += sum(len(result.completion_ids) for result in results)
     seconds = time.perf_counter() - started
     return {"tokens": tokens, "seconds": round(seconds, 3), "tokens_per_s": round(tokens / seconds, 1)}
@@ -125,8 +137,7 @@ def start_coordinator(root: Path, checkpoint: Path, max_tokens: int) -> tuple[Co
     config = {
         "run_name": "rollout-bench",
         "data_dir": str(root / "run"),
-        "task": TASK_NAME,
-        "task_source": "bench.rollout_bench:BenchTaskSource",
+        "environment": {"type": "python", "target": "bench.rollout_bench:BenchEnvironment"},
         "api": {"host": "127.0.0.1", "port": port},
         "scheduling": {
             "prompts_per_task": PROMPTS_PER_TASK,
@@ -154,11 +165,14 @@ def main() -> None:
     num_tasks = args.tasks or (2 if args.quick else 6)
     max_tokens = args.max_tokens or (64 if args.quick else 128)
 
+    from transformers import AutoTokenizer
+
     from trainer.builtin import resolve_model_path
     from worker.devices import DeviceInfo
     from worker.node import create_engine
 
     checkpoint = resolve_model_path("builtin:tiny-qwen2")
+    tokenizer = AutoTokenizer.from_pretrained(str(checkpoint))
     cpu = DeviceInfo(device="cpu", name="cpu", memory_bytes=0)
     hf_engine_threads = 0
     results: dict[str, Any] = {}
@@ -172,7 +186,7 @@ def main() -> None:
                 # Alternate the two measurements and keep the median of each: this machine is shared.
                 alone_runs, loop_runs = [], []
                 for _ in range(args.repeat):
-                    alone_runs.append(engine_alone(engine, num_tasks, max_tokens))
+                    alone_runs.append(engine_alone(engine, num_tasks, max_tokens, tokenizer))
                     loop_runs.append(asyncio.run(worker_loop(engine, url, checkpoint, num_tasks)))
                 engine.close()
                 alone, loop = median_run(alone_runs), median_run(loop_runs)

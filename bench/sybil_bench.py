@@ -41,7 +41,7 @@ if str(REPO_ROOT) not in sys.path:  # run as a script: make the repo's packages 
 
 import tomli_w  # noqa: E402
 
-from bench.ledger_load import TASK_NAME, Pool, Recorder, SimulatedWorker, cpu_seconds, percentile_ms, registration  # noqa: E402
+from bench.ledger_load import Pool, Recorder, SimulatedWorker, cpu_seconds, percentile_ms, registration  # noqa: E402
 from coordinator.process import CoordinatorProcess, free_port  # noqa: E402
 from protocol.identity import NodeIdentity  # noqa: E402
 
@@ -217,8 +217,7 @@ def main(argv: list[str] | None = None) -> None:
         config = {
             "run_name": "bench-sybil",
             "data_dir": str(workdir / "run"),
-            "task": TASK_NAME,
-            "task_source": "bench.ledger_load:BenchTaskSource",
+            "environment": {"type": "python", "target": "bench.ledger_load:BenchEnvironment"},
             "api": {"host": "127.0.0.1", "port": port},
             "scheduling": {
                 "prompts_per_task": 2,

@@ -29,11 +29,11 @@ from typing import Any
 
 
 def make_batch(tokenizer: Any, num_samples: int, seed: int) -> list[Any]:
+    from environments.builtin import builtin_environment
     from trainer.packing import TrainSample
-    from trainer.tasks import get_task
 
     rng = random.Random(seed)
-    task = get_task("reverse_text")
+    task = builtin_environment("reverse_text")
     vocab = len(tokenizer)
     batch = []
     for i in range(num_samples):

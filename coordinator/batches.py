@@ -10,8 +10,9 @@ against a prefill) are the inference logprobs of the off-policy correction.
 from __future__ import annotations
 
 import json
+import math
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from protocol.schemas import Rollout, SubmitRequest, Verdict
@@ -30,6 +31,8 @@ class AcceptedGroup:
     submission: SubmitRequest
     rewards: list[float]
     """Per rollout of ``submission``, in its order."""
+    reward_components: dict[str, list[float]] = field(default_factory=dict)
+    """Each named reward of the environment, per rollout (what ``rewards`` weighs together)."""
 
 
 def verdict_rewards(verdict_json: str | None, num_rollouts: int) -> list[float] | None:
@@ -49,12 +52,14 @@ def accepted_group(
     if rewards is None:
         raise ValueError(f"submission {submission_id} has no validator reward for each rollout")
     prompts: list[dict[str, Any]] = json.loads(prompts_json)
+    components = Verdict.model_validate_json(verdict_json).reward_components if verdict_json else {}
     return AcceptedGroup(
         submission_id=submission_id,
         policy_version=policy_version,
         prompt_token_ids={int(p["prompt_index"]): list(p["token_ids"]) for p in prompts},
         submission=submission,
         rewards=rewards,
+        reward_components={k: list(v) for k, v in components.items() if len(v) == len(submission.rollouts)},
     )
 
 
@@ -87,11 +92,42 @@ def train_samples(groups: list[AcceptedGroup], normalize_std: bool = False) -> l
     ]
 
 
+NAMED_REWARD_PREFIX = "reward_mean/"
+"""Step metrics ``reward_mean/<name>``: the batch mean of each named reward of the environment."""
+
+
+STEP_NAMED_REWARD_PREFIX = "batch_" + NAMED_REWARD_PREFIX
+"""The same means as a step's metrics carry them (the orchestrator prefixes the batch summary with ``batch_``)."""
+
+
+def named_rewards(step_metrics: object) -> dict[str, float]:
+    """Reward name -> batch mean, from a step's metrics (read defensively: junk counts as absent)."""
+    if not isinstance(step_metrics, dict):
+        return {}
+    found = {}
+    for key, value in step_metrics.items():
+        name = str(key).removeprefix(STEP_NAMED_REWARD_PREFIX)
+        number = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+        if str(key).startswith(STEP_NAMED_REWARD_PREFIX) and number and 0 < len(name) <= 64:
+            found[name] = float(value)
+    return dict(sorted(found.items())[:16])
+
+
+def named_reward_means(groups: list[AcceptedGroup]) -> dict[str, float]:
+    """The mean of each named reward over the groups' rollouts that carry it."""
+    values: dict[str, list[float]] = defaultdict(list)
+    for group in groups:
+        for name, series in group.reward_components.items():
+            values[name].extend(series)
+    return {f"{NAMED_REWARD_PREFIX}{name}": sum(v) / len(v) for name, v in sorted(values.items()) if v}
+
+
 def batch_summary(groups: list[AcceptedGroup], trained_version: int) -> dict[str, float]:
     """Reward, size and staleness (versions behind the policy being trained) of a step's batch."""
     rewards = [reward for group in groups for reward in group.rewards]
     lags = [trained_version - group.policy_version for group in groups]
     return {
+        **named_reward_means(groups),
         "reward_mean": sum(rewards) / len(rewards) if rewards else 0.0,
         "num_samples": float(len(rewards)),
         "num_completion_tokens": float(

@@ -103,8 +103,8 @@ def archive(
     log_level: str = LogLevelOption,
     json_logs: bool = JsonLogsOption,
 ) -> None:
-    """Move old submission bodies and events out of the ledger database into Parquet files (`[archive]`:
-    keep_versions, keep_events_s, dir). Safe while the run goes on."""
+    """Move old submission bodies and events out of the ledger database into Parquet files (config section
+    archive: keep_versions, keep_events_s, dir). Safe while the run goes on."""
     start_logging(log_level, json_logs)
     loaded = load_role_config(CoordinatorConfig, config, sets, {"data_dir": data_dir, "ledger.url": ledger_url})
     from coordinator.archive import archive_from_cli

@@ -9,6 +9,7 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
+from environments.config import BuiltinEnvConfig, EnvironmentConfig
 from protocol.config import RoleConfig, Section
 from protocol.p2p.config import P2PConfig
 from trainer.config import LossConfig, TrainerSection
@@ -246,11 +247,8 @@ class CoordinatorConfig(RoleConfig):
     """Name of the run; also the directory name under `runs/` by default."""
     data_dir: Path = Path("runs/demo")
     """Run directory: node key, ledger (SQLite), checkpoints, policy versions, logs."""
-    task: str = "reverse_text"
-    """Built-in task (environment) the run trains on."""
-    task_source: str = Field(default="", pattern=r"^([A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*)?$")
-    """Where prompts come from: `module:attribute` naming a TaskSource (or a zero-argument factory of one).
-    Empty: no source is wired yet, and leases come back empty with a retry delay."""
+    environment: EnvironmentConfig = BuiltinEnvConfig()
+    """Where prompts and rewards come from (see environments.config); pinned in the signed run spec."""
     api: ApiConfig = ApiConfig()
     ledger: LedgerConfig = LedgerConfig()
     scheduling: SchedulingConfig = SchedulingConfig()

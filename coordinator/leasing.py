@@ -50,8 +50,8 @@ from coordinator.storage.tables import (
     submissions,
     tasks,
 )
-from coordinator.task_source import TaskSource
 from coordinator.views import RUN_ROW_ID, LedgerViews
+from environments.prompts import PromptSource
 from protocol.errors import (
     ConfigError,
     ConflictError,
@@ -125,14 +125,14 @@ class LeasingLedger(LedgerViews):
         self,
         database: Database,
         config: CoordinatorConfig,
-        task_source: TaskSource,
+        prompts: PromptSource,
         coordinator_id: str,
         clock: Callable[[], float] = time.time,
     ) -> None:
         super().__init__(database, config.scheduling, clock)
         self.config = config
         self.trust = config.trust
-        self.task_source = task_source
+        self.prompts = prompts
         self.coordinator_id = coordinator_id
         self.ban_policy = BanPolicy(ban_after_rejections=config.trust.ban_after_rejections)
         self.sources = SourcePolicy(config.sources)
@@ -141,8 +141,6 @@ class LeasingLedger(LedgerViews):
             max_leases_per_node=config.scheduling.max_leases_per_node,
             proven_after_accepted=config.sources.proven_after_accepted,
         )
-        if not task_source.has_task(config.task):
-            raise ConfigError(f"task {config.task!r} is not provided by the configured task source")
         migrate(self.db)
         self._secret = self._load_or_create_run()
         self._next_expiry_check = 0.0
@@ -403,7 +401,7 @@ class LeasingLedger(LedgerViews):
         created: list[Any] = []
         for _ in range(max(0, count)):
             next_index = self._next_group_index(conn)
-            group = self.task_source.prompt_group(self.config.task, next_index, self.scheduling.prompts_per_task)
+            group = self.prompts.prompt_group(next_index, self.scheduling.prompts_per_task)
             if not group:
                 break
             prompts = [
@@ -418,7 +416,7 @@ class LeasingLedger(LedgerViews):
             values = {
                 "task_id": f"t{next_index}",
                 "group_index": next_index,
-                "task_name": self.config.task,
+                "task_name": self.prompts.name,
                 "prompts_json": _dumps(prompts),
                 "state": "open",
                 "num_leases": 0,

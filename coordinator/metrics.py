@@ -38,6 +38,12 @@ class _RunCollector(Collector):
         submissions.add_metric(["accepted"], status.num_submissions_accepted)
         submissions.add_metric(["rejected"], status.num_submissions_rejected)
         yield submissions
+        rewards = GaugeMetricFamily(
+            "prime_train_step_reward", "Each named reward's batch mean in the newest trained step.", labels=["reward"]
+        )
+        for reward_name, mean in status.step_rewards.items():
+            rewards.add_metric([reward_name], mean)
+        yield rewards
 
 
 class LedgerMetrics:

@@ -25,6 +25,8 @@ class Vote:
     reasons: tuple[str, ...]
     readable: bool = True
     """False for a stored vote whose rewards could not be read: as an acceptance it agrees with no vote."""
+    reward_components: tuple[tuple[str, tuple[float, ...]], ...] = ()
+    """(reward name, per-rollout values) of the environment's named rewards."""
 
 
 @dataclass(frozen=True)
@@ -36,6 +38,10 @@ class Decision:
     @property
     def rewards(self) -> list[float]:
         return list(self.votes[0].rewards) if self.accepted else []
+
+    @property
+    def reward_components(self) -> dict[str, list[float]]:
+        return {name: list(values) for name, values in self.votes[0].reward_components} if self.accepted else {}
 
     @property
     def reasons(self) -> list[str]:

@@ -24,7 +24,7 @@ from protocol.errors import StartupError
 if TYPE_CHECKING:
     from coordinator.ledger import Ledger
     from coordinator.storage.engine import Database
-    from coordinator.task_source import TaskSource
+    from environments.prompts import PromptSource
 
 log = logging.getLogger("coordinator")
 LEDGER_URL_FIX = (
@@ -38,7 +38,7 @@ SQLITE_URL_FIX = (
 )
 
 
-def open_ledger(config: CoordinatorConfig, task_source: TaskSource, node_id: str) -> tuple[Database, Ledger]:
+def open_ledger(config: CoordinatorConfig, prompts: PromptSource, node_id: str) -> tuple[Database, Ledger]:
     """Open (and migrate) the run's ledger database; a database that cannot be used is a StartupError."""
     from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError
 
@@ -60,7 +60,7 @@ def open_ledger(config: CoordinatorConfig, task_source: TaskSource, node_id: str
     except OSError as exc:
         raise StartupError(f"cannot create the ledger database file of {shown}: {exc}", fix) from exc
     try:
-        return database, Ledger(database, config, task_source, node_id)
+        return database, Ledger(database, config, prompts, node_id)
     except OSError as exc:
         database.dispose()
         raise StartupError(f"cannot create the ledger database at {shown}: {exc}", fix) from exc
@@ -97,7 +97,7 @@ def run(config: CoordinatorConfig) -> None:
     from coordinator.p2p import start_coordinator_gossip
     from coordinator.policies import policy_store, publish_policy, published_version, with_vocab_size
     from coordinator.replay import DatabaseReplayCache
-    from coordinator.task_source import EmptyTaskSource, load_task_source
+    from coordinator.run_spec import environment_prompts, signed_run_spec
     from protocol.identity import key_path, load_or_create_identity
     from shardcast.origin import OriginSource
     from shardcast.server import create_app as create_shardcast_app
@@ -109,10 +109,18 @@ def run(config: CoordinatorConfig) -> None:
     start = resolve_model_path(config.policy.start_checkpoint)
     config = with_vocab_size(config, start)
     builtin_validator = BuiltinValidator(config, identity.node_id)
-    task_source = load_task_source(config.task_source)
-    if isinstance(task_source, EmptyTaskSource):
-        log.warning("no task_source configured: the ledger runs but hands out no tasks until one is wired")
-    database, ledger = open_ledger(config, task_source, identity.node_id)
+    prompts = environment_prompts(config)
+    run_spec = signed_run_spec(config, identity)
+    environment = run_spec.spec.environment
+    log.info(
+        "environment %s %r (%s %s, hash %s)",
+        environment.kind,
+        environment.name,
+        environment.package,
+        environment.package_version,
+        environment.config_hash[:12],
+    )
+    database, ledger = open_ledger(config, prompts, identity.node_id)
     try:
         status = ledger.status()
         log.info(
@@ -123,7 +131,7 @@ def run(config: CoordinatorConfig) -> None:
             status.num_submissions_accepted,
         )
         relays = RelayWatch()
-        app = create_app(config, ledger, DatabaseReplayCache(database), relays)
+        app = create_app(config, ledger, DatabaseReplayCache(database), relays, run_spec)
         store = policy_store(config)
         if store.clear_leftovers_if_idle():  # what a publish killed mid-write left in the store's staging
             log.debug("origin store %s: leftovers of interrupted publishes cleared", store.root)
@@ -175,11 +183,11 @@ def run(config: CoordinatorConfig) -> None:
 def publish_from_cli(config: CoordinatorConfig, checkpoint: Path, version: int | None) -> None:
     """`prime-coordinator publish`: the same publication the orchestrator makes, from a shell."""
     from coordinator.policies import policy_store, publish_policy, published_version
-    from coordinator.task_source import EmptyTaskSource
+    from environments.prompts import NoPrompts
     from protocol.identity import load_or_create_identity
 
     identity = load_or_create_identity(config.data_dir)
-    database, ledger = open_ledger(config, EmptyTaskSource(), identity.node_id)
+    database, ledger = open_ledger(config, NoPrompts(), identity.node_id)
     try:
         current = published_version(ledger)
         chosen = version if version is not None else (0 if current is None else current + 1)

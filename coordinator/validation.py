@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from typing import Any
 
 from pydantic import ValidationError
@@ -52,6 +53,25 @@ class Violation(Exception):  # noqa: N818 - carries a refusal, is not an error o
     def __init__(self, refusal: PrimeError) -> None:
         super().__init__(refusal.message)
         self.refusal = refusal
+
+
+def check_verdict_rewards(verdict: Verdict, num_rollouts: int) -> None:
+    """ProtocolError unless the verdict's rewards (and each named reward) are finite, one per rollout."""
+    series = {"rewards": verdict.rewards, **{f"reward {name!r}": v for name, v in verdict.reward_components.items()}}
+    for label, values in series.items():
+        if values and len(values) != num_rollouts:
+            raise ProtocolError(f"{len(values)} {label} values for {num_rollouts} rollouts")
+        if not all(math.isfinite(value) for value in values):
+            raise ProtocolError(f"{label}: every value must be a finite number")
+    if verdict.reward_components and not verdict.rewards:
+        raise ProtocolError("named rewards without their weighted total (rewards)")
+
+
+def vote_of(validator_id: str, verdict: Verdict) -> Vote:
+    components = tuple((name, tuple(values)) for name, values in sorted(verdict.reward_components.items()))
+    return Vote(
+        validator_id, verdict.accepted, tuple(verdict.rewards), tuple(verdict.reasons), reward_components=components
+    )
 
 
 class ValidationLedger(LeasingLedger):
@@ -139,8 +159,7 @@ class ValidationLedger(LeasingLedger):
             if sub is None:
                 raise NotFoundError(f"no submission {verdict.submission_id!r}")
             num_rollouts = len(json.loads(sub.body_json)["rollouts"])
-            if verdict.rewards and len(verdict.rewards) != num_rollouts:
-                raise ProtocolError(f"{len(verdict.rewards)} rewards for {num_rollouts} rollouts")
+            check_verdict_rewards(verdict, num_rollouts)
             worker = conn.execute(select(nodes).where(nodes.c.node_id == sub.node_id).with_for_update()).one()
             votes = self._votes(conn, sub.submission_id)
             earlier = next((vote for vote in votes if vote.validator_id == validator_id), None)
@@ -174,7 +193,7 @@ class ValidationLedger(LeasingLedger):
                 rewards=verdict.rewards,
             )
             self._touch(conn, validator_id)
-            new_vote = Vote(validator_id, verdict.accepted, tuple(verdict.rewards), tuple(verdict.reasons))
+            new_vote = vote_of(validator_id, verdict)
             decision = decide([*votes, new_vote], self.config.validation.validators_per_submission)
             if decision is None:
                 return VerdictResponse(submission_id=sub.submission_id, status="pending", worker_banned=worker.banned)
@@ -227,7 +246,7 @@ class ValidationLedger(LeasingLedger):
                 reason = "ledger: this validator's stored verdict is unreadable"
                 votes.append(Vote(row.validator_id, bool(row.accepted), (), (reason,), readable=False))
                 continue
-            votes.append(Vote(row.validator_id, bool(row.accepted), tuple(verdict.rewards), tuple(verdict.reasons)))
+            votes.append(vote_of(row.validator_id, verdict))
         return votes
 
     def _decide(
@@ -239,6 +258,7 @@ class ValidationLedger(LeasingLedger):
             accepted=decision.accepted,
             reasons=decision.reasons[:64],
             rewards=decision.rewards,
+            reward_components=decision.reward_components,
         )
         status = "accepted" if decision.accepted else "rejected"
         conn.execute(

@@ -13,6 +13,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Row, func, select
 
+from coordinator.batches import named_rewards
 from coordinator.config import SchedulingConfig
 from coordinator.storage.engine import Database
 from coordinator.storage.tables import events, nodes, policy_versions, run_state, submissions, tasks, train_steps
@@ -79,6 +80,12 @@ class LedgerViews:
                 conn.execute(select(submissions.c.status, func.count()).group_by(submissions.c.status)).all()
             )
             steps_done = conn.execute(select(func.count()).where(train_steps.c.state == "published")).scalar_one()
+            newest_metrics = conn.execute(
+                select(train_steps.c.metrics_json)
+                .where(train_steps.c.metrics_json.is_not(None))
+                .order_by(train_steps.c.step.desc())
+                .limit(1)
+            ).scalar()
         return RunStatus(
             run_name=run.run_name,
             current_policy_version=run.current_policy_version,
@@ -90,6 +97,7 @@ class LedgerViews:
             num_submissions_accepted=sub_counts.get("accepted", 0),
             num_submissions_rejected=sub_counts.get("rejected", 0),
             num_train_steps_done=steps_done,
+            step_rewards=named_rewards(json.loads(newest_metrics) if newest_metrics else {}),
         )
 
     def stats(self, limit: int) -> RunStats:

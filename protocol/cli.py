@@ -19,6 +19,7 @@ from typing import Any, NoReturn
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from protocol.config import ConfigT, load_config, parse_assignment
 from protocol.errors import ConfigError, PrimeError
@@ -51,7 +52,8 @@ def one_line(message: str) -> str:
 
 def fail(message: str, exit_code: int = EXIT_FAILURE) -> NoReturn:
     """Print an error a person can act on, on one line, and exit with ``exit_code``."""
-    err_console.print(f"[bold red]error:[/] {one_line(message)}", highlight=False, markup=True, soft_wrap=True)
+    # escaped: brackets are the message's own ("set [environment]"), not rich markup
+    err_console.print(f"[bold red]error:[/] {escape(one_line(message))}", highlight=False, soft_wrap=True)
     raise typer.Exit(exit_code)
 
 

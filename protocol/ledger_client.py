@@ -18,7 +18,7 @@ from typing import TypeVar
 import httpx
 from pydantic import BaseModel, ValidationError
 
-from protocol.errors import PrimeError, RateLimitedError, RemoteUnavailableError, error_for_code
+from protocol.errors import BadSignatureError, PrimeError, RateLimitedError, RemoteUnavailableError, error_for_code
 from protocol.identity import NodeIdentity
 from protocol.schemas import (
     ErrorBody,
@@ -33,15 +33,17 @@ from protocol.schemas import (
     PublishResponse,
     RegisterRequest,
     RegisterResponse,
+    RunSpec,
     RunStats,
     RunStatus,
     SignedManifest,
+    SignedRunSpec,
     SubmitRequest,
     SubmitResponse,
     Verdict,
     VerdictResponse,
 )
-from protocol.signing import SignedAuth, sign_document
+from protocol.signing import SignedAuth, sign_document, verify_document
 
 HEADER_SUBMISSION_SIGNATURE = "X-Prime-Submission-Signature"
 ResponseT = TypeVar("ResponseT", bound=BaseModel)
@@ -148,6 +150,14 @@ class LedgerClient:
     async def manifest(self, version: int | None = None) -> SignedManifest:
         path = "/v1/policy-versions/latest" if version is None else f"/v1/policy-versions/{version}"
         return await self._call("GET", path, SignedManifest, signed=False)
+
+    async def run_spec(self, coordinator_id: str) -> RunSpec:
+        """The run spec, verified as signed by ``coordinator_id`` (BadSignatureError otherwise)."""
+        signed = await self._call("GET", "/v1/run-spec", SignedRunSpec, signed=False)
+        if signed.signer != coordinator_id:
+            raise BadSignatureError(f"the run spec is signed by {signed.signer}, not the coordinator {coordinator_id}")
+        verify_document(coordinator_id, signed.spec.model_dump(mode="json"), signed.signature_b64)
+        return signed.spec
 
     async def status(self) -> RunStatus:
         return await self._call("GET", "/v1/status", RunStatus, signed=False)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
 WIRE_VERSION: Literal[1] = 1
 
@@ -46,6 +46,8 @@ Logprob = Annotated[float, Field(ge=-MAX_ABS_LOGPROB, le=MAX_ABS_LOGPROB)]
 Reward = Annotated[float, Field(ge=-MAX_ABS_REWARD, le=MAX_ABS_REWARD)]
 Role = Literal["worker", "validator"]
 EngineName = Literal["vllm", "hf"]
+MAX_NAMED_REWARDS = 16
+RewardName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.\-]+$")]
 
 
 class WireModel(BaseModel):
@@ -186,6 +188,35 @@ class Verdict(WireModel):
         max_length=MAX_PROMPTS_PER_TASK * MAX_GROUP_SIZE,
         description="Recomputed from the task, per rollout.",
     )
+    reward_components: dict[RewardName, list[Reward]] = Field(
+        default_factory=dict,
+        max_length=MAX_NAMED_REWARDS,
+        description="Each named reward of the environment, per rollout (unweighted); their weighted sum is rewards.",
+    )
+
+
+class EnvironmentIdentity(WireModel):
+    """What pins an environment across roles: equal identities serve and score the same examples."""
+
+    kind: Literal["builtin", "reasoning_gym", "verifiers", "python"]
+    name: str = Field(max_length=128, description="The dataset, taskset, built-in or module:attribute.")
+    arguments: dict[str, JsonValue] = Field(description="The resolved [environment] section.")
+    package: str = Field(max_length=128, description="The distribution that implements it.")
+    package_version: str = Field(max_length=128)
+    config_hash: Sha256Hex = Field(description="SHA-256 of the canonical JSON of the other fields.")
+
+
+class RunSpec(WireModel):
+    """What every role of a run must agree on, signed by the coordinator (``GET /v1/run-spec``)."""
+
+    run_name: str = Field(max_length=128)
+    environment: EnvironmentIdentity
+
+
+class SignedRunSpec(WireModel):
+    spec: RunSpec
+    signer: NodeId
+    signature_b64: str = Field(max_length=256)
 
 
 class ShardEntry(WireModel):
@@ -293,6 +324,11 @@ class RunStatus(WireModel):
     num_submissions_accepted: int
     num_submissions_rejected: int
     num_train_steps_done: int = Field(default=0, description="Training steps trained and published (orchestrator).")
+    step_rewards: dict[RewardName, float] = Field(
+        default_factory=dict,
+        max_length=MAX_NAMED_REWARDS,
+        description="Each named reward's batch mean in the newest trained step (the environment's rewards).",
+    )
 
 
 # Ledger API responses and read-only views.
@@ -444,6 +480,9 @@ class DashboardTrainStep(WireModel):
     step: int = Field(ge=1)
     at: float = Field(description="When the step was recorded as trained.")
     reward_mean: float
+    rewards: dict[RewardName, float] = Field(
+        default_factory=dict, max_length=MAX_NAMED_REWARDS, description="Each named reward's batch mean."
+    )
 
 
 class DashboardTraining(WireModel):

@@ -13,7 +13,7 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
 from coordinator.config import CoordinatorConfig
-from coordinator.task_source import SourcePrompt
+from environments.prompts import SourcePrompt
 from protocol.config import load_config
 from protocol.identity import NodeIdentity
 from protocol.schemas import (
@@ -32,14 +32,12 @@ from protocol.signing import sign_document
 TASK_NAME = "count"
 
 
-class CountingTaskSource:
-    """Prompt group i of task 'count' asks to count from i: deterministic, unbounded."""
+class CountingPrompts:
+    """The ledger's prompts in unit tests: group i of 'count' asks to count from i (deterministic, unbounded)."""
 
-    def has_task(self, task_name: str) -> bool:
-        return task_name == TASK_NAME
+    name = TASK_NAME
 
-    def prompt_group(self, task_name: str, group_index: int, num_prompts: int) -> Sequence[SourcePrompt]:
-        assert task_name == TASK_NAME
+    def prompt_group(self, group_index: int, num_prompts: int) -> Sequence[SourcePrompt]:
         return [
             SourcePrompt(token_ids=(1, group_index % 1000 + 2, k + 2), text=f"count from {group_index}/{k}")
             for k in range(num_prompts)
@@ -62,7 +60,6 @@ def ledger_config(data_dir: Path, url: str = "", **overrides: Any) -> Coordinato
     values: dict[str, Any] = {
         "data_dir": str(data_dir),
         "ledger.url": url,
-        "task": TASK_NAME,
         "scheduling.prompts_per_task": 2,
         "scheduling.group_size": 2,
         "scheduling.max_tokens": 8,

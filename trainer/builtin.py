@@ -82,10 +82,10 @@ def qwen2_config(shape: str, vocab_size: int, eos_token_id: int, max_position_em
 
 def builtin_tokenizer() -> Tokenizer:
     """The built-in tokenizer, trained on the built-in tasks' text (deterministic)."""
-    from trainer.tasks import get_task, task_names
+    from environments.builtin import BUILTIN, builtin_environment
     from trainer.tokenizer import train_tokenizer
 
-    corpus = [text for name in task_names() for text in get_task(name).corpus(TOKENIZER_CORPUS_EXAMPLES)]
+    corpus = [text for name in sorted(BUILTIN) for text in builtin_environment(name).corpus(TOKENIZER_CORPUS_EXAMPLES)]
     return train_tokenizer(corpus, TOKENIZER_VOCAB_SIZE)
 
 

@@ -84,28 +84,32 @@ def evaluate(
     config: Path | None = ConfigOption,
     sets: list[str] | None = SetOption,
     model: str | None = typer.Option(None, help="HF checkpoint directory or built-in name to evaluate."),
-    task: str | None = typer.Option(None, help="Task whose eval set is run (reverse_text, arithmetic)."),
+    task: str | None = typer.Option(
+        None, help="Built-in environment whose eval set is run (reverse_text, arithmetic)."
+    ),
     num_examples: int | None = typer.Option(None, help="Eval set size."),
     log_level: str = LogLevelOption,
     json_logs: bool = JsonLogsOption,
 ) -> None:
     """Run a task's eval set with the HF engine; print reward and accuracy as JSON."""
     start_logging(log_level, json_logs)
-    flags = {"model": model, "task": task, "num_examples": num_examples}
+    builtin = {"environment.type": "builtin", "environment.name": task} if task else {}
+    flags = {"model": model, "num_examples": num_examples, **builtin}
     loaded = load_role_config(EvalConfig, config, sets, flags)
+    from environments.loader import load_environment
+    from protocol.errors import ConfigError
     from trainer.builtin import resolve_model_path
     from trainer.model import load_tokenizer
     from trainer.rollout import RolloutSampler
-    from trainer.tasks import get_task
 
     try:
         model_dir = resolve_model_path(loaded.model)
-        task_obj = get_task(loaded.task, loaded.task_seed)
-    except (FileNotFoundError, ValueError) as exc:
+        environment = load_environment(loaded.environment)
+    except (FileNotFoundError, ValueError, ConfigError) as exc:
         fail(str(exc))
     engine, request_type = _hf_engine(model_dir)
     tokenizer = load_tokenizer(str(model_dir))
-    sampler = RolloutSampler(engine, request_type, task_obj, tokenizer, loaded.temperature, loaded.max_tokens)
+    sampler = RolloutSampler(engine, request_type, environment, tokenizer, loaded.temperature, loaded.max_tokens)
     report = sampler.evaluate(loaded.num_examples, loaded.num_samples, loaded.seed)
     typer.echo(json.dumps({"model": str(model_dir), **report.as_dict()}))
 

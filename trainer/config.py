@@ -12,6 +12,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
+from environments.config import BuiltinEnvConfig, EnvironmentConfig
 from protocol.config import RoleConfig, Section
 
 
@@ -119,10 +120,8 @@ class SftConfig(RoleConfig):
 
     model: str = "builtin:tiny-qwen2"
     """A local HF checkpoint directory, or `builtin:tiny-qwen2` (made by our code, no download)."""
-    task: str = "reverse_text"
-    """Built-in task whose prompt/completion pairs are the SFT data."""
-    task_seed: int = 0
-    """Seed of the task's example generator."""
+    environment: EnvironmentConfig = BuiltinEnvConfig()
+    """The SFT data: the environment's prompts and reference answers (the [environment] section)."""
     output_dir: Path = Path("runs/sft")
     """Checkpoints, metrics.jsonl and the exported HF policy (output_dir/policy) go here."""
     num_steps: int = Field(default=300, ge=1)
@@ -162,10 +161,8 @@ class RlConfig(RoleConfig):
     model_config = SettingsConfigDict(env_prefix="PRIME_TRAINER_")
 
     trainer: TrainerSection = TrainerSection()
-    task: str = "reverse_text"
-    """Task whose prompts are sampled and whose reward is optimised."""
-    task_seed: int = 0
-    """Seed of the task's example generator."""
+    environment: EnvironmentConfig = BuiltinEnvConfig()
+    """Where prompts and rewards come from (the [environment] section, as every role reads it)."""
     output_dir: Path = Path("runs/rl")
     """Checkpoints, metrics.jsonl and exported policies go here."""
     num_steps: int = Field(default=100, ge=1)
@@ -204,12 +201,10 @@ class EvalConfig(RoleConfig):
 
     model: str = "builtin:tiny-qwen2"
     """HF checkpoint directory (or built-in name) to evaluate."""
-    task: str = "reverse_text"
-    """Task whose eval set is run."""
-    task_seed: int = 0
-    """Seed of the task's example generator."""
+    environment: EnvironmentConfig = BuiltinEnvConfig()
+    """The environment whose eval set is run (the [environment] section, as every role reads it)."""
     num_examples: int = Field(default=128, ge=1)
-    """Size of the eval set (the first examples of the task's eval stream)."""
+    """Size of the eval set (the first examples of the environment's eval stream)."""
     num_samples: int = Field(default=1, ge=1)
     """Samples per eval prompt."""
     temperature: float = Field(default=1.0, gt=0)

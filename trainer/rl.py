@@ -17,10 +17,10 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+from environments.loader import load_environment
 from trainer.config import RlConfig
 from trainer.metrics import MetricsLogger
 from trainer.rollout import EvalReport, RequestFactory, RolloutEngine, RolloutSampler, step_seed, to_train_samples
-from trainer.tasks import get_task
 from trainer.train import Trainer
 
 log = logging.getLogger("trainer.rl")
@@ -46,8 +46,10 @@ def run_rl(
     trainer = trainer or Trainer(config.trainer, config.num_steps)
     if trainer.info.world_size != 1:
         raise ValueError("the local RL loop runs in one process; the network drives Trainer.rl_step on every rank")
-    task = get_task(config.task, config.task_seed)
-    sampler = RolloutSampler(engine, make_request, task, trainer.tokenizer, config.temperature, config.max_tokens)
+    environment = load_environment(config.environment)
+    sampler = RolloutSampler(
+        engine, make_request, environment, trainer.tokenizer, config.temperature, config.max_tokens
+    )
     policy_dir = config.output_dir / "policy"
     result = RlResult()
 
@@ -64,7 +66,7 @@ def run_rl(
         run_eval()
         while trainer.step < config.num_steps:
             start = trainer.step * config.prompts_per_step
-            examples = [task.example(start + i) for i in range(config.prompts_per_step)]
+            examples = [environment.example(start + i) for i in range(config.prompts_per_step)]
             rollouts = sampler.sample(examples, config.group_size, step_seed(config.trainer.seed, trainer.step))
             samples = to_train_samples(rollouts, config.group_size, config.normalize_std)
             record = trainer.rl_step(samples, config.loss, config.temperature)

@@ -16,10 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from environments.base import Environment, Example
+from environments.render import prompt_ids
 from toploc.sampling import sample_stream
 from trainer.advantages import batch_advantages
 from trainer.packing import TrainSample
-from trainer.tasks import Example, Task
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -101,7 +102,7 @@ class RolloutSampler:
 
     engine: RolloutEngine
     make_request: RequestFactory
-    task: Task
+    environment: Environment
     tokenizer: PreTrainedTokenizerBase
     temperature: float = 1.0
     max_tokens: int = 32
@@ -110,7 +111,7 @@ class RolloutSampler:
         """``num_samples`` completions of each example (prompt-major order), scored by the task."""
         eos = self.tokenizer.eos_token_id
         eos_ids = (int(eos),) if eos is not None else ()
-        prompts = [list(self.tokenizer.encode(ex.prompt, add_special_tokens=False)) for ex in examples]
+        prompts = [prompt_ids(self.environment, ex, self.tokenizer) for ex in examples]
         requests = [
             self.make_request(
                 uid=f"{ex.index}-{j}",
@@ -135,7 +136,7 @@ class RolloutSampler:
                     completion_ids=list(result.completion_ids),
                     logprobs=list(result.logprobs),
                     text=text,
-                    reward=self.task.reward(example, text),
+                    reward=self.environment.reward(example, text),
                     finish_reason=result.finish_reason,
                 )
             )
@@ -143,14 +144,14 @@ class RolloutSampler:
 
     def evaluate(self, num_examples: int, num_samples: int = 1, seed: int = 0) -> EvalReport:
         """Sampled reward and accuracy of the engine's current policy on the task's fixed eval set."""
-        rollouts = self.sample(self.task.eval_examples(num_examples), num_samples, seed)
+        rollouts = self.sample(self.environment.eval_examples(num_examples), num_samples, seed)
         count = len(rollouts)
         return EvalReport(
-            task=self.task.name,
+            task=self.environment.name,
             num_examples=num_examples,
             num_samples=num_samples,
             reward_mean=sum(r.reward for r in rollouts) / count,
-            accuracy=sum(r.reward >= self.task.success_threshold for r in rollouts) / count,
+            accuracy=sum(r.reward >= self.environment.success_threshold for r in rollouts) / count,
             stop_fraction=sum(r.finish_reason == "stop" for r in rollouts) / count,
             mean_completion_tokens=sum(len(r.completion_ids) for r in rollouts) / count,
         )

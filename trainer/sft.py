@@ -12,10 +12,12 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from environments.base import Environment
+from environments.loader import load_environment
+from environments.render import prompt_ids
 from trainer.config import SftConfig
 from trainer.metrics import MetricsLogger
 from trainer.packing import TrainSample
-from trainer.tasks import Example, Task, get_task
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -25,32 +27,35 @@ if TYPE_CHECKING:
 log = logging.getLogger("trainer.sft")
 
 
-def sft_sample(tokenizer: PreTrainedTokenizerBase, prompt: str, answer: str) -> TrainSample:
-    """Prompt ids, then the answer's ids followed by EOS (the model must learn to stop)."""
+def sft_sample(tokenizer: PreTrainedTokenizerBase, prompt: list[int], answer: str) -> TrainSample:
+    """The prompt's ids, then the answer's ids followed by EOS (the model must learn to stop)."""
     eos = tokenizer.eos_token_id
     if eos is None:
         raise ValueError("the tokenizer has no EOS token; SFT targets need one")
-    prompt_ids = tokenizer.encode(prompt, add_special_tokens=False)
     completion_ids = [*tokenizer.encode(answer, add_special_tokens=False), int(eos)]
-    return TrainSample(prompt_ids=list(prompt_ids), completion_ids=completion_ids)
+    return TrainSample(prompt_ids=list(prompt), completion_ids=completion_ids)
 
 
-def sft_batch(task: Task, tokenizer: PreTrainedTokenizerBase, step: int, batch_size: int) -> list[TrainSample]:
-    return [sft_sample(tokenizer, p, a) for p, a in task.sft_pairs(step * batch_size, batch_size)]
+def sft_batch(
+    environment: Environment, tokenizer: PreTrainedTokenizerBase, step: int, batch_size: int
+) -> list[TrainSample]:
+    """Training examples ``step * batch_size ...`` with their reference answers, prompts rendered for the policy."""
+    examples = environment.sft_examples(step * batch_size, batch_size)
+    return [sft_sample(tokenizer, prompt_ids(environment, ex, tokenizer), ex.answer or "") for ex in examples]
 
 
-def eval_samples(task: Task, tokenizer: PreTrainedTokenizerBase, num_examples: int) -> list[TrainSample]:
-    examples: list[Example] = task.eval_examples(num_examples)
-    return [sft_sample(tokenizer, ex.prompt, ex.answer) for ex in examples]
+def eval_samples(environment: Environment, tokenizer: PreTrainedTokenizerBase, num_examples: int) -> list[TrainSample]:
+    examples = [ex for ex in environment.eval_examples(num_examples) if ex.answer is not None]
+    return [sft_sample(tokenizer, prompt_ids(environment, ex, tokenizer), ex.answer or "") for ex in examples]
 
 
 def train_sft(trainer: Trainer, config: SftConfig, metrics: MetricsLogger) -> dict[str, Any]:
     """Run SFT steps from the trainer's current step to ``config.num_steps``; returns the last metrics."""
-    task = get_task(config.task, config.task_seed)
+    environment = load_environment(config.environment)
     checkpoints = config.output_dir / "checkpoints"
     last: dict[str, Any] = {}
     while trainer.step < config.num_steps:
-        last = trainer.sft_step(sft_batch(task, trainer.tokenizer, trainer.step, config.batch_size))
+        last = trainer.sft_step(sft_batch(environment, trainer.tokenizer, trainer.step, config.batch_size))
         metrics.log(last)
         interval = config.checkpoint.interval_steps
         if interval and trainer.step % interval == 0 and trainer.step < config.num_steps:
@@ -72,7 +77,7 @@ def run_sft(config: SftConfig) -> Path:
         train_sft(trainer, config, metrics)
         if config.eval_examples:
             held_out = trainer.completion_loss(
-                eval_samples(get_task(config.task, config.task_seed), trainer.tokenizer, config.eval_examples)
+                eval_samples(load_environment(config.environment), trainer.tokenizer, config.eval_examples)
             )
             metrics.log({"step": trainer.step, "eval_completion_loss": held_out})
     trainer.save(checkpoints)

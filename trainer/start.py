@@ -25,7 +25,6 @@ def start_sft_config(output_dir: Path, base_model: str = "builtin:tiny-qwen2") -
     """The SFT config that produces the start checkpoint (reverse_text, early stop)."""
     return SftConfig(
         model=base_model,
-        task="reverse_text",
         output_dir=output_dir,
         num_steps=START_SFT_STEPS,
         batch_size=START_BATCH_SIZE,

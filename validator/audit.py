@@ -10,8 +10,9 @@ sampling replay, logprobs) over the rollouts the ledger picked for audit
 (``audit_sample_indices``; all when it names none). :func:`audit_submissions` does the same
 for several submissions of one policy version with a single prefill batch across them. Every
 failure becomes a reason naming the rollout; one failed rollout rejects the whole group. The rewards of an accepted
-group are recomputed from the task (never taken from the worker) when a reward function is
-given and the task's prompts carry their example index.
+group are recomputed with the run's environment (never taken from the worker) when a reward
+function is given; when they cannot be (a prompt without its example index, a scorer that
+fails) the audit raises :class:`RewardsUnavailable` and no verdict is given.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from environments.base import Environment, Scores
 from protocol.errors import BadSignatureError, ProofError
 from protocol.schemas import PendingSubmission, Verdict
 from protocol.signing import verify_document
@@ -77,36 +79,45 @@ def submission_reasons(item: PendingSubmission) -> list[str]:
     return reasons
 
 
-RewardFn = Callable[[str, int, Sequence[int]], float]
-"""(task name, example index, completion ids) -> reward, computed by the validator from the task."""
+RewardFn = Callable[[int, Sequence[int]], Scores]
+"""(example index, completion ids) -> the environment's named rewards, computed by the validator."""
 
 
-def text_reward_fn(tokenizer: Any, eos_token_ids: Sequence[int]) -> RewardFn:
-    """Rewards of the trainer's registered tasks, from completions decoded with the policy's tokenizer."""
-    from trainer.tasks import example_reward
+def environment_reward_fn(environment: Environment, tokenizer: Any, eos_token_ids: Sequence[int]) -> RewardFn:
+    """Rewards of ``environment``, from completions decoded with the policy's tokenizer (EOS dropped)."""
 
-    def reward(task_name: str, example_index: int, completion_ids: Sequence[int]) -> float:
+    def reward(example_index: int, completion_ids: Sequence[int]) -> Scores:
         ids = list(completion_ids)
         if ids and ids[-1] in eos_token_ids:
             ids = ids[:-1]
-        return example_reward(task_name, example_index, tokenizer.decode(ids, skip_special_tokens=True))
+        return environment.score(environment.example(example_index), tokenizer.decode(ids, skip_special_tokens=True))
 
     return reward
 
 
-def recompute_rewards(item: PendingSubmission, reward_fn: RewardFn) -> list[float]:
-    """Each rollout's reward in submission order; empty when the task's prompts carry no example index."""
+class RewardsUnavailable(Exception):  # noqa: N818 - carries the reason a verdict cannot be given
+    """The rewards of a submission cannot be recomputed (a prompt without its example index, a failing scorer)."""
+
+
+def recompute_rewards(item: PendingSubmission, reward_fn: RewardFn) -> tuple[list[float], dict[str, list[float]]]:
+    """Each rollout's total reward and each named reward, in submission order; RewardsUnavailable when not."""
     prompts = {prompt.prompt_index: prompt for prompt in item.task.prompts}
-    rewards = []
-    for rollout in item.submission.rollouts:
+    totals: list[float] = []
+    components: dict[str, list[float]] = {}
+    for position, rollout in enumerate(item.submission.rollouts):
         example_index = prompts[rollout.prompt_index].example_index
         if example_index is None:
-            return []
+            raise RewardsUnavailable(f"prompt {rollout.prompt_index} carries no example index")
         try:
-            rewards.append(reward_fn(item.task.task_name, example_index, rollout.completion_ids))
-        except ValueError:  # a task this validator does not know
-            return []
-    return rewards
+            scores = reward_fn(example_index, rollout.completion_ids)
+        except (ValueError, TypeError, KeyError) as exc:
+            raise RewardsUnavailable(f"scoring rollout p{rollout.prompt_index}/s{rollout.sample_index}: {exc}") from exc
+        if position and set(scores.rewards) != set(components):
+            raise RewardsUnavailable(f"rollout p{rollout.prompt_index}/s{rollout.sample_index} has other named rewards")
+        totals.append(scores.total)
+        for name, value in scores.rewards.items():
+            components.setdefault(name, []).append(float(value))
+    return totals, components
 
 
 def audited_positions(item: PendingSubmission) -> list[int]:
@@ -167,12 +178,16 @@ def audit_submissions(
             audit.rollout_verdicts.append(checked)
     results = []
     for audit in audits:
-        rewards = recompute_rewards(audit.item, reward_fn) if reward_fn is not None and not audit.reasons else []
+        rewards: list[float] = []
+        components: dict[str, list[float]] = {}
+        if reward_fn is not None and not audit.reasons:
+            rewards, components = recompute_rewards(audit.item, reward_fn)
         verdict = Verdict(
             submission_id=audit.item.submission_id,
             accepted=not audit.reasons,
             reasons=[reason[:512] for reason in audit.reasons[:MAX_VERDICT_REASONS]],
             rewards=rewards,
+            reward_components=components,
         )
         results.append((verdict, audit.rollout_verdicts))
     return results
@@ -184,20 +199,23 @@ def audit_submissions_safely(
     eos_token_ids: Sequence[int],
     config: ToplocConfig | None = None,
     reward_fn: RewardFn | None = None,
-) -> list[tuple[Verdict, list[RolloutVerdict]]]:
+) -> list[tuple[Verdict, list[RolloutVerdict]] | RewardsUnavailable]:
     """:func:`audit_submissions`, but a submission the engine cannot recompute (e.g. longer than the model's
-    positions) is rejected with the reason instead of failing the whole batch and the validator with it."""
+    positions) is rejected with the reason instead of failing the whole batch and the validator with it, and
+    a submission whose rewards cannot be recomputed gets no verdict: its :class:`RewardsUnavailable` instead."""
     try:
-        return audit_submissions(items, engine, eos_token_ids, config, reward_fn)
-    except ValueError:
+        return list(audit_submissions(items, engine, eos_token_ids, config, reward_fn))
+    except (ValueError, RewardsUnavailable):
         pass  # find the submission(s) at fault, one at a time
-    results = []
+    results: list[tuple[Verdict, list[RolloutVerdict]] | RewardsUnavailable] = []
     for item in items:
         try:
             results += audit_submissions([item], engine, eos_token_ids, config, reward_fn)
         except ValueError as exc:
             reason = f"audit: the rollouts cannot be recomputed: {exc}"[:512]
             results.append((Verdict(submission_id=item.submission_id, accepted=False, reasons=[reason]), []))
+        except RewardsUnavailable as exc:
+            results.append(exc)
     return results
 
 

@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
+from environments.config import EnvironmentConfig
 from protocol.config import RoleConfig
 from protocol.p2p.config import P2PConfig
 
@@ -37,5 +38,8 @@ class ValidatorConfig(RoleConfig):
     """How often a progress summary is logged."""
     poll_interval_s: float = Field(default=1.0, gt=0)
     """How often to ask the ledger for pending submissions when idle."""
+    environment: EnvironmentConfig | None = None
+    """The environment whose rewards this validator recomputes; unset: the one the run spec names. Either way
+    it must match the run spec (kind, arguments, package version), or the validator refuses to start."""
     p2p: P2PConfig = P2PConfig()
     """The libp2p gossip network: announced policy versions are downloaded before the first submission needs them."""

@@ -5,7 +5,10 @@ unless the run is open), learns and pins the coordinator's id like a worker does
 each policy version it needs through SHARDCAST (verified against the signed manifest), keeps
 an HF prefill engine per version for the few versions async_level keeps alive, audits the
 pending submissions of each version together (one prefill batch across them, only the samples
-the ledger picked) and posts a verdict per submission. Progress
+the ledger picked) and posts a verdict per submission, with the rewards recomputed by the run's
+environment. Before it registers it fetches the run spec the coordinator signed and loads that
+environment (:func:`environments.pinning.run_environment`); one it cannot load identically stops
+it with the reason and what to install. Progress
 (:mod:`validator.progress`): one log line per verdict and a periodic summary (verified
 samples/s and submissions/s, accepted, rejected and the most common rejection reasons).
 Each version with a loaded engine, and each version being audited, is pinned in the weights
@@ -22,13 +25,15 @@ import time
 from collections import OrderedDict
 from pathlib import Path
 
+from environments.base import Environment
+from environments.pinning import run_environment
 from protocol.errors import ForbiddenError, ProtocolError, RequestRefused
 from protocol.first_contact import check_coordinator, check_relays
 from protocol.identity import load_or_create_identity
 from protocol.ledger_client import LedgerClient
 from protocol.schemas import Hardware, PendingSubmission, RegisterRequest
 from shardcast.cache import WeightsCache
-from validator.audit import RewardFn, audit_submissions_safely, text_reward_fn
+from validator.audit import RewardFn, RewardsUnavailable, audit_submissions_safely, environment_reward_fn
 from validator.config import ValidatorConfig
 from validator.progress import ValidatorState
 from worker.engines.base import PrefillEngine
@@ -42,8 +47,9 @@ log = logging.getLogger("validator")
 class PolicyEngines:
     """One prefill engine per policy version, the least recently used dropped beyond ``max_loaded``."""
 
-    def __init__(self, weights: WeightsCache, max_loaded: int, max_batch_size: int) -> None:
+    def __init__(self, weights: WeightsCache, max_loaded: int, max_batch_size: int, environment: Environment) -> None:
         self.weights = weights
+        self.environment = environment
         self.max_loaded = max_loaded
         self.max_batch_size = max_batch_size
         self._engines: OrderedDict[int, tuple[PrefillEngine, tuple[int, ...], RewardFn]] = OrderedDict()
@@ -73,7 +79,7 @@ class PolicyEngines:
         engine = await asyncio.to_thread(HFEngine, path, max_batch_size=self.max_batch_size)
         eos = eos_token_ids(path)
         tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, str(path))
-        return engine, eos, text_reward_fn(tokenizer, eos)
+        return engine, eos, environment_reward_fn(self.environment, tokenizer, eos)
 
     def close(self) -> None:
         for version, (engine, _eos, _reward) in self._engines.items():
@@ -112,7 +118,11 @@ async def _audit_version(
     started = time.monotonic()
     audited = await asyncio.to_thread(audit_submissions_safely, items, engine, eos, None, reward_fn)
     state.audit_s += time.monotonic() - started
-    for item, (verdict, rollouts) in zip(items, audited, strict=True):
+    for item, result in zip(items, audited, strict=True):
+        if isinstance(result, RewardsUnavailable):
+            log.error("no verdict on %s: its rewards cannot be recomputed (%s)", item.submission_id, result)
+            continue
+        verdict, rollouts = result
         state.record(verdict, len(item.submission.rollouts), len(rollouts))
         try:
             answer = await with_retries("verdict", functools.partial(ledger.post_verdict, verdict), stop)
@@ -140,6 +150,14 @@ async def run_validator(config: ValidatorConfig, stop: asyncio.Event, state: Val
     await check_relays(config.relays)
     async with LedgerClient(config.coordinator_url, identity) as ledger:
         coordinator_id = await trusted_coordinator_id(ledger, config.data_dir, config.coordinator_id, stop)
+        spec = await with_retries("run spec", lambda: ledger.run_spec(coordinator_id), stop)
+        environment = await asyncio.to_thread(run_environment, spec, config.environment)
+        log.info(
+            "environment %s %r (hash %s) loaded and checked",
+            spec.environment.kind,
+            spec.environment.name,
+            spec.environment.config_hash[:12],
+        )
         hardware = Hardware(accelerator="cpu", num_devices=1, memory_bytes=0)
         request = RegisterRequest(role="validator", hardware=hardware, engine="hf", software_version=software_version())
         await with_retries("register", lambda: ledger.register(request), stop)
@@ -149,7 +167,7 @@ async def run_validator(config: ValidatorConfig, stop: asyncio.Event, state: Val
         p2p = asyncio.create_task(
             run_node_gossip(config.p2p, config.coordinator_url, identity, coordinator_id, weights, stop)
         )
-        engines = PolicyEngines(weights, config.max_versions, config.max_batch_size)
+        engines = PolicyEngines(weights, config.max_versions, config.max_batch_size, environment)
         last_summary = time.monotonic()
         try:
             while not stop.is_set():

@@ -131,6 +131,15 @@ async def run_worker(
     await check_relays(config.relays)
     async with LedgerClient(config.coordinator_url, identity) as ledger:
         coordinator_id = await trusted_coordinator_id(ledger, config.data_dir, config.coordinator_id, stop)
+        spec = (await with_retries("run spec", lambda: ledger.run_spec(coordinator_id), stop)).environment
+        log.info(
+            "run environment: %s %r from %s %s (hash %s)",
+            spec.kind,
+            spec.name,
+            spec.package,
+            spec.package_version,
+            spec.config_hash[:12],
+        )
         hardware = Hardware(
             accelerator=devices[0].name, num_devices=len(devices), memory_bytes=sum(d.memory_bytes for d in devices)
         )

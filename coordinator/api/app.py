@@ -40,7 +40,7 @@ from coordinator.metrics import LedgerMetrics
 from coordinator.ratelimit import RateLimiter, RegistrationLimit
 from coordinator.replay import DatabaseReplayCache
 from coordinator.sources import SourcePolicy
-from protocol.errors import ForbiddenError, RateLimitedError
+from protocol.errors import ForbiddenError, NotFoundError, RateLimitedError
 from protocol.ledger_client import HEADER_SUBMISSION_SIGNATURE
 from protocol.schemas import (
     MAX_POLICY_VERSION,
@@ -59,6 +59,7 @@ from protocol.schemas import (
     RunStats,
     RunStatus,
     SignedManifest,
+    SignedRunSpec,
     SubmitRequest,
     SubmitResponse,
     Verdict,
@@ -91,9 +92,14 @@ _UNMETERED_PATHS = frozenset({"/healthz", "/metrics"})
 
 
 def create_app(
-    config: CoordinatorConfig, ledger: Ledger, replay_cache: DatabaseReplayCache, relays: RelayWatch | None = None
+    config: CoordinatorConfig,
+    ledger: Ledger,
+    replay_cache: DatabaseReplayCache,
+    relays: RelayWatch | None = None,
+    run_spec: SignedRunSpec | None = None,
 ) -> FastAPI:
-    """The API for one ledger; the caller owns the ledger's database (and ``relays``, shown on the dashboard)."""
+    """The API for one ledger; the caller owns the ledger's database (and ``relays``, shown on the dashboard).
+    ``run_spec`` is served at ``GET /v1/run-spec`` (404 without one)."""
     api = config.api
 
     @asynccontextmanager
@@ -203,6 +209,13 @@ def create_app(
     def manifest(version: Annotated[int, FastApiPath(ge=0, le=MAX_POLICY_VERSION)]) -> SignedManifest:
         """One published policy version's signed manifest."""
         return ledger.manifest(version)
+
+    @app.get("/v1/run-spec", tags=["public"])
+    def signed_spec() -> SignedRunSpec:
+        """The run spec the coordinator signed: the environment every role must load to take part."""
+        if run_spec is None:
+            raise NotFoundError("this ledger serves no run spec")
+        return run_spec
 
     @app.get("/v1/status", tags=["public"])
     def status() -> RunStatus:

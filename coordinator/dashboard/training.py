@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from collections import deque
 
+from coordinator.batches import named_rewards
 from protocol.schemas import DashboardTraining, DashboardTrainStep, Event
 
 MAX_STEP_POINTS = 500
@@ -52,7 +53,8 @@ class TrainingHistory:
             self.newest_recorded = max(self.newest_recorded, step)
             reward = _reward(event.data.get("metrics"))
             if reward is not None and all(s.step != step for s in self.steps):
-                self.steps.append(DashboardTrainStep(step=step, at=event.at, reward_mean=reward))
+                rewards = named_rewards(event.data.get("metrics"))
+                self.steps.append(DashboardTrainStep(step=step, at=event.at, reward_mean=reward, rewards=rewards))
         elif state == "published":
             self.newest_published = max(self.newest_published, step)
 

@@ -10,9 +10,10 @@ event log, and stops every process it started (by PID) on exit.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,14 +25,14 @@ from sqlalchemy import Executable, create_engine, text
 
 from coordinator.process import CoordinatorProcess, free_port, stop_processes
 from tests.integration.shardcast_nodes import Nodes
-from tests.ledger_helpers import TASK_NAME
 from toploc.tiny_model import TinyModelSpec, save_tiny_qwen2
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 # head_dim 32 (vLLM's CPU attention needs 32 and up); 16 KiB shards so a version has many.
 SPEC = TinyModelSpec(hidden_size=64, num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256)
-COUNTING_TASKS = "tests.ledger_helpers:CountingTaskSource"
+REVERSE_TEXT: dict[str, Any] = {"type": "builtin", "name": "reverse_text"}
+"""The default [environment] of test runs."""
 
 
 @dataclass
@@ -44,18 +45,23 @@ class Network:
     checkpoints: list[Path]
     relays: Nodes
     workers: list[subprocess.Popen[bytes]]
+    pythonpath: str = str(REPO_ROOT)
+    """PYTHONPATH of every process of the run (the repository, and where the run's environment lives)."""
 
     def start_worker(self, name: str, engine: str, relays: list[str], *extra: str) -> subprocess.Popen[bytes]:
         argv = [str(BIN / "prime-worker"), "join", "--coordinator", self.url, "--engine", engine, "--gpu", "none"]
         argv += ["--data-dir", str(self.root / name), "--json-logs", *extra]
         argv += [item for relay in relays for item in ("--relay", relay)]
         log = open(self.root / f"{name}.log", "ab")  # noqa: SIM115 - lives as long as the process
-        env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+        env = {**os.environ, "PYTHONPATH": self.pythonpath}
         proc = subprocess.Popen(argv, stdout=log, stderr=log, env=env)
         self.workers.append(proc)
         return proc
 
-    def start_validator(self, name: str = "validator") -> subprocess.Popen[bytes]:
+    def start_validator(
+        self, name: str = "validator", *extra: str, pythonpath: str | None = None
+    ) -> subprocess.Popen[bytes]:
+        """A `prime-validator run` (``extra`` arguments appended; ``pythonpath`` instead of the run's)."""
         argv = [
             str(BIN / "prime-validator"),
             "run",
@@ -63,11 +69,11 @@ class Network:
             self.url,
             "--data-dir",
             str(self.root / name),
+            *extra,
         ]
         log = open(self.root / f"{name}.log", "ab")  # noqa: SIM115 - lives as long as the process
-        proc = subprocess.Popen(
-            [*argv, "--json-logs"], stdout=log, stderr=log, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-        )
+        env = {**os.environ, "PYTHONPATH": pythonpath or self.pythonpath}
+        proc = subprocess.Popen([*argv, "--json-logs"], stdout=log, stderr=log, env=env)
         self.workers.append(proc)
         return proc
 
@@ -94,26 +100,38 @@ class Network:
         return (self.root / f"{name}.log").read_text(errors="replace")[-4000:]
 
 
+def tiny_policy(path: Path, seed: int) -> Path:
+    """A random tiny Qwen2 (:data:`SPEC`) with the built-in tokenizer, so environments' prompts encode."""
+    from trainer.builtin import resolve_model_path
+
+    save_tiny_qwen2(path, seed=seed, spec=SPEC)
+    tokenizer_dir = resolve_model_path("builtin:tiny-qwen2")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copyfile(tokenizer_dir / name, path / name)
+    return path
+
+
 @contextmanager
 def running_network(
     tmp_path: Path,
     checkpoints: list[Path] | None = None,
-    task: str = TASK_NAME,
-    task_source: str = COUNTING_TASKS,
+    environment: dict[str, Any] | None = None,
+    pythonpath: Sequence[Path] = (),
     sections: dict[str, dict[str, Any]] | None = None,
+    start_timeout_s: float = 120,
 ) -> Iterator[Network]:
     """Coordinator (2 prompts x 4 samples, 48 tokens, async level 1, open validators) on a free port,
-    serving ``task`` from ``task_source`` with ``checkpoints[0]`` published as policy v0; ``sections``
-    update the config's sections (e.g. ``trust={"ban_after_rejections": 5}``)."""
+    serving ``environment`` (default: the built-in reverse_text) with ``checkpoints[0]`` published as policy
+    v0; ``sections`` update the config's sections (e.g. ``trust={"ban_after_rejections": 5}``); ``pythonpath``
+    adds directories to every process's PYTHONPATH (where a test's environment module lives)."""
     if checkpoints is None:
-        checkpoints = [save_tiny_qwen2(tmp_path / f"policy-{v}", seed=v, spec=SPEC) for v in range(2)]
+        checkpoints = [tiny_policy(tmp_path / f"policy-{v}", seed=v) for v in range(2)]
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     config: dict[str, Any] = {
         "run_name": "workers",
         "data_dir": str(tmp_path / "run"),
-        "task": task,
-        "task_source": task_source,
+        "environment": environment or REVERSE_TEXT,
         "api": {"host": "127.0.0.1", "port": port, "node_burst": 100000, "ip_burst": 100000},
         "scheduling": {"prompts_per_task": 2, "group_size": 4, "max_tokens": 48, "lease_ttl_s": 8, "async_level": 1},
         "trust": {"validators_open": True},
@@ -124,11 +142,12 @@ def running_network(
         config[name] = {**config.get(name, {}), **values}
     config_path = tmp_path / "run.toml"
     config_path.write_text(tomli_w.dumps(config))
-    coordinator = CoordinatorProcess(config_path, tmp_path / "coordinator.log", {"PYTHONPATH": str(REPO_ROOT)})
+    path = os.pathsep.join([str(REPO_ROOT), *map(str, pythonpath)])
+    coordinator = CoordinatorProcess(config_path, tmp_path / "coordinator.log", {"PYTHONPATH": path})
     relays = Nodes(tmp_path)
-    net = Network(url, tmp_path, config_path, coordinator, "", checkpoints, relays, [])
+    net = Network(url, tmp_path, config_path, coordinator, "", checkpoints, relays, [], path)
     try:
-        coordinator.start(url, timeout_s=120)
+        coordinator.start(url, timeout_s=start_timeout_s)
         net.coordinator_id = httpx.get(f"{url}/v1/policy-versions/latest", timeout=5).json()["signer"]
         yield net
     finally:

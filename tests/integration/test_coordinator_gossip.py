@@ -26,7 +26,7 @@ from protocol.p2p.announcements import Accepted, manifest_digest
 from protocol.p2p.config import P2PConfig
 from protocol.p2p.gossip import Gossip
 from protocol.schemas import LeaseRequest, P2PInfo, PolicyAnnouncement, TaskAnnouncement
-from tests.ledger_helpers import CountingTaskSource, ledger_config, register_request, signed_manifest
+from tests.ledger_helpers import CountingPrompts, ledger_config, register_request, signed_manifest
 
 pytestmark = pytest.mark.slow
 ORIGIN = "http://127.0.0.1:8000/shardcast"
@@ -57,7 +57,7 @@ def setup(tmp_path: Path) -> Iterator[tuple[Ledger, CoordinatorGossip, Heard, No
     identity = NodeIdentity.generate()
     config = ledger_config(tmp_path, f"sqlite:///{tmp_path / 'ledger.db'}")
     database = Database(config.ledger_url, config.ledger.sqlite_synchronous, config.ledger.pool_size)
-    ledger = Ledger(database, config, CountingTaskSource(), identity.node_id)
+    ledger = Ledger(database, config, CountingPrompts(), identity.node_id)
     coordinator = CoordinatorGossip(identity, config, ledger, ORIGIN)
     heard = Heard()
     observer = Gossip(NodeIdentity.generate(), P2PConfig(), identity.node_id)

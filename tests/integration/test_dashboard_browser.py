@@ -144,8 +144,7 @@ def reward_points(browser: WebDriver) -> dict[str, str]:
 
 def test_dashboard_shows_the_live_worker_and_the_runs_rewards(tmp_path: Path, browser: WebDriver) -> None:
     start = resolve_model_path("builtin:tiny-qwen2-reverse-start")
-    builtin_tasks = "coordinator.builtin_tasks:BuiltinTasks"
-    with running_network(tmp_path, [start], task="reverse_text", task_source=builtin_tasks) as net:
+    with running_network(tmp_path, [start]) as net:
         relay_url, _relay = net.relays.relay([f"{net.url}/shardcast"], net.coordinator_id)
         hostile_url = f"http://127.0.0.1:{free_port()}/<img/src=x/onerror=alert(1)><b>relay</b>"
         with gossip_peer(net) as peer:

@@ -126,9 +126,9 @@ def test_coordinator_with_a_missing_start_checkpoint(tmp_path: Path) -> None:
     expect(argv, EXIT_BAD_CONFIG, str(missing), "does not exist", "builtin:")
 
 
-def test_coordinator_with_a_task_source_package_not_installed(tmp_path: Path) -> None:
-    argv = coordinator_argv(tmp_path, "--set", "task_source='no_such_environment:Tasks'")
-    expect(argv, EXIT_BAD_CONFIG, "no_such_environment", "install the package")
+def test_coordinator_with_an_environment_package_not_installed(tmp_path: Path) -> None:
+    argv = coordinator_argv(tmp_path, "--set", 'environment={type="python", target="no_such_environment:Tasks"}')
+    expect(argv, EXIT_BAD_CONFIG, "no_such_environment", "install its module")
 
 
 @pytest.mark.parametrize(

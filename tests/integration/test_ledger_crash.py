@@ -24,7 +24,6 @@ from protocol.ledger_client import LedgerClient
 from protocol.schemas import LeaseRequest, SubmitRequest, Task
 from tests.conftest import free_port
 from tests.ledger_helpers import (
-    TASK_NAME,
     new_postgres_schema,
     register_request,
     scratch_postgres_database,
@@ -82,8 +81,6 @@ def test_sigkill_loses_no_acknowledged_submission_and_no_lease(tmp_path: Path, l
     config = {
         "run_name": "crash",
         "data_dir": str(tmp_path / "run"),
-        "task": TASK_NAME,
-        "task_source": "tests.ledger_helpers:CountingTaskSource",
         "api": {"host": "127.0.0.1", "port": port, "node_burst": 100000, "ip_burst": 100000},
         "ledger": {"url": ledger_url},
         "scheduling": {"prompts_per_task": 2, "group_size": 2, "max_tokens": 8, "lease_ttl_s": 600},

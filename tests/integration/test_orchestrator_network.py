@@ -41,8 +41,7 @@ def write_config(root: Path, port: int, local_network: bool = True, **orchestrat
     config = {
         "run_name": "orchestrator-test",
         "data_dir": str(root / "run"),
-        "task": "reverse_text",
-        "task_source": "coordinator.builtin_tasks:BuiltinTasks",
+        "environment": {"type": "builtin", "name": "reverse_text"},
         "api": {"host": "127.0.0.1", "port": port, "node_burst": 10000, "ip_burst": 10000},
         "scheduling": {"async_level": 1, "prompts_per_task": 2, "group_size": 4, "max_tokens": 16, "lease_ttl_s": 60},
         "trust": {"validators_open": True},

@@ -25,7 +25,7 @@ from protocol.identity import NodeIdentity
 from protocol.ledger_client import LedgerClient
 from protocol.schemas import LeaseRequest
 from tests.integration.network import REPO_ROOT
-from tests.ledger_helpers import TASK_NAME, register_request
+from tests.ledger_helpers import register_request
 
 SYBIL_ADDRESSES = [f"127.0.0.{host}" for host in range(1, 9)]
 HONEST_ADDRESSES = ["127.1.0.1", "127.2.0.1"]
@@ -47,8 +47,6 @@ def coordinator_url(tmp_path: Path) -> Iterator[str]:
     config = {
         "run_name": "sybil",
         "data_dir": str(tmp_path / "run"),
-        "task": TASK_NAME,
-        "task_source": "tests.ledger_helpers:CountingTaskSource",
         "api": {"host": "127.0.0.1", "port": port},
         "scheduling": {"prompts_per_task": 2, "group_size": 2, "max_tokens": 8, "max_open_leases": 32},
     }  # sources: the defaults (no allow-list, no trusted proxy)

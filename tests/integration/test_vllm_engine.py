@@ -153,13 +153,17 @@ def test_exported_start_checkpoint_draws_the_same_tokens_in_vllm_and_hf() -> Non
     """The trainer's exported policy (HF safetensors + config + tokenizer) loads in both engines alike:
     the same verifiable draws through our engines, and the same plain greedy output from
     `transformers` ``generate`` and from vLLM's own ``LLM.generate`` with temperature 0."""
-    from coordinator.builtin_tasks import BuiltinTasks
+    from transformers import AutoTokenizer
+
+    from environments.builtin import builtin_environment
+    from environments.prompts import EnvironmentPrompts
     from trainer.builtin import resolve_model_path
     from worker.node import eos_token_ids
 
     checkpoint = resolve_model_path("builtin:tiny-qwen2-reverse-start")
     eos = eos_token_ids(checkpoint)
-    prompts = BuiltinTasks().prompt_group("reverse_text", 0, 8)
+    tokenizer = AutoTokenizer.from_pretrained(str(checkpoint))
+    prompts = EnvironmentPrompts(builtin_environment("reverse_text"), tokenizer).prompt_group(0, 8)
     requests = [
         GenerationRequest(f"r{i}", list(p.token_ids), 32, 1.0, SEED, sample_stream(i, 0), eos)
         for i, p in enumerate(prompts)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.batches import accepted_group, batch_summary, train_samples, verdict_rewards
+from coordinator.batches import accepted_group, batch_summary, named_rewards, train_samples, verdict_rewards
 from coordinator.scheduling import lease_room
 from coordinator.train_steps import min_policy_version
 from protocol.schemas import Rollout, SubmitRequest, Verdict
@@ -15,7 +15,7 @@ from trainer.packing import TrainSample
 from trainer.transport import StepBatch, TrainDir
 
 
-def group_columns(rewards: list[float]) -> tuple[str, str, str]:
+def group_columns(rewards: list[float], components: dict[str, list[float]] | None = None) -> tuple[str, str, str]:
     """Ledger columns of one accepted submission: 2 prompts x 2 samples, rollouts stored out of order."""
     prompts = [{"prompt_index": 0, "token_ids": [10, 11]}, {"prompt_index": 1, "token_ids": [20]}]
     order = [(1, 1), (0, 1), (1, 0), (0, 0)]
@@ -31,7 +31,7 @@ def group_columns(rewards: list[float]) -> tuple[str, str, str]:
         for p, s in order
     ]
     body = SubmitRequest(lease_id="l", task_id="t", policy_version=3, engine="hf", rollouts=rollouts)
-    verdict = Verdict(submission_id="s", accepted=True, rewards=rewards)
+    verdict = Verdict(submission_id="s", accepted=True, rewards=rewards, reward_components=components or {})
     return json.dumps(prompts), body.model_dump_json(), verdict.model_dump_json()
 
 
@@ -50,6 +50,25 @@ def test_samples_are_grouped_per_prompt_with_task_tokens_and_validator_rewards()
     summary = batch_summary([group], trained_version=5)
     assert summary["staleness_mean"] == 2 and summary["num_samples"] == 4
     assert summary["reward_mean"] == pytest.approx(0.35)
+
+
+def test_each_named_reward_has_its_batch_mean_in_the_step_metrics() -> None:
+    from coordinator.dashboard.training import TrainingHistory
+    from protocol.schemas import Event
+
+    components = {"exact": [1.0, 0.0, 0.0, 0.0], "short": [1.0, 1.0, 0.5, 0.0]}
+    group = accepted_group("s", 3, *group_columns([1.0, 0.25, 0.125, 0.0], components))
+    summary = batch_summary([group], trained_version=4)
+    assert summary["reward_mean/exact"] == pytest.approx(0.25)
+    assert summary["reward_mean/short"] == pytest.approx(0.625)
+    metrics = {f"batch_{k}": v for k, v in summary.items()} | {"batch_reward_mean/junk": float("nan")}
+    assert named_rewards(metrics) == {"exact": pytest.approx(0.25), "short": pytest.approx(0.625)}
+    assert named_rewards("not metrics") == {}
+    history = TrainingHistory()
+    trained = {"state": "trained", "metrics": metrics}
+    history.fold(Event(event_id=1, at=1.0, kind="train_step", node_id=None, subject="1", data=trained))
+    training = history.summary()
+    assert training is not None and training.steps[0].rewards == {"exact": 0.25, "short": 0.625}
 
 
 def test_a_verdict_without_a_reward_per_rollout_is_not_usable() -> None:

@@ -126,3 +126,13 @@ def test_the_traceback_comes_with_log_level_debug(capsys: pytest.CaptureFixture[
     err = capsys.readouterr().err
     assert "Traceback (most recent call last)" in err and "raise error" in err
     assert err.strip().splitlines()[-1].startswith("error: unexpected RuntimeError: boom")
+
+
+def test_fail_prints_the_message_verbatim_brackets_included(capsys: pytest.CaptureFixture[str]) -> None:
+    import typer
+
+    from protocol.cli import fail
+
+    with pytest.raises(typer.Exit):
+        fail("set [environment] to the run's, not ['a']")
+    assert "set [environment] to the run's, not ['a']" in " ".join(capsys.readouterr().err.split())

@@ -15,8 +15,6 @@ from coordinator.scheduling import (
     staleness_problem,
 )
 from coordinator.seeds import new_run_secret, sampling_seed
-from coordinator.task_source import EmptyTaskSource, SourcePrompt, load_task_source
-from protocol.errors import ConfigError
 from protocol.schemas import Rollout
 
 
@@ -133,25 +131,3 @@ def test_rate_limiter_refills_and_bounds_keys() -> None:
     assert limiter.retry_after_s("b") is None
     limiter.retry_after_s("c")  # evicts the least recently used key
     assert len(limiter._buckets) == 2
-
-
-class _Source:
-    def has_task(self, task_name: str) -> bool:
-        return task_name == "x"
-
-    def prompt_group(self, task_name: str, group_index: int, num_prompts: int) -> list[SourcePrompt]:
-        return []
-
-
-SOURCE_INSTANCE = _Source()
-
-
-def test_load_task_source() -> None:
-    assert isinstance(load_task_source(""), EmptyTaskSource)
-    assert load_task_source(f"{__name__}:SOURCE_INSTANCE") is SOURCE_INSTANCE
-    assert isinstance(load_task_source(f"{__name__}:_Source"), _Source)
-    assert isinstance(load_task_source("tests.ledger_helpers:CountingTaskSource").has_task("count"), bool)
-    with pytest.raises(ConfigError, match="cannot be loaded"):
-        load_task_source("no_such_module:thing")
-    with pytest.raises(ConfigError, match="not a TaskSource"):
-        load_task_source(f"{__name__}:test_staleness")

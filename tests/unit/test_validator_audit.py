@@ -136,20 +136,21 @@ def test_junk_proof_and_unknown_prompt_are_reasons_not_crashes(policy: HFEngine)
     assert any("no prompt 7" in r for r in verdict.reasons)
 
 
-def test_rewards_are_recomputed_from_the_task_not_taken_from_the_worker() -> None:
+def test_rewards_are_recomputed_from_the_environment_not_taken_from_the_worker() -> None:
     from transformers import AutoTokenizer
 
-    from coordinator.builtin_tasks import BuiltinTasks
+    from environments.builtin import builtin_environment
+    from environments.prompts import EnvironmentPrompts
     from trainer.builtin import resolve_model_path
-    from trainer.tasks import get_task
-    from validator.audit import text_reward_fn
+    from validator.audit import environment_reward_fn
     from worker.node import eos_token_ids
 
     checkpoint = resolve_model_path("builtin:tiny-qwen2-reverse-start")
     eos = eos_token_ids(checkpoint)
     engine = HFEngine(checkpoint, max_batch_size=8)
     tokenizer = AutoTokenizer.from_pretrained(str(checkpoint))
-    source = BuiltinTasks().prompt_group("reverse_text", 5, 2)
+    reverse_text = builtin_environment("reverse_text")
+    source = EnvironmentPrompts(reverse_text, tokenizer).prompt_group(5, 2)
     task = make_task().model_copy(
         update={
             "task_name": "reverse_text",
@@ -165,15 +166,15 @@ def test_rewards_are_recomputed_from_the_task_not_taken_from_the_worker() -> Non
     )
     samples = [SampleTask(s.prompt_ids, s.sampling, s.seed, s.stream, eos) for s in sample_tasks(task)]
     item = pending(task, honest_claims(engine, samples), NodeIdentity.generate())
-    verdict, _ = audit_submission(item, engine, eos, reward_fn=text_reward_fn(tokenizer, eos))
+    verdict, _ = audit_submission(item, engine, eos, reward_fn=environment_reward_fn(reverse_text, tokenizer, eos))
     assert verdict.accepted, verdict.reasons
-    reverse_text = get_task("reverse_text")
     expected = []
     for rollout in item.submission.rollouts:
         ids = rollout.completion_ids[:-1] if rollout.completion_ids[-1] in eos else rollout.completion_ids
         example = reverse_text.example(10 + rollout.prompt_index)
         expected.append(reverse_text.reward(example, tokenizer.decode(ids, skip_special_tokens=True)))
     assert verdict.rewards == pytest.approx(expected)
+    assert verdict.reward_components == {"lcs_ratio": pytest.approx(expected)}
     assert all(0.0 <= r <= 1.0 for r in verdict.rewards) and max(verdict.rewards) > 0
 
 
@@ -243,6 +244,8 @@ def test_a_submission_the_engine_cannot_recompute_is_rejected_not_fatal(policy: 
             "worker_signature_b64": sign_document(worker, submission.model_dump(mode="json")),
         }
     )
-    (first, _), (second, _) = audit_submissions_safely([honest, too_long], policy, EOS)
+    results = audit_submissions_safely([honest, too_long], policy, EOS)
+    assert all(isinstance(result, tuple) for result in results)
+    (first, _), (second, _) = [result for result in results if isinstance(result, tuple)]
     assert first.accepted, first.reasons
     assert not second.accepted and second.reasons[0].startswith("audit: the rollouts cannot be recomputed")

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from environments.builtin import builtin_environment
 from protocol.schemas import Prompt, SamplingParams, Task
 from shardcast import cache as cache_module
 from shardcast.cache import WeightsCache
@@ -141,7 +142,7 @@ async def test_the_worker_pins_its_loaded_version_and_the_leased_tasks_version(c
 async def test_the_validator_pins_versions_whose_engine_is_loaded(
     cache: WeightsCache, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    engines = PolicyEngines(cache, max_loaded=2, max_batch_size=1)
+    engines = PolicyEngines(cache, max_loaded=2, max_batch_size=1, environment=builtin_environment("reverse_text"))
 
     async def fake_load(version: int) -> Any:
         path = await cache.ensure(version)

@@ -279,7 +279,8 @@ function drawStepChart(data) {
   for (const s of steps) {
     const dot = svgEl("circle", { cx: scale.sx(s.step), cy: scale.sy(s.reward_mean), r: 4, class: "point accepted",
       "data-step": s.step });
-    dot.append(svgEl("title", {}, `step ${s.step}: mean reward ${fmt(s.reward_mean, 3)} (trained ${clock(s.at)})`));
+    const named = Object.entries(s.rewards || {}).map(([name, value]) => `${name} ${fmt(value, 3)}`).join(", ");
+    dot.append(svgEl("title", {}, `step ${s.step}: mean reward ${fmt(s.reward_mean, 3)}${named ? ` (${named})` : ""} (trained ${clock(s.at)})`));
     svg.append(dot);
   }
 }

@@ -16,9 +16,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from environments.builtin import builtin_environment
 from trainer.config import LossConfig, OptimizerConfig, ParallelConfig, TrainerSection
 from trainer.packing import TrainSample
-from trainer.tasks import get_task
 from trainer.train import Trainer
 
 LOSS = LossConfig(mask_low=0.99, mask_high=100.0)
@@ -33,7 +33,7 @@ def probe_batch(trainer: Trainer, seed: int) -> list[TrainSample]:
         TrainSample(
             s.prompt_ids, s.completion_ids, rng.uniform(-1, 1), [-rng.uniform(0.5, 3) for _ in s.completion_ids]
         )
-        for s in sft_batch(get_task("reverse_text"), trainer.tokenizer, seed, 24)
+        for s in sft_batch(builtin_environment("reverse_text"), trainer.tokenizer, seed, 24)
     ]
 
 

@@ -22,7 +22,7 @@ from coordinator.storage.engine import Database
 from protocol.identity import NodeIdentity
 from protocol.ledger_client import LedgerClient
 from tests.ledger_helpers import (
-    CountingTaskSource,
+    CountingPrompts,
     FakeClock,
     ledger_config,
     new_postgres_schema,
@@ -91,7 +91,7 @@ def make_harness(ledger_url: str, tmp_path: Path) -> Iterator[MakeHarness]:
         made.append(database)
         coordinator = NodeIdentity.generate()
         clock = FakeClock()
-        ledger = Ledger(database, config, CountingTaskSource(), coordinator.node_id, clock=clock)
+        ledger = Ledger(database, config, CountingPrompts(), coordinator.node_id, clock=clock)
         replay_cache = DatabaseReplayCache(database)
         app = create_app(config, ledger, replay_cache)
         return LedgerHarness(config, database, ledger, replay_cache, app, coordinator, clock)

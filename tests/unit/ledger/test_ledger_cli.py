@@ -1,4 +1,4 @@
-"""`prime-coordinator start` says honestly what it runs, and refuses a task source it cannot load."""
+"""`prime-coordinator start` says honestly what it runs, and refuses an environment it cannot load."""
 
 from __future__ import annotations
 
@@ -16,9 +16,10 @@ def test_help_says_what_start_runs_today() -> None:
     assert "task ledger API" in result.output and "RL loop" in result.output
 
 
-def test_unloadable_task_source_fails_with_its_name(tmp_path: Path) -> None:
+def test_unloadable_environment_fails_with_its_name(tmp_path: Path) -> None:
     config = tmp_path / "run.toml"
-    config.write_text(f'data_dir = "{tmp_path}"\ntask_source = "no_such_module:tasks"\n')
+    section = '[environment]\ntype = "python"\ntarget = "no_such_module:tasks"\n'
+    config.write_text(f'data_dir = "{tmp_path}"\n{section}')
     result = CliRunner().invoke(app, ["start", "-c", str(config), "--port", "0"])
     assert result.exit_code == EXIT_FAILURE
     assert "no_such_module:tasks" in result.output

@@ -19,7 +19,7 @@ from coordinator.storage.tables import leases, metadata, nodes, schema_version
 from protocol.errors import ConfigError
 from protocol.identity import NodeIdentity
 from protocol.schemas import LeaseRequest
-from tests.ledger_helpers import CountingTaskSource, ledger_config, register_request
+from tests.ledger_helpers import CountingPrompts, ledger_config, register_request
 
 
 @pytest.fixture
@@ -31,7 +31,7 @@ def database(ledger_url: str) -> Iterator[Database]:
 
 def open_ledger(database: Database, tmp_path: Path, **overrides: object) -> Ledger:
     config = ledger_config(tmp_path, database.url, **overrides)
-    return Ledger(database, config, CountingTaskSource(), NodeIdentity.generate().node_id)
+    return Ledger(database, config, CountingPrompts(), NodeIdentity.generate().node_id)
 
 
 def test_schema_after_migrations_matches_the_tables(database: Database) -> None:

@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 
+from environments.builtin import BUILTIN, builtin_environment
+from environments.render import prompt_ids, prompt_text
 from protocol.errors import ConfigError
-from trainer.tasks import get_task, task_names, task_prompt
 
 TEXTS = [
     "reverse: ab cde\nedc ba",
@@ -39,7 +40,7 @@ def test_autotokenizer_reload_keeps_ids(tiny_model_dir: Path) -> None:
     trained = Tokenizer.from_file(str(tiny_model_dir / "tokenizer.json"))
     reloaded = AutoTokenizer.from_pretrained(str(tiny_model_dir))
     assert type(reloaded).__name__.startswith("Qwen2Tokenizer")
-    texts = TEXTS + [t for name in task_names() for t in get_task(name).corpus(50)]
+    texts = TEXTS + [t for name in sorted(BUILTIN) for t in builtin_environment(name).corpus(50)]
     for text in texts:
         ids = trained.encode(text).ids
         assert reloaded.encode(text, add_special_tokens=False) == ids, text
@@ -68,11 +69,12 @@ def test_unknown_builtin_and_missing_dir_are_explained(tmp_path: Path) -> None:
         resolve_model_path(str(tmp_path))
 
 
-def test_task_prompt_gives_text_and_ids(tiny_model_dir: Path) -> None:
+def test_builtin_prompts_are_plain_text_in_the_builtin_tokenizer(tiny_model_dir: Path) -> None:
     from trainer.model import load_tokenizer
 
     tokenizer = load_tokenizer(str(tiny_model_dir))
-    prompt = task_prompt("reverse_text", 17, tokenizer)
-    assert prompt.text == get_task("reverse_text").example(17).prompt
-    assert tokenizer.decode(prompt.token_ids) == prompt.text
-    assert task_prompt("reverse_text", 17, tokenizer) == prompt
+    environment = builtin_environment("reverse_text")
+    example = environment.example(17)
+    assert not tokenizer.chat_template
+    assert prompt_text(environment, example, tokenizer) == example.prompt
+    assert tokenizer.decode(prompt_ids(environment, example, tokenizer)) == example.prompt

@@ -8,11 +8,11 @@ from typing import Any
 import pytest
 import torch
 
+from environments.builtin import builtin_environment
 from tests.integration.trainer.fsdp_probe import probe_batch
 from trainer.config import LossConfig, OptimizerConfig, TrainerSection
 from trainer.optim import lr_factor
 from trainer.sft import sft_batch
-from trainer.tasks import get_task
 from trainer.train import Trainer
 
 
@@ -28,7 +28,7 @@ def _section(model: Path, **packing: Any) -> TrainerSection:
 def test_resume_reproduces_the_next_step_exactly(tiny_model_dir: Path, tmp_path: Path) -> None:
     loss = LossConfig(mask_low=0.99, mask_high=100.0)
     first = Trainer(_section(tiny_model_dir), num_steps=10)
-    first.sft_step(sft_batch(get_task("reverse_text"), first.tokenizer, 0, 16))
+    first.sft_step(sft_batch(builtin_environment("reverse_text"), first.tokenizer, 0, 16))
     first.rl_step(probe_batch(first, 1), loss)
     first.save(tmp_path / "ckpt")
     expected = first.rl_step(probe_batch(first, 2), loss)
@@ -66,10 +66,10 @@ def test_update_does_not_depend_on_micro_batching(tiny_model_dir: Path) -> None:
 
 def test_sft_steps_lower_the_completion_loss(tiny_model_dir: Path) -> None:
     trainer = Trainer(_section(tiny_model_dir), num_steps=20)
-    held_out = sft_batch(get_task("reverse_text"), trainer.tokenizer, 1000, 32)
+    held_out = sft_batch(builtin_environment("reverse_text"), trainer.tokenizer, 1000, 32)
     before = trainer.completion_loss(held_out)
     for step in range(8):
-        trainer.sft_step(sft_batch(get_task("reverse_text"), trainer.tokenizer, step, 32))
+        trainer.sft_step(sft_batch(builtin_environment("reverse_text"), trainer.tokenizer, step, 32))
     assert trainer.completion_loss(held_out) < before - 0.3
 
 
@@ -78,7 +78,7 @@ def test_exported_policy_loads_in_hf_with_the_same_greedy_output(tiny_model_dir:
 
     trainer = Trainer(_section(tiny_model_dir), num_steps=10)
     for step in range(3):
-        trainer.sft_step(sft_batch(get_task("reverse_text"), trainer.tokenizer, step, 32))
+        trainer.sft_step(sft_batch(builtin_environment("reverse_text"), trainer.tokenizer, step, 32))
     exported = trainer.export(tmp_path / "policy")
     assert {"model.safetensors", "config.json", "generation_config.json", "tokenizer.json"} <= {
         p.name for p in exported.iterdir()

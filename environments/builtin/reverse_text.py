@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import string
 
-from trainer.tasks.base import Example, Task
+from environments.base import Example, Scores, SeededEnvironment
 
 
 def lcs_length(a: str, b: str) -> int:
@@ -32,7 +32,7 @@ def lcs_ratio(a: str, b: str) -> float:
     return 2.0 * lcs_length(a, b) / (len(a) + len(b))
 
 
-class ReverseText(Task):
+class ReverseText(SeededEnvironment):
     name = "reverse_text"
     default_max_tokens = 32
 
@@ -49,5 +49,5 @@ class ReverseText(Task):
         text = " ".join(words)
         return Example(index=index, prompt=f"reverse: {text}\n", answer=text[::-1])
 
-    def reward(self, example: Example, completion: str) -> float:
-        return lcs_ratio(completion.strip(), example.answer)
+    def score(self, example: Example, completion: str) -> Scores:
+        return Scores.single("lcs_ratio", lcs_ratio(completion.strip(), example.answer or ""))

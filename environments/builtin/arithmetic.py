@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from trainer.tasks.base import Example, Task
+from environments.base import Example, Scores, SeededEnvironment
 
 
-class Arithmetic(Task):
+class Arithmetic(SeededEnvironment):
     name = "arithmetic"
     default_max_tokens = 8
 
@@ -18,5 +18,5 @@ class Arithmetic(Task):
             return Example(index=index, prompt=f"{left}+{right}=", answer=str(left + right))
         return Example(index=index, prompt=f"{left}-{right}=", answer=str(left - right))
 
-    def reward(self, example: Example, completion: str) -> float:
-        return 1.0 if completion.strip() == example.answer else 0.0
+    def score(self, example: Example, completion: str) -> Scores:
+        return Scores.single("exact_match", 1.0 if completion.strip() == example.answer else 0.0)

@@ -1,0 +1,136 @@
+"""The environment interface: example ``index`` -> prompt and scorer data; ``score`` -> named, weighted rewards.
+
+An :class:`Environment` is a deterministic generator of :class:`Example` s. Example ``index``
+of the training stream is a pure function of (environment config, index); the eval set is drawn
+from a separate stream (:data:`EVAL_STREAM_OFFSET` and up, unless an adapter has a better
+split). :meth:`Environment.score` reads a completion (decoded text, without EOS) with the
+environment's own parser and returns :class:`Scores`: each named reward, its weight, and the
+weighted total that training uses. Rewards are finite floats (:class:`Scores` refuses
+anything else, so a broken scorer fails loudly instead of training on NaN).
+
+To bring your own environment, subclass :class:`Environment` (or implement the same methods)
+and name it in ``[environment]`` as ``type = "python"``, ``target = "module:attribute"``.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+EVAL_STREAM_OFFSET = 1 << 40
+"""Eval examples are drawn from indices at and above this offset of the same generator."""
+
+
+@dataclass(frozen=True)
+class ChatMessage:
+    """One message of a chat prompt."""
+
+    role: str
+    """``system``, ``user`` or ``assistant``."""
+    content: str
+
+
+@dataclass(frozen=True)
+class Example:
+    """One prompt with what its scorer needs."""
+
+    index: int
+    prompt: str | tuple[ChatMessage, ...]
+    """Plain text (sent as is) or chat messages (rendered with the policy's chat template)."""
+    answer: str | None = None
+    """A reference completion: the SFT target, when the environment has one."""
+    data: Any = field(default=None, compare=True)
+    """Whatever the scorer needs beyond the prompt (a dataset row, a task object); compared by ``==``."""
+
+
+@dataclass(frozen=True)
+class Scores:
+    """Named rewards of one completion and their weights; :attr:`total` is what training optimises."""
+
+    rewards: Mapping[str, float]
+    weights: Mapping[str, float]
+
+    def __post_init__(self) -> None:
+        if set(self.rewards) != set(self.weights):
+            raise ValueError(
+                f"rewards {sorted(self.rewards)} and weights {sorted(self.weights)} name different rewards"
+            )
+        for name, value in [*self.rewards.items(), *self.weights.items()]:
+            if not isinstance(value, int | float) or not math.isfinite(value):
+                raise ValueError(f"reward {name!r}: {value!r} is not a finite number")
+
+    @property
+    def total(self) -> float:
+        return float(sum(self.weights[name] * value for name, value in self.rewards.items()))
+
+    @classmethod
+    def single(cls, name: str, value: float) -> Scores:
+        return cls({name: float(value)}, {name: 1.0})
+
+
+class Environment(ABC):
+    """A source of examples with a verifiable reward. Cheap to query; holds no per-request state."""
+
+    name: str = "environment"
+    """A short name for people and the ledger (at most 64 characters)."""
+    system_prompt: str | None = None
+    """Prepended as a system message to chat prompts."""
+    default_max_tokens: int = 32
+    """A generation budget that fits a good completion plus EOS."""
+    success_threshold: float = 1.0
+    """A completion whose total reward is at least this counts as correct (accuracy)."""
+
+    @abstractmethod
+    def example(self, index: int) -> Example:
+        """Training example ``index`` (any non-negative int); a pure function of (config, index)."""
+
+    @abstractmethod
+    def score(self, example: Example, completion: str) -> Scores:
+        """The named rewards of ``completion`` (decoded text, without EOS) for ``example``."""
+
+    def eval_example(self, number: int) -> Example:
+        """Example ``number`` of the fixed eval set."""
+        return self.example(EVAL_STREAM_OFFSET + number)
+
+    def reward(self, example: Example, completion: str) -> float:
+        """The weighted total of :meth:`score`."""
+        return self.score(example, completion).total
+
+    def eval_examples(self, num_examples: int) -> list[Example]:
+        """The first ``num_examples`` of the eval set."""
+        return [self.eval_example(i) for i in range(num_examples)]
+
+    def sft_examples(self, start: int, num_examples: int) -> list[Example]:
+        """Training examples with a reference answer, for supervised fine-tuning."""
+        examples = [self.example(start + i) for i in range(num_examples)]
+        missing = [ex.index for ex in examples if ex.answer is None]
+        if missing:
+            raise ValueError(
+                f"environment {self.name!r} has no reference answer for example {missing[0]}; SFT needs one"
+            )
+        return examples
+
+    def corpus(self, num_examples: int) -> list[str]:
+        """Text to train a tokenizer on: prompts and answers of the first examples."""
+        texts: list[str] = []
+        for i in range(num_examples):
+            ex = self.example(i)
+            texts.append(ex.prompt if isinstance(ex.prompt, str) else "\n".join(m.content for m in ex.prompt))
+            if ex.answer is not None:
+                texts.append(ex.answer)
+        return texts
+
+
+class SeededEnvironment(Environment):
+    """An environment whose example ``index`` comes from its own :class:`random.Random` (the built-ins)."""
+
+    def __init__(self, seed: int = 0) -> None:
+        self.seed = seed
+
+    def rng(self, index: int) -> random.Random:
+        """The generator of example ``index``: independent of every other index."""
+        return random.Random(f"{self.name}:{self.seed}:{index}")

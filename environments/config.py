@@ -1,0 +1,78 @@
+"""The ``[environment]`` config section every role reads: one adapter, picked by ``type``.
+
+``type = "builtin"`` (this project's tasks), ``"reasoning_gym"`` (a reasoning-gym dataset and its
+arguments), ``"verifiers"`` (an installed verifiers taskset) or ``"python"`` (an operator's own
+:class:`environments.base.Environment`, as ``module:attribute``). The resolved section is what
+:mod:`environments.identity` hashes into the run spec, so two processes with equal sections
+(and equal package versions) serve and score the same examples.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field, JsonValue
+
+from protocol.config import Section
+
+MODULE_ATTRIBUTE = r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_.]*$"
+
+
+class BuiltinEnvConfig(Section):
+    """A built-in environment of this project."""
+
+    type: Literal["builtin"] = "builtin"
+    """The adapter."""
+    name: Literal["reverse_text", "arithmetic"] = "reverse_text"
+    """Which built-in environment."""
+    seed: int = Field(default=0, ge=0, lt=2**63)
+    """Seed of its example generator."""
+
+
+class ReasoningGymEnvConfig(Section):
+    """A reasoning-gym dataset (``pip install prime-network[envs]``); rewards are the dataset's ``score_answer``."""
+
+    type: Literal["reasoning_gym"]
+    """The adapter."""
+    dataset: str = Field(pattern=r"^[a-z0-9_]+(/[a-z0-9_]+)?$", max_length=64)
+    """A reasoning-gym dataset name, e.g. ``spell_backward`` (see ``reasoning_gym.factory.DATASETS``)."""
+    size: int = Field(default=100_000, ge=1, le=10_000_000)
+    """Examples in the training split; index ``i`` is row ``i % size``."""
+    seed: int = Field(default=0, ge=0, lt=2**31)
+    """Seed of the training split; the eval split uses ``seed + 1``."""
+    args: dict[str, JsonValue] = Field(default_factory=dict)
+    """The dataset's own config arguments (difficulty parameters, e.g. ``max_word_len = 5``)."""
+    system_prompt: str | None = Field(default=None, max_length=4096)
+    """System message for chat-templated policies (none: the user message only)."""
+
+
+class VerifiersEnvConfig(Section):
+    """An installed verifiers v1 taskset (``pip install prime-network[envs]`` plus the taskset's package)."""
+
+    type: Literal["verifiers"]
+    """The adapter."""
+    taskset: str = Field(pattern=r"^[A-Za-z0-9_.\-/@]+$", max_length=128)
+    """The taskset id, as ``vf-eval`` takes it: an installed package exporting one ``Taskset`` via ``__all__``."""
+    args: dict[str, JsonValue] = Field(default_factory=dict)
+    """The taskset's config fields (``--env.taskset.*``)."""
+    limit: int = Field(default=100_000, ge=1, le=10_000_000)
+    """Tasks read from the taskset (an infinite taskset is cut here); index ``i`` is task ``i % n``."""
+    eval_fraction: float = Field(default=0.1, ge=0.0, lt=1.0)
+    """The last this fraction of those tasks is the eval split, never trained on."""
+
+
+class PythonEnvConfig(Section):
+    """An operator's own environment class or factory."""
+
+    type: Literal["python"]
+    """The adapter."""
+    target: str = Field(pattern=MODULE_ATTRIBUTE, max_length=256)
+    """``module:attribute``: an Environment subclass or factory, called with ``args`` as keyword arguments."""
+    args: dict[str, JsonValue] = Field(default_factory=dict)
+    """Keyword arguments of the factory."""
+
+
+EnvironmentConfig = Annotated[
+    BuiltinEnvConfig | ReasoningGymEnvConfig | VerifiersEnvConfig | PythonEnvConfig, Field(discriminator="type")
+]
+"""The ``[environment]`` section: one adapter, discriminated by ``type``."""

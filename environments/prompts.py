@@ -1,0 +1,63 @@
+"""The ledger's prompts: groups of an environment's examples, rendered and tokenized for the policy.
+
+Prompt group ``g`` with ``n`` prompts per group is training examples ``g*n .. g*n+n-1`` of the
+environment, rendered with the policy's tokenizer (:mod:`environments.render`): a pure function
+of (environment config, tokenizer, group), so a ledger that restarts and asks again for a group
+gets the same prompts. :class:`PromptSource` is the small shape the ledger depends on;
+:class:`EnvironmentPrompts` is what the coordinator gives it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from environments.base import Environment
+from environments.render import prompt_ids, prompt_text
+
+
+@dataclass(frozen=True)
+class SourcePrompt:
+    token_ids: tuple[int, ...]
+    """The prompt as the policy's tokenizer encodes it (authoritative)."""
+    text: str
+    """The same prompt for people (dashboards, logs)."""
+    example_index: int | None = None
+    """The example's index in the environment (validators recompute rewards from it)."""
+
+
+class PromptSource(Protocol):
+    name: str
+    """The environment's name, recorded as each task's ``task_name``."""
+
+    def prompt_group(self, group_index: int, num_prompts: int) -> Sequence[SourcePrompt]:
+        """The prompts of group ``group_index``; the same arguments always give the same prompts."""
+        ...
+
+
+class EnvironmentPrompts:
+    """:class:`PromptSource` over an environment and the policy's tokenizer."""
+
+    def __init__(self, environment: Environment, tokenizer: Any) -> None:
+        self.environment = environment
+        self.tokenizer = tokenizer
+        self.name = environment.name[:64]
+
+    def prompt_group(self, group_index: int, num_prompts: int) -> Sequence[SourcePrompt]:
+        first = group_index * num_prompts
+        prompts = []
+        for index in range(first, first + num_prompts):
+            example = self.environment.example(index)
+            text = prompt_text(self.environment, example, self.tokenizer)
+            prompts.append(SourcePrompt(tuple(prompt_ids(self.environment, example, self.tokenizer)), text, index))
+        return prompts
+
+
+class NoPrompts:
+    """A source with no prompts, for ledger tools that never lease (``prime-coordinator publish``)."""
+
+    name = "none"
+
+    def prompt_group(self, group_index: int, num_prompts: int) -> Sequence[SourcePrompt]:
+        return ()

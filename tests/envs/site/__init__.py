@@ -1,0 +1,1 @@
+"""verifiers tasksets written for the tests; this directory goes on PYTHONPATH, as an installed package would."""

@@ -1,0 +1,38 @@
+"""A ``python``-adapter environment with two weighted rewards, and one whose reward is not deterministic."""
+
+from __future__ import annotations
+
+import random
+
+from environments.base import Environment, Example, Scores
+
+
+class KeywordEnvironment(Environment):
+    """Example i asks to repeat a word; rewards: ``exact`` (weight 0.75) and ``short`` (0.25, length <= limit)."""
+
+    name = "keyword"
+    default_max_tokens = 16
+
+    def __init__(self, words: list[str] | None = None, limit: int = 8) -> None:
+        self.words = words or ["abc", "dog", "cab", "bead", "faced"]
+        self.limit = limit
+
+    def example(self, index: int) -> Example:
+        word = self.words[index % len(self.words)]
+        return Example(index=index, prompt=f"reverse: {word}\n", answer=word[::-1])
+
+    def score(self, example: Example, completion: str) -> Scores:
+        text = completion.strip()
+        return Scores(
+            {"exact": float(text == example.answer), "short": float(len(text) <= self.limit)},
+            {"exact": 0.75, "short": 0.25},
+        )
+
+
+class FlakyEnvironment(KeywordEnvironment):
+    """Its ``luck`` reward is random: validators could never agree on it."""
+
+    name = "flaky"
+
+    def score(self, example: Example, completion: str) -> Scores:
+        return Scores.single("luck", random.random())
