@@ -15,7 +15,7 @@ import os
 import shutil
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +26,7 @@ DAEMONS = ("munged", "mungekey", "slurmctld", "slurmd", "sbatch")
 NODE_CPUS = 8
 
 
-class SlurmUnavailable(RuntimeError):
+class SlurmUnavailableError(RuntimeError):
     """SLURM could not be installed or started here."""
 
 
@@ -35,20 +35,20 @@ def ensure_installed() -> None:
     if all(shutil.which(name) or Path(f"/usr/sbin/{name}").exists() for name in DAEMONS):
         return
     if os.geteuid() != 0 or shutil.which("apt-get") is None:
-        raise SlurmUnavailable("slurm-wlm and munge are missing and this is not a root Debian machine")
+        raise SlurmUnavailableError("slurm-wlm and munge are missing and this is not a root Debian machine")
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     install = ["apt-get", "install", "-y", "-q", "slurm-wlm", "munge"]
     if subprocess.run(install, env=env, capture_output=True, timeout=900).returncode != 0:
         subprocess.run(["apt-get", "update", "-q"], env=env, capture_output=True, timeout=900)
         done = subprocess.run(install, env=env, capture_output=True, text=True, timeout=900)
         if done.returncode != 0:
-            raise SlurmUnavailable(f"apt-get install slurm-wlm munge failed: {done.stderr[-2000:]}")
+            raise SlurmUnavailableError(f"apt-get install slurm-wlm munge failed: {done.stderr[-2000:]}")
 
 
 def binary(name: str) -> str:
     found = shutil.which(name) or (f"/usr/sbin/{name}" if Path(f"/usr/sbin/{name}").exists() else None)
     if found is None:
-        raise SlurmUnavailable(f"{name} is not installed")
+        raise SlurmUnavailableError(f"{name} is not installed")
     return found
 
 
@@ -108,7 +108,8 @@ class SlurmCluster:
     def job_states(self, job_id: str) -> list[str]:
         """The state of every task of job ``job_id`` (one per array task), e.g. ``["RUNNING", "PENDING"]``."""
         out = self.run("scontrol", "show", "job", job_id, "--oneliner")
-        return [word.split("=", 1)[1] for line in out.splitlines() for word in line.split() if word.startswith("JobState=")]
+        words = [word for line in out.splitlines() for word in line.split()]
+        return [word.split("=", 1)[1] for word in words if word.startswith("JobState=")]
 
     def wait_job(self, job_id: str, done: set[str], timeout_s: float) -> list[str]:
         """Wait until every task of the job is in one of the ``done`` states; return the states."""
@@ -161,17 +162,16 @@ class SlurmCluster:
         log = open(self.root / f"{name}.out", "ab")  # noqa: SIM115 - lives as long as the daemon
         self.procs.append(subprocess.Popen([binary(name), *argv], stdout=log, stderr=log, env=self.env()))
 
-    def _wait(self, predicate: object, message: str, timeout_s: float) -> None:
-        assert callable(predicate)
+    def _wait(self, predicate: Callable[[], bool], message: str, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if predicate():
                 return
             for proc in self.procs:
                 if proc.poll() is not None:
-                    raise SlurmUnavailable(f"{proc.args[0]} exited with {proc.returncode}:\n{self.log()}")
+                    raise SlurmUnavailableError(f"{proc.args!r} exited with {proc.returncode}:\n{self.log()}")
             time.sleep(0.5)
-        raise SlurmUnavailable(f"{message} within {timeout_s} s:\n{self.log()}")
+        raise SlurmUnavailableError(f"{message} within {timeout_s} s:\n{self.log()}")
 
     def stop(self) -> None:
         """Cancel what is still queued (so no job process outlives slurmd), then stop the daemons by PID."""

@@ -15,7 +15,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -23,7 +23,7 @@ import pytest
 from coordinator.process import free_port
 from protocol.identity import KEY_FILE_NAME, load_or_create_identity
 from tests.integration.network import ledger_rows, running_network
-from tests.integration.slurm_cluster import SlurmCluster, SlurmUnavailable, slurm_cluster
+from tests.integration.slurm_cluster import SlurmCluster, SlurmUnavailableError, slurm_cluster
 from tests.integration.test_orchestrator_network import REPO_ROOT, check_completed_run, write_config
 
 pytestmark = pytest.mark.slow
@@ -37,7 +37,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
     try:
         with slurm_cluster(tmp_path_factory.mktemp("slurm")) as started:
             yield started
-    except SlurmUnavailable as exc:
+    except SlurmUnavailableError as exc:
         if os.environ.get("CI"):
             pytest.fail(f"SLURM is required in CI: {exc}")
         pytest.skip(f"no SLURM here: {exc}")
@@ -75,8 +75,7 @@ def accepted_by_node(root: Path) -> dict[str, int]:
     return {node_id: count for node_id, count in rows}
 
 
-def wait_until(predicate: object, what: str, timeout_s: float, logs: list[Path]) -> None:
-    assert callable(predicate)
+def wait_until(predicate: Callable[[], bool], what: str, timeout_s: float, logs: list[Path]) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if predicate():
