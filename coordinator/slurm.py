@@ -83,5 +83,6 @@ def coordinator_job(
         partition=partition,
         time=time,
         gpus_per_node=gpus_per_node,
+        exclusive=True,  # each trainer node (and the coordinator's) takes its whole node: CPUs, GPUs, memory
         extra=list(extra or []),
     )

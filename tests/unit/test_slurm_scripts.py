@@ -55,7 +55,8 @@ def test_the_coordinator_job_spans_the_trainer_nodes() -> None:
     script = dry_run(coordinator_app, "slurm", "-c", "configs/demo.toml", *MULTINODE, "-p", "gpu", "--time", "8:00:00")
     check_bash(script)
     header = [line.removeprefix("#SBATCH ") for line in script.splitlines() if line.startswith("#SBATCH ")]
-    assert {"--nodes=3", "--requeue", "--partition=gpu", "--time=8:00:00", "--open-mode=append"} <= set(header)
+    expected = {"--nodes=3", "--exclusive", "--requeue", "--partition=gpu", "--time=8:00:00", "--open-mode=append"}
+    assert expected <= set(header)
     assert "--job-name=prime-coordinator-demo" in header
     assert 'scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1' in script
     assert "srun --nodes=3 --ntasks=3 --ntasks-per-node=1" in script
