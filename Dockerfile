@@ -3,6 +3,7 @@ FROM python:3.11-slim
 WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY protocol protocol
+COPY environments environments
 COPY coordinator coordinator
 COPY worker worker
 COPY validator validator
@@ -10,6 +11,7 @@ COPY trainer trainer
 COPY toploc toploc
 COPY shardcast shardcast
 COPY configs configs
-ARG EXTRAS=""
+# envs: reasoning-gym and verifiers, which configs/coordinator.toml's environment needs on every role
+ARG EXTRAS="[envs]"
 RUN pip install --no-cache-dir ".${EXTRAS}"
 ENV PYTHONUNBUFFERED=1

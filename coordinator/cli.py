@@ -19,6 +19,7 @@ from protocol.cli import (
     run_or_exit,
     start_logging,
 )
+from protocol.slurm import DryRunOption, GpusPerNodeOption, PartitionOption, SbatchArgOption, TimeOption
 
 app = PrimeTyper(
     help=(
@@ -110,3 +111,36 @@ def archive(
     from coordinator.archive import archive_from_cli
 
     run_or_exit("coordinator", archive_from_cli, loaded, compact)
+
+
+@app.command()
+def slurm(
+    config: Path | None = ConfigOption,
+    sets: list[str] | None = SetOption,
+    partition: str | None = PartitionOption,
+    time: str | None = TimeOption,
+    gpus_per_node: str | None = GpusPerNodeOption,
+    sbatch_args: list[str] | None = SbatchArgOption,
+    dry_run: bool = DryRunOption,
+) -> None:
+    """Submit the run as one SLURM job: `start` on the first node, `prime-trainer node` on the others.
+
+    The job takes orchestrator.trainer_nnodes nodes. The first runs the coordinator (ledger API, RL loop,
+    trainer node rank 0, torchrun's rendezvous); each other node runs `prime-trainer node` with its node
+    rank, dialling the first node on orchestrator.trainer_master_port. data_dir must be on a filesystem
+    every node shares. The job is requeueable: a requeued job resumes the run from its data dir.
+    """
+    loaded = load_role_config(CoordinatorConfig, config, sets)
+    from coordinator.slurm import coordinator_job
+    from protocol.slurm import print_or_submit
+
+    job = coordinator_job(
+        loaded,
+        config,
+        sets or [],
+        partition=partition,
+        time=time,
+        gpus_per_node=gpus_per_node,
+        extra=sbatch_args,
+    )
+    print_or_submit(job, dry_run)

@@ -17,6 +17,7 @@ from protocol.cli import (
     make_keys_app,
     start_logging,
 )
+from protocol.slurm import DryRunOption, GpusPerNodeOption, PartitionOption, SbatchArgOption, TimeOption
 from worker.config import WorkerConfig
 
 
@@ -90,6 +91,61 @@ def join(
     settings = load_role_config(WorkerConfig, config, sets, flags)
     code = run_join(settings, show_live_status=not json_logs)
     raise typer.Exit(code)
+
+
+@app.command()
+def slurm(
+    workers: int = typer.Option(..., "--workers", "-n", min=1, help="Array size: workers to run, one node each."),
+    config: Path | None = ConfigOption,
+    sets: list[str] | None = SetOption,
+    coordinator: str | None = typer.Option(None, help="Coordinator URL, e.g. http://1.2.3.4:8000."),
+    gpu: str = typer.Option("all", help="GPUs each worker uses on its node: 'all', 'none' or indices like '0,1'."),
+    engine: str | None = typer.Option(None, help="auto, vllm or hf."),
+    relay: list[str] | None = typer.Option(None, help="Extra relay URL (repeatable)."),
+    data_dir: Path = typer.Option(
+        WorkerConfig.model_fields["data_dir"].default / "slurm",
+        help="Shared base dir: array task I keeps its node key and weights in DATA_DIR/worker-I.",
+    ),
+    no_p2p: bool = NoP2POption,
+    exclusive: bool = typer.Option(True, help="Give each worker its node to itself (sbatch --exclusive)."),
+    partition: str | None = PartitionOption,
+    time: str | None = TimeOption,
+    gpus_per_node: str | None = GpusPerNodeOption,
+    sbatch_args: list[str] | None = SbatchArgOption,
+    dry_run: bool = DryRunOption,
+) -> None:
+    """Submit WORKERS workers as a SLURM job array over a (GPU) partition: `join` on one node per array task.
+
+    Each task keeps its own data dir (DATA_DIR/worker-<array index>), so a requeued task resumes as the same
+    node. `scancel` stops the workers cleanly: each submits the task it is generating and abandons the rest.
+    """
+    from protocol.cli import fail
+    from protocol.errors import ConfigError
+    from protocol.slurm import print_or_submit
+    from worker.slurm import worker_job
+
+    flags: dict[str, object] = {"coordinator_url": coordinator, "gpu": gpu, "engine": engine}
+    flags.update({"relays": relay or None, "p2p.enabled": False if no_p2p else None})
+    load_role_config(WorkerConfig, config, sets, flags)  # a bad config fails here, not on every node
+    join_args = [] if config is None else ["-c", str(config.resolve())]
+    join_args += [arg for item in sets or [] for arg in ("--set", item)]
+    join_args += ["--gpu", gpu] + ([] if coordinator is None else ["--coordinator", coordinator])
+    join_args += ([] if engine is None else ["--engine", engine]) + (["--no-p2p"] if no_p2p else [])
+    join_args += [arg for url in relay or [] for arg in ("--relay", url)]
+    try:
+        job = worker_job(
+            workers,
+            join_args,
+            data_dir,
+            partition=partition,
+            time=time,
+            gpus_per_node=gpus_per_node,
+            exclusive=exclusive,
+            extra=sbatch_args,
+        )
+    except ConfigError as exc:
+        fail(exc.message)
+    print_or_submit(job, dry_run)
 
 
 @app.command()
