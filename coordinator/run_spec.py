@@ -12,6 +12,7 @@ from __future__ import annotations
 from coordinator.config import CoordinatorConfig
 from environments.loader import environment_identity, load_checked_environment
 from environments.prompts import EnvironmentPrompts
+from protocol.errors import ConfigError
 from protocol.identity import NodeIdentity
 from protocol.schemas import RunSpec, SignedRunSpec
 from protocol.signing import sign_document
@@ -35,5 +36,14 @@ def environment_prompts(config: CoordinatorConfig) -> EnvironmentPrompts:
     from trainer.builtin import resolve_model_path
 
     environment = load_checked_environment(config.environment)
-    tokenizer = AutoTokenizer.from_pretrained(str(resolve_model_path(config.policy.start_checkpoint)))
-    return EnvironmentPrompts(environment, tokenizer)
+    checkpoint = resolve_model_path(config.policy.start_checkpoint)
+    tokenizer = AutoTokenizer.from_pretrained(str(checkpoint))
+    prompts = EnvironmentPrompts(environment, tokenizer)
+    # A tokenizer that cannot encode the environment's text gives empty prompts, which no task may carry:
+    # refuse at start-up rather than fail every lease.
+    if any(not prompt.token_ids for prompt in prompts.prompt_group(0, config.scheduling.prompts_per_task)):
+        raise ConfigError(
+            f"the environment {environment.name!r} gives prompts that the start checkpoint's tokenizer "
+            f"({checkpoint}) encodes to no tokens; use a policy.start_checkpoint whose tokenizer covers its text"
+        )
+    return prompts

@@ -97,16 +97,12 @@ def evaluate(
     flags = {"model": model, "num_examples": num_examples, **builtin}
     loaded = load_role_config(EvalConfig, config, sets, flags)
     from environments.loader import load_environment
-    from protocol.errors import ConfigError
     from trainer.builtin import resolve_model_path
     from trainer.model import load_tokenizer
     from trainer.rollout import RolloutSampler
 
-    try:
-        model_dir = resolve_model_path(loaded.model)
-        environment = load_environment(loaded.environment)
-    except (FileNotFoundError, ValueError, ConfigError) as exc:
-        fail(str(exc))
+    model_dir = resolve_model_path(loaded.model)  # a ConfigError is one line and exit code 2 (PrimeTyper)
+    environment = load_environment(loaded.environment)
     engine, request_type = _hf_engine(model_dir)
     tokenizer = load_tokenizer(str(model_dir))
     sampler = RolloutSampler(engine, request_type, environment, tokenizer, loaded.temperature, loaded.max_tokens)

@@ -16,16 +16,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.network import REPO_ROOT, SPEC, Network, running_network
+from tests.integration.network import REPO_ROOT, Network, running_network, tiny_policy
 from tests.integration.shardcast_nodes import wait_until
-from toploc.tiny_model import save_tiny_qwen2
 
 pytestmark = pytest.mark.slow
 NEWEST = 5
 
 
 def test_a_slowly_starting_engine_keeps_its_version_while_newer_ones_arrive(tmp_path: Path) -> None:
-    checkpoints = [save_tiny_qwen2(tmp_path / f"policy-{v}", seed=v, spec=SPEC) for v in range(NEWEST + 1)]
+    checkpoints = [tiny_policy(tmp_path / f"policy-{v}", seed=v) for v in range(NEWEST + 1)]
     with running_network(tmp_path, checkpoints=checkpoints) as net:
         worker, policies, release = start_slow_worker(net, "worker-slow")
 

@@ -8,7 +8,9 @@ posted; a ban (403) still stops the validator.
 from __future__ import annotations
 
 import asyncio
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,6 +24,7 @@ from protocol.errors import (
     RequestRefused,
 )
 from protocol.schemas import PendingSubmission, SamplingParams, Task, Verdict, VerdictResponse
+from shardcast.cache import WeightsCache
 from tests.ledger_helpers import submission_for
 from validator import node
 from validator.progress import ValidatorState
@@ -67,6 +70,11 @@ class RefusingLedger:
 
 
 class OneEngine:
+    """One engine for every version, over a real (empty) weights cache that the audit pins versions in."""
+
+    def __init__(self, weights_dir: Path) -> None:
+        self.weights = WeightsCache([], "coordinator", weights_dir)
+
     async def get(self, version: int) -> tuple[Any, tuple[int, ...], Any]:
         return object(), (), None
 
@@ -78,8 +86,10 @@ def run_audit(monkeypatch: pytest.MonkeyPatch, answers: list[PrimeError | None])
     monkeypatch.setattr(node, "audit_submissions_safely", audited)
     ledger = RefusingLedger(answers)
     items = [pending_item(i) for i in range(len(answers))]
-    coroutine = node.audit_pending(ledger, OneEngine(), ValidatorState(), items, asyncio.Event())  # type: ignore[arg-type]
-    asyncio.run(asyncio.wait_for(coroutine, timeout=30))
+    with tempfile.TemporaryDirectory() as weights_dir:
+        engines = OneEngine(Path(weights_dir))
+        coroutine = node.audit_pending(ledger, engines, ValidatorState(), items, asyncio.Event())  # type: ignore[arg-type]
+        asyncio.run(asyncio.wait_for(coroutine, timeout=30))
     return ledger
 
 

@@ -22,7 +22,7 @@ from coordinator.cli import app
 from coordinator.export import export_rollouts, parse_steps
 from coordinator.storage.tables import events, submissions
 from coordinator.train_steps import TrainSteps
-from protocol.cli import EXIT_FAILURE
+from protocol.cli import EXIT_BAD_CONFIG, EXIT_FAILURE
 from protocol.errors import ConfigError
 from protocol.ledger_client import LedgerClient
 from protocol.schemas import LeaseRequest
@@ -161,7 +161,7 @@ async def test_export_and_archive_commands(make_harness: MakeHarness, tmp_path: 
     assert result.exit_code == EXIT_FAILURE and "choose parquet or jsonl" in result.output
     nowhere = ["--data-dir", str(tmp_path / "no-run")]
     result = CliRunner().invoke(app, ["export", "--steps", "1", "--out", str(out), *nowhere])
-    assert result.exit_code == EXIT_FAILURE and "no ledger at" in result.output
+    assert result.exit_code == EXIT_BAD_CONFIG and "no ledger at" in result.output
     assert not (tmp_path / "no-run" / "ledger.db").exists()
     await worker.aclose()
     await validator.aclose()

@@ -7,7 +7,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from coordinator.cli import app
-from protocol.cli import EXIT_FAILURE
+from protocol.cli import EXIT_BAD_CONFIG
 
 
 def test_help_says_what_start_runs_today() -> None:
@@ -21,5 +21,5 @@ def test_unloadable_environment_fails_with_its_name(tmp_path: Path) -> None:
     section = '[environment]\ntype = "python"\ntarget = "no_such_module:tasks"\n'
     config.write_text(f'data_dir = "{tmp_path}"\n{section}')
     result = CliRunner().invoke(app, ["start", "-c", str(config), "--port", "0"])
-    assert result.exit_code == EXIT_FAILURE
+    assert result.exit_code == EXIT_BAD_CONFIG
     assert "no_such_module:tasks" in result.output
