@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -88,8 +89,12 @@ def log_events(path: Path) -> list[dict[str, Any]]:
 def network(workdir: Path, num_versions: int) -> dict[str, Any]:
     """Publication -> announcement at an observer, -> worker fetch start and done, over real processes."""
     from toploc.tiny_model import save_tiny_qwen2
+    from trainer.builtin import resolve_model_path
 
     checkpoints = [save_tiny_qwen2(workdir / f"policy-{v}", seed=v) for v in range(num_versions + 1)]
+    tokenizer_dir = resolve_model_path("builtin:tiny-qwen2")  # the start's tokenizer must encode the prompts
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copyfile(tokenizer_dir / name, checkpoints[0] / name)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     config = {

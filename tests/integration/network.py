@@ -100,11 +100,11 @@ class Network:
         return (self.root / f"{name}.log").read_text(errors="replace")[-4000:]
 
 
-def tiny_policy(path: Path, seed: int) -> Path:
-    """A random tiny Qwen2 (:data:`SPEC`) with the built-in tokenizer, so environments' prompts encode."""
+def tiny_policy(path: Path, seed: int, spec: TinyModelSpec = SPEC) -> Path:
+    """A random tiny Qwen2 (:data:`SPEC` unless given) with the built-in tokenizer, so environments' prompts encode."""
     from trainer.builtin import resolve_model_path
 
-    save_tiny_qwen2(path, seed=seed, spec=SPEC)
+    save_tiny_qwen2(path, seed=seed, spec=spec)
     tokenizer_dir = resolve_model_path("builtin:tiny-qwen2")
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copyfile(tokenizer_dir / name, path / name)

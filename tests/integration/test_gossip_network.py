@@ -33,8 +33,9 @@ from protocol.p2p.announcements import TOPICS, encode_announcement, sign_announc
 from protocol.p2p.node import P2PNode, TopicSpec
 from protocol.schemas import P2PInfo, PolicyAnnouncement, RelayAnnouncement
 from tests.conftest import free_port
+from tests.integration.network import tiny_policy
 from tests.integration.shardcast_nodes import Nodes, wait_until
-from toploc.tiny_model import TinyModelSpec, save_tiny_qwen2
+from toploc.tiny_model import TinyModelSpec
 
 pytestmark = pytest.mark.slow
 
@@ -90,7 +91,7 @@ class GossipNet:
 
 @pytest.fixture
 def net(tmp_path: Path) -> Iterator[GossipNet]:
-    checkpoints = [save_tiny_qwen2(tmp_path / f"policy-{v}", seed=v, spec=SPEC) for v in range(NUM_VERSIONS)]
+    checkpoints = [tiny_policy(tmp_path / f"policy-{v}", seed=v, spec=SPEC) for v in range(NUM_VERSIONS)]
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     config = {
