@@ -45,6 +45,8 @@ from shardcast.store import local_disk
 
 EventSink = Callable[[dict[str, Any]], None]
 FailureKind = Literal["network", "slow", "not_ready", "integrity", "missing"]
+_HEDGE_RETRY_S = 0.25
+"""How soon a dragging fetch asks again for a hedge when none could be started."""
 
 
 def no_events(_event: dict[str, Any]) -> None:
@@ -279,19 +281,21 @@ async def fetch_shards(
         start(running[0], shard)
         failures: list[tuple[str, ShardFetchError]] = []
         may_hedge = len(scoreboard.sources) > 1 and options.max_hedges > 0
+        hedge_at = running[0].started + hedge_delay(shard)
         try:
             while running:
-                timeout = None
-                if may_hedge:
-                    timeout = max(0.0, running[0].started + hedge_delay(shard) - time.monotonic())
+                timeout = max(0.0, hedge_at - time.monotonic()) if may_hedge else None
                 tasks = {attempt.task for attempt in running if attempt.task is not None}
                 done, _ = await asyncio.wait(tasks, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
                 if not done:  # the primary drags: ask another source too
-                    may_hedge = False
                     busy = {attempt.source for attempt in running}
                     other = scoreboard.choose(exclude=excluded[shard.index] | busy)
                     if other is None or hedges_in_flight >= options.max_hedges:
+                        # every hedge slot is taken (or every other source cools down): try again shortly,
+                        # never wait out the dragging primary's whole response timeout
+                        hedge_at = time.monotonic() + _HEDGE_RETRY_S
                         continue
+                    may_hedge = False
                     hedge = _Attempt(other, hedge=True)
                     hedges_in_flight += 1
                     start(hedge, shard)

@@ -307,3 +307,65 @@ async def test_a_hedge_that_wins_is_never_overwritten_by_the_request_it_outran(
     primary.discard()
     assert files.matches(manifest, shard)
     files.close(sync=False)
+
+
+class Mute(httpx.AsyncBaseTransport):
+    """Accepts every request and never answers (a relay trickling its response head)."""
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+
+class FirstListed:
+    """An rng for the scoreboard that always picks the first candidate: every primary goes to the mute source."""
+
+    def choices(self, population: list[str], weights: object = None, k: int = 1) -> list[str]:
+        return [population[0]] * k
+
+
+class MemorySink:
+    location = Path("/nonexistent")
+
+    def __init__(self) -> None:
+        self.committed: set[int] = set()
+
+    def open_shard(self, shard: Any) -> Any:
+        sink = self
+
+        class Writer:
+            def write(self, offset: int, data: memoryview) -> None:
+                pass
+
+            def commit(self) -> None:
+                sink.committed.add(shard.index)
+
+            def discard(self) -> None:
+                pass
+
+        return Writer()
+
+
+async def test_fetches_waiting_for_a_hedge_slot_hedge_as_soon_as_one_frees(
+    origin_store: VersionStore, coordinator: NodeIdentity
+) -> None:
+    """More shards drag on a mute source than hedges may run at once: each still hedges within seconds,
+    none waits out its response timeout."""
+    from shardcast.fetchers import HttpxFetcher
+    from shardcast.scoring import Scoreboard
+    from shardcast.transfer import fetch_shards
+
+    manifest = load_verified_manifest(origin_store.manifest_path(1).read_bytes(), coordinator.node_id).manifest
+    assert len(manifest.shards) >= 4
+    router = HostRouter({"origin": create_app(OriginSource(origin_store))})
+    router.transports["mute"] = Mute()  # type: ignore[assignment]
+    options = FAST.model_copy(
+        update={"num_parallel": 8, "max_hedges": 1, "hedge_after_s": 0.05, "response_timeout_s": 60.0}
+    )
+    scoreboard = Scoreboard(["http://mute", "http://origin"], rng=FirstListed())  # type: ignore[arg-type]
+    sink = MemorySink()
+    async with httpx.AsyncClient(transport=router) as http:
+        await asyncio.wait_for(
+            fetch_shards(HttpxFetcher(http), manifest, manifest.shards, scoreboard, sink, options), timeout=20
+        )
+    assert sink.committed == {shard.index for shard in manifest.shards}
