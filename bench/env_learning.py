@@ -84,7 +84,7 @@ def eval_reward(model: Path, num_examples: int, seed: int) -> dict[str, Any]:
     return sampler.evaluate(num_examples, 1, seed).as_dict()
 
 
-def rl(root: Path, start: Path, seed: int, steps: int, quick: bool) -> Path:
+def rl(root: Path, start: Path, seed: int, steps: int, quick: bool, lr: float) -> Path:
     config = {
         "run_name": f"env-learning-{seed}",
         "data_dir": str(root / "run"),
@@ -99,7 +99,7 @@ def rl(root: Path, start: Path, seed: int, steps: int, quick: bool) -> Path:
             "groups_per_step": 2 if quick else 4,
             "trainer_nproc": 1,
             "progress_interval_s": 30,
-            "trainer": {"seed": seed, "optimizer": {"lr": 5e-4}},
+            "trainer": {"seed": seed, "optimizer": {"lr": lr}},
         },
         "local_network": {"enabled": True, "engines": ["hf"], "num_validators": 1, "relay_enabled": False},
     }
@@ -115,7 +115,8 @@ def rl(root: Path, start: Path, seed: int, steps: int, quick: bool) -> Path:
         )
     if done.returncode != 0:
         raise SystemExit(f"seed {seed}: the RL run failed; see {root / 'coordinator.log'}")
-    return root / "run" / "train" / "policies" / f"step_{steps}"
+    # the trainer's exported step files go once published (retention); the origin store keeps the policy
+    return root / "run" / "policies" / f"v{steps}" / "files"
 
 
 def step_rewards(root: Path) -> list[dict[str, float]]:
@@ -149,7 +150,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="one seed, 6 RL steps, a small eval")
     parser.add_argument("--steps", type=int, default=None, help="RL steps per seed (default 60; quick 6)")
     parser.add_argument("--seeds", type=int, default=None, help="seeds (default 3; quick 1)")
-    parser.add_argument("--sft-steps", type=int, default=60, help="SFT steps to the partial-skill start")
+    parser.add_argument("--sft-steps", type=int, default=150, help="SFT steps to the partial-skill start")
+    parser.add_argument("--lr", type=float, default=1e-3, help="RL learning rate")
     parser.add_argument("--eval-examples", type=int, default=None, help="eval set size (default 256; quick 64)")
     parser.add_argument("--dir", type=Path, default=Path("runs/env-learning"))
     args = parser.parse_args()
@@ -167,7 +169,7 @@ def main() -> None:
         start = sft(seed_dir / "sft", seed, args.sft_steps)
         first = eval_reward(start, num_eval, seed)
         log(f"seed {seed}: start eval reward {first['reward_mean']:.3f}; RL {steps} steps through the network")
-        final = rl(seed_dir, start, seed, steps, args.quick)
+        final = rl(seed_dir, start, seed, steps, args.quick, args.lr)
         last = eval_reward(final, num_eval, seed)
         log(f"seed {seed}: final eval reward {last['reward_mean']:.3f}")
         runs.append(
@@ -186,7 +188,7 @@ def main() -> None:
         "reward_gain_min": min(run["reward_gain"] for run in runs),
         "score_ms_per_sample": score_cost(2000),
     }
-    report = {"summary": summary, "environment": ENVIRONMENT, "sft_steps": args.sft_steps, "runs": runs}
+    report = {"summary": summary, "environment": ENVIRONMENT, "sft_steps": args.sft_steps, "lr": args.lr, "runs": runs}
     print(json.dumps(report, indent=2))
 
 

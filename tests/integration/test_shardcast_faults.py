@@ -44,20 +44,6 @@ SHARD = 256 * 1024
 BIN = Path(sys.executable).parent
 
 
-@pytest.fixture
-def nodes(tmp_path: Path) -> Iterator[Nodes]:
-    started = Nodes(tmp_path)
-    try:
-        yield started
-    finally:
-        started.stop_all()
-
-
-@pytest.fixture
-def coordinator() -> NodeIdentity:
-    return NodeIdentity.generate()
-
-
 def publish(tmp_path: Path, store: Path, signer: NodeIdentity, version: int, size_bytes: int = 3 * 1024 * 1024) -> Path:
     checkpoint = make_checkpoint(tmp_path / f"ckpt{version}", seed=version, size_bytes=size_bytes)
     publish_checkpoint(checkpoint, version, signer, VersionStore(store), shard_size_bytes=SHARD, keep_versions=3)

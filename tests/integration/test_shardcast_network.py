@@ -14,7 +14,6 @@ import shutil
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -41,20 +40,6 @@ from tests.integration.shardcast_nodes import (
 
 pytestmark = pytest.mark.slow
 SHARD = 256 * 1024
-
-
-@pytest.fixture
-def nodes(tmp_path: Path) -> Iterator[Nodes]:
-    started = Nodes(tmp_path)
-    try:
-        yield started
-    finally:
-        started.stop_all()
-
-
-@pytest.fixture
-def coordinator() -> NodeIdentity:
-    return NodeIdentity.generate()
 
 
 def publish(tmp_path: Path, store: Path, coordinator: NodeIdentity, version: int, **kwargs: int) -> Path:
