@@ -35,7 +35,7 @@ from trainer.transport import TrainDir
 log = logging.getLogger("coordinator.runner")
 
 
-def progress_line(config: CoordinatorConfig, ledger: Ledger, steps: list[StepRecord], elapsed_s: float) -> str:
+def progress_line(config: CoordinatorConfig, ledger: Ledger, elapsed_s: float) -> str:
     """Step, last batch reward, accepted/rejected, generation tokens/s and batch staleness, on one line."""
     status = ledger.status()
     live_after = time.time() - config.scheduling.worker_live_s
@@ -45,12 +45,11 @@ def progress_line(config: CoordinatorConfig, ledger: Ledger, steps: list[StepRec
                 nodes.c.role == "worker", nodes.c.last_seen >= live_after
             )
         ).scalar_one()
-    trained = [s for s in steps if s.state != "recorded"]
-    last = trained[-1].metrics if trained else {}
+    num_trained, last = TrainSteps(ledger).trained_progress()
     reward = f"{last['batch_reward_mean']:.3f}" if "batch_reward_mean" in last else "-"
     staleness = f"{last['batch_staleness_mean']:.2f}" if "batch_staleness_mean" in last else "-"
     return (
-        f"{elapsed_s:6.0f}s  step {len(trained)}/{config.orchestrator.num_steps}"
+        f"{elapsed_s:6.0f}s  step {num_trained}/{config.orchestrator.num_steps}"
         f"  policy v{status.current_policy_version}"
         f"  reward {reward}  accepted {status.num_submissions_accepted}  rejected {status.num_submissions_rejected}"
         f"  pending {status.num_submissions_pending}  tokens/s {tokens_per_s:.0f}  staleness {staleness}"
@@ -165,8 +164,7 @@ class RunThread(threading.Thread):
         now = time.monotonic()
         if now >= self._next_progress:
             self._next_progress = now + self.config.orchestrator.progress_interval_s
-            steps = TrainSteps(self.ledger).steps()
-            print(progress_line(self.config, self.ledger, steps, now - self.started_at), flush=True)
+            print(progress_line(self.config, self.ledger, now - self.started_at), flush=True)
 
     def _stop_children(self) -> None:
         if self.network is not None:

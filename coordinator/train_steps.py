@@ -15,7 +15,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, insert, select, update
+from sqlalchemy import Connection, func, insert, select, update
 
 from coordinator.batches import AcceptedGroup, accepted_group, verdict_rewards
 from coordinator.ledger import Ledger
@@ -153,3 +153,15 @@ class TrainSteps:
                 select(train_steps.c.step).where(train_steps.c.state == "published").order_by(train_steps.c.step.desc())
             ).first()
         return 0 if found is None else int(found[0])
+
+    def trained_progress(self) -> tuple[int, dict[str, Any]]:
+        """How many steps are trained (or published), and the newest one's metrics: two queries, whatever
+        the run's length (progress lines come every few seconds for the whole run)."""
+        done = train_steps.c.state != "recorded"
+        with self.db.read() as conn:
+            count = conn.execute(select(func.count()).select_from(train_steps).where(done)).scalar_one()
+            newest = conn.execute(
+                select(train_steps.c.metrics_json).where(done).order_by(train_steps.c.step.desc()).limit(1)
+            ).first()
+        metrics = json.loads(newest[0]) if newest is not None and newest[0] else {}
+        return int(count), metrics

@@ -50,7 +50,7 @@ def serve(
         "p2p.enabled": False if no_p2p else None,
     }
     relay_config = load_role_config(RelayConfig, config, sets, flags)
-    from shardcast.relay import serve_relay
+    from shardcast.relay_service import serve_relay
     from shardcast.server import run_event_loop
 
     run_or_exit("relay", run_event_loop, lambda: serve_relay(relay_config))

@@ -390,29 +390,3 @@ class RelayMirror:
                 mirrored.task.cancel()
         await self.fetcher.aclose()
         await self.http.aclose()
-
-
-async def serve_relay(config: RelayConfig) -> None:
-    """Run a relay until SIGINT/SIGTERM: the mirroring loop and the HTTP server side by side."""
-    from protocol.errors import ConfigError
-    from shardcast.server import create_app, serve_http
-
-    if not config.upstreams:
-        raise ConfigError("a relay needs at least one upstream (--upstream URL)")
-    if config.coordinator_id is None:
-        raise ConfigError("a relay needs the coordinator's node id (--coordinator-id) to verify manifests")
-    from protocol.first_contact import check_relays
-
-    await check_relays(config.upstreams)
-    relay = RelayMirror(config, config.coordinator_id)
-    log.info("relay on http://%s:%d mirroring %s", config.host, config.port, ", ".join(relay.upstreams))
-
-    async def background() -> None:
-        from shardcast.p2p import run_relay_gossip
-
-        await asyncio.gather(relay.run(), run_relay_gossip(config, relay))
-
-    try:
-        await serve_http(create_app(relay), config.host, config.port, background)
-    finally:
-        await relay.aclose()

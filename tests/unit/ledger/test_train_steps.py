@@ -92,7 +92,9 @@ async def test_recorded_batch_is_rebuilt_after_a_restart(make_harness: MakeHarne
     (task_prompts,) = {tuple(sorted(g.prompt_token_ids)) for g in groups}
     assert task_prompts == (0, 1)
     assert groups[0].rewards == pytest.approx([0.2, 0.3, 0.4, 0.5])
+    assert reopened.trained_progress() == (0, {})  # recorded, not trained yet
     reopened.mark_trained(1, {"loss": 0.5, "batch_reward_mean": 0.35})
+    assert reopened.trained_progress() == (1, {"loss": 0.5, "batch_reward_mean": 0.35})
     assert reopened.num_published() == 0
     reopened.mark_published(1)
     assert reopened.num_published() == 1
