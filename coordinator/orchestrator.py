@@ -36,6 +36,7 @@ from coordinator.policies import publish_policy
 from coordinator.train_steps import StepRecord, TrainSteps, min_policy_version
 from coordinator.trainer_process import TrainerProcess
 from protocol.identity import NodeIdentity
+from protocol.memory import release_free_memory
 from shardcast.store import VersionStore
 from trainer.transport import StepBatch, TrainDir
 
@@ -118,6 +119,7 @@ class Orchestrator:
         publish_policy(self.train_dir.policy_dir(step), step, self.identity, self.store, self.ledger, self.config)
         self.steps.mark_published(step)
         self._retain(step)
+        release_free_memory()  # the step's batch and groups are garbage now: keep a long run's RSS flat
         log.info("step %d trained and published as policy v%d", step, step)
 
     def _retain(self, published: int) -> None:

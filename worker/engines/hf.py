@@ -23,6 +23,7 @@ from typing import Any, Literal
 
 import torch
 
+from protocol.memory import release_free_memory
 from toploc.sampling import noisy_scores_at, stream_states
 from worker.engines.base import GenerationRequest, GenerationResult, PrefillResult
 
@@ -253,6 +254,8 @@ class HFEngine:
                     raise ValueError(f"{key}: checkpoint shape {tuple(tensor.shape)} != {tuple(parameters[key].shape)}")
             for key, tensor in state.items():
                 parameters[key].copy_(tensor.to(parameters[key].dtype))
+        del state
+        release_free_memory()  # the loaded copy is garbage now: a node switching policies every step stays flat
 
     def close(self) -> None:
         self.model = None
