@@ -23,16 +23,21 @@ Refused at start-up, naming the reward: a ``JudgeRubric`` or a reward that asks 
 (a judge model or the network), a group reward (scored over a group of rollouts), a reward with a
 parameter no offline scorer can fill, and any environment that is not a tool-free
 ``SingleTurnEnv`` (multi-turn, tools, sandboxes). The determinism check at start-up (score
-twice, compare) catches rewards whose answers vary.
+twice, compare) catches rewards whose answers vary. Building a v0 environment leaves the
+process's signal handlers alone (v0 would install its own), so it also works off the main thread.
 """
 
 from __future__ import annotations
 
 import asyncio
 import copy
+import importlib
 import inspect
 import json
-from collections.abc import Callable, Mapping
+import signal
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from types import SimpleNamespace
 from typing import Any
 
 from environments.base import ChatMessage, Environment, Example, Scores
@@ -52,6 +57,27 @@ TRAJECTORY_ID = "offline"
 def module_name(environment_id: str) -> str:
     """The module of a v0 environment id (verifiers' own ``env_module_name``)."""
     return environment_id.replace("-", "_").split("/")[-1]
+
+
+@contextmanager
+def _process_signals_kept() -> Iterator[None]:
+    """While a v0 environment is built, its ``signal.signal`` calls change nothing.
+
+    v0's ``Environment.__post_init__`` installs SIGINT and SIGTERM handlers of its own (to run its
+    teardown), which would replace the role's own shutdown handling, and raises ``ValueError``
+    outside the main thread (validators load the environment in a worker thread). Only that
+    module's view of ``signal`` is swapped, and only for the duration of the load.
+    """
+    module: Any = importlib.import_module("verifiers.legacy.envs.environment")
+    original = getattr(module, "signal", None)
+    if original is not signal:
+        yield
+        return
+    module.signal = SimpleNamespace(**{**vars(signal), "signal": lambda signum, handler: signal.getsignal(signum)})
+    try:
+        yield
+    finally:
+        module.signal = original
 
 
 def _text(content: Any, where: str) -> str:
@@ -149,7 +175,8 @@ class VerifiersV0Environment(Environment):
         self.config = config
         self.name = environment_name(config.taskset)
         try:
-            self.env: Any = load_environment(config.taskset, **config.args)
+            with _process_signals_kept():
+                self.env: Any = load_environment(config.taskset, **config.args)
         except (ImportError, AttributeError, TypeError, ValueError, RuntimeError) as exc:
             raise ConfigError(f"verifiers v0 environment {config.taskset!r} cannot be loaded: {exc}") from exc
         if self.env.message_type != "chat":

@@ -263,6 +263,22 @@ def test_verifiers_v0_scores_are_the_rubrics_own(monkeypatch: pytest.MonkeyPatch
         assert scores.total == pytest.approx(state["reward"])
 
 
+def test_verifiers_v0_loads_off_the_main_thread_and_keeps_the_signal_handlers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """v0 environments install SIGINT/SIGTERM handlers when built; validators load them in a worker thread."""
+    import signal
+    import threading
+
+    monkeypatch.syspath_prepend(str(TASKSETS_DIR))
+    before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    load_environment(parse(V0_ECHO))
+    assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before
+    loaded: list[Any] = []
+    thread = threading.Thread(target=lambda: loaded.append(load_environment(parse(V0_ECHO))))
+    thread.start()
+    thread.join(timeout=120)
+    assert loaded and loaded[0].example(0) == load_environment(parse(V0_ECHO)).example(0)
+
+
 @pytest.mark.parametrize(
     ("kind", "refusal"),
     [
