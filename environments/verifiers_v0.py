@@ -170,7 +170,13 @@ class VerifiersV0Environment(Environment):
     default_max_tokens = 64
 
     def __init__(self, config: VerifiersEnvConfig) -> None:
-        from verifiers.utils.env_utils import load_environment
+        try:
+            from verifiers.legacy.utils.env_utils import load_environment
+        except ImportError as exc:
+            raise ConfigError(
+                f"verifiers v0 environment {config.taskset!r} needs verifiers' v0 API (verifiers.legacy), "
+                f"which this verifiers does not have ({exc}): pip install verifiers==0.3.1"
+            ) from exc
 
         self.config = config
         self.name = environment_name(config.taskset)

@@ -307,6 +307,11 @@ def test_verifiers_v0_non_deterministic_reward_or_missing_module_is_refused(monk
         load_environment(parse({**V0_ECHO, "taskset": "no-such-env"}))
     with pytest.raises(ConfigError, match="v0 environment 'vf_echo_taskset' cannot be loaded"):
         load_environment(parse({**V0_ECHO, "taskset": "vf_echo_taskset"}))  # a v1 taskset: no load_environment
+    import sys
+
+    monkeypatch.setitem(sys.modules, "verifiers.legacy.utils.env_utils", None)  # as in verifiers 0.4.0: no v0
+    with pytest.raises(ConfigError, match=r"needs verifiers' v0 API .*pip install verifiers==0\.3\.1"):
+        load_environment(parse(V0_ECHO))
 
 
 @pytest.mark.parametrize(
