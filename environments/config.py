@@ -1,7 +1,7 @@
 """The ``[environment]`` config section every role reads: one adapter, picked by ``type``.
 
 ``type = "builtin"`` (this project's tasks), ``"reasoning_gym"`` (a reasoning-gym dataset and its
-arguments), ``"verifiers"`` (an installed verifiers taskset) or ``"python"`` (an operator's own
+arguments), ``"verifiers"`` (an installed verifiers v1 taskset or v0 environment) or ``"python"`` (an operator's own
 :class:`environments.base.Environment`, as ``module:attribute``). The resolved section is what
 :mod:`environments.identity` hashes into the run spec, so two processes with equal sections
 (and equal package versions) serve and score the same examples.
@@ -47,18 +47,26 @@ class ReasoningGymEnvConfig(Section):
 
 
 class VerifiersEnvConfig(Section):
-    """An installed verifiers v1 taskset (``pip install prime-network[envs]`` plus the taskset's package)."""
+    """An installed verifiers environment (``pip install prime-network[envs]`` plus the environment's package).
+
+    ``api = "v1"``: a v1 ``Taskset``; ``api = "v0"``: a v0 environment whose ``load_environment()``
+    returns a ``SingleTurnEnv`` scored by its ``Rubric``.
+    """
 
     type: Literal["verifiers"]
     """The adapter."""
+    api: Literal["v1", "v0"] = "v1"
+    """Which verifiers API the package is written against: ``v1`` (a ``Taskset``) or ``v0`` (``load_environment()``)."""
     taskset: str = Field(pattern=r"^[A-Za-z0-9_.\-/@]+$", max_length=128)
-    """The taskset id, as ``vf-eval`` takes it: an installed package exporting one ``Taskset`` via ``__all__``."""
+    """The taskset id (v1) or environment id (v0), as ``vf-eval`` takes it: an installed package exporting
+    one ``Taskset`` via ``__all__`` (v1), or a module with a ``load_environment`` function (v0)."""
     args: dict[str, JsonValue] = Field(default_factory=dict)
-    """The taskset's config fields (``--env.taskset.*``)."""
+    """The taskset's config fields (v1, ``--env.taskset.*``) or ``load_environment``'s keyword arguments (v0)."""
     limit: int = Field(default=100_000, ge=1, le=10_000_000)
-    """Tasks read from the taskset (an infinite taskset is cut here); index ``i`` is task ``i % n``."""
+    """Tasks (v1) or dataset rows (v0) read (an infinite taskset is cut here); index ``i`` is task ``i % n``."""
     eval_fraction: float = Field(default=0.1, ge=0.0, lt=1.0)
-    """The last this fraction of those tasks is the eval split, never trained on."""
+    """The last this fraction of those tasks is the eval split, never trained on (v0: unless the
+    environment has an ``eval_dataset``, which is then the eval split)."""
 
 
 class PythonEnvConfig(Section):

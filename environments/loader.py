@@ -67,6 +67,10 @@ def load_environment(config: EnvironmentConfig) -> Environment:
             raise ConfigError(f"reasoning-gym dataset {config.dataset!r} with {config.args} is refused: {exc}") from exc
     if isinstance(config, VerifiersEnvConfig):
         _require("verifiers", "verifiers")
+        if config.api == "v0":
+            from environments.verifiers_v0 import VerifiersV0Environment
+
+            return VerifiersV0Environment(config)
         from environments.verifiers_env import VerifiersEnvironment
 
         return VerifiersEnvironment(config)
@@ -99,9 +103,14 @@ def environment_identity(config: EnvironmentConfig) -> EnvironmentIdentity:
         name, package, version = config.dataset, "reasoning-gym", _version("reasoning-gym") or "missing"
     elif isinstance(config, VerifiersEnvConfig):
         name = config.taskset
-        module = config.taskset.rsplit("/", 1)[-1].split("@", 1)[0].replace("-", "_").lower()
+        if config.api == "v0":
+            from environments.verifiers_v0 import module_name
+
+            module = module_name(config.taskset)
+        else:
+            module = config.taskset.rsplit("/", 1)[-1].split("@", 1)[0].replace("-", "_").lower()
         package, taskset_version = _module_package(module)
-        version = f"{taskset_version}; verifiers {_version('verifiers') or 'missing'}"
+        version = f"{taskset_version}; verifiers {_version('verifiers') or 'missing'} {config.api} API"
     else:
         assert isinstance(config, PythonEnvConfig)
         name = config.target

@@ -1,11 +1,12 @@
-"""The ``verifiers`` adapter: an installed verifiers v1 ``Taskset``, scored offline with its own reward code.
+"""The ``verifiers`` adapter, v1 API: an installed ``Taskset``, scored offline with its own reward code.
 
-verifiers 0.4.0 ships only the v1 API (``verifiers.v1``: a ``Taskset`` yielding ``Task`` s whose
-``@vf.reward`` methods score a ``Trace``); the v0 API (``load_environment()`` returning a
-``SingleTurnEnv`` with a ``Rubric``) is not part of that release, so it is not offered here.
-The network is single-turn: a worker answers the task's prompt once, and the validator scores
-the completion by building the trace the harness would have recorded (the prompt, then the
-completion as the sampled assistant message) and calling ``Task.score`` on it with no runtime.
+verifiers has two APIs: v1 (``verifiers.v1``: a ``Taskset`` yielding ``Task`` s whose
+``@vf.reward`` methods score a ``Trace``), served here, and v0 (``load_environment()`` returning a
+``SingleTurnEnv`` with a ``Rubric``), served by :mod:`environments.verifiers_v0`; the section's
+``api`` picks one. The network is single-turn: a worker answers the task's prompt once, and the
+validator scores the completion by building the trace the harness would have recorded (the
+prompt, then the completion as the sampled assistant message) and calling ``Task.score`` on it
+with no runtime.
 
 Only rewards that read the trace (and the task's data) can be scored that way, so a taskset is
 refused at start-up, naming the culprit, when a task needs a container, serves tools, plugs a
@@ -27,6 +28,17 @@ from protocol.errors import ConfigError
 
 OFFLINE_PARAMETERS = frozenset({"self", "task", "trace"})
 """What a reward may ask for to be scored by a validator: the task's data and the trace."""
+
+
+def environment_name(identifier: str) -> str:
+    """The short name of a taskset or environment id (``owner/name@version`` -> ``name``)."""
+    return identifier.rsplit("/", 1)[-1].split("@", 1)[0][:64]
+
+
+def split_train_eval(items: list[Any], eval_fraction: float) -> tuple[list[Any], list[Any]]:
+    """(train, eval): the last ``eval_fraction`` of ``items`` is the eval split; either falls back to all."""
+    num_eval = int(len(items) * eval_fraction)
+    return items[: len(items) - num_eval] or items, items[len(items) - num_eval :] or items
 
 
 def _messages(data: Any) -> tuple[ChatMessage, ...]:
@@ -72,7 +84,7 @@ class VerifiersEnvironment(Environment):
         from verifiers.v1.utils.loaders import taskset_class, taskset_config_type
 
         self.config = config
-        self.name = config.taskset.rsplit("/", 1)[-1].split("@", 1)[0][:64]
+        self.name = environment_name(config.taskset)
         try:
             taskset_type = taskset_class(config.taskset)
             taskset_config = taskset_config_type(config.taskset).model_validate({**config.args, "id": config.taskset})
@@ -86,9 +98,7 @@ class VerifiersEnvironment(Environment):
             raise ConfigError(
                 f"verifiers taskset {config.taskset!r} cannot be scored offline by validators: {problems[0]}"
             )
-        num_eval = int(len(tasks) * config.eval_fraction)
-        self._train = tasks[: len(tasks) - num_eval] or tasks
-        self._eval = tasks[len(tasks) - num_eval :] or tasks
+        self._train, self._eval = split_train_eval(tasks, config.eval_fraction)
 
     def _task(self, example: Example) -> Any:
         split, position = example.data

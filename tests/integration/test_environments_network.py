@@ -1,6 +1,6 @@
 """Environments through the real network: coordinator, HF worker and validator processes on 127.0.0.1.
 
-For each adapter (reasoning_gym, python, verifiers v1) the run serves the environment's prompts,
+For each adapter (reasoning_gym, python, verifiers v1 and v0) the run serves the environment's prompts,
 and every accepted submission carries the rewards the validator recomputed with the
 environment's own scorer: the test recomputes them here, from the ledger's rows (the prompts'
 example indices and the worker's completion tokens), with the same environment and tokenizer.
@@ -141,6 +141,24 @@ def test_verifiers_v1_rewards_are_recomputed_with_the_tasksets_own_code(tmp_path
             sys.path.remove(str(TASKSETS_DIR))
         log = refused_validator(net, "validator-no-taskset", pythonpath=str(REPO_ROOT))
         assert "cannot load the run's environment verifiers 'vf_echo_taskset'" in log
+
+
+def test_verifiers_v0_rewards_are_recomputed_with_the_environments_rubric(tmp_path: Path) -> None:
+    section = {"type": "verifiers", "api": "v0", "taskset": "vf0-echo-env", "args": {"count": 8}}
+    with running_network(
+        tmp_path, [start_model()], environment=section, pythonpath=[TASKSETS_DIR], start_timeout_s=START_TIMEOUT_S
+    ) as net:
+        net.start_worker("worker", "hf", [])
+        net.start_validator()
+        sys.path.insert(0, str(TASKSETS_DIR))
+        try:
+            assert check_recomputed_rewards(net, section) == {"exact", "starts_right", "num_turns"}
+        finally:
+            sys.path.remove(str(TASKSETS_DIR))
+        other = tmp_path / "v1.toml"
+        other.write_text(tomli_w.dumps({"environment": {**section, "api": "v1"}}))
+        log = refused_validator(net, "validator-v1", "-c", str(other), pythonpath=f"{REPO_ROOT}:{TASKSETS_DIR}")
+        assert "cannot load the run's environment verifiers 'vf0-echo-env'" in log
 
 
 def test_a_coordinator_refuses_an_environment_with_a_non_deterministic_reward(tmp_path: Path) -> None:

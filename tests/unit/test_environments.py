@@ -192,7 +192,7 @@ def test_verifiers_v1_taskset_is_scored_offline_with_its_own_rewards(monkeypatch
     assert environment.example(7).data == environment.example(1).data  # 6 training tasks, 2 held out for eval
     assert environment.eval_example(0).prompt[-1].content == "reverse: hide"  # type: ignore[union-attr]
     identity = environment_identity(config)
-    assert identity.kind == "verifiers" and "verifiers 0.4.0" in identity.package_version
+    assert identity.kind == "verifiers" and "verifiers 0.3.1" in identity.package_version
 
 
 def test_verifiers_taskset_needing_a_sandbox_is_refused_naming_the_reward(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -203,6 +203,117 @@ def test_verifiers_taskset_needing_a_sandbox_is_refused_naming_the_reward(monkey
         load_environment(parse({"type": "verifiers", "taskset": "no_such_taskset"}))
 
 
+V0_ECHO = {"type": "verifiers", "api": "v0", "taskset": "vf0-echo-env"}
+
+
+def test_verifiers_api_defaults_to_v1_and_refuses_others() -> None:
+    v1 = parse({"type": "verifiers", "taskset": "vf_echo_taskset"})
+    assert isinstance(v1, VerifiersEnvConfig) and v1.api == "v1"
+    with pytest.raises(ValidationError):
+        parse({**V0_ECHO, "api": "v2"})
+
+
+def test_verifiers_v0_environment_is_scored_offline_with_its_rubric(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(TASKSETS_DIR))
+    config = parse(V0_ECHO)
+    environment = load_checked_environment(config)
+    example = environment.example(1)
+    assert [(m.role, m.content) for m in example.prompt] == [  # type: ignore[union-attr]
+        ("system", "Reverse the word."),
+        ("user", "reverse: on"),
+        ("assistant", "no"),
+        ("user", "reverse: dog"),
+    ]
+    assert example.answer == "god"
+    weights = {"exact": 0.75, "starts_right": 0.25, "num_turns": 0.0}
+    # the parser strips the completion; num_turns is the metric every v0 multi-turn env adds (weight 0)
+    assert environment.score(example, " god\n") == Scores(
+        {"exact": 1.0, "starts_right": 1.0, "num_turns": 1.0}, weights
+    )
+    assert environment.score(example, "gxx") == Scores({"exact": 0.0, "starts_right": 1.0, "num_turns": 1.0}, weights)
+    assert environment.reward(example, "") == 0.0
+    assert environment.example(7).data == example.data  # 6 training rows; the eval_dataset is the eval split
+    assert environment.eval_example(0).prompt[-1].content == "reverse: hide"  # type: ignore[union-attr]
+    assert environment.eval_example(0).answer == "edih"
+    again = load_environment(config)
+    assert [again.example(i) for i in range(8)] == [environment.example(i) for i in range(8)]
+    identity = environment_identity(config)
+    assert identity.kind == "verifiers" and identity.arguments["api"] == "v0"
+    assert identity.package == "vf0_echo_env" and "verifiers 0.3.1 v0 API" in identity.package_version
+    v1_identity = environment_identity(parse({**V0_ECHO, "api": "v1"}))
+    assert v1_identity.config_hash != identity.config_hash
+    assert "set [environment] to the run's" in (identity_mismatch(identity, v1_identity) or "")
+
+
+def test_verifiers_v0_scores_are_the_rubrics_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rewards equal what the environment's rubric computes itself on the same finished rollout."""
+    import asyncio
+
+    from environments.verifiers_v0 import VerifiersV0Environment
+
+    monkeypatch.syspath_prepend(str(TASKSETS_DIR))
+    environment = load_environment(parse(V0_ECHO))
+    assert isinstance(environment, VerifiersV0Environment)
+    for index, completion in [(0, "cba"), (2, "bxc"), (3, "nope")]:
+        example = environment.example(index)
+        state = environment._state(environment._row(example), completion)
+        asyncio.run(environment.env.rubric.score_rollout(state))
+        scores = environment.score(example, completion)
+        assert dict(scores.rewards) == state["metrics"]
+        assert scores.total == pytest.approx(state["reward"])
+
+
+def test_verifiers_v0_loads_off_the_main_thread_and_keeps_the_signal_handlers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """v0 environments install SIGINT/SIGTERM handlers when built; validators load them in a worker thread."""
+    import signal
+    import threading
+
+    monkeypatch.syspath_prepend(str(TASKSETS_DIR))
+    before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    load_environment(parse(V0_ECHO))
+    assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before
+    loaded: list[Any] = []
+    thread = threading.Thread(target=lambda: loaded.append(load_environment(parse(V0_ECHO))))
+    thread.start()
+    thread.join(timeout=120)
+    assert loaded and loaded[0].example(0) == load_environment(parse(V0_ECHO)).example(0)
+
+
+@pytest.mark.parametrize(
+    ("kind", "refusal"),
+    [
+        ("judge", "reward 'judged' needs a judge model"),
+        ("group", "reward 'relative' is a group reward"),
+        ("missing", "reward 'runs_tests' needs test_cases, which validators cannot provide"),
+        ("tools", "environment ToolEnv is not a SingleTurnEnv"),
+    ],
+)
+def test_verifiers_v0_environment_validators_cannot_score_is_refused_naming_the_reward(
+    monkeypatch: pytest.MonkeyPatch, kind: str, refusal: str
+) -> None:
+    monkeypatch.syspath_prepend(str(TASKSETS_DIR))
+    section = {"type": "verifiers", "api": "v0", "taskset": "vf0_refused_env", "args": {"kind": kind}}
+    with pytest.raises(ConfigError, match="cannot be scored offline by validators: " + refusal) as refused:
+        load_environment(parse(section))
+    assert "\n" not in refused.value.message
+
+
+def test_verifiers_v0_non_deterministic_reward_or_missing_module_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(TASKSETS_DIR))
+    section = {"type": "verifiers", "api": "v0", "taskset": "vf0_refused_env", "args": {"kind": "flaky"}}
+    with pytest.raises(ConfigError, match="reward luck is not deterministic"):
+        load_checked_environment(parse(section))
+    with pytest.raises(ConfigError, match="v0 environment 'no-such-env' cannot be loaded"):
+        load_environment(parse({**V0_ECHO, "taskset": "no-such-env"}))
+    with pytest.raises(ConfigError, match="v0 environment 'vf_echo_taskset' cannot be loaded"):
+        load_environment(parse({**V0_ECHO, "taskset": "vf_echo_taskset"}))  # a v1 taskset: no load_environment
+    import sys
+
+    monkeypatch.setitem(sys.modules, "verifiers.legacy.utils.env_utils", None)  # as in verifiers 0.4.0: no v0
+    with pytest.raises(ConfigError, match=r"needs verifiers' v0 API .*pip install verifiers==0\.3\.1"):
+        load_environment(parse(V0_ECHO))
+
+
 @pytest.mark.parametrize(
     "path", sorted((Path(__file__).resolve().parents[2] / "configs" / "environments").glob("*.toml"))
 )
@@ -210,4 +321,8 @@ def test_every_example_environment_section_parses(path: Path) -> None:
     import tomllib
 
     section = tomllib.loads(path.read_text())["environment"]
-    assert parse(section).type == path.stem
+    kind, _, api = path.stem.partition("-")  # verifiers-v0.toml: the verifiers adapter with api = "v0"
+    parsed = parse(section)
+    assert parsed.type == kind
+    if api:
+        assert isinstance(parsed, VerifiersEnvConfig) and parsed.api == api
