@@ -30,6 +30,9 @@ app = PrimeTyper(
 )
 app.add_typer(make_keys_app(Path("runs/demo")), name="keys")
 
+DataDirOption = typer.Option(None, "--data-dir", help="Run directory (data_dir).")
+LedgerUrlOption = typer.Option(None, "--ledger-url", help="SQLAlchemy URL of the ledger (ledger.url).")
+
 
 @app.command()
 def start(
@@ -37,8 +40,8 @@ def start(
     sets: list[str] | None = SetOption,
     host: str | None = typer.Option(None, help="Interface for the ledger API (api.host)."),
     port: int | None = typer.Option(None, help="Port for the ledger API (api.port)."),
-    data_dir: Path | None = typer.Option(None, help="Run directory (data_dir)."),
-    ledger_url: str | None = typer.Option(None, help="SQLAlchemy URL of the ledger (ledger.url)."),
+    data_dir: Path | None = DataDirOption,
+    ledger_url: str | None = LedgerUrlOption,
     log_level: str = LogLevelOption,
     json_logs: bool = JsonLogsOption,
 ) -> None:
@@ -59,7 +62,7 @@ def publish(
     version: int | None = typer.Option(None, help="Version number (default: the current one + 1)."),
     config: Path | None = ConfigOption,
     sets: list[str] | None = SetOption,
-    data_dir: Path | None = typer.Option(None, help="Run directory (data_dir)."),
+    data_dir: Path | None = DataDirOption,
     log_level: str = LogLevelOption,
     json_logs: bool = JsonLogsOption,
 ) -> None:
@@ -78,8 +81,8 @@ def export(
     fmt: str = typer.Option("parquet", "--format", help="parquet or jsonl."),
     config: Path | None = ConfigOption,
     sets: list[str] | None = SetOption,
-    data_dir: Path | None = typer.Option(None, help="Run directory (data_dir)."),
-    ledger_url: str | None = typer.Option(None, help="SQLAlchemy URL of the ledger (ledger.url)."),
+    data_dir: Path | None = DataDirOption,
+    ledger_url: str | None = LedgerUrlOption,
     log_level: str = LogLevelOption,
     json_logs: bool = JsonLogsOption,
 ) -> None:
@@ -98,8 +101,8 @@ def export(
 def archive(
     config: Path | None = ConfigOption,
     sets: list[str] | None = SetOption,
-    data_dir: Path | None = typer.Option(None, help="Run directory (data_dir)."),
-    ledger_url: str | None = typer.Option(None, help="SQLAlchemy URL of the ledger (ledger.url)."),
+    data_dir: Path | None = DataDirOption,
+    ledger_url: str | None = LedgerUrlOption,
     compact: bool = typer.Option(False, help="SQLite: VACUUM afterwards, to return the freed space to the disk."),
     log_level: str = LogLevelOption,
     json_logs: bool = JsonLogsOption,
