@@ -321,6 +321,9 @@ def run_backend(backend: str, ledger_url: str, args: argparse.Namespace, workdir
         "api": {"host": "127.0.0.1", "port": port, "ip_rate_per_s": 1e6, "ip_burst": 1_000_000},
         "ledger": {"url": ledger_url},
         "scheduling": {"prompts_per_task": 2, "group_size": 2, "max_tokens": 16, "lease_ttl_s": 600},
+        # the simulated workers stand for distinct machines but all connect from loopback: without this,
+        # the Sybil defences would treat them as one source and cap their registrations (docs/sybil.md)
+        "sources": {"allow": ["127.0.0.0/8"]},
     }
     config_path = workdir / f"{backend}.toml"
     config_path.write_text(tomli_w.dumps(config))
