@@ -24,6 +24,7 @@ from pydantic import TypeAdapter
 from sqlalchemy import select
 
 from coordinator.storage.tables import submissions, tasks
+from environments.base import Environment
 from environments.config import EnvironmentConfig
 from environments.loader import load_environment
 from protocol.schemas import SubmitRequest, Verdict
@@ -63,12 +64,25 @@ def accepted(net: Network) -> list[tuple[dict[int, dict[str, Any]], SubmitReques
     return found
 
 
-def check_recomputed_rewards(net: Network, section: dict[str, Any], min_submissions: int = 2) -> set[str]:
-    """Wait for accepted submissions and check each verdict against the environment scored here; the reward names."""
+def check_recomputed_rewards(
+    net: Network, section: dict[str, Any], importable: Path | None = None, min_submissions: int = 2
+) -> set[str]:
+    """Wait for accepted submissions and check each verdict against the environment scored here (its module
+    imported from ``importable`` when given, as the network's nodes import it); the reward names."""
+    wait_until(lambda: len(accepted(net)) >= min_submissions, 300, f"{min_submissions} accepted submissions")
+    if importable is not None:
+        sys.path.insert(0, str(importable))
+    try:
+        environment = load_environment(TypeAdapter(EnvironmentConfig).validate_python(section))
+        return _check_verdicts(net, environment)
+    finally:
+        if importable is not None:
+            sys.path.remove(str(importable))
+
+
+def _check_verdicts(net: Network, environment: Environment) -> set[str]:
     from transformers import AutoTokenizer
 
-    wait_until(lambda: len(accepted(net)) >= min_submissions, 300, f"{min_submissions} accepted submissions")
-    environment = load_environment(TypeAdapter(EnvironmentConfig).validate_python(section))
     tokenizer = AutoTokenizer.from_pretrained(str(start_model()))
     eos = {tokenizer.eos_token_id}
     names: set[str] = set()
@@ -118,11 +132,7 @@ def test_python_environment_rewards_are_recomputed_and_other_code_is_refused(tmp
     ) as net:
         net.start_worker("worker", "hf", [])
         net.start_validator()
-        sys.path.insert(0, str(ours))
-        try:
-            assert check_recomputed_rewards(net, section) == {"exact", "short"}
-        finally:
-            sys.path.remove(str(ours))
+        assert check_recomputed_rewards(net, section, ours) == {"exact", "short"}
         log = refused_validator(net, "validator-theirs", pythonpath=f"{REPO_ROOT}:{theirs}")
         assert "run the coordinator's version of keyword_env" in log
 
@@ -134,11 +144,7 @@ def test_verifiers_v1_rewards_are_recomputed_with_the_tasksets_own_code(tmp_path
     ) as net:
         net.start_worker("worker", "hf", [])
         net.start_validator()
-        sys.path.insert(0, str(TASKSETS_DIR))
-        try:
-            assert check_recomputed_rewards(net, section) == {"exact", "starts_right"}
-        finally:
-            sys.path.remove(str(TASKSETS_DIR))
+        assert check_recomputed_rewards(net, section, TASKSETS_DIR) == {"exact", "starts_right"}
         log = refused_validator(net, "validator-no-taskset", pythonpath=str(REPO_ROOT))
         assert "cannot load the run's environment verifiers 'vf_echo_taskset'" in log
 
@@ -150,11 +156,7 @@ def test_verifiers_v0_rewards_are_recomputed_with_the_environments_rubric(tmp_pa
     ) as net:
         net.start_worker("worker", "hf", [])
         net.start_validator()
-        sys.path.insert(0, str(TASKSETS_DIR))
-        try:
-            assert check_recomputed_rewards(net, section) == {"exact", "starts_right", "num_turns"}
-        finally:
-            sys.path.remove(str(TASKSETS_DIR))
+        assert check_recomputed_rewards(net, section, TASKSETS_DIR) == {"exact", "starts_right", "num_turns"}
         other = tmp_path / "v1.toml"
         other.write_text(tomli_w.dumps({"environment": {**section, "api": "v1"}}))
         log = refused_validator(net, "validator-v1", "-c", str(other), pythonpath=f"{REPO_ROOT}:{TASKSETS_DIR}")
