@@ -54,6 +54,8 @@ class ChunkCheck:
     sign_mismatches: int
     mant_err_mean: float
     mant_err_median: float
+    mant_err_sum: int = 0
+    """Total |mantissa difference| over the exponent-matching entries (the mean's numerator)."""
 
 
 def _chunk_bounds(num_rows: int, chunk_size: int) -> list[tuple[int, int]]:  # (first row, end row)
@@ -307,6 +309,7 @@ def _compare(claimed: torch.Tensor, mine: torch.Tensor) -> list[ChunkCheck]:
             sign_mismatches=signs,
             mant_err_mean=total / matched if matched else math.inf,
             mant_err_median=float(median) if matched else math.inf,
+            mant_err_sum=int(total),
         )
         for matched, signs, total, median in zip(
             num_matched.tolist(), num_sign_mismatches.tolist(), sums.tolist(), medians.tolist(), strict=True

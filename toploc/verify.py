@@ -158,6 +158,11 @@ def precheck_claim(claim: Claim, vocab_size: int) -> list[str]:
     )
 
 
+def _within_sum_allowance(check: ChunkCheck, config: ToplocConfig) -> bool:
+    """Whether a chunk with some exponent-matching entries carries at most the allowed total mantissa error."""
+    return math.isfinite(check.mant_err_mean) and check.mant_err_sum <= config.mant_err_sum_allowance
+
+
 def _proof_reasons(checks: Sequence[ChunkCheck], config: ToplocConfig) -> list[str]:
     limits = (
         ("exponent mismatches", "exp_mismatches", config.max_exp_mismatches),
@@ -168,7 +173,10 @@ def _proof_reasons(checks: Sequence[ChunkCheck], config: ToplocConfig) -> list[s
     reasons = []
     for label, attribute, limit in limits:
         failing = [
-            (i, getattr(check, attribute)) for i, check in enumerate(checks) if getattr(check, attribute) > limit
+            (i, getattr(check, attribute))
+            for i, check in enumerate(checks)
+            if getattr(check, attribute) > limit
+            and not (attribute == "mant_err_mean" and _within_sum_allowance(check, config))
         ]
         if failing:
             chunk, worst = max(failing, key=lambda item: item[1])

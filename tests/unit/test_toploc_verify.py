@@ -194,3 +194,38 @@ def test_batched_verification_equals_each_rollout_alone(engine: HFEngine, claims
         assert bool(replay_failed) == bool(
             (gaps > ToplocConfig().sampling_tolerance).any() or (errors > ToplocConfig().logprob_tolerance).any()
         )
+
+
+def _bumped(states: torch.Tensor, rows: slice, count: int) -> torch.Tensor:
+    """``states`` with the ``count`` largest entries of ``rows`` one bf16 mantissa unit larger in magnitude."""
+    bumped = states.clone()
+    block = bumped[rows]
+    flat = block.reshape(-1)
+    codes = flat.to(torch.bfloat16).view(torch.int16)
+    candidates = [int(i) for i in flat.abs().argsort(descending=True) if int(codes[i]) & 0x7F != 0x7F]
+    for index in candidates[:count]:
+        flat[index] = (codes[index] + 1).reshape(1).view(torch.bfloat16).float()[0]
+    bumped[rows] = block
+    return bumped
+
+
+def test_one_rounding_flip_in_a_short_tail_chunk_is_honest_noise(engine: HFEngine) -> None:
+    """Regression: an honest rollout was rejected for one 1-unit mantissa flip among its tail chunk's 12 entries.
+
+    A 35-token rollout of a 64-wide model ends in a 3-row chunk committing 12 entries, so one
+    rounding flip (mean 1/12) was over the mean limit 0.0625; more than one flip still is not honest.
+    """
+    task = SampleTask([5, 40, 501], SamplingParams(temperature=1.0, max_tokens=35), 11, sample_stream(0, 0), ())
+    claim = honest_claims(engine, [task])[0]
+    assert len(claim.completion_ids) == 35
+    prefill = engine.prefill([task.prompt_ids], [claim.completion_ids])[0]
+
+    def verdict(flips: int) -> RolloutVerdict:
+        states = _bumped(prefill.hidden_states, slice(32, 35), flips)
+        recomputed = replace(prefill, hidden_states=states)
+        return verify_claims([claim], [recomputed])[0]
+
+    one = verdict(1)
+    assert one.accepted, one.reasons
+    assert one.chunks[-1].mant_err_sum == 1 and one.chunks[-1].mant_err_mean > ToplocConfig().max_mant_err_mean
+    assert "mantissa error mean" in _one_reason(verdict(2), "toploc:")
