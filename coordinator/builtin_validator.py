@@ -12,23 +12,19 @@ coordinator dies without cleaning up (SIGKILL).
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 import signal
-import subprocess
 import sys
 import threading
 from pathlib import Path
 from types import FrameType
 
 from coordinator.config import CoordinatorConfig
-from coordinator.process import stop_processes
+from protocol.children import Child
 from protocol.identity import load_or_create_identity
 
 log = logging.getLogger("coordinator.validator")
-
-_PR_SET_PDEATHSIG = 1
 
 
 def builtin_validator_dir(config: CoordinatorConfig) -> Path:
@@ -59,34 +55,29 @@ def local_url(host: str, port: int) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
 class BuiltinValidator:
     """The child process; :meth:`start` spawns it, :meth:`stop` ends it (by PID) and waits."""
 
     def __init__(self, config: CoordinatorConfig, coordinator_id: str) -> None:
         self.config = config
         self.coordinator_id = coordinator_id
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.child: Child | None = None
 
     def start(self, url: str) -> None:
         script = Path(sys.executable).parent / "prime-validator"
         command = [str(script), "run", "--coordinator", url, "--data-dir", str(builtin_validator_dir(self.config))]
         command += ["--set", f"coordinator_id={self.coordinator_id}", "--json-logs"]
         log_path = builtin_validator_log(self.config)
-        with log_path.open("ab") as log_file:
-            self.proc = subprocess.Popen(
-                command,
-                stdin=subprocess.DEVNULL,
-                stdout=log_file,
-                stderr=log_file,
-                env=dict(os.environ),
-                preexec_fn=_die_with_parent,
-            )
-        log.info("built-in validator started (pid %d), logging to %s", self.proc.pid, log_path)
+        self.child = Child(
+            "builtin-validator",
+            command,
+            log_path,
+            env=dict(os.environ),
+            death_signal=signal.SIGTERM,
+            limits=self.config.child_logs.limits(),
+        )
+        self.child.start()
+        log.info("built-in validator started (pid %d), logging to %s", self.child.pid, log_path)
         # uvicorn re-raises a SIGTERM it caught once it has shut down; under the default handler that
         # ends this process before any `finally` runs, so stop the child first, then die of it as before.
         if threading.current_thread() is threading.main_thread():
@@ -98,8 +89,8 @@ class BuiltinValidator:
         signal.raise_signal(signum)
 
     def stop(self) -> None:
-        if self.proc is None:
+        if self.child is None:
             return
-        stop_processes([self.proc], timeout_s=20)
-        log.info("built-in validator (pid %d) stopped with exit code %s", self.proc.pid, self.proc.returncode)
-        self.proc = None
+        self.child.stop(timeout_s=20)
+        log.info("built-in validator (pid %d) stopped with exit code %s", self.child.pid, self.child.returncode)
+        self.child = None

@@ -10,6 +10,7 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from environments.config import BuiltinEnvConfig, EnvironmentConfig
+from protocol.children import LogLimits
 from protocol.config import RoleConfig, Section
 from protocol.p2p.config import P2PConfig
 from trainer.config import LossConfig, TrainerSection
@@ -169,6 +170,18 @@ class ArchiveConfig(Section):
     """Rows in one archive file (each is written whole before its rows leave the database)."""
 
 
+class ChildLogsConfig(Section):
+    """How large the log of each child the coordinator starts may grow (trainer service, validators, demo nodes)."""
+
+    max_mib: float = Field(default=16.0, gt=0, le=1024 * 1024)
+    """A child's log file is moved to `<name>.log.1` once it passes this many MiB."""
+    backups: int = Field(default=3, ge=0, le=1000)
+    """Rotated files kept per child (`.1` newest); the oldest goes at the next rotation."""
+
+    def limits(self) -> LogLimits:
+        return LogLimits(max_bytes=max(1, int(self.max_mib * (1 << 20))), backups=self.backups)
+
+
 class CoordinatorP2PConfig(P2PConfig):
     watch_interval_s: float = Field(default=0.1, gt=0, le=60)
     """How often the ledger is checked for a newly published policy version to announce on gossip."""
@@ -260,6 +273,7 @@ class CoordinatorConfig(RoleConfig):
     orchestrator: OrchestratorConfig = OrchestratorConfig()
     local_network: LocalNetworkConfig = LocalNetworkConfig()
     archive: ArchiveConfig = ArchiveConfig()
+    child_logs: ChildLogsConfig = ChildLogsConfig()
 
     @model_validator(mode="after")
     def _check(self) -> CoordinatorConfig:

@@ -10,52 +10,44 @@ the run ends.
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
 from coordinator.config import LocalNetworkConfig
-from coordinator.process import free_port, stop_processes
-from protocol.errors import ChildExitedError
-from protocol.lifetime import child_preexec
+from coordinator.process import free_port
+from protocol.children import Child, LogLimits, stop_children
 
 BIN = Path(sys.executable).parent
 
 
 class Processes:
-    """Named child processes, each logging to ``<root>/<name>.log`` and stopped by its PID."""
+    """Named child processes, each logging to ``<root>/<name>.log`` (rotated) and stopped by its PID."""
 
-    def __init__(self, root: Path, cpus: list[int] | None = None) -> None:
+    def __init__(self, root: Path, cpus: list[int] | None = None, limits: LogLimits = LogLimits()) -> None:
         self.root = root
         self.cpus = cpus or []
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.limits = limits
+        self.children: dict[str, Child] = {}
 
     def start(self, name: str, argv: list[str]) -> None:
-        self.root.mkdir(parents=True, exist_ok=True)
-        with (self.root / f"{name}.log").open("ab") as log:
-            self.procs[name] = subprocess.Popen(
-                argv,
-                stdout=log,
-                stderr=log,
-                stdin=subprocess.DEVNULL,
-                preexec_fn=child_preexec(self.cpus),
-            )
+        child = Child(name, argv, self.root / f"{name}.log", cpus=self.cpus, limits=self.limits)
+        child.start()
+        self.children[name] = child
 
     def check(self) -> None:
         """Raise :class:`ChildExitedError` naming the first child that exited, with its log's tail."""
-        for name, proc in self.procs.items():
-            if proc.poll() is not None:
-                tail = (self.root / f"{name}.log").read_text(errors="replace")[-2000:]
-                log = self.root / f"{name}.log"
-                raise ChildExitedError(f"{name} exited with code {proc.returncode} (log {log}):\n{tail}")
+        for child in self.children.values():
+            child.check()
 
     def stop_all(self) -> None:
-        stop_processes(self.procs.values())
+        stop_children(list(self.children.values()), timeout_s=30)
 
 
-def start_local_network(config: LocalNetworkConfig, url: str, coordinator_id: str, root: Path) -> Processes:
+def start_local_network(
+    config: LocalNetworkConfig, url: str, coordinator_id: str, root: Path, limits: LogLimits = LogLimits()
+) -> Processes:
     """Start the relay, workers and validators of ``config`` against the coordinator at ``url``."""
-    procs = Processes(root, config.cpus)
+    procs = Processes(root, config.cpus, limits)
     source = f"{url}/shardcast"
     if config.relay_enabled:
         relay_port = free_port()

@@ -117,7 +117,9 @@ class RunThread(threading.Thread):
         if config.local_network.enabled and (training or not config.orchestrator.enabled):
             root = config.data_dir / "network"
             print(f"starting the local network (relay, workers {config.local_network.engines}, validator) in {root}")
-            self.network = start_local_network(config.local_network, self.url, self.identity.node_id, root)
+            self.network = start_local_network(
+                config.local_network, self.url, self.identity.node_id, root, config.child_logs.limits()
+            )
         if not config.orchestrator.enabled:
             self._idle()
             return
@@ -140,7 +142,12 @@ class RunThread(threading.Thread):
         )
         spec = ServiceSpec(trainer=section, loss=config.orchestrator.loss, num_steps=config.orchestrator.num_steps)
         self.trainer = TrainerProcess(
-            train_dir, spec, config.orchestrator.trainer_nproc, config.orchestrator.trainer_cpus, trainer_node(config)
+            train_dir,
+            spec,
+            config.orchestrator.trainer_nproc,
+            config.orchestrator.trainer_cpus,
+            trainer_node(config),
+            config.child_logs.limits(),
         )
         self.trainer.start()
         log.info(

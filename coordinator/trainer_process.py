@@ -15,14 +15,11 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
-import subprocess
 from pathlib import Path
 
 from coordinator.config import CoordinatorConfig
 from coordinator.process import free_port
-from protocol.errors import ChildExitedError
-from protocol.lifetime import child_preexec
+from protocol.children import Child, LogLimits
 from trainer.launch import TrainerNode, torchrun_command
 from trainer.service import ServiceSpec, write_spec
 from trainer.transport import TrainDir
@@ -50,13 +47,15 @@ class TrainerProcess:
         nproc: int,
         cpus: list[int] | None = None,
         node: TrainerNode | None = None,
+        limits: LogLimits = LogLimits(),
     ) -> None:
         self.cpus = cpus or []
+        self.limits = limits
         self.train_dir = train_dir
         self.spec = spec
         self.nproc = nproc
         self.node = node or TrainerNode(nproc_per_node=nproc)
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.child: Child | None = None
 
     def command(self) -> list[str]:
         return torchrun_command(self.train_dir.root, self.node, os.getpid(), master_port=free_port())
@@ -81,37 +80,30 @@ class TrainerProcess:
             self._share_start_checkpoint()
         write_spec(self.train_dir, self.spec)
         env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-        with self.train_dir.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(
-                self.command(),
-                stdout=log,
-                stderr=log,
-                env=env,
-                start_new_session=True,
-                preexec_fn=child_preexec(self.cpus),
-            )
+        self.child = Child(
+            "trainer",
+            self.command(),
+            self.train_dir.log_path,
+            env=env,
+            cpus=self.cpus,
+            own_group=True,
+            limits=self.limits,
+        )
+        self.child.start()
 
     def check(self) -> None:
         """Raise :class:`ChildExitedError` when the job has exited."""
-        if self.proc is not None and self.proc.poll() is not None:
-            tail = self.train_dir.log_path.read_text(errors="replace")[-1500:]
-            raise ChildExitedError(
-                f"the trainer service (torchrun, pid {self.proc.pid}) exited with code {self.proc.returncode}; "
-                f"its log is {self.train_dir.log_path}. Fix the cause and start the coordinator again: it "
-                f"resumes from the last trainer checkpoint.\n{tail}"
+        if self.child is not None:
+            self.child.check(
+                f"the trainer service (torchrun, pid {self.child.pid})",
+                "Fix the cause and start the coordinator again: it resumes from the last trainer checkpoint.",
             )
 
     @property
     def running(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
+        return self.child is not None and self.child.running
 
     def stop(self, timeout_s: float = 20.0) -> None:
         """SIGTERM the job's process group, then SIGKILL it if it does not exit in time."""
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        os.killpg(self.proc.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
+        if self.child is not None:
+            self.child.stop(timeout_s)

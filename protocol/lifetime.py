@@ -41,12 +41,12 @@ def parent_of(pid: int) -> int | None:
         return None
 
 
-def child_preexec(cpus: Sequence[int] = ()) -> Callable[[], None]:
-    """``preexec_fn`` for Popen: the child gets SIGKILL when the process that started it dies, and runs
+def child_preexec(cpus: Sequence[int] = (), sig: int = signal.SIGKILL) -> Callable[[], None]:
+    """``preexec_fn`` for Popen: the child gets ``sig`` when the process that started it dies, and runs
     on ``cpus`` only when given (as inference and training sit on separate devices in a real deployment)."""
 
     def preexec() -> None:
-        die_with_parent(signal.SIGKILL)
+        die_with_parent(sig)
         if cpus:
             os.sched_setaffinity(0, cpus)
 

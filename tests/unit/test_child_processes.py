@@ -79,10 +79,10 @@ def test_a_trainer_job_that_exits_is_reported_with_its_log(tmp_path: Path) -> No
     train_dir, spec = _spec(tmp_path)
     trainer = FailingTrainer(train_dir, spec, nproc=1)
     trainer.start()
-    assert trainer.proc is not None
-    trainer.proc.wait(timeout=30)
+    assert trainer.child is not None and trainer.child.proc is not None
+    trainer.child.proc.wait(timeout=30)
     assert not trainer.running
-    with pytest.raises(ChildExitedError, match=r"exited with code 3; its log is .*trainer\.log") as raised:
+    with pytest.raises(ChildExitedError, match=r"exited with code 3 \(log .*trainer\.log\)") as raised:
         trainer.check()
     assert "out of memory" in raised.value.message
     assert (train_dir.root / "service.json").is_file()
@@ -92,11 +92,12 @@ def test_stopping_the_trainer_stops_its_whole_process_group(tmp_path: Path) -> N
     train_dir, spec = _spec(tmp_path)
     trainer = SleepingTrainer(train_dir, spec, nproc=1)
     trainer.start()
-    assert trainer.proc is not None
+    assert trainer.child is not None
+    pid = trainer.child.pid
     deadline = time.monotonic() + 20
     grandchildren: list[int] = []
     while not grandchildren and time.monotonic() < deadline:
-        grandchildren = [pid for pid in _group_members(trainer.proc.pid) if pid != trainer.proc.pid]
+        grandchildren = [member for member in _group_members(pid) if member != pid]
         time.sleep(0.05)
     assert grandchildren, "the job's own child did not start"
     trainer.check()  # still running: nothing to report
