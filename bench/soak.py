@@ -10,13 +10,16 @@ Prints one JSON object; ``summary`` holds ``steps``, ``rss_growth_mib_per_kstep`
 least-squares slope of RSS against the step after the first 100 steps, in MiB per 1,000 steps),
 ``disk_growth_bytes_per_step`` (per directory, the slope after the same warm-up),
 ``train_dir_bounded`` (1 when ``train/`` in the second half of the measured window is never larger
-than its peak in the first half, plus 5 %), ``ledger_bytes_per_sample`` (ledger database bytes per
+than its peak in the first half, plus 5 %), ``child_logs_bounded`` (1 when each child's log with
+its rotated files stays within 4 x ``--child-log-mib``; ``child_log_rotations`` counts the rotated
+files), ``ledger_bytes_per_sample`` (ledger database bytes per
 sample stored in it), ``batch_write_s`` / ``batch_read_s`` (one 256-sample x 4,096-token batch file
 through :class:`trainer.transport.TrainDir`), ``reward_start`` / ``reward_end`` (mean batch reward
 of the first and last 10 steps) and ``rejected`` (submissions rejected).
 
     python bench/soak.py --quick        # 200 steps, ~6 min on a busy 2-core CPU
     python bench/soak.py                # 1,000 steps, ~30 min
+    python bench/soak.py --child-log-mib 0.25   # logs small enough to rotate within the run
 """
 
 from __future__ import annotations
@@ -228,6 +231,7 @@ def run_soak(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         f"data_dir={run_dir}",
         f"api.port={port}",
         "orchestrator.progress_interval_s=60",
+        f"child_logs.max_mib={args.child_log_mib}",
     ]
     extra = tuple(arg for item in sets for arg in ("--set", item))
     coordinator = CoordinatorProcess(
@@ -261,6 +265,18 @@ def run_soak(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     elapsed = time.monotonic() - started
     final_bytes = {name: tree_bytes(path) for name, path in watched_dirs(run_dir).items()}
     return {"samples": samples, "elapsed_s": round(elapsed, 1), "final_bytes": final_bytes, "run_dir": run_dir}
+
+
+def child_logs(run_dir: Path, max_mib: float, backups: int = 3) -> dict[str, Any]:
+    """Whether every child's log and its rotated files stay within ``(backups + 1) * max_mib``."""
+    limit = (backups + 1) * max_mib * (1 << 20)
+    families = {path: [path, *path.parent.glob(f"{path.name}.*")] for path in run_dir.rglob("*.log")}
+    sizes = {str(path.relative_to(run_dir)): sum(p.stat().st_size for p in files) for path, files in families.items()}
+    return {
+        "child_log_bytes": sizes,
+        "child_log_rotations": sum(len(files) - 1 for files in families.values()),
+        "child_logs_bounded": int(bool(sizes) and max(sizes.values()) <= limit),
+    }
 
 
 def summarize(args: argparse.Namespace, soak: dict[str, Any], io: dict[str, float]) -> dict[str, Any]:
@@ -299,6 +315,7 @@ def summarize(args: argparse.Namespace, soak: dict[str, Any], io: dict[str, floa
         "disk_growth_bytes_per_step": disk_growth,
         "final_bytes": soak["final_bytes"],
         "train_dir_bounded": bounded,
+        **child_logs(run_dir, args.child_log_mib),
         "train_dir_bytes_max": max((b for _, b in train), default=0),
         "ledger_bytes_per_sample": round(ledger_bytes / stored_samples, 1) if stored_samples else None,
         **io,
@@ -318,6 +335,12 @@ def main() -> None:
         type=float,
         default=240.0,
         help="stop the run after this long and report the steps it reached (summary.completed is then false)",
+    )
+    parser.add_argument(
+        "--child-log-mib",
+        type=float,
+        default=16.0,
+        help="child_logs.max_mib of the run (a small value shows the logs rotating within the soak)",
     )
     parser.add_argument("--work-dir", type=Path, default=None, help="keep the run here (default: a temporary dir)")
     args = parser.parse_args()

@@ -35,6 +35,7 @@ from pydantic import Field
 
 from protocol.config import Section
 from protocol.lifetime import die_with_parent, parent_of
+from protocol.memory import release_free_memory
 from trainer.config import LossConfig, TrainerSection
 from trainer.launch import SPEC_FILE, check_train_dir
 from trainer.transport import StepBatch, TrainDir, write_json_atomic
@@ -147,6 +148,8 @@ def serve(train_dir: TrainDir, spec: ServiceSpec, coordinator_pid: int | None) -
             prune_checkpoints(train_dir.checkpoints, spec.trainer.checkpoint.keep)
             failpoint("pruned", step)
             train_dir.write_done(step, metrics)
+        release_free_memory()  # the step's transient buffers, back to the OS
+        if info.is_main:
             log.info(
                 "step %d trained by %d ranks: loss %.4f, reward %.3f",
                 step,
