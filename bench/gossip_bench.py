@@ -89,7 +89,7 @@ def log_events(path: Path) -> list[dict[str, Any]]:
 def network(workdir: Path, num_versions: int) -> dict[str, Any]:
     """Publication -> announcement at an observer, -> worker fetch start and done, over real processes."""
     from toploc.tiny_model import save_tiny_qwen2
-    from trainer.builtin import resolve_model_path
+    from trainer.resolve import resolve_model_path
 
     checkpoints = [save_tiny_qwen2(workdir / f"policy-{v}", seed=v) for v in range(num_versions + 1)]
     tokenizer_dir = resolve_model_path("builtin:tiny-qwen2")  # the start's tokenizer must encode the prompts

@@ -22,7 +22,7 @@ import torch  # noqa: E402
 from protocol.schemas import SamplingParams  # noqa: E402
 from toploc.sampling import sample_stream  # noqa: E402
 from toploc.verify import SampleTask, verify_claims  # noqa: E402
-from trainer.builtin import resolve_model_path  # noqa: E402
+from trainer.resolve import resolve_model_path  # noqa: E402
 from worker.adversary import honest_claims  # noqa: E402
 from worker.engines.hf import HFEngine  # noqa: E402
 from worker.engines.vllm import VllmEngine  # noqa: E402

@@ -94,7 +94,7 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    from trainer.builtin import resolve_model_path
+    from trainer.resolve import resolve_model_path
 
     start = resolve_model_path("builtin:tiny-qwen2-reverse-start")
     with tempfile.TemporaryDirectory(prefix="rl-learning-") as tmp:

@@ -65,7 +65,7 @@ def builtin_tokenizer() -> Any:
     """The built-in model's tokenizer (what the coordinator renders the bench's prompts with)."""
     from transformers import AutoTokenizer
 
-    from trainer.builtin import resolve_model_path
+    from trainer.resolve import resolve_model_path
 
     return AutoTokenizer.from_pretrained(str(resolve_model_path("builtin:tiny-qwen2")))
 
@@ -167,7 +167,7 @@ def main() -> None:
 
     from transformers import AutoTokenizer
 
-    from trainer.builtin import resolve_model_path
+    from trainer.resolve import resolve_model_path
     from worker.devices import DeviceInfo
     from worker.node import create_engine
 

@@ -90,7 +90,8 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     from tokenizers import Tokenizer
 
-    from trainer.builtin import build_random_qwen2, resolve_model_path
+    from trainer.builtin import build_random_qwen2
+    from trainer.resolve import resolve_model_path
 
     tiny = resolve_model_path("builtin:tiny-qwen2")
     tiny_samples, tiny_steps = (128, 3) if args.quick else (256, 8)

@@ -32,7 +32,7 @@ from coordinator.seeds import new_run_secret  # noqa: E402
 from protocol.identity import NodeIdentity  # noqa: E402
 from protocol.schemas import PendingSubmission  # noqa: E402
 from protocol.signing import sign_document  # noqa: E402
-from trainer.builtin import resolve_model_path  # noqa: E402
+from trainer.resolve import resolve_model_path  # noqa: E402
 from validator.audit import audit_submissions  # noqa: E402
 from worker.engines.hf import HFEngine  # noqa: E402
 from worker.loop import build_submission, generation_requests  # noqa: E402

@@ -33,7 +33,7 @@ def environment_prompts(config: CoordinatorConfig) -> EnvironmentPrompts:
     """The environment's prompts, rendered for the start checkpoint's tokenizer (checked at start-up)."""
     from transformers import AutoTokenizer
 
-    from trainer.builtin import resolve_model_path
+    from trainer.resolve import resolve_model_path
 
     environment = load_checked_environment(config.environment)
     checkpoint = resolve_model_path(config.policy.start_checkpoint)

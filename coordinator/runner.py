@@ -28,7 +28,7 @@ from coordinator.train_steps import StepRecord, TrainSteps
 from coordinator.trainer_process import TrainerProcess, trainer_node
 from protocol.identity import NodeIdentity
 from shardcast.store import VersionStore
-from trainer.builtin import resolve_model_path
+from trainer.resolve import resolve_model_path
 from trainer.service import ServiceSpec
 from trainer.transport import TrainDir
 

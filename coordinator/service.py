@@ -101,7 +101,7 @@ def run(config: CoordinatorConfig) -> None:
     from protocol.identity import key_path, load_or_create_identity
     from shardcast.origin import OriginSource
     from shardcast.server import create_app as create_shardcast_app
-    from trainer.builtin import resolve_model_path
+    from trainer.resolve import resolve_model_path
 
     identity = load_or_create_identity(config.data_dir)
     log.info("coordinator node id %s (key %s)", identity.node_id, key_path(config.data_dir))

@@ -14,6 +14,7 @@ import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -94,8 +95,8 @@ def build_random_qwen2(output_dir: Path, shape: str = "tiny", tokenizer: Tokeniz
     import torch
     from transformers import GenerationConfig, Qwen2ForCausalLM
 
-    from trainer.model import quiet_transformers
     from trainer.tokenizer import EOS_TOKEN, save_hf_tokenizer
+    from trainer.transformers_logs import quiet_transformers
 
     quiet_transformers()
     tokenizer = tokenizer or builtin_tokenizer()
@@ -110,39 +111,45 @@ def build_random_qwen2(output_dir: Path, shape: str = "tiny", tokenizer: Tokeniz
     save_hf_tokenizer(tokenizer, output_dir, config.max_position_embeddings)
 
 
-def _build_reverse_start(output_dir: Path) -> None:
-    from trainer.start import build_start_checkpoint
+Builder = Callable[[Path], None]
+"""Writes a built-in model's checkpoint directory into the given (empty) directory."""
 
-    build_start_checkpoint(output_dir, str(resolve_model_path(BUILTIN_PREFIX + TINY_QWEN2, output_dir.parent)))
+KNOWN_BUILTINS = (TINY_QWEN2, REVERSE_START)
+UNTRAINED_BUILDERS: Mapping[str, Builder] = {TINY_QWEN2: build_random_qwen2}
+"""What this module builds itself; the trained start is built by :mod:`trainer.resolve` (it needs SFT)."""
 
 
-_BUILDERS = {TINY_QWEN2: build_random_qwen2, REVERSE_START: _build_reverse_start}
-
-
-def resolve_model_path(name: str, cache_dir: Path | None = None) -> Path:
-    """The local checkpoint directory of ``name``: a path as given, or a built-in built on first use."""
+def resolve_model_path(name: str, cache_dir: Path | None = None, builders: Mapping[str, Builder] | None = None) -> Path:
+    """The local checkpoint directory of ``name``: a path as given, or a built-in (built on first use by ``builders``,
+    default :data:`UNTRAINED_BUILDERS`; :func:`trainer.resolve.resolve_model_path` builds every built-in)."""
+    builders = UNTRAINED_BUILDERS if builders is None else builders
     if not is_builtin(name):
         path = Path(name)
         if not (path / "config.json").is_file():
             what = "does not exist" if not path.exists() else "is not an HF checkpoint directory (no config.json)"
             raise ConfigError(
                 f"model {str(path)!r} {what}; give the path of a local HF checkpoint directory or a built-in model "
-                f"({', '.join(BUILTIN_PREFIX + b for b in _BUILDERS)})"
+                f"({', '.join(BUILTIN_PREFIX + b for b in KNOWN_BUILTINS)})"
             )
         return path
     builtin = name.removeprefix(BUILTIN_PREFIX)
-    if builtin not in _BUILDERS:
-        raise ConfigError(f"unknown built-in model {name!r}; known: {', '.join(BUILTIN_PREFIX + b for b in _BUILDERS)}")
+    if builtin not in KNOWN_BUILTINS:
+        known = ", ".join(BUILTIN_PREFIX + b for b in KNOWN_BUILTINS)
+        raise ConfigError(f"unknown built-in model {name!r}; known: {known}")
     root = cache_dir or builtin_cache_dir()
     target = root / builtin
     if (target / "config.json").is_file():
         return target
+    if builtin not in builders:
+        raise ConfigError(
+            f"built-in model {name!r} is not built yet; build it once with `prime-trainer start-checkpoint`"
+        )
     root.mkdir(parents=True, exist_ok=True)
     log.info("building built-in model %s in %s (first use, once)", name, target)
     staging = Path(tempfile.mkdtemp(prefix=f".{builtin}-", dir=root))
     staging.chmod(0o755)
     try:
-        _BUILDERS[builtin](staging)
+        builders[builtin](staging)
         try:
             staging.rename(target)
         except OSError:

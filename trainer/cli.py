@@ -31,7 +31,7 @@ app = PrimeTyper(help="Train and evaluate policies locally (SFT, RL, eval).", no
 
 def _hf_engine(model_dir: Path) -> tuple[Any, Any]:
     """The HF engine on ``model_dir`` and the Engine interface's request type."""
-    from trainer.model import quiet_transformers
+    from trainer.transformers_logs import quiet_transformers
     from worker.engines.base import GenerationRequest
     from worker.engines.hf import HFEngine
 
@@ -70,7 +70,7 @@ def rl(
     """A local synchronous RL run: the trainer and the HF engine in one loop (one process)."""
     start_logging(log_level, json_logs)
     loaded = load_role_config(RlConfig, config, sets, {"output_dir": output_dir})
-    from trainer.builtin import resolve_model_path
+    from trainer.resolve import resolve_model_path
     from trainer.rl import run_rl
 
     engine, request_type = _hf_engine(resolve_model_path(loaded.trainer.model))
@@ -97,8 +97,8 @@ def evaluate(
     flags = {"model": model, "num_examples": num_examples, **builtin}
     loaded = load_role_config(EvalConfig, config, sets, flags)
     from environments.loader import load_environment
-    from trainer.builtin import resolve_model_path
     from trainer.model import load_tokenizer
+    from trainer.resolve import resolve_model_path
     from trainer.rollout import RolloutSampler
 
     model_dir = resolve_model_path(loaded.model)  # a ConfigError is one line and exit code 2 (PrimeTyper)
@@ -120,7 +120,8 @@ def start_checkpoint(
 ) -> None:
     """Build the demo's RL start checkpoint (an early SFT of the built-in model on reverse_text)."""
     start_logging(log_level, json_logs)
-    from trainer.builtin import REVERSE_START, resolve_model_path
+    from trainer.builtin import REVERSE_START
+    from trainer.resolve import resolve_model_path
     from trainer.start import build_start_checkpoint
 
     path = resolve_model_path(f"builtin:{REVERSE_START}") if output_dir is None else build_start_checkpoint(output_dir)

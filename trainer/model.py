@@ -12,18 +12,12 @@ from typing import TYPE_CHECKING
 import torch
 
 from trainer.builtin import resolve_model_path
+from trainer.transformers_logs import quiet_transformers
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-
-
-def quiet_transformers() -> None:
-    """No per-file progress bars from transformers: our logs carry one line per event."""
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
 
 
 def load_model(name: str, dtype: str = "float32", cache_dir: Path | None = None) -> PreTrainedModel:

@@ -102,7 +102,7 @@ class Network:
 
 def tiny_policy(path: Path, seed: int, spec: TinyModelSpec = SPEC) -> Path:
     """A random tiny Qwen2 (:data:`SPEC` unless given) with the built-in tokenizer, so environments' prompts encode."""
-    from trainer.builtin import resolve_model_path
+    from trainer.resolve import resolve_model_path
 
     save_tiny_qwen2(path, seed=seed, spec=spec)
     tokenizer_dir = resolve_model_path("builtin:tiny-qwen2")

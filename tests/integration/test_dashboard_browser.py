@@ -39,7 +39,7 @@ from protocol.p2p.gossip import P2P_INFO_PATH, Gossip
 from protocol.schemas import P2PInfo, RelayAnnouncement
 from tests.integration.network import Network, running_network
 from tests.integration.shardcast_nodes import wait_until
-from trainer.builtin import resolve_model_path
+from trainer.resolve import resolve_model_path
 
 pytestmark = pytest.mark.slow
 

@@ -42,7 +42,7 @@ SPELL = {"type": "reasoning_gym", "dataset": "spell_backward", "seed": 1, "size"
 
 
 def start_model() -> Path:
-    from trainer.builtin import resolve_model_path
+    from trainer.resolve import resolve_model_path
 
     return resolve_model_path("builtin:tiny-qwen2")
 

@@ -157,7 +157,7 @@ def test_exported_start_checkpoint_draws_the_same_tokens_in_vllm_and_hf() -> Non
 
     from environments.builtin import builtin_environment
     from environments.prompts import EnvironmentPrompts
-    from trainer.builtin import resolve_model_path
+    from trainer.resolve import resolve_model_path
     from worker.node import eos_token_ids
 
     checkpoint = resolve_model_path("builtin:tiny-qwen2-reverse-start")

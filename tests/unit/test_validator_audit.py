@@ -141,7 +141,7 @@ def test_rewards_are_recomputed_from_the_environment_not_taken_from_the_worker()
 
     from environments.builtin import builtin_environment
     from environments.prompts import EnvironmentPrompts
-    from trainer.builtin import resolve_model_path
+    from trainer.resolve import resolve_model_path
     from validator.audit import environment_reward_fn
     from worker.node import eos_token_ids
 

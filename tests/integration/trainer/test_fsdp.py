@@ -24,7 +24,7 @@ def _weights(policy: Path) -> dict[str, torch.Tensor]:
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from trainer.builtin import resolve_model_path
+    from trainer.resolve import resolve_model_path
 
     return resolve_model_path("builtin:tiny-qwen2", tmp_path_factory.mktemp("builtin"))
 

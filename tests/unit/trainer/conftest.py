@@ -24,7 +24,7 @@ def builtin_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(builtin_dir: Path) -> Path:
-    from trainer.builtin import resolve_model_path
+    from trainer.resolve import resolve_model_path
 
     return resolve_model_path("builtin:tiny-qwen2")
 

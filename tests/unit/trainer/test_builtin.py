@@ -51,7 +51,7 @@ def test_autotokenizer_reload_keeps_ids(tiny_model_dir: Path) -> None:
 
 
 def test_building_is_deterministic(tiny_model_dir: Path, tmp_path: Path) -> None:
-    from trainer.builtin import resolve_model_path
+    from trainer.resolve import resolve_model_path
 
     again = resolve_model_path("builtin:tiny-qwen2", tmp_path)
     for name in ("model.safetensors", "tokenizer.json", "config.json"):
@@ -59,7 +59,7 @@ def test_building_is_deterministic(tiny_model_dir: Path, tmp_path: Path) -> None
 
 
 def test_unknown_builtin_and_missing_dir_are_explained(tmp_path: Path) -> None:
-    from trainer.builtin import resolve_model_path
+    from trainer.resolve import resolve_model_path
 
     with pytest.raises(ConfigError, match="known: builtin:tiny-qwen2"):
         resolve_model_path("builtin:gpt5", tmp_path)
