@@ -4,6 +4,8 @@ WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY protocol protocol
 COPY environments environments
+COPY engines engines
+COPY node node
 COPY coordinator coordinator
 COPY worker worker
 COPY validator validator

@@ -69,12 +69,12 @@ def sft(out_dir: Path, seed: int, steps: int) -> Path:
 
 
 def eval_reward(model: Path, num_examples: int, seed: int) -> dict[str, Any]:
+    from engines.base import GenerationRequest
+    from engines.hf import HFEngine
     from environments.loader import load_environment
     from trainer.config import EvalConfig
     from trainer.model import load_tokenizer
     from trainer.rollout import RolloutSampler
-    from worker.engines.base import GenerationRequest
-    from worker.engines.hf import HFEngine
 
     config = EvalConfig(model=str(model), environment=ENVIRONMENT, num_examples=num_examples, max_tokens=MAX_TOKENS)
     environment = load_environment(config.environment)

@@ -1,6 +1,6 @@
 """The RL learning check: 100 GRPO steps of reverse_text from the early-SFT start checkpoint, per seed.
 
-Trainer and the HF engine (worker/engines/hf.py, through the Engine interface) run in one
+Trainer and the HF engine (engines/hf.py, through the Engine interface) run in one
 process in a synchronous loop (trainer.rl.run_rl). The start checkpoint is
 ``builtin:tiny-qwen2-reverse-start`` (built on first use, about two minutes). The score is
 the mean *sampled* reward (T = 1) on the task's fixed eval set, measured with the same noise
@@ -27,10 +27,10 @@ from typing import Any
 
 
 def run_seed(args: argparse.Namespace, seed: int, start: Path, out_dir: Path) -> dict[str, Any]:
+    from engines.base import GenerationRequest
+    from engines.hf import HFEngine
     from trainer.config import RlConfig
     from trainer.rl import run_rl
-    from worker.engines.base import GenerationRequest
-    from worker.engines.hf import HFEngine
 
     config = RlConfig(
         trainer={"model": str(start), "seed": seed, "optimizer": {"lr": args.lr}},
@@ -113,7 +113,7 @@ def main() -> None:
             "temperature": 1.0,
             "eval_examples": args.eval_examples,
             "loss": "GRPO, token-level ratio, mask correction [0.8, 1.2], no std normalisation, no KL",
-            "engine": "hf (worker/engines/hf.py)",
+            "engine": "hf (engines/hf.py)",
         },
         "machine": {
             "cpu_count": os.cpu_count(),

@@ -105,13 +105,13 @@ def reference_on_activations(repeats: int, threads: int, seed: int) -> dict[str,
 
 
 def on_tiny_model(num_rollouts: int, max_tokens: int, repeats: int) -> dict[str, Any]:
+    from engines.base import GenerationRequest
+    from engines.hf import HFEngine
     from protocol.schemas import SamplingParams
     from toploc.proof import build_proofs
     from toploc.sampling import sample_stream
     from toploc.tiny_model import save_tiny_qwen2
     from toploc.verify import Claim, SampleTask, verify_claims
-    from worker.engines.base import GenerationRequest
-    from worker.engines.hf import HFEngine
 
     with tempfile.TemporaryDirectory() as tmp:
         engine = HFEngine(save_tiny_qwen2(Path(tmp) / "tiny", seed=0), max_batch_size=num_rollouts)

@@ -35,6 +35,8 @@ from typing import Any
 
 import torch
 
+from engines.base import GenerationResult, PrefillResult
+from engines.hf import HFEngine
 from protocol.schemas import SamplingParams
 from toploc.config import ToplocConfig
 from toploc.proof import ChunkCheck, build_proofs, check_proofs
@@ -42,8 +44,6 @@ from toploc.sampling import sample_stream, sampling_gaps
 from toploc.tiny_model import TINY_EOS_TOKEN_ID, perturb_checkpoint, save_tiny_qwen2
 from toploc.verify import Claim, RolloutVerdict, SampleTask, verify_claims
 from worker.adversary import attack_suite, generation_request, honest_claims, other_model_tokens_proven_by_policy
-from worker.engines.base import GenerationResult, PrefillResult
-from worker.engines.hf import HFEngine
 
 SAFETY = 4.0
 FLOORS = {

@@ -29,14 +29,14 @@ sys.path.insert(0, str(REPO_ROOT))
 from bench.rollout_bench import local_task  # noqa: E402
 from coordinator.audit_choice import audit_sample_indices  # noqa: E402
 from coordinator.seeds import new_run_secret  # noqa: E402
+from engines.hf import HFEngine  # noqa: E402
+from node.runtime import eos_token_ids  # noqa: E402
 from protocol.identity import NodeIdentity  # noqa: E402
 from protocol.schemas import PendingSubmission  # noqa: E402
 from protocol.signing import sign_document  # noqa: E402
 from trainer.resolve import resolve_model_path  # noqa: E402
 from validator.audit import audit_submissions  # noqa: E402
-from worker.engines.hf import HFEngine  # noqa: E402
 from worker.loop import build_submission, generation_requests  # noqa: E402
-from worker.node import eos_token_ids  # noqa: E402
 
 
 def generated(

@@ -1,6 +1,6 @@
 """TOPLOC proofs: build them from final hidden states, parse them, and measure them against recomputed states.
 
-Layout. The completion's hidden states (n, hidden), aligned as in worker.engines.base (row i
+Layout. The completion's hidden states (n, hidden), aligned as in engines.base (row i
 drew token i), are cut into chunks of ``chunk_size`` rows (32: one proof per 32 decode tokens;
 the last chunk may be shorter). In each chunk, flattened row-major, the ``k = min(topk, numel // 16)``
 (at least 1) entries of largest magnitude are committed as a polynomial over GF(65497) (toploc.field): the

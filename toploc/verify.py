@@ -47,7 +47,7 @@ MAX_REASONS = 16
 
 
 class Recomputed(Protocol):
-    """What verification needs from a prefill (worker.engines.base.PrefillResult has it)."""
+    """What verification needs from a prefill (engines.base.PrefillResult has it)."""
 
     hidden_states: torch.Tensor
     logits: torch.Tensor

@@ -2,7 +2,7 @@
 
 Thin entry points: each parses its config and calls one function imported lazily, so
 ``--help`` imports neither torch nor transformers. This module is where a concrete engine
-(worker/engines) is wired into the trainer's engine-agnostic rollout code.
+(engines) is wired into the trainer's engine-agnostic rollout code.
 """
 
 from __future__ import annotations
@@ -31,9 +31,9 @@ app = PrimeTyper(help="Train and evaluate policies locally (SFT, RL, eval).", no
 
 def _hf_engine(model_dir: Path) -> tuple[Any, Any]:
     """The HF engine on ``model_dir`` and the Engine interface's request type."""
+    from engines.base import GenerationRequest
+    from engines.hf import HFEngine
     from trainer.transformers_logs import quiet_transformers
-    from worker.engines.base import GenerationRequest
-    from worker.engines.hf import HFEngine
 
     quiet_transformers()
     return HFEngine(model_dir, max_batch_size=256), GenerationRequest

@@ -1,7 +1,7 @@
-"""Rollouts and evaluation through an injected engine (worker/engines: the Engine interface).
+"""Rollouts and evaluation through an injected engine (engines: the Engine interface).
 
 The trainer package never imports worker/: callers pass the engine and the engine
-interface's request type (``worker.engines.base.GenerationRequest``), so the CLI and the bench
+interface's request type (``engines.base.GenerationRequest``), so the CLI and the bench
 programs wire a concrete engine in, and worker code may import trainer without a cycle.
 
 Prompt ``i`` of a step is task example ``step * prompts_per_step + i``; its sample ``j`` is
@@ -38,7 +38,7 @@ class Completion(Protocol):
 
 
 class RolloutEngine(Protocol):
-    """The part of worker.engines.base.Engine that rollouts use."""
+    """The part of engines.base.Engine that rollouts use."""
 
     def generate(self, requests: list[Any]) -> Sequence[Completion]: ...
 
@@ -46,7 +46,7 @@ class RolloutEngine(Protocol):
 
 
 RequestFactory = Callable[..., Any]
-"""``worker.engines.base.GenerationRequest`` (keyword arguments as its fields)."""
+"""``engines.base.GenerationRequest`` (keyword arguments as its fields)."""
 
 
 @dataclass

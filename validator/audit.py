@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from engines.base import PrefillEngine
 from environments.base import Environment, Scores
 from protocol.errors import BadSignatureError, ProofError
 from protocol.schemas import PendingSubmission, Verdict
@@ -28,7 +29,6 @@ from protocol.signing import verify_document
 from toploc.config import ToplocConfig
 from toploc.sampling import sample_stream
 from toploc.verify import Claim, RolloutVerdict, SampleTask, decode_proof_b64, precheck_claim, verify_claims
-from worker.engines.base import PrefillEngine
 
 MAX_VERDICT_REASONS = 64
 

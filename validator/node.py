@@ -25,8 +25,12 @@ import time
 from collections import OrderedDict
 from pathlib import Path
 
+from engines.base import PrefillEngine
 from environments.base import Environment
 from environments.pinning import run_environment
+from node.gossip import run_node_gossip
+from node.retry import sleep_unless_stopped, with_retries
+from node.runtime import eos_token_ids, software_version, trusted_coordinator_id
 from protocol.errors import ForbiddenError, ProtocolError, RequestRefused
 from protocol.first_contact import check_coordinator, check_relays
 from protocol.identity import load_or_create_identity
@@ -36,10 +40,6 @@ from shardcast.cache import WeightsCache
 from validator.audit import RewardFn, RewardsUnavailable, audit_submissions_safely, environment_reward_fn
 from validator.config import ValidatorConfig
 from validator.progress import ValidatorState
-from worker.engines.base import PrefillEngine
-from worker.loop import sleep_unless_stopped, with_retries
-from worker.node import eos_token_ids, software_version, trusted_coordinator_id
-from worker.p2p import run_node_gossip
 
 log = logging.getLogger("validator")
 
@@ -74,7 +74,7 @@ class PolicyEngines:
         path: Path = await self.weights.ensure(version)
         from transformers import AutoTokenizer
 
-        from worker.engines.hf import HFEngine
+        from engines.hf import HFEngine
 
         engine = await asyncio.to_thread(HFEngine, path, max_batch_size=self.max_batch_size)
         eos = eos_token_ids(path)

@@ -18,8 +18,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from node.live import format_uptime, show_live
 from protocol.schemas import Verdict
-from worker.status import format_uptime, show_live
 
 
 def reason_kind(reason: str) -> str:

@@ -20,12 +20,12 @@ from typing import Literal
 
 import torch
 
+from engines.base import Engine, GenerationRequest, GenerationResult
+from engines.hf import HFEngine
 from protocol.schemas import Rollout, SubmitRequest, Task
 from toploc.proof import build_proofs
 from toploc.sampling import sample_stream, stream_indices
 from toploc.verify import Claim, SampleTask
-from worker.engines.base import Engine, GenerationRequest, GenerationResult
-from worker.engines.hf import HFEngine
 
 
 def generation_request(task: SampleTask, uid: int, **changes: object) -> GenerationRequest:

@@ -17,23 +17,22 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
+from engines.base import Engine, GenerationRequest, GenerationResult
+from node.retry import sleep_unless_stopped, sleep_until_work, with_retries
 from protocol.errors import (
     ForbiddenError,
     PrimeError,
     ProtocolError,
-    RateLimitedError,
-    RemoteUnavailableError,
     RequestRefused,
 )
 from protocol.ledger_client import LedgerClient
@@ -41,7 +40,6 @@ from protocol.schemas import MAX_TOKENS_PER_S, HeartbeatRequest, LeaseRequest, R
 from shardcast.cache import WeightsCache
 from toploc.proof import build_proofs
 from toploc.sampling import sample_stream
-from worker.engines.base import Engine, GenerationRequest, GenerationResult
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -66,41 +64,6 @@ class WorkerState:
     @property
     def tokens_per_s(self) -> float:
         return self.num_tokens / self.generation_s if self.generation_s > 0 else 0.0
-
-
-async def sleep_unless_stopped(stop: asyncio.Event, seconds: float) -> None:
-    """Sleep ``seconds``, returning early when ``stop`` is set."""
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(stop.wait(), timeout=seconds)
-
-
-async def sleep_until_work(stop: asyncio.Event, work_available: asyncio.Event, seconds: float) -> None:
-    """Sleep ``seconds``, returning early when ``stop`` or ``work_available`` is set."""
-    waits = [asyncio.create_task(stop.wait()), asyncio.create_task(work_available.wait())]
-    try:
-        await asyncio.wait(waits, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for wait in waits:
-            wait.cancel()
-        await asyncio.gather(*waits, return_exceptions=True)
-
-
-async def with_retries(
-    what: str, call: Callable[[], Awaitable[T]], stop: asyncio.Event, max_delay_s: float = 30.0
-) -> T:
-    """Run ``call``, retrying unavailability and rate limits with capped exponential backoff."""
-    delay = 0.5
-    while True:
-        try:
-            return await call()
-        except RateLimitedError as exc:
-            wait = max(exc.retry_after_s, 0.1)
-        except RemoteUnavailableError as exc:
-            log.warning("%s failed (%s); retrying in %.1f s", what, exc.message, delay)
-            wait, delay = delay, min(delay * 2, max_delay_s)
-        if stop.is_set():
-            raise asyncio.CancelledError(f"stopped while retrying {what}")
-        await sleep_unless_stopped(stop, wait)
 
 
 def generation_requests(task: Task, eos_token_ids: tuple[int, ...]) -> list[GenerationRequest]:

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 from collections.abc import Callable
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
+from engines.base import Engine
+from node.gossip import run_node_gossip
+from node.retry import with_retries
+from node.runtime import eos_token_ids, software_version, trusted_coordinator_id
 from protocol.errors import ConfigError, IdentityError, StartupError
 from protocol.first_contact import check_coordinator, check_relays
 from protocol.identity import load_or_create_identity, public_key_from_node_id
@@ -25,59 +27,11 @@ from protocol.schemas import Hardware, RegisterRequest
 from shardcast.cache import WeightsCache
 from worker.config import WorkerConfig
 from worker.devices import DeviceInfo, cpu_engine_threads, detect_devices
-from worker.engines.base import Engine
-from worker.loop import TaskRunner, WorkerState, heartbeat_forever, with_retries
-from worker.p2p import run_node_gossip
+from worker.loop import TaskRunner, WorkerState, heartbeat_forever
 
 log = logging.getLogger(__name__)
 PINNED_COORDINATOR_FILE = "coordinator_id"
 EngineFactory = Callable[[str, Path, DeviceInfo, int], Engine]
-
-
-def software_version() -> str:
-    try:
-        return version("prime-network")
-    except PackageNotFoundError:
-        return "dev"
-
-
-def pin_coordinator_id(data_dir: Path, learned: str) -> str:
-    """Trust on first use: remember the coordinator id, and refuse a different one later."""
-    public_key_from_node_id(learned)  # raises IdentityError for junk
-    path = data_dir / PINNED_COORDINATOR_FILE
-    if path.exists():
-        pinned = path.read_text().strip()
-        if pinned != learned:
-            raise IdentityError(
-                f"the coordinator now signs as {learned}, but {path} pins {pinned}; if the operator really "
-                "changed keys, delete that file (or pass --set coordinator_id=...)"
-            )
-        return pinned
-    data_dir.mkdir(parents=True, exist_ok=True)
-    path.write_text(learned + "\n")
-    return learned
-
-
-async def trusted_coordinator_id(
-    ledger: LedgerClient, data_dir: Path, configured: str | None, stop: asyncio.Event
-) -> str:
-    """The coordinator id to trust: the configured one, else the signer of its latest manifest; pinned."""
-    if configured is None:
-        configured = (await with_retries("coordinator identity", ledger.manifest, stop)).signer
-    return pin_coordinator_id(data_dir, configured)
-
-
-def eos_token_ids(checkpoint_dir: Path) -> tuple[int, ...]:
-    """The EOS ids of a checkpoint, from its generation or model config."""
-    for name in ("generation_config.json", "config.json"):
-        path = checkpoint_dir / name
-        if path.is_file():
-            value = json.loads(path.read_text()).get("eos_token_id")
-            if isinstance(value, int):
-                return (value,)
-            if isinstance(value, list) and value:
-                return tuple(int(item) for item in value)
-    return ()
 
 
 def resolve_engine_kind(kind: str) -> str:
@@ -105,11 +59,11 @@ def require_vllm() -> None:
 
 def create_engine(kind: str, checkpoint_dir: Path, device: DeviceInfo, max_batch_size: int) -> Engine:
     if kind == "vllm":
-        from worker.engines.vllm import VllmEngine
+        from engines.vllm import VllmEngine
 
         dtype = "float32" if device.device == "cpu" else "bfloat16"
         return VllmEngine(checkpoint_dir, max_batch_size=max_batch_size, dtype=dtype, device=device.device)
-    from worker.engines.hf import HFEngine
+    from engines.hf import HFEngine
 
     threads = cpu_engine_threads() if device.device == "cpu" else None
     return HFEngine(checkpoint_dir, device=device.device, max_batch_size=max_batch_size, num_threads=threads)

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import httpx
 
+from engines.hf import HFEngine
 from protocol.errors import ForbiddenError, PrimeError
 from protocol.identity import NodeIdentity
 from protocol.ledger_client import HEADER_SUBMISSION_SIGNATURE, LedgerClient
@@ -39,7 +40,6 @@ from worker.adversary import (
     submission_of,
     truncated_claimed_finished,
 )
-from worker.engines.hf import HFEngine
 
 ProofAttack = Callable[[HFEngine, Sequence[SampleTask]], list[Claim]]
 

@@ -16,10 +16,10 @@ import sys
 import time
 from pathlib import Path
 
+from engines.base import Engine
 from protocol.logs import setup_logging
 from worker.config import WorkerConfig
 from worker.devices import DeviceInfo
-from worker.engines.base import Engine
 from worker.node import create_engine, run_worker
 
 log = logging.getLogger("slow_worker")

@@ -21,12 +21,12 @@ from pathlib import Path
 import httpx
 import pytest
 
+from engines.hf import HFEngine
 from protocol.identity import load_or_create_identity
 from protocol.ledger_client import LedgerClient
 from tests.integration.malicious_worker import Attacker
 from tests.integration.network import BIN, Network, submissions_by_node
 from tests.integration.shardcast_nodes import wait_until
-from worker.engines.hf import HFEngine
 
 pytestmark = pytest.mark.slow
 

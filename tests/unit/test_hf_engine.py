@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from engines.base import GenerationRequest
+from engines.hf import HFEngine
 from toploc.sampling import sample_stream, sampling_gaps
 from toploc.tiny_model import TINY_EOS_TOKEN_ID, save_tiny_qwen2
-from worker.engines.base import GenerationRequest
-from worker.engines.hf import HFEngine
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,18 @@ import ast
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("environments", "protocol", "coordinator", "worker", "validator", "trainer", "toploc", "shardcast")
+PACKAGES = (
+    "environments",
+    "engines",
+    "node",
+    "protocol",
+    "coordinator",
+    "worker",
+    "validator",
+    "trainer",
+    "toploc",
+    "shardcast",
+)
 ROLES = ("worker", "validator", "trainer")
 
 
@@ -106,6 +117,8 @@ def test_no_role_imports_another_role() -> None:
         f"{module} -> {target}"
         for module, targets in package_graph().items()
         for target in targets
-        if module.split(".")[0] in ROLES and target.split(".")[0] in ROLES and module.split(".")[0] != target.split(".")[0]
+        if module.split(".")[0] in ROLES
+        and target.split(".")[0] in ROLES
+        and module.split(".")[0] != target.split(".")[0]
     )
     assert crossings == []

@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from engines.hf import HFEngine
 from protocol.schemas import SamplingParams
 from toploc.config import ToplocConfig
 from toploc.sampling import sample_stream
 from toploc.tiny_model import TINY_EOS_TOKEN_ID, perturb_checkpoint, save_tiny_qwen2
 from toploc.verify import Claim, RolloutVerdict, SampleTask, verify_claims
 from worker.adversary import Attack, attack_suite, honest_claims, other_model_tokens_proven_by_policy
-from worker.engines.hf import HFEngine
 
 # Which check must catch each attack (others may fire too).
 EXPECTED_CHECK = {

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from engines.hf import HFEngine
 from protocol.errors import ProofError
 from protocol.schemas import SamplingParams
 from toploc.config import ToplocConfig
@@ -25,7 +26,6 @@ from toploc.verify import (
     verify_rollout,
 )
 from worker.adversary import honest_claims
-from worker.engines.hf import HFEngine
 
 CALIBRATION = Path(__file__).resolve().parents[2] / "toploc" / "calibration" / "float32_cpu.json"
 

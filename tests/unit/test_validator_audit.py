@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 import pytest
 
+from engines.hf import HFEngine
 from protocol.identity import NodeIdentity
 from protocol.schemas import PendingSubmission, Task
 from protocol.signing import sign_document
@@ -21,7 +22,6 @@ from worker.adversary import (
     sample_tasks_of,
     submission_of,
 )
-from worker.engines.hf import HFEngine
 
 EOS = (TINY_EOS_TOKEN_ID,)
 PROMPTS = [[5, 9, 33, 12], [7, 7, 7, 8, 100]]
@@ -141,9 +141,9 @@ def test_rewards_are_recomputed_from_the_environment_not_taken_from_the_worker()
 
     from environments.builtin import builtin_environment
     from environments.prompts import EnvironmentPrompts
+    from node.runtime import eos_token_ids
     from trainer.resolve import resolve_model_path
     from validator.audit import environment_reward_fn
-    from worker.node import eos_token_ids
 
     checkpoint = resolve_model_path("builtin:tiny-qwen2-reverse-start")
     eos = eos_token_ids(checkpoint)

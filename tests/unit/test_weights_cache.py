@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from engines.base import GenerationRequest, GenerationResult
 from environments.builtin import builtin_environment
 from protocol.schemas import Prompt, SamplingParams, Task
 from shardcast import cache as cache_module
@@ -16,7 +17,6 @@ from shardcast.cache import WeightsCache
 from shardcast.config import RelayConfig
 from shardcast.relay import RelayMirror
 from validator.node import PolicyEngines
-from worker.engines.base import GenerationRequest, GenerationResult
 from worker.loop import TaskRunner, WorkerState
 
 pytestmark = pytest.mark.anyio

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
+from node.gossip import MAX_LEARNED_RELAYS, WorkerGossipHandler
+from node.retry import sleep_until_work
 from protocol.errors import IntegrityError, NotFoundError
 from protocol.p2p.announcements import KIND_OF_BODY, Accepted
 from protocol.schemas import PolicyAnnouncement, RelayAnnouncement, TaskAnnouncement
 from shardcast.cache import WeightsCache
-from worker.loop import sleep_until_work
-from worker.p2p import MAX_LEARNED_RELAYS, WorkerGossipHandler
 
 pytestmark = pytest.mark.anyio
 

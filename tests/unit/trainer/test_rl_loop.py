@@ -7,10 +7,10 @@ from pathlib import Path
 
 import torch
 
+from engines.base import GenerationRequest
+from engines.hf import HFEngine
 from trainer.config import RlConfig
 from trainer.rl import run_rl
-from worker.engines.base import GenerationRequest
-from worker.engines.hf import HFEngine
 
 
 def test_two_rl_steps_with_the_hf_engine(tiny_model_dir: Path, tmp_path: Path) -> None:

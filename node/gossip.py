@@ -16,6 +16,7 @@ import asyncio
 import logging
 import time
 
+from node.retry import sleep_unless_stopped
 from protocol.errors import NotFoundError, RemoteUnavailableError
 from protocol.identity import NodeIdentity
 from protocol.p2p.announcements import Accepted, Kind
@@ -23,9 +24,8 @@ from protocol.p2p.config import P2PConfig
 from protocol.p2p.gossip import Listener, keep_joined, start_gossip
 from protocol.schemas import PolicyAnnouncement, RelayAnnouncement
 from shardcast.cache import WeightsCache
-from worker.loop import sleep_unless_stopped
 
-log = logging.getLogger("worker.p2p")
+log = logging.getLogger("node.gossip")
 MAX_LEARNED_RELAYS = 16
 FETCH_RETRY_S = 60.0
 

@@ -2,7 +2,7 @@
 
 vLLM runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) so captured hidden states
 never cross a process boundary. Sampling is vLLM's greedy argmax over logits / T plus the
-counter-based Gumbel noise of toploc.sampling (see worker.engines.vllm_hooks), which draws
+counter-based Gumbel noise of toploc.sampling (see engines.vllm_hooks), which draws
 exactly the tokens the HF engine and the validator's replay draw. Requests are grouped by
 temperature because the logits scale (1/T) is a property of the engine's model.
 
@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 import torch
 
-from worker.engines.base import GenerationRequest, GenerationResult
+from engines.base import GenerationRequest, GenerationResult
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +73,7 @@ class VllmEngine:
         _prepare_environment()
         from vllm import LLM
 
-        from worker.engines import vllm_hooks
+        from engines import vllm_hooks
 
         self._hooks = vllm_hooks
         options: dict[str, Any] = {

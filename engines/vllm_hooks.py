@@ -12,7 +12,7 @@
   whose token vLLM discards, are skipped); take the recorded rows; set the logits scale;
   reload weights in place.
 
-This module imports vllm; only worker.engines.vllm imports it.
+This module imports vllm; only engines.vllm imports it.
 """
 
 from __future__ import annotations
