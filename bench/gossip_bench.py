@@ -36,7 +36,8 @@ import httpx  # noqa: E402
 import tomli_w  # noqa: E402
 
 from bench.shardcast_bench import wait_until  # noqa: E402
-from coordinator.process import CoordinatorProcess, free_port, stop_processes  # noqa: E402
+from coordinator.process import CoordinatorProcess, free_port  # noqa: E402
+from protocol.children import stop_processes  # noqa: E402
 from protocol.identity import NodeIdentity  # noqa: E402
 from protocol.p2p.announcements import Accepted  # noqa: E402
 from protocol.p2p.config import P2PConfig  # noqa: E402

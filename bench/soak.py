@@ -43,6 +43,7 @@ from typing import Any
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
+from coordinator.config import ChildLogsConfig  # noqa: E402
 from coordinator.process import CoordinatorProcess, free_port  # noqa: E402
 from trainer.packing import TrainSample  # noqa: E402
 from trainer.transport import StepBatch, TrainDir, write_json_atomic  # noqa: E402
@@ -267,7 +268,7 @@ def run_soak(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     return {"samples": samples, "elapsed_s": round(elapsed, 1), "final_bytes": final_bytes, "run_dir": run_dir}
 
 
-def child_logs(run_dir: Path, max_mib: float, backups: int = 3) -> dict[str, Any]:
+def child_logs(run_dir: Path, max_mib: float, backups: int = ChildLogsConfig().backups) -> dict[str, Any]:
     """Whether every child's log and its rotated files stay within ``(backups + 1) * max_mib``."""
     limit = (backups + 1) * max_mib * (1 << 20)
     families = {path: [path, *path.parent.glob(f"{path.name}.*")] for path in run_dir.rglob("*.log")}

@@ -13,10 +13,12 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 
 import httpx
+
+from protocol.children import stop_processes
 
 
 def free_port() -> int:
@@ -68,24 +70,5 @@ class CoordinatorProcess:
 
     def stop(self, timeout_s: float = 20.0) -> None:
         """SIGTERM (graceful), then SIGKILL if it does not exit in time; no-op when not running."""
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        os.kill(self.proc.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            self.kill()
-
-
-def stop_processes(procs: Iterable[subprocess.Popen[bytes]], timeout_s: float = 30.0) -> None:
-    """SIGTERM every still-running process, wait, then SIGKILL the ones that did not exit in time."""
-    procs = list(procs)
-    for proc in procs:
-        if proc.poll() is None:
-            os.kill(proc.pid, signal.SIGTERM)
-    for proc in procs:
-        try:
-            proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait()
+        if self.proc is not None:
+            stop_processes([self.proc], timeout_s)

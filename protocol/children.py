@@ -6,17 +6,18 @@ a :class:`RotatingLog` (``<name>.log``, moved to ``<name>.log.1`` when it passes
 ``max_bytes``, ``backups`` old files kept), so a run of thousands of steps keeps a bounded log
 per node whatever the child prints, vLLM's and torch's own output included. The child gets a
 signal from the kernel if the process that started it dies (:func:`protocol.lifetime.child_preexec`),
-and :meth:`Child.stop` ends it by its PID (SIGTERM, then SIGKILL after a timeout); nothing is
-ever signalled by name.
+and :meth:`Child.stop` ends it by its PID (SIGTERM, then SIGKILL after a timeout:
+:func:`stop_processes`, which also stops plain ``Popen`` processes); nothing is ever signalled by name.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -157,16 +158,6 @@ class Child:
         """SIGTERM (its group with ``own_group``), then SIGKILL if it has not exited within ``timeout_s``."""
         stop_children([self], timeout_s)
 
-    def _signal(self, sig: int) -> None:
-        assert self.proc is not None
-        try:
-            if self.own_group:
-                os.killpg(self.proc.pid, sig)
-            else:
-                self.proc.send_signal(sig)
-        except ProcessLookupError:
-            pass
-
     def _finish(self) -> None:
         if self._pump is not None:
             self._pump.join(timeout=5)  # longer only while a grandchild still holds the pipe open
@@ -175,17 +166,38 @@ class Child:
 def stop_children(children: Sequence[Child], timeout_s: float = 20.0) -> None:
     """Stop every running child: SIGTERM all, wait up to ``timeout_s``, SIGKILL those still running."""
     started = [child for child in children if child.proc is not None]
+    leaders = {child.pid for child in started if child.own_group}
+    procs = [child.proc for child in started if child.proc is not None]
+    stop_processes(procs, timeout_s, lambda proc, sig: send_signal(proc, sig, group=proc.pid in leaders))
     for child in started:
-        if child.running:
-            child._signal(signal.SIGTERM)
-    for child in started:
-        assert child.proc is not None
-        try:
-            child.proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            child._signal(signal.SIGKILL)
-            child.proc.wait()
         child._finish()
+
+
+def send_signal(proc: subprocess.Popen[bytes], sig: int, group: bool = False) -> None:
+    """``sig`` to ``proc`` (to its whole process group with ``group``); nothing when it is already gone."""
+    with contextlib.suppress(ProcessLookupError):
+        if group:
+            os.killpg(proc.pid, sig)
+        else:
+            os.kill(proc.pid, sig)
+
+
+def stop_processes(
+    procs: Iterable[subprocess.Popen[bytes]],
+    timeout_s: float = 30.0,
+    send: Callable[[subprocess.Popen[bytes], int], None] = send_signal,
+) -> None:
+    """SIGTERM every still-running process, wait, then SIGKILL the ones that did not exit in time."""
+    procs = list(procs)
+    for proc in procs:
+        if proc.poll() is None:
+            send(proc, signal.SIGTERM)
+    for proc in procs:
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            send(proc, signal.SIGKILL)
+            proc.wait()
 
 
 def _pump(stream: IO[bytes], log: RotatingLog) -> None:

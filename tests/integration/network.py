@@ -23,7 +23,8 @@ import httpx
 import tomli_w
 from sqlalchemy import Executable, create_engine, text
 
-from coordinator.process import CoordinatorProcess, free_port, stop_processes
+from coordinator.process import CoordinatorProcess, free_port
+from protocol.children import stop_processes
 from tests.integration.shardcast_nodes import Nodes
 from toploc.tiny_model import TinyModelSpec, save_tiny_qwen2
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 
-from coordinator.process import stop_processes
+from protocol.children import stop_processes
 from tests.conftest import free_port
 
 PRIME_RELAY = str(Path(sys.executable).parent / "prime-relay")

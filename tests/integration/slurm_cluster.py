@@ -20,7 +20,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from coordinator.process import free_port, stop_processes
+from coordinator.process import free_port
+from protocol.children import stop_processes
 
 DAEMONS = ("munged", "mungekey", "slurmctld", "slurmd", "sbatch")
 NODE_CPUS = 8

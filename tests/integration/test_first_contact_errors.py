@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.process import CoordinatorProcess, free_port, stop_processes
+from coordinator.process import CoordinatorProcess, free_port
+from protocol.children import stop_processes
 from protocol.cli import EXIT_BAD_CONFIG, EXIT_FAILURE
 from protocol.identity import load_or_create_identity
 from tests.integration.network import BIN, REPO_ROOT

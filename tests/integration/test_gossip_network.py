@@ -27,7 +27,8 @@ import httpx
 import pytest
 import tomli_w
 
-from coordinator.process import CoordinatorProcess, stop_processes
+from coordinator.process import CoordinatorProcess
+from protocol.children import stop_processes
 from protocol.identity import NodeIdentity
 from protocol.p2p.announcements import TOPICS, encode_announcement, sign_announcement
 from protocol.p2p.node import P2PNode, TopicSpec

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.process import CoordinatorProcess, free_port, stop_processes
+from coordinator.process import CoordinatorProcess, free_port
+from protocol.children import stop_processes
 from shardcast.store import VersionStore
 from tests.integration.network import BIN, REPO_ROOT
 from tests.ledger_helpers import scratch_postgres_database
