@@ -3,6 +3,7 @@ FROM python:3.11-slim
 WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY protocol protocol
+COPY runtime runtime
 COPY environments environments
 COPY engines engines
 COPY node node

@@ -38,7 +38,7 @@ from typing import Any
 import tomli_w
 from sqlalchemy import create_engine, text
 
-from coordinator.process import free_port
+from runtime.ports import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent

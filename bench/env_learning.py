@@ -31,7 +31,7 @@ if str(REPO_ROOT) not in sys.path:  # run as a script: make the repo's packages 
 
 import tomli_w  # noqa: E402
 
-from coordinator.process import free_port  # noqa: E402
+from runtime.ports import free_port  # noqa: E402
 
 BIN = Path(sys.executable).parent
 DATASET = "spell_backward"

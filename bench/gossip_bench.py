@@ -1,6 +1,6 @@
 """Gossip latency: how soon a worker starts fetching a policy version after the coordinator publishes it.
 
-Part one runs two :class:`~protocol.p2p.gossip.Gossip` nodes in this process on 127.0.0.1 and
+Part one runs two :class:`~runtime.p2p.gossip.Gossip` nodes in this process on 127.0.0.1 and
 times a dial and announcement delivery (publish call to listener, signature checks included).
 Part two starts a real `prime-coordinator start` (tiny built-in-size model, no tasks), a
 `prime-worker join --engine hf --gpu none` and an observer peer pinned to the coordinator,
@@ -36,13 +36,14 @@ import httpx  # noqa: E402
 import tomli_w  # noqa: E402
 
 from bench.shardcast_bench import wait_until  # noqa: E402
-from coordinator.process import CoordinatorProcess, free_port  # noqa: E402
-from protocol.children import stop_processes  # noqa: E402
+from protocol.announcements import Accepted  # noqa: E402
 from protocol.identity import NodeIdentity  # noqa: E402
-from protocol.p2p.announcements import Accepted  # noqa: E402
-from protocol.p2p.config import P2PConfig  # noqa: E402
-from protocol.p2p.gossip import Gossip  # noqa: E402
 from protocol.schemas import P2PInfo, PolicyAnnouncement  # noqa: E402
+from runtime.children import stop_processes  # noqa: E402
+from runtime.p2p.config import P2PConfig  # noqa: E402
+from runtime.p2p.gossip import Gossip  # noqa: E402
+from runtime.ports import free_port  # noqa: E402
+from tests.support.coordinator_process import CoordinatorProcess  # noqa: E402
 
 BIN = Path(sys.executable).parent
 
@@ -89,7 +90,7 @@ def log_events(path: Path) -> list[dict[str, Any]]:
 
 def network(workdir: Path, num_versions: int) -> dict[str, Any]:
     """Publication -> announcement at an observer, -> worker fetch start and done, over real processes."""
-    from toploc.tiny_model import save_tiny_qwen2
+    from tests.support.tiny_model import save_tiny_qwen2
     from trainer.resolve import resolve_model_path
 
     checkpoints = [save_tiny_qwen2(workdir / f"policy-{v}", seed=v) for v in range(num_versions + 1)]

@@ -21,12 +21,12 @@ import torch  # noqa: E402
 
 from engines.hf import HFEngine  # noqa: E402
 from engines.vllm import VllmEngine  # noqa: E402
-from node.runtime import eos_token_ids  # noqa: E402
+from node.startup import eos_token_ids  # noqa: E402
 from protocol.schemas import SamplingParams  # noqa: E402
+from tests.support.adversary import honest_claims  # noqa: E402
 from toploc.sampling import sample_stream  # noqa: E402
 from toploc.verify import SampleTask, verify_claims  # noqa: E402
 from trainer.resolve import resolve_model_path  # noqa: E402
-from worker.adversary import honest_claims  # noqa: E402
 
 
 def main() -> None:

@@ -38,11 +38,12 @@ if str(REPO_ROOT) not in sys.path:  # run as a script: make the repo's packages 
 import httpx  # noqa: E402
 import tomli_w  # noqa: E402
 
-from coordinator.process import CoordinatorProcess, free_port  # noqa: E402
 from environments.base import Environment, Example, Scores  # noqa: E402
 from protocol.identity import NodeIdentity  # noqa: E402
 from protocol.ledger_client import HEADER_SUBMISSION_SIGNATURE  # noqa: E402
 from protocol.signing import sign_document, sign_request  # noqa: E402
+from runtime.ports import free_port  # noqa: E402
+from tests.support.coordinator_process import CoordinatorProcess  # noqa: E402
 
 ENDPOINTS = ("register", "heartbeat", "lease", "submit")
 

@@ -31,14 +31,15 @@ sys.path.insert(0, str(REPO_ROOT))
 import tomli_w  # noqa: E402
 import torch  # noqa: E402
 
-from coordinator.process import CoordinatorProcess, free_port  # noqa: E402
 from engines.base import Engine  # noqa: E402
 from environments.base import Environment, Example, Scores  # noqa: E402
 from environments.prompts import EnvironmentPrompts  # noqa: E402
 from protocol.identity import NodeIdentity  # noqa: E402
 from protocol.ledger_client import LedgerClient  # noqa: E402
 from protocol.schemas import Hardware, RegisterRequest, SamplingParams, Task  # noqa: E402
+from runtime.ports import free_port  # noqa: E402
 from shardcast.cache import WeightsCache  # noqa: E402
+from tests.support.coordinator_process import CoordinatorProcess  # noqa: E402
 from worker.loop import TaskRunner, WorkerState, generation_requests  # noqa: E402
 
 TASK_NAME = "bench"

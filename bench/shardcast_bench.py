@@ -47,7 +47,7 @@ from typing import Any
 
 import blake3
 
-from coordinator.process import free_port
+from runtime.ports import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent

@@ -44,7 +44,8 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
 from coordinator.config import ChildLogsConfig  # noqa: E402
-from coordinator.process import CoordinatorProcess, free_port  # noqa: E402
+from runtime.ports import free_port  # noqa: E402
+from tests.support.coordinator_process import CoordinatorProcess  # noqa: E402
 from trainer.packing import TrainSample  # noqa: E402
 from trainer.transport import StepBatch, TrainDir, write_json_atomic  # noqa: E402
 

@@ -42,8 +42,9 @@ if str(REPO_ROOT) not in sys.path:  # run as a script: make the repo's packages 
 import tomli_w  # noqa: E402
 
 from bench.ledger_load import Pool, Recorder, SimulatedWorker, cpu_seconds, percentile_ms, registration  # noqa: E402
-from coordinator.process import CoordinatorProcess, free_port  # noqa: E402
 from protocol.identity import NodeIdentity  # noqa: E402
+from runtime.ports import free_port  # noqa: E402
+from tests.support.coordinator_process import CoordinatorProcess  # noqa: E402
 
 SYBIL_ADDRESS = "127.0.0.1"
 VALIDATOR_ADDRESS = "127.9.0.1"

@@ -108,9 +108,9 @@ def on_tiny_model(num_rollouts: int, max_tokens: int, repeats: int) -> dict[str,
     from engines.base import GenerationRequest
     from engines.hf import HFEngine
     from protocol.schemas import SamplingParams
+    from tests.support.tiny_model import save_tiny_qwen2
     from toploc.proof import build_proofs
     from toploc.sampling import sample_stream
-    from toploc.tiny_model import save_tiny_qwen2
     from toploc.verify import Claim, SampleTask, verify_claims
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -27,10 +27,10 @@ BATCH_SIZE = 16  # ValidatorConfig.max_submissions_per_batch
 sys.path.insert(0, str(REPO_ROOT))
 
 from bench.rollout_bench import local_task  # noqa: E402
-from coordinator.audit_choice import audit_sample_indices  # noqa: E402
-from coordinator.seeds import new_run_secret  # noqa: E402
+from coordinator.ledger.audit_choice import audit_sample_indices  # noqa: E402
+from coordinator.ledger.seeds import new_run_secret  # noqa: E402
 from engines.hf import HFEngine  # noqa: E402
-from node.runtime import eos_token_ids  # noqa: E402
+from node.startup import eos_token_ids  # noqa: E402
 from protocol.identity import NodeIdentity  # noqa: E402
 from protocol.schemas import PendingSubmission  # noqa: E402
 from protocol.signing import sign_document  # noqa: E402

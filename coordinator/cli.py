@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 
 from coordinator.config import CoordinatorConfig
-from protocol.cli import (
+from runtime.cli import (
     ConfigOption,
     JsonLogsOption,
     LogLevelOption,
@@ -19,7 +19,7 @@ from protocol.cli import (
     run_or_exit,
     start_logging,
 )
-from protocol.slurm import DryRunOption, GpusPerNodeOption, PartitionOption, SbatchArgOption, TimeOption
+from runtime.slurm import DryRunOption, GpusPerNodeOption, PartitionOption, SbatchArgOption, TimeOption
 
 app = PrimeTyper(
     help=(
@@ -51,7 +51,7 @@ def start(
     start_logging(log_level, json_logs)
     flags = {"api.host": host, "api.port": port, "data_dir": data_dir, "ledger.url": ledger_url}
     loaded = load_role_config(CoordinatorConfig, config, sets, flags)
-    from coordinator.service import run
+    from coordinator.serving.service import run
 
     run_or_exit("coordinator", run, loaded)
 
@@ -69,7 +69,7 @@ def publish(
     """Publish a checkpoint as the run's next policy version: signed, sharded, served at /shardcast."""
     start_logging(log_level, json_logs)
     loaded = load_role_config(CoordinatorConfig, config, sets, {"data_dir": data_dir})
-    from coordinator.service import publish_from_cli
+    from coordinator.serving.service import publish_from_cli
 
     run_or_exit("coordinator", publish_from_cli, loaded, checkpoint, version)
 
@@ -92,7 +92,7 @@ def export(
     if fmt not in ("parquet", "jsonl"):
         fail(f"--format {fmt!r}: choose parquet or jsonl")
     loaded = load_role_config(CoordinatorConfig, config, sets, {"data_dir": data_dir, "ledger.url": ledger_url})
-    from coordinator.export import export_from_cli
+    from coordinator.ledger.export import export_from_cli
 
     run_or_exit("coordinator", export_from_cli, loaded, steps, fmt, out)
 
@@ -111,7 +111,7 @@ def archive(
     archive: keep_versions, keep_events_s, dir). Safe while the run goes on."""
     start_logging(log_level, json_logs)
     loaded = load_role_config(CoordinatorConfig, config, sets, {"data_dir": data_dir, "ledger.url": ledger_url})
-    from coordinator.archive import archive_from_cli
+    from coordinator.ledger.archive import archive_from_cli
 
     run_or_exit("coordinator", archive_from_cli, loaded, compact)
 
@@ -134,8 +134,8 @@ def slurm(
     every node shares. The job is requeueable: a requeued job resumes the run from its data dir.
     """
     loaded = load_role_config(CoordinatorConfig, config, sets)
-    from coordinator.slurm import coordinator_job
-    from protocol.slurm import print_or_submit
+    from coordinator.processes.slurm import coordinator_job
+    from runtime.slurm import print_or_submit
 
     job = coordinator_job(
         loaded,

@@ -10,9 +10,9 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from environments.config import BuiltinEnvConfig, EnvironmentConfig
-from protocol.children import LogLimits
-from protocol.config import RoleConfig, Section
-from protocol.p2p.config import P2PConfig
+from runtime.children import LogLimits
+from runtime.config import RoleConfig, Section
+from runtime.p2p.config import P2PConfig
 from trainer.config import LossConfig, TrainerSection
 
 
@@ -188,7 +188,7 @@ class CoordinatorP2PConfig(P2PConfig):
 
 
 class OrchestratorConfig(Section):
-    """The RL loop in the coordinator (coordinator/orchestrator.py) and its trainer service (trainer/service.py)."""
+    """The RL loop in the coordinator (coordinator/loop/orchestrator.py) and its trainer (trainer/service.py)."""
 
     enabled: bool = False
     """Run the RL loop: batches of accepted rollouts, a torchrun trainer kept up across steps, a policy per step."""

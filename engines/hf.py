@@ -24,7 +24,7 @@ from typing import Any, Literal
 import torch
 
 from engines.base import GenerationRequest, GenerationResult, PrefillResult
-from protocol.memory import release_free_memory
+from runtime.memory import release_free_memory
 from toploc.sampling import noisy_scores_at, stream_states
 
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

@@ -13,7 +13,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, JsonValue
 
-from protocol.config import Section
+from runtime.config import Section
 
 MODULE_ATTRIBUTE = r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_.]*$"
 

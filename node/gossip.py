@@ -17,12 +17,12 @@ import logging
 import time
 
 from node.retry import sleep_unless_stopped
+from protocol.announcements import Accepted, Kind
 from protocol.errors import NotFoundError, RemoteUnavailableError
 from protocol.identity import NodeIdentity
-from protocol.p2p.announcements import Accepted, Kind
-from protocol.p2p.config import P2PConfig
-from protocol.p2p.gossip import Listener, keep_joined, start_gossip
 from protocol.schemas import PolicyAnnouncement, RelayAnnouncement
+from runtime.p2p.config import P2PConfig
+from runtime.p2p.gossip import Listener, keep_joined, start_gossip
 from shardcast.cache import WeightsCache
 
 log = logging.getLogger("node.gossip")

@@ -9,7 +9,7 @@ from typing import Any
 
 import typer
 
-from protocol.cli import (
+from runtime.cli import (
     ConfigOption,
     JsonLogsOption,
     LogLevelOption,
@@ -228,7 +228,7 @@ class _ProgressBar:
             TransferSpeedColumn,
         )
 
-        from protocol.cli import err_console
+        from runtime.cli import err_console
 
         self.progress = Progress(
             TextColumn("[bold]v{task.fields[version]}"),
@@ -253,7 +253,7 @@ class _ProgressBar:
         elif kind == "shard_done" and self.task_id is not None:
             self.progress.advance(self.task_id, event["bytes"])
         elif kind == "relays_behind":
-            from protocol.cli import err_console
+            from runtime.cli import err_console
 
             err_console.print(f"[yellow]{event['detail']}")
         elif kind == "shard_failed" and self.task_id is not None:

@@ -7,8 +7,8 @@ from pathlib import Path
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
-from protocol.config import RoleConfig
-from protocol.p2p.config import P2PConfig
+from runtime.config import RoleConfig
+from runtime.p2p.config import P2PConfig
 
 
 class RelayConfig(RoleConfig):

@@ -17,11 +17,11 @@ import contextlib
 import logging
 import time
 
+from protocol.announcements import Accepted
 from protocol.errors import PrimeError
 from protocol.identity import load_or_create_identity
-from protocol.p2p.announcements import Accepted
-from protocol.p2p.gossip import Gossip, keep_joined, start_gossip
 from protocol.schemas import RelayAnnouncement
+from runtime.p2p.gossip import Gossip, keep_joined, start_gossip
 from shardcast.config import RelayConfig
 from shardcast.relay import RelayMirror
 

@@ -10,7 +10,7 @@ import asyncio
 import logging
 
 from protocol.errors import ConfigError
-from protocol.first_contact import check_relays
+from runtime.first_contact import check_relays
 from shardcast.config import RelayConfig
 from shardcast.p2p import run_relay_gossip
 from shardcast.relay import RelayMirror

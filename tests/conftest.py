@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from coordinator.process import free_port
+from runtime.ports import free_port
 
 __all__ = ["free_port"]
 

@@ -4,7 +4,7 @@ Defaults are the thresholds calibrated for float32 runs by ``bench/toploc_calibr
 data is kept in ``toploc/calibration/float32_cpu.json`` (a unit test keeps the two in step).
 Honest work under every variation calibrated there (batch sizes 1 to 64, left padding, 1 or 2
 torch threads, states captured during generation vs recomputed by prefill) stays far inside
-them; the attacks of ``worker/adversary.py`` land far outside. A bfloat16 run needs its own
+them; the attacks of ``tests/support/adversary.py`` land far outside. A bfloat16 run needs its own
 calibration on its hardware (the TOPLOC paper's bf16 thresholds are mean 10, median 8 and 38
 exponent mismatches, far looser than these float32 ones).
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from protocol.config import Section
+from runtime.config import Section
 
 
 class ToplocConfig(Section):

@@ -256,7 +256,7 @@ def _replay_all(claims: Sequence[Claim], prefills: Sequence[Recomputed]) -> list
     Rows of every claim are stacked (those of one vocabulary size together), each with its own
     temperature, noise stream and position, so the replay and the log-softmax run as a few large
     tensor operations instead of a dozen small ones per rollout; every value is the one a replay of
-    the claim alone gives (tests/unit/test_toploc_verify.py checks it).
+    the claim alone gives (tests/unit/toploc/test_verify.py checks it).
     """
     results: list[tuple[np.ndarray, np.ndarray]] = [(np.empty(0), np.empty(0))] * len(claims)
     by_vocab: dict[int, list[int]] = {}

@@ -13,7 +13,7 @@ from typing import Any
 
 import typer
 
-from protocol.cli import (
+from runtime.cli import (
     ConfigOption,
     JsonLogsOption,
     LogLevelOption,

@@ -13,7 +13,7 @@ from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from environments.config import BuiltinEnvConfig, EnvironmentConfig
-from protocol.config import RoleConfig, Section
+from runtime.config import RoleConfig, Section
 
 
 class OptimizerConfig(Section):

@@ -3,7 +3,7 @@
 The trainer service is one torchrun job spread over ``nnodes`` machines with ``nproc_per_node``
 ranks each, joined by torchrun's static rendezvous at ``master_addr:master_port`` (node rank 0,
 the coordinator's machine, hosts it). Every node runs the same command but for its node rank:
-the coordinator launches node 0 (:mod:`coordinator.trainer_process`) and an operator runs
+the coordinator launches node 0 (:mod:`coordinator.processes.trainer_process`) and an operator runs
 ``prime-trainer node`` on each other machine. Batches, done markers, checkpoints and exported
 policies travel as files in the train dir, so that directory must be on a filesystem every node
 shares, mounted at the same path. Only stdlib here: ``prime-trainer --help`` must not import torch.

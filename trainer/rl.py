@@ -8,7 +8,7 @@ on the task's fixed eval set (same noise seed every time, so evaluations differ 
 policy) is measured before training, every ``eval_interval_steps`` and at the end.
 
 The network's orchestrator drives the same :meth:`Trainer.rl_step` with rollouts from many
-workers, asynchronously; that loop is the coordinator's (``coordinator/orchestrator.py``).
+workers, asynchronously; that loop is the coordinator's (``coordinator/loop/orchestrator.py``).
 """
 
 from __future__ import annotations

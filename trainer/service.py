@@ -33,9 +33,9 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import Field
 
-from protocol.config import Section
-from protocol.lifetime import die_with_parent, parent_of
-from protocol.memory import release_free_memory
+from runtime.config import Section
+from runtime.lifetime import die_with_parent, parent_of
+from runtime.memory import release_free_memory
 from trainer.config import LossConfig, TrainerSection
 from trainer.launch import SPEC_FILE, check_train_dir
 from trainer.transport import StepBatch, TrainDir, write_json_atomic

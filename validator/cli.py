@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from protocol.cli import (
+from runtime.cli import (
     ConfigOption,
     JsonLogsOption,
     LogLevelOption,
@@ -45,8 +45,8 @@ def run_audit(settings: ValidatorConfig, show_live_status: bool = False) -> int:
     import asyncio
     import signal
 
-    from protocol.cli import EXIT_BANNED, EXIT_INTERRUPTED, exit_on_error, fail
     from protocol.errors import ForbiddenError, PrimeError
+    from runtime.cli import EXIT_BANNED, EXIT_INTERRUPTED, exit_on_error, fail
     from validator.node import run_validator
     from validator.progress import ValidatorState, show_status
 

@@ -9,8 +9,8 @@ from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
 from environments.config import EnvironmentConfig
-from protocol.config import RoleConfig
-from protocol.p2p.config import P2PConfig
+from runtime.config import RoleConfig
+from runtime.p2p.config import P2PConfig
 
 
 class ValidatorConfig(RoleConfig):

@@ -30,12 +30,12 @@ from environments.base import Environment
 from environments.pinning import run_environment
 from node.gossip import run_node_gossip
 from node.retry import sleep_unless_stopped, with_retries
-from node.runtime import eos_token_ids, software_version, trusted_coordinator_id
+from node.startup import eos_token_ids, software_version, trusted_coordinator_id
 from protocol.errors import ForbiddenError, ProtocolError, RequestRefused
-from protocol.first_contact import check_coordinator, check_relays
 from protocol.identity import load_or_create_identity
 from protocol.ledger_client import LedgerClient
 from protocol.schemas import Hardware, PendingSubmission, RegisterRequest
+from runtime.first_contact import check_coordinator, check_relays
 from shardcast.cache import WeightsCache
 from validator.audit import RewardFn, RewardsUnavailable, audit_submissions_safely, environment_reward_fn
 from validator.config import ValidatorConfig

@@ -1,1 +1,1 @@
-"""`prime-worker`: inference engines, the task loop and submission of proven rollouts."""
+"""`prime-worker`: the task loop (lease, generate, prove, submit), its devices and its SLURM job arrays."""

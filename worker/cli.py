@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from protocol.cli import (
+from runtime.cli import (
     ConfigOption,
     JsonLogsOption,
     LogLevelOption,
@@ -17,7 +17,7 @@ from protocol.cli import (
     make_keys_app,
     start_logging,
 )
-from protocol.slurm import DryRunOption, GpusPerNodeOption, PartitionOption, SbatchArgOption, TimeOption
+from runtime.slurm import DryRunOption, GpusPerNodeOption, PartitionOption, SbatchArgOption, TimeOption
 from worker.config import WorkerConfig
 
 
@@ -26,8 +26,8 @@ def run_join(settings: WorkerConfig, show_live_status: bool) -> int:
     import asyncio
     import signal
 
-    from protocol.cli import EXIT_BANNED, EXIT_INTERRUPTED, EXIT_OK, EXIT_REFUSED, exit_on_error, fail
     from protocol.errors import ForbiddenError, PrimeError, RequestRefused
+    from runtime.cli import EXIT_BANNED, EXIT_INTERRUPTED, EXIT_OK, EXIT_REFUSED, exit_on_error, fail
     from worker.loop import WorkerState
     from worker.node import check_config, run_worker
     from worker.status import show_status
@@ -119,9 +119,9 @@ def slurm(
     Each task keeps its own data dir (DATA_DIR/worker-<array index>), so a requeued task resumes as the same
     node. `scancel` stops the workers cleanly: each submits the task it is generating and abandons the rest.
     """
-    from protocol.cli import fail
     from protocol.errors import ConfigError
-    from protocol.slurm import print_or_submit
+    from runtime.cli import fail
+    from runtime.slurm import print_or_submit
     from worker.slurm import worker_job
 
     flags: dict[str, object] = {"coordinator_url": coordinator, "gpu": gpu, "engine": engine}
@@ -156,10 +156,10 @@ def status(
     """Show this node's standing with a coordinator: accepted, rejected, banned."""
     import asyncio
 
-    from protocol.cli import EXIT_BANNED, fail
     from protocol.errors import PrimeError
     from protocol.identity import load_or_create_identity
     from protocol.ledger_client import LedgerClient
+    from runtime.cli import EXIT_BANNED, fail
 
     async def fetch() -> int:
         identity = load_or_create_identity(data_dir)

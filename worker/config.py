@@ -8,8 +8,8 @@ from typing import Literal
 from pydantic import Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
-from protocol.config import RoleConfig
-from protocol.p2p.config import P2PConfig
+from runtime.config import RoleConfig
+from runtime.p2p.config import P2PConfig
 
 
 class WorkerConfig(RoleConfig):

@@ -18,12 +18,12 @@ from pathlib import Path
 from engines.base import Engine
 from node.gossip import run_node_gossip
 from node.retry import with_retries
-from node.runtime import eos_token_ids, software_version, trusted_coordinator_id
+from node.startup import eos_token_ids, software_version, trusted_coordinator_id
 from protocol.errors import ConfigError, IdentityError, StartupError
-from protocol.first_contact import check_coordinator, check_relays
 from protocol.identity import load_or_create_identity, public_key_from_node_id
 from protocol.ledger_client import LedgerClient
 from protocol.schemas import Hardware, RegisterRequest
+from runtime.first_contact import check_coordinator, check_relays
 from shardcast.cache import WeightsCache
 from worker.config import WorkerConfig
 from worker.devices import DeviceInfo, cpu_engine_threads, detect_devices

@@ -14,7 +14,7 @@ import shlex
 from pathlib import Path
 
 from protocol.errors import ConfigError
-from protocol.slurm import BatchJob, quote, role_command
+from runtime.slurm import BatchJob, quote, role_command
 
 MAX_ARRAY = 10_000
 

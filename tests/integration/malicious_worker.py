@@ -6,7 +6,7 @@ answered: a refusal at the door (status and reason) or a submission id for the v
 judge. Door attacks: a request in another node's name signed with its own key, an honest
 worker's accepted submission replayed under that worker's lease and copied under a fresh lease
 of its own, a policy version it never had, an inflated reward field, a wrong task id. Proof
-attacks: those of :mod:`worker.adversary` that need only the policy itself. :func:`signed_post`
+attacks: those of :mod:`tests.support.adversary` that need only the policy itself. :func:`signed_post`
 sends any hand-made body signed with a node's key, NaN and Infinity literals included (the
 number attacks of tests/integration/test_door_checks.py).
 """
@@ -28,9 +28,7 @@ from protocol.identity import NodeIdentity
 from protocol.ledger_client import HEADER_SUBMISSION_SIGNATURE, LedgerClient
 from protocol.schemas import Hardware, LeaseRequest, RegisterRequest, SubmitRequest, Task
 from protocol.signing import HEADER_NODE, sign_document, sign_request
-from toploc.tiny_model import TINY_EOS_TOKEN_ID
-from toploc.verify import Claim, SampleTask
-from worker.adversary import (
+from tests.support.adversary import (
     altered_prompt,
     altered_token,
     flipped_signs,
@@ -40,6 +38,8 @@ from worker.adversary import (
     submission_of,
     truncated_claimed_finished,
 )
+from tests.support.tiny_model import TINY_EOS_TOKEN_ID
+from toploc.verify import Claim, SampleTask
 
 ProofAttack = Callable[[HFEngine, Sequence[SampleTask]], list[Claim]]
 

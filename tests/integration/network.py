@@ -23,10 +23,11 @@ import httpx
 import tomli_w
 from sqlalchemy import Executable, create_engine, text
 
-from coordinator.process import CoordinatorProcess, free_port
-from protocol.children import stop_processes
+from runtime.children import stop_processes
+from runtime.ports import free_port
 from tests.integration.shardcast_nodes import Nodes
-from toploc.tiny_model import TinyModelSpec, save_tiny_qwen2
+from tests.support.coordinator_process import CoordinatorProcess
+from tests.support.tiny_model import TinyModelSpec, save_tiny_qwen2
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent

@@ -17,8 +17,8 @@ from typing import Any
 
 import httpx
 
-from protocol.children import stop_processes
-from tests.conftest import free_port
+from runtime.children import stop_processes
+from runtime.ports import free_port
 
 PRIME_RELAY = str(Path(sys.executable).parent / "prime-relay")
 

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from engines.base import Engine
-from protocol.logs import setup_logging
+from runtime.logs import setup_logging
 from worker.config import WorkerConfig
 from worker.devices import DeviceInfo
 from worker.node import create_engine, run_worker

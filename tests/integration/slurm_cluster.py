@@ -20,8 +20,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from coordinator.process import free_port
-from protocol.children import stop_processes
+from runtime.children import stop_processes
+from runtime.ports import free_port
 
 DAEMONS = ("munged", "mungekey", "slurmctld", "slurmd", "sbatch")
 NODE_CPUS = 8

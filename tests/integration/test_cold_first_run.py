@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.process import free_port
+from runtime.ports import free_port
 from tests.integration.network import BIN, REPO_ROOT
 
 pytestmark = pytest.mark.slow

@@ -17,16 +17,16 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from coordinator.api.errors import install_error_handlers
-from coordinator.ledger import Ledger
-from coordinator.p2p import CoordinatorGossip, mount_p2p_info, start_coordinator_gossip
-from coordinator.storage.engine import Database
+from coordinator.ledger.ledger import Ledger
+from coordinator.ledger.storage.engine import Database
+from coordinator.serving.errors import install_error_handlers
+from coordinator.serving.p2p import CoordinatorGossip, mount_p2p_info, start_coordinator_gossip
+from protocol.announcements import Accepted, manifest_digest
 from protocol.identity import NodeIdentity
-from protocol.p2p.announcements import Accepted, manifest_digest
-from protocol.p2p.config import P2PConfig
-from protocol.p2p.gossip import Gossip
 from protocol.schemas import LeaseRequest, P2PInfo, PolicyAnnouncement, TaskAnnouncement
-from tests.ledger_helpers import CountingPrompts, ledger_config, register_request, signed_manifest
+from runtime.p2p.config import P2PConfig
+from runtime.p2p.gossip import Gossip
+from tests.support.ledger_helpers import CountingPrompts, ledger_config, register_request, signed_manifest
 
 pytestmark = pytest.mark.slow
 ORIGIN = "http://127.0.0.1:8000/shardcast"

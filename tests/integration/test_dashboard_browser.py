@@ -9,7 +9,7 @@ labelled with that verdict's mean reward), and the relay answering with v0, coun
 holder of v0. A second relay, announced by a gossip peer of the test's own with a URL full of
 markup and a port nothing listens on, must show as unreachable, its URL as plain text. This run
 has no orchestrator, so the step chart must say there are no training steps yet (the chart with
-steps is checked on the JSON in tests/unit/ledger/test_dashboard_api.py: a training run is too
+steps is checked on the JSON in tests/unit/coordinator/serving/test_dashboard_api.py: a training run is too
 slow to share this test). In CI (CI=true) a missing browser fails the
 test; .ci/run installs it.
 """
@@ -31,12 +31,12 @@ from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.chrome.webdriver import WebDriver
 from selenium.webdriver.support.ui import WebDriverWait
 
-from coordinator.dashboard.history import MAX_REWARD_POINTS
-from coordinator.process import free_port
+from coordinator.serving.dashboard.history import MAX_REWARD_POINTS
 from protocol.identity import NodeIdentity, load_or_create_identity
-from protocol.p2p.config import P2PConfig
-from protocol.p2p.gossip import P2P_INFO_PATH, Gossip
 from protocol.schemas import P2PInfo, RelayAnnouncement
+from runtime.p2p.config import P2PConfig
+from runtime.p2p.gossip import P2P_INFO_PATH, Gossip
+from runtime.ports import free_port
 from tests.integration.network import Network, running_network
 from tests.integration.shardcast_nodes import wait_until
 from trainer.resolve import resolve_model_path

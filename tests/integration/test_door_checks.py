@@ -26,7 +26,7 @@ from protocol.ledger_client import LedgerClient
 from protocol.schemas import Dashboard, ErrorBody, Event, EventPage, LeaseRequest, SubmitRequest, Task, Verdict
 from tests.integration.malicious_worker import signed_post
 from tests.integration.network import Network, running_network
-from tests.ledger_helpers import register_request, submission_for
+from tests.support.ledger_helpers import register_request, submission_for
 
 pytestmark = pytest.mark.slow
 

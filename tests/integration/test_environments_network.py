@@ -23,7 +23,7 @@ import tomli_w
 from pydantic import TypeAdapter
 from sqlalchemy import select
 
-from coordinator.storage.tables import submissions, tasks
+from coordinator.ledger.storage.tables import submissions, tasks
 from environments.base import Environment
 from environments.config import EnvironmentConfig
 from environments.loader import load_environment

@@ -18,12 +18,13 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.process import CoordinatorProcess, free_port
-from protocol.children import stop_processes
-from protocol.cli import EXIT_BAD_CONFIG, EXIT_FAILURE
 from protocol.identity import load_or_create_identity
+from runtime.children import stop_processes
+from runtime.cli import EXIT_BAD_CONFIG, EXIT_FAILURE
+from runtime.ports import free_port
 from tests.integration.network import BIN, REPO_ROOT
 from tests.integration.shardcast_nodes import wait_until
+from tests.support.coordinator_process import CoordinatorProcess
 
 pytestmark = pytest.mark.slow
 ENV = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "PRIME_LOG_LEVEL": "info"}

@@ -27,16 +27,16 @@ import httpx
 import pytest
 import tomli_w
 
-from coordinator.process import CoordinatorProcess
-from protocol.children import stop_processes
+from protocol.announcements import TOPICS, encode_announcement, sign_announcement
 from protocol.identity import NodeIdentity
-from protocol.p2p.announcements import TOPICS, encode_announcement, sign_announcement
-from protocol.p2p.node import P2PNode, TopicSpec
 from protocol.schemas import P2PInfo, PolicyAnnouncement, RelayAnnouncement
-from tests.conftest import free_port
+from runtime.children import stop_processes
+from runtime.p2p.host import P2PNode, TopicSpec
+from runtime.ports import free_port
 from tests.integration.network import tiny_policy
 from tests.integration.shardcast_nodes import Nodes, wait_until
-from toploc.tiny_model import TinyModelSpec
+from tests.support.coordinator_process import CoordinatorProcess
+from tests.support.tiny_model import TinyModelSpec
 
 pytestmark = pytest.mark.slow
 

@@ -15,15 +15,15 @@ import pytest
 import tomli_w
 from sqlalchemy import select
 
-from coordinator.process import CoordinatorProcess
-from coordinator.storage.engine import Database
-from coordinator.storage.tables import leases, submissions
+from coordinator.ledger.storage.engine import Database
+from coordinator.ledger.storage.tables import leases, submissions
 from protocol.errors import ConflictError, PrimeError
 from protocol.identity import NodeIdentity
 from protocol.ledger_client import LedgerClient
 from protocol.schemas import LeaseRequest, SubmitRequest, Task
-from tests.conftest import free_port
-from tests.ledger_helpers import (
+from runtime.ports import free_port
+from tests.support.coordinator_process import CoordinatorProcess
+from tests.support.ledger_helpers import (
     new_postgres_schema,
     register_request,
     scratch_postgres_database,

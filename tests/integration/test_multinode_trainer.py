@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.process import free_port
+from runtime.ports import free_port
 from tests.integration.network import ledger_rows
 from tests.integration.test_orchestrator_network import (
     NUM_STEPS,

@@ -15,11 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.process import CoordinatorProcess, free_port
-from protocol.children import stop_processes
+from runtime.children import stop_processes
+from runtime.ports import free_port
 from shardcast.store import VersionStore
 from tests.integration.network import BIN, REPO_ROOT
-from tests.ledger_helpers import scratch_postgres_database
+from tests.support.coordinator_process import CoordinatorProcess
+from tests.support.ledger_helpers import scratch_postgres_database
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 NUM_STEPS = 2

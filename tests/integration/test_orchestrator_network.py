@@ -25,8 +25,9 @@ import httpx
 import pytest
 import tomli_w
 
-from coordinator.process import CoordinatorProcess, free_port
+from runtime.ports import free_port
 from tests.integration.network import ledger_rows
+from tests.support.coordinator_process import CoordinatorProcess
 from trainer.checkpoint import latest_checkpoint
 
 pytestmark = pytest.mark.slow

@@ -1,6 +1,6 @@
 """The libp2p layer on real sockets, in one process: Noise only, node id = peer id, gossip gated by the filter.
 
-Three :class:`~protocol.p2p.gossip.Gossip` nodes (a coordinator, a worker, a stranger whose
+Three :class:`~runtime.p2p.gossip.Gossip` nodes (a coordinator, a worker, a stranger whose
 own filter is bypassed so it can publish forgeries) run their py-libp2p hosts in trio threads
 on 127.0.0.1. A host that offers only plaintext security cannot connect to them.
 """
@@ -13,12 +13,12 @@ from collections.abc import Iterator
 
 import pytest
 
+from protocol.announcements import TOPICS, Accepted, encode_announcement, sign_announcement
 from protocol.errors import ProtocolError, RemoteUnavailableError
 from protocol.identity import NodeIdentity
-from protocol.p2p.announcements import TOPICS, Accepted, encode_announcement, sign_announcement
-from protocol.p2p.config import P2PConfig
-from protocol.p2p.gossip import MAX_HOSTILE_MESSAGES, Gossip
 from protocol.schemas import P2PInfo, PolicyAnnouncement, RelayAnnouncement
+from runtime.p2p.config import P2PConfig
+from runtime.p2p.gossip import MAX_HOSTILE_MESSAGES, Gossip
 
 pytestmark = pytest.mark.slow
 

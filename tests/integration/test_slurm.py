@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.process import free_port
 from protocol.identity import KEY_FILE_NAME, load_or_create_identity
+from runtime.ports import free_port
 from tests.integration.network import ledger_rows, running_network
 from tests.integration.slurm_cluster import SlurmCluster, SlurmUnavailableError, slurm_cluster
 from tests.integration.test_orchestrator_network import REPO_ROOT, check_completed_run, write_config

@@ -19,13 +19,14 @@ import httpx
 import pytest
 import tomli_w
 
-from coordinator.process import CoordinatorProcess, free_port
 from protocol.errors import RateLimitedError
 from protocol.identity import NodeIdentity
 from protocol.ledger_client import LedgerClient
 from protocol.schemas import LeaseRequest
+from runtime.ports import free_port
 from tests.integration.network import REPO_ROOT
-from tests.ledger_helpers import register_request
+from tests.support.coordinator_process import CoordinatorProcess
+from tests.support.ledger_helpers import register_request
 
 SYBIL_ADDRESSES = [f"127.0.0.{host}" for host in range(1, 9)]
 HONEST_ADDRESSES = ["127.1.0.1", "127.2.0.1"]

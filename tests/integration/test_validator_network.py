@@ -23,7 +23,7 @@ import httpx
 import pytest
 from sqlalchemy import select
 
-from coordinator.storage.tables import accepted_groups, submissions
+from coordinator.ledger.storage.tables import accepted_groups, submissions
 from protocol.identity import load_or_create_identity
 from protocol.schemas import SubmitRequest
 from tests.integration.malicious_worker import PROOF_ATTACKS, attack_until_banned

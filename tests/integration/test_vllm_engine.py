@@ -18,10 +18,10 @@ from engines.base import GenerationRequest, GenerationResult
 from engines.hf import HFEngine
 from engines.vllm import VllmEngine
 from protocol.schemas import SamplingParams
+from tests.support.adversary import honest_claims
+from tests.support.tiny_model import TINY_EOS_TOKEN_ID, TinyModelSpec, save_tiny_qwen2
 from toploc.sampling import draw_tokens, sample_stream
-from toploc.tiny_model import TINY_EOS_TOKEN_ID, TinyModelSpec, save_tiny_qwen2
 from toploc.verify import SampleTask, verify_claims
-from worker.adversary import honest_claims
 
 pytestmark = pytest.mark.slow
 
@@ -157,7 +157,7 @@ def test_exported_start_checkpoint_draws_the_same_tokens_in_vllm_and_hf() -> Non
 
     from environments.builtin import builtin_environment
     from environments.prompts import EnvironmentPrompts
-    from node.runtime import eos_token_ids
+    from node.startup import eos_token_ids
     from trainer.resolve import resolve_model_path
 
     checkpoint = resolve_model_path("builtin:tiny-qwen2-reverse-start")

@@ -1,1 +1,0 @@
-"""The ledger's HTTP API: FastAPI app, middleware, authentication and error mapping."""

@@ -1,5 +1,0 @@
-"""The coordinator's live dashboard: ``/dashboard`` (page) and ``/v1/dashboard`` (its JSON)."""
-
-from coordinator.dashboard.routes import dashboard_router
-
-__all__ = ["dashboard_router"]

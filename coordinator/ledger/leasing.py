@@ -1,0 +1,507 @@
+"""Nodes and leases: the part of the ledger that hands out work.
+
+Each public method takes an already-authenticated node id, a validated wire message and the
+request's nonce, runs one transaction (which also stores the nonce and appends to the event
+log), and returns a wire message or raises a :class:`~protocol.errors.RequestRefused` saying
+why. It knows nothing of HTTP. Submissions, verdicts and publishing build on this in
+:class:`coordinator.ledger.ledger.Ledger`; read-only views live in :mod:`coordinator.ledger.views`.
+
+Concurrency: SQLite runs one write transaction at a time (see
+:mod:`coordinator.ledger.storage.engine`). On PostgreSQL a lease call locks its node's row (so the
+per-node cap holds), claims open tasks with ``FOR UPDATE SKIP LOCKED`` and draws new group
+indices from a sequence, so leases to different workers do not queue behind one another.
+Several API replicas can share one database; the network-wide lease cap is then approximate
+by at most the number of concurrent lease calls.
+
+Sybil limits: a lease counts against its node's *source* (:mod:`coordinator.ledger.sources`), and
+each live source gets a fair share of the network-wide cap, not each key; a node on probation
+(:mod:`coordinator.ledger.reputation`) holds only what it has earned, and all probationary nodes of
+one source share one budget of unverified work (open leases plus submissions awaiting a
+verdict). On PostgreSQL these per-source counts are, like the network-wide cap, approximate
+by at most the number of concurrent lease calls from that source.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from types import SimpleNamespace
+from typing import Any
+
+from sqlalchemy import Connection, Row, bindparam, func, insert, select, update
+
+from coordinator.config import CoordinatorConfig
+from coordinator.ledger.replay import NonceClaim, claim_nonce
+from coordinator.ledger.reputation import BanPolicy, ProbationPolicy, lease_allowance, on_probation
+from coordinator.ledger.scheduling import choose_policy_version, grant_count, lease_room, oldest_allowed_version
+from coordinator.ledger.seeds import new_run_secret, sampling_seed
+from coordinator.ledger.sources import SourcePolicy
+from coordinator.ledger.storage.engine import Database
+from coordinator.ledger.storage.migrations import migrate
+from coordinator.ledger.storage.tables import (
+    events,
+    leases,
+    nodes,
+    run_state,
+    step_submissions,
+    submissions,
+    tasks,
+)
+from coordinator.ledger.views import RUN_ROW_ID, LedgerViews
+from environments.prompts import PromptSource
+from protocol.errors import (
+    ConfigError,
+    ConflictError,
+    ForbiddenError,
+    NotFoundError,
+    ReplayedNonceError,
+)
+from protocol.schemas import (
+    HeartbeatRequest,
+    HeartbeatResponse,
+    LeaseRequest,
+    LeaseResponse,
+    LeaseState,
+    Prompt,
+    RegisterRequest,
+    RegisterResponse,
+    Role,
+    SamplingParams,
+    Task,
+)
+
+HEARTBEAT_INTERVAL_S = 10.0
+RETRY_EMPTY_S = 2.0
+
+# The statements of every registration, heartbeat, lease and submission, built once
+# (see coordinator.ledger.storage.engine).
+INSERT_EVENT = insert(events)
+NODE_ROW = select(nodes).where(nodes.c.node_id == bindparam("b_node_id"))
+NODE_ROW_LOCKED = NODE_ROW.with_for_update()
+UPDATE_NODE = update(nodes).where(nodes.c.node_id == bindparam("b_node_id"))  # SET: the columns passed
+_LEASE_ROW_LOCKED = select(leases).where(leases.c.lease_id == bindparam("b_lease_id")).with_for_update()
+_ACTIVE_LEASES = select(func.count()).where(leases.c.state == "active")
+_ACTIVE_LEASES_OF_NODE = _ACTIVE_LEASES.where(leases.c.node_id == bindparam("b_node_id"))
+_ACTIVE_LEASES_OF_SOURCE = _ACTIVE_LEASES.where(leases.c.source == bindparam("b_source"))
+_PROBATION_LEASES_OF_SOURCE = _ACTIVE_LEASES_OF_SOURCE.where(leases.c.probation.is_(True))
+_PROBATION_PENDING_OF_SOURCE = (
+    select(func.count())
+    .select_from(submissions.join(leases, submissions.c.lease_id == leases.c.lease_id))
+    .where(submissions.c.status == "pending", leases.c.source == bindparam("b_source"), leases.c.probation.is_(True))
+)
+_LIVE_WORKERS = select(nodes.c.node_id, nodes.c.ip).where(
+    nodes.c.role == "worker", nodes.c.banned.is_(False), nodes.c.last_seen >= bindparam("b_live_after")
+)
+_OPEN_TASKS = (
+    select(tasks)
+    .where(tasks.c.state == "open")
+    .order_by(tasks.c.group_index)
+    .limit(bindparam("b_limit"))
+    .with_for_update(skip_locked=True)  # PostgreSQL: concurrent leases claim different tasks
+)
+_INSERT_NODE = insert(nodes)
+_INSERT_TASK = insert(tasks)
+_INSERT_LEASE = insert(leases)
+_MARK_TASK_LEASED = (
+    update(tasks)
+    .where(tasks.c.task_id == bindparam("b_task_id"))
+    .values(state="leased", num_leases=tasks.c.num_leases + 1)
+)
+_SET_NEXT_GROUP_INDEX = (
+    update(run_state).where(run_state.c.id == RUN_ROW_ID).values(next_group_index=bindparam("b_next_group_index"))
+)
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), sort_keys=True)
+
+
+class LeasingLedger(LedgerViews):
+    """Nodes and leases over one :class:`Database` (see the module docstring)."""
+
+    def __init__(
+        self,
+        database: Database,
+        config: CoordinatorConfig,
+        prompts: PromptSource,
+        coordinator_id: str,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        super().__init__(database, config.scheduling, clock)
+        self.config = config
+        self.trust = config.trust
+        self.prompts = prompts
+        self.coordinator_id = coordinator_id
+        self.ban_policy = BanPolicy(ban_after_rejections=config.trust.ban_after_rejections)
+        self.sources = SourcePolicy(config.sources)
+        self.probation = ProbationPolicy(
+            new_identity_leases=config.sources.new_identity_leases,
+            max_leases_per_node=config.scheduling.max_leases_per_node,
+            proven_after_accepted=config.sources.proven_after_accepted,
+        )
+        migrate(self.db)
+        self._secret = self._load_or_create_run()
+        self._next_expiry_check = 0.0
+        self._live_sources = (float("-inf"), 0)
+
+    def _load_or_create_run(self) -> str:
+        with self.db.write() as conn:
+            row = conn.execute(select(run_state).where(run_state.c.id == RUN_ROW_ID)).first()
+            if row is None:
+                secret = new_run_secret()
+                conn.execute(
+                    insert(run_state).values(
+                        id=RUN_ROW_ID,
+                        run_name=self.config.run_name,
+                        secret_hex=secret,
+                        current_policy_version=0,
+                        next_group_index=0,
+                        created_at=self.clock(),
+                    )
+                )
+                return secret
+            if row.run_name != self.config.run_name:
+                raise ConfigError(
+                    f"the ledger at {self.db.engine.url.render_as_string(hide_password=True)} belongs to run "
+                    f"{row.run_name!r}, not {self.config.run_name!r}; use another data_dir or ledger.url"
+                )
+            return str(row.secret_hex)
+
+    # ---- helpers -------------------------------------------------------------------------------
+
+    @contextmanager
+    def _write(self, nonce: NonceClaim | None, durable: bool = True) -> Iterator[Connection]:
+        """A write transaction that first claims the signed request's nonce (in the same commit).
+
+        One transaction per request instead of two; a request refused by the ledger rolls back its
+        nonce with everything else, which is harmless: replaying it changes nothing either.
+        """
+        with self.db.write(durable) as conn:
+            if nonce is not None and not claim_nonce(conn, nonce, self.clock()):
+                raise ReplayedNonceError(
+                    f"nonce {nonce.nonce} was already used by node {nonce.node_id}; requests cannot be replayed"
+                )
+            yield conn
+
+    def _event(self, conn: Connection, kind: str, node_id: str | None, subject: str | None, **data: Any) -> None:
+        values = {"at": self.clock(), "kind": kind, "node_id": node_id, "subject": subject, "data_json": _dumps(data)}
+        conn.execute(INSERT_EVENT, values)
+
+    def _node(self, conn: Connection, node_id: str, role: Role | None, lock: bool = False) -> Row[Any]:
+        """The node's row, or a 403 saying why it may not act in ``role`` (None: in any role)."""
+        row = conn.execute(NODE_ROW_LOCKED if lock else NODE_ROW, {"b_node_id": node_id}).first()
+        if row is None:
+            raise ForbiddenError(f"node {node_id} is not registered; call POST /v1/nodes/register first")
+        if row.banned:
+            raise ForbiddenError(f"node {node_id} is banned: {row.ban_reason}")
+        if role is not None and row.role != role:
+            raise ForbiddenError(f"node {node_id} registered as a {row.role}; this call is for a {role}")
+        if not row.approved:
+            raise ForbiddenError(f"validator {node_id} is not approved by the operator (trust.approved_validators)")
+        return row
+
+    def _touch(self, conn: Connection, node_id: str) -> None:
+        conn.execute(UPDATE_NODE, {"b_node_id": node_id, "last_seen": self.clock()})
+
+    def _task_view(self, task_row: Any, lease_row: Any) -> Task:
+        """The wire Task from a task's and a lease's columns (rows, or namespaces of just-inserted values)."""
+        prompts = [Prompt(**prompt) for prompt in json.loads(task_row.prompts_json)]
+        return Task(
+            task_id=task_row.task_id,
+            lease_id=lease_row.lease_id,
+            task_name=task_row.task_name,
+            prompts=prompts,
+            group_size=lease_row.group_size,
+            sampling=SamplingParams(**json.loads(lease_row.sampling_json)),
+            policy_version=lease_row.policy_version,
+            sampling_seed=lease_row.sampling_seed,
+            deadline=lease_row.deadline,
+        )
+
+    def _expire_overdue(self, conn: Connection, now: float) -> int:
+        overdue = conn.execute(
+            select(leases.c.lease_id, leases.c.task_id, leases.c.node_id).where(
+                leases.c.state == "active", leases.c.deadline < now
+            )
+        ).all()
+        num_expired = 0
+        for lease_id, task_id, node_id in overdue:
+            if self._end_lease(conn, lease_id, task_id, "expired"):
+                self._event(conn, "expire", node_id, lease_id, task_id=task_id, reason="deadline passed")
+                num_expired += 1
+        return num_expired
+
+    def _end_lease(self, conn: Connection, lease_id: str, task_id: str, state: str) -> bool:
+        """End an active lease and re-queue its task; False when it was no longer active.
+
+        The ``state = 'active'`` condition matters on PostgreSQL: two transactions may both have
+        seen the lease overdue; the second one's UPDATE waits for the first and then matches
+        nothing, so it cannot re-open a task that was meanwhile leased to someone else.
+        """
+        ended = conn.execute(
+            update(leases).where(leases.c.lease_id == lease_id, leases.c.state == "active").values(state=state)
+        )
+        if ended.rowcount != 1:
+            return False
+        conn.execute(update(tasks).where(tasks.c.task_id == task_id, tasks.c.state == "leased").values(state="open"))
+        return True
+
+    # ---- nodes ---------------------------------------------------------------------------------
+
+    def register(
+        self, node_id: str, ip: str, request: RegisterRequest, nonce: NonceClaim | None = None
+    ) -> RegisterResponse:
+        approved = request.role == "worker" or self.trust.validators_open or node_id in self.trust.approved_validators
+        if not approved:
+            raise ForbiddenError(
+                f"validator {node_id} is not approved: ask the operator to add it to trust.approved_validators"
+            )
+        now = self.clock()
+        values = {
+            "role": request.role,
+            "approved": approved,
+            "last_seen": now,
+            "ip": ip,
+            "hardware_json": request.hardware.model_dump_json(),
+            "engine": request.engine,
+            "software_version": request.software_version,
+        }
+        with self._write(nonce) as conn:
+            row = conn.execute(NODE_ROW, {"b_node_id": node_id}).first()
+            if row is not None and row.banned:
+                raise ForbiddenError(f"node {node_id} is banned: {row.ban_reason}")
+            if row is None:
+                new_node = {"versions_held_json": "[]", "tokens_per_s": 0.0, "num_accepted": 0, "num_rejected": 0}
+                new_node |= {"node_id": node_id, "registered_at": now, "banned": False, **values}
+                conn.execute(_INSERT_NODE, new_node)
+            else:
+                conn.execute(UPDATE_NODE, {"b_node_id": node_id, **values})
+            self._event(conn, "register", node_id, node_id, role=request.role, ip=ip, new=row is None)
+            current = self._run(conn).current_policy_version
+        return RegisterResponse(node_id=node_id, role=request.role, approved=approved, current_policy_version=current)
+
+    def heartbeat(self, node_id: str, request: HeartbeatRequest, nonce: NonceClaim | None = None) -> HeartbeatResponse:
+        with self._write(nonce, durable=False) as conn:  # liveness is soft state
+            self._node(conn, node_id, None)
+            values: dict[str, Any] = {
+                "b_node_id": node_id,
+                "last_seen": self.clock(),
+                "versions_held_json": _dumps(request.policy_versions_held),
+                "tokens_per_s": request.tokens_per_s,
+            }
+            if request.engine is not None:
+                values["engine"] = request.engine
+            if request.hardware is not None:
+                values["hardware_json"] = request.hardware.model_dump_json()
+            conn.execute(UPDATE_NODE, values)
+            current = self._run(conn).current_policy_version
+        return HeartbeatResponse(current_policy_version=current, heartbeat_interval_s=HEARTBEAT_INTERVAL_S)
+
+    # ---- leases --------------------------------------------------------------------------------
+
+    def lease(self, node_id: str, request: LeaseRequest, nonce: NonceClaim | None = None) -> LeaseResponse:
+        now = self.clock()
+        with self._write(nonce) as conn:
+            # One lease call per node at a time (its cap holds); different nodes do not wait for each other.
+            node = self._node(conn, node_id, "worker", lock=True)
+            run = self._run(conn)
+            if now >= self._next_expiry_check:  # at most once a second per process; maintenance does it too
+                self._expire_overdue(conn, now)
+                self._next_expiry_check = now + 1.0
+            held = conn.execute(_ACTIVE_LEASES_OF_NODE, {"b_node_id": node_id}).scalar_one()
+            open_total = conn.execute(_ACTIVE_LEASES).scalar_one()
+            source = self.sources.source_of(node_id, node.ip)
+            trusted = self.sources.is_allowed(node.ip)
+            probation = not trusted and on_probation(self.probation, node.num_accepted, node.num_rejected)
+            count = grant_count(
+                request.max_tasks,
+                held,
+                self._node_cap(node, trusted),
+                open_total,
+                self.scheduling.max_open_leases,
+                self._num_live_sources(conn, now),
+                held if trusted else conn.execute(_ACTIVE_LEASES_OF_SOURCE, {"b_source": source}).scalar_one(),
+                self._probation_room(conn, source) if probation else None,
+            )
+            room = self._lease_room(conn, run.current_policy_version)
+            if room is not None:
+                count = min(count, room)
+            self._touch(conn, node_id)
+            if count == 0:
+                return LeaseResponse(tasks=[], retry_after_s=RETRY_EMPTY_S)
+            task_rows: list[Any] = list(conn.execute(_OPEN_TASKS, {"b_limit": count}).all())
+            task_rows += self._new_tasks(conn, count - len(task_rows), now)
+            if not task_rows:
+                return LeaseResponse(tasks=[], retry_after_s=RETRY_EMPTY_S)
+            version = choose_policy_version(
+                run.current_policy_version, self.scheduling.async_level, request.policy_versions_held
+            )
+            sampling = SamplingParams(temperature=self.scheduling.temperature, max_tokens=self.scheduling.max_tokens)
+            leased = [self._issue(conn, node_id, row, version, sampling, now, source, probation) for row in task_rows]
+        return LeaseResponse(tasks=leased, retry_after_s=0.0)
+
+    def _lease_room(self, conn: Connection, current_version: int) -> int | None:
+        """Leases still allowed by :func:`coordinator.ledger.scheduling.lease_room` (None: no orchestrator, no limit).
+
+        On PostgreSQL, concurrent lease calls may each see the same room, so the bound is
+        approximate by at most the number of concurrent calls (as the network-wide cap is)."""
+        orchestrator = self.config.orchestrator
+        if not orchestrator.enabled:
+            return None
+        k = self.scheduling.async_level
+        oldest = oldest_allowed_version(current_version, k)
+        leased = conn.execute(
+            select(func.count()).where(leases.c.state == "active", leases.c.policy_version >= oldest)
+        ).scalar_one()
+        waiting = select(func.count()).where(
+            submissions.c.status.in_(("pending", "accepted")), submissions.c.policy_version >= oldest
+        )
+        if k > 0:  # with k = 0 a step's groups count until the next version is out
+            waiting = waiting.where(submissions.c.submission_id.not_in(select(step_submissions.c.submission_id)))
+        return lease_room(k, orchestrator.groups_per_step, leased + conn.execute(waiting).scalar_one())
+
+    def _node_cap(self, node: Row[Any], trusted: bool) -> int:
+        """Open leases the node may hold: the per-node limit when allow-listed, else what it has earned."""
+        if trusted:
+            return self.scheduling.max_leases_per_node
+        return lease_allowance(self.probation, node.num_accepted, node.num_rejected)
+
+    def _probation_room(self, conn: Connection, source: str) -> int:
+        """What is left of the source's probation budget: its probationary open leases and pending submissions."""
+        params = {"b_source": source}
+        unverified = conn.execute(_PROBATION_LEASES_OF_SOURCE, params).scalar_one()
+        unverified += conn.execute(_PROBATION_PENDING_OF_SOURCE, params).scalar_one()
+        return int(self.config.sources.probation_budget - unverified)
+
+    def _num_live_sources(self, conn: Connection, now: float) -> int:
+        """Sources with a live worker, counted at most once a second (the fair share needs a rough figure, fast)."""
+        counted_at, count = self._live_sources
+        if now - counted_at >= 1.0 or now < counted_at:
+            live = conn.execute(_LIVE_WORKERS, {"b_live_after": now - self._live_s}).all()
+            count = len({self.sources.source_of(node_id, ip) for node_id, ip in live})
+            self._live_sources = (now, count)
+        return count
+
+    def _next_group_index(self, conn: Connection) -> int:
+        """The next prompt group to draw from the source.
+
+        SQLite serializes writers, so a counter in run_state is enough. PostgreSQL uses a sequence
+        (no row lock held until commit, so concurrent leases do not queue behind each other); an
+        index drawn by a transaction that then rolls back is skipped, never reused.
+        """
+        if self.db.is_sqlite:
+            index = int(self._run(conn).next_group_index)
+            conn.execute(_SET_NEXT_GROUP_INDEX, {"b_next_group_index": index + 1})
+            return index
+        return int(conn.exec_driver_sql("SELECT nextval('group_index_seq')").scalar_one())
+
+    def _new_tasks(self, conn: Connection, count: int, now: float) -> list[Any]:
+        created: list[Any] = []
+        for _ in range(max(0, count)):
+            next_index = self._next_group_index(conn)
+            group = self.prompts.prompt_group(next_index, self.scheduling.prompts_per_task)
+            if not group:
+                break
+            prompts = [
+                {
+                    "prompt_index": index,
+                    "token_ids": list(prompt.token_ids),
+                    "text": prompt.text,
+                    "example_index": prompt.example_index,
+                }
+                for index, prompt in enumerate(group)
+            ]
+            values = {
+                "task_id": f"t{next_index}",
+                "group_index": next_index,
+                "task_name": self.prompts.name,
+                "prompts_json": _dumps(prompts),
+                "state": "open",
+                "num_leases": 0,
+                "created_at": now,
+            }
+            conn.execute(_INSERT_TASK, values)
+            created.append(SimpleNamespace(**values))
+        return created
+
+    def _issue(
+        self,
+        conn: Connection,
+        node_id: str,
+        task_row: Any,
+        version: int,
+        sampling: SamplingParams,
+        now: float,
+        source: str,
+        probation: bool,
+    ) -> Task:
+        lease_id = f"l-{secrets.token_hex(12)}"
+        seed = sampling_seed(self._secret, task_row.task_name, task_row.group_index)
+        values = {
+            "lease_id": lease_id,
+            "task_id": task_row.task_id,
+            "node_id": node_id,
+            "policy_version": version,
+            "sampling_seed": seed,
+            "group_size": self.scheduling.group_size,
+            "sampling_json": sampling.model_dump_json(),
+            "issued_at": now,
+            "deadline": now + self.scheduling.lease_ttl_s,
+            "state": "active",
+            "source": source,
+            "probation": probation,
+        }
+        conn.execute(_INSERT_LEASE, values)
+        conn.execute(_MARK_TASK_LEASED, {"b_task_id": task_row.task_id})
+        self._event(conn, "lease", node_id, lease_id, task_id=task_row.task_id, policy_version=version)
+        return self._task_view(task_row, SimpleNamespace(**values))
+
+    @staticmethod
+    def _lease_row(conn: Connection, lease_id: str) -> Row[Any]:
+        """The lease's row, locked, or a 404."""
+        row = conn.execute(_LEASE_ROW_LOCKED, {"b_lease_id": lease_id}).first()
+        if row is None:
+            raise NotFoundError(f"no lease {lease_id!r}; lease a task first")
+        return row
+
+    def _own_lease(self, conn: Connection, node_id: str, lease_id: str) -> Row[Any]:
+        row = self._lease_row(conn, lease_id)
+        if row.node_id != node_id:
+            raise ForbiddenError(f"lease {lease_id} belongs to another node")
+        return row
+
+    def renew(self, node_id: str, lease_id: str, nonce: NonceClaim | None = None) -> LeaseState:
+        now = self.clock()
+        with self._write(nonce) as conn:
+            self._node(conn, node_id, "worker")
+            row = self._own_lease(conn, node_id, lease_id)
+            if row.state != "active" or row.deadline < now:
+                raise ConflictError(
+                    f"lease {lease_id} is {'expired' if row.state == 'active' else row.state} and cannot be renewed"
+                )
+            deadline = now + self.scheduling.lease_ttl_s
+            conn.execute(update(leases).where(leases.c.lease_id == lease_id).values(deadline=deadline))
+            self._event(conn, "renew", node_id, lease_id, deadline=deadline)
+        return LeaseState(lease_id=lease_id, task_id=row.task_id, state="active", deadline=deadline)
+
+    def abandon(self, node_id: str, lease_id: str, nonce: NonceClaim | None = None) -> LeaseState:
+        with self._write(nonce) as conn:
+            self._node(conn, node_id, "worker")
+            row = self._own_lease(conn, node_id, lease_id)
+            if row.state == "active":
+                self._end_lease(conn, lease_id, row.task_id, "abandoned")
+                self._event(conn, "abandon", node_id, lease_id, task_id=row.task_id)
+                state = "abandoned"
+            elif row.state == "abandoned":
+                state = "abandoned"
+            else:
+                raise ConflictError(f"lease {lease_id} is {row.state}; only an active lease can be abandoned")
+        return LeaseState(lease_id=lease_id, task_id=row.task_id, state=state, deadline=row.deadline)
+
+    def expire_overdue(self) -> int:
+        """Re-queue the tasks of leases whose deadline passed (the background maintenance calls this)."""
+        with self.db.write() as conn:
+            return self._expire_overdue(conn, self.clock())

@@ -1,0 +1,176 @@
+"""Versioned schema migrations: an upgraded coordinator opens a ledger written by an older one.
+
+The schema's version is the highest row of ``schema_version``. :func:`migrate` applies every
+later step in order, each in its own transaction with its version row, so a crash between
+steps leaves a database at a consistent version that the next start carries on from. Steps
+are plain DDL, written once and never edited (a change is a new step); ``{id}``, ``{float}``
+and ``{bool}`` stand for the dialect's spelling. A database newer than this code is refused
+rather than misread.
+
+- v1: run state, nodes, tasks, leases, submissions, accepted groups, policy versions, events.
+- v2: the durable replay cache (``nonces``), lease expiry index, and triggers that make
+  ``events`` append-only.
+- v3: PostgreSQL only: a sequence for prompt-group indices (carried on from run_state), so
+  concurrent leases need no run-wide row lock. Nothing changes on SQLite.
+- v4: ``verdict_votes``: each validator's verdict on a submission, kept apart so that
+  ``validation.validators_per_submission`` of them must agree before the submission is decided.
+- v5: the orchestrator's training steps (``train_steps``) and which accepted submission went
+  into which step (``step_submissions``, keyed by submission so none is used twice).
+- v6: each lease records the source it counts against and whether its node was on probation
+  (``leases.source``, ``leases.probation``), so per-source fair share and probation budgets are
+  index counts (:mod:`coordinator.ledger.sources`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+from sqlalchemy import Connection, inspect, select
+
+from coordinator.ledger.storage.engine import Database
+from coordinator.ledger.storage.tables import schema_version
+from protocol.errors import ConfigError
+
+_V1 = [
+    "CREATE TABLE schema_version (version INTEGER PRIMARY KEY, applied_at {float} NOT NULL)",
+    """CREATE TABLE run_state (
+        id INTEGER PRIMARY KEY, run_name TEXT NOT NULL, secret_hex TEXT NOT NULL,
+        current_policy_version INTEGER NOT NULL, next_group_index BIGINT NOT NULL, created_at {float} NOT NULL)""",
+    """CREATE TABLE nodes (
+        node_id TEXT PRIMARY KEY, role TEXT NOT NULL, approved {bool} NOT NULL, registered_at {float} NOT NULL,
+        last_seen {float} NOT NULL, ip TEXT NOT NULL, hardware_json TEXT NOT NULL, engine TEXT,
+        software_version TEXT NOT NULL, versions_held_json TEXT NOT NULL, tokens_per_s {float} NOT NULL,
+        num_accepted INTEGER NOT NULL, num_rejected INTEGER NOT NULL, banned {bool} NOT NULL, ban_reason TEXT)""",
+    """CREATE TABLE tasks (
+        task_id TEXT PRIMARY KEY, group_index BIGINT NOT NULL UNIQUE, task_name TEXT NOT NULL,
+        prompts_json TEXT NOT NULL, state TEXT NOT NULL, num_leases INTEGER NOT NULL, created_at {float} NOT NULL)""",
+    "CREATE INDEX tasks_state ON tasks (state, group_index)",
+    """CREATE TABLE leases (
+        lease_id TEXT PRIMARY KEY, task_id TEXT NOT NULL REFERENCES tasks (task_id), node_id TEXT NOT NULL,
+        policy_version INTEGER NOT NULL, sampling_seed BIGINT NOT NULL, group_size INTEGER NOT NULL,
+        sampling_json TEXT NOT NULL, issued_at {float} NOT NULL, deadline {float} NOT NULL, state TEXT NOT NULL)""",
+    "CREATE INDEX leases_node ON leases (node_id, state)",
+    """CREATE TABLE submissions (
+        submission_id TEXT PRIMARY KEY, lease_id TEXT NOT NULL UNIQUE REFERENCES leases (lease_id),
+        task_id TEXT NOT NULL REFERENCES tasks (task_id), node_id TEXT NOT NULL, policy_version INTEGER NOT NULL,
+        body_sha256 TEXT NOT NULL, body_json TEXT NOT NULL, worker_signature TEXT NOT NULL,
+        submitted_at {float} NOT NULL, status TEXT NOT NULL, verdict_by TEXT, verdict_at {float}, verdict_json TEXT)""",
+    "CREATE INDEX submissions_status ON submissions (status, submitted_at)",
+    """CREATE TABLE accepted_groups (
+        task_id TEXT PRIMARY KEY REFERENCES tasks (task_id),
+        submission_id TEXT NOT NULL REFERENCES submissions (submission_id), accepted_at {float} NOT NULL)""",
+    """CREATE TABLE policy_versions (
+        version INTEGER PRIMARY KEY, manifest_json TEXT NOT NULL, signer TEXT NOT NULL, signature TEXT NOT NULL,
+        published_at {float} NOT NULL)""",
+    """CREATE TABLE events (
+        event_id {id}, at {float} NOT NULL, kind TEXT NOT NULL, node_id TEXT, subject TEXT,
+        data_json TEXT NOT NULL)""",
+]
+
+_V2_COMMON = [
+    """CREATE TABLE nonces (
+        node_id TEXT NOT NULL, nonce TEXT NOT NULL, expires_at {float} NOT NULL, PRIMARY KEY (node_id, nonce))""",
+    "CREATE INDEX nonces_expiry ON nonces (expires_at)",
+    "CREATE INDEX leases_expiry ON leases (state, deadline)",
+]
+_V2_SQLITE = [
+    "CREATE TRIGGER events_no_update BEFORE UPDATE ON events BEGIN SELECT RAISE(ABORT, 'events are append-only'); END",
+    "CREATE TRIGGER events_no_delete BEFORE DELETE ON events BEGIN SELECT RAISE(ABORT, 'events are append-only'); END",
+]
+_V2_POSTGRESQL = [
+    """CREATE FUNCTION events_append_only() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN RAISE EXCEPTION 'events are append-only'; END $$""",
+    "CREATE TRIGGER events_no_change BEFORE UPDATE OR DELETE ON events "
+    "FOR EACH ROW EXECUTE FUNCTION events_append_only()",
+]
+
+_V3_POSTGRESQL = [
+    "CREATE SEQUENCE group_index_seq MINVALUE 0 START 0",
+    "SELECT setval('group_index_seq', COALESCE((SELECT next_group_index FROM run_state WHERE id = 1), 0), false)",
+]
+
+_V4 = [
+    """CREATE TABLE verdict_votes (
+        submission_id TEXT NOT NULL REFERENCES submissions (submission_id), validator_id TEXT NOT NULL,
+        accepted {bool} NOT NULL, verdict_json TEXT NOT NULL, posted_at {float} NOT NULL,
+        PRIMARY KEY (submission_id, validator_id))""",
+    "CREATE INDEX verdict_votes_validator ON verdict_votes (validator_id, submission_id)",
+]
+
+_V5 = [
+    """CREATE TABLE train_steps (
+        step INTEGER PRIMARY KEY, state TEXT NOT NULL, min_policy_version INTEGER NOT NULL,
+        recorded_at {float} NOT NULL, trained_at {float}, published_at {float}, metrics_json TEXT)""",
+    """CREATE TABLE step_submissions (
+        submission_id TEXT PRIMARY KEY REFERENCES submissions (submission_id),
+        step INTEGER NOT NULL REFERENCES train_steps (step), position INTEGER NOT NULL)""",
+    "CREATE INDEX step_submissions_step ON step_submissions (step, position)",
+]
+
+_V6 = [
+    "ALTER TABLE leases ADD COLUMN source TEXT NOT NULL DEFAULT ''",
+    "ALTER TABLE leases ADD COLUMN probation {bool} NOT NULL DEFAULT FALSE",
+    "CREATE INDEX leases_source ON leases (source, state)",
+]
+
+_SPELLING = {
+    "sqlite": {"id": "INTEGER PRIMARY KEY AUTOINCREMENT", "float": "REAL", "bool": "BOOLEAN"},
+    "postgresql": {"id": "BIGSERIAL PRIMARY KEY", "float": "DOUBLE PRECISION", "bool": "BOOLEAN"},
+}
+
+
+def steps(dialect: str) -> list[Sequence[str]]:
+    """The DDL of every migration step for ``dialect``; step i brings the schema to version i + 1."""
+    v2_specific = _V2_SQLITE if dialect == "sqlite" else _V2_POSTGRESQL
+    v3 = [] if dialect == "sqlite" else _V3_POSTGRESQL
+    spelling = _SPELLING[dialect]
+    all_steps = (_V1, _V2_COMMON + v2_specific, v3, _V4, _V5, _V6)
+    return [[statement.format(**spelling) for statement in step] for step in all_steps]
+
+
+LATEST_VERSION = 6
+
+
+def events_guard(dialect: str) -> tuple[list[str], list[str]]:
+    """The DDL that lifts, and the DDL that restores, the guard against deleting events (v2).
+
+    Only the ledger archive uses it, both halves in the one transaction that deletes the events it
+    has just written to an archive file, so no other transaction ever sees the guard missing.
+    """
+    if dialect == "sqlite":
+        return ["DROP TRIGGER events_no_delete"], [_V2_SQLITE[1]]
+    return ["DROP TRIGGER events_no_change ON events"], [_V2_POSTGRESQL[1]]
+
+
+_MIGRATION_LOCK_ID = 7_253_001
+
+
+def current_version(conn: Connection) -> int:
+    """The schema version of the connected database (0 when empty)."""
+    if not inspect(conn).has_table("schema_version"):
+        return 0
+    found = conn.execute(select(schema_version.c.version).order_by(schema_version.c.version.desc())).first()
+    return int(found[0]) if found else 0
+
+
+def migrate(database: Database, target: int = LATEST_VERSION) -> int:
+    """Bring the database up to ``target``; return the version it was at before."""
+    dialect = database.engine.dialect.name
+    with database.write() as conn:
+        before = current_version(conn)
+    if before > LATEST_VERSION:
+        raise ConfigError(
+            f"the ledger at {database.engine.url.render_as_string(hide_password=True)} has schema version "
+            f"{before}, newer than this coordinator understands ({LATEST_VERSION}); upgrade prime-network"
+        )
+    for version in range(before + 1, target + 1):
+        with database.write() as conn:
+            if dialect == "postgresql":  # replicas starting together migrate one at a time
+                conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({_MIGRATION_LOCK_ID})")
+            if current_version(conn) >= version:  # another replica got there first
+                continue
+            for statement in steps(dialect)[version - 1]:
+                conn.exec_driver_sql(statement)
+            conn.execute(schema_version.insert().values(version=version, applied_at=time.time()))
+    return before

@@ -1,0 +1,300 @@
+"""The validators' side of the ledger: what each one must audit, and turning their verdicts into decisions.
+
+:class:`ValidationLedger` lists pending submissions to a validator (never one it already
+judged), each with the samples it must re-check (:mod:`coordinator.ledger.audit_choice`), and
+records each validator's verdict as a vote of its own (table ``verdict_votes``). When
+``validation.validators_per_submission`` votes agree (:mod:`coordinator.ledger.quorum`), the
+submission is decided in the same transaction: accepted groups enter ``accepted_groups`` (what
+training batches are built from) with the agreeing validators' rewards; rejected ones re-open
+their task and count against the worker's reputation, which may ban it. Nothing about the
+worker or the accepted set changes before the decision. A vote locks the submission's row, so
+concurrent validators (and API replicas) decide each submission exactly once. Stored rows are
+read defensively: a vote or submission body that no longer parses (written before the wire
+schema refused NaN, say) never fails a later request; see :meth:`ValidationLedger._votes`
+and :meth:`ValidationLedger.pending`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from typing import Any
+
+from pydantic import ValidationError
+from sqlalchemy import Connection, Row, exists, insert, select, update
+
+from coordinator.ledger.audit_choice import audit_sample_indices
+from coordinator.ledger.leasing import LeasingLedger
+from coordinator.ledger.quorum import Decision, Vote, decide
+from coordinator.ledger.replay import NonceClaim
+from coordinator.ledger.reputation import ban_reason
+from coordinator.ledger.storage.tables import accepted_groups, leases, nodes, submissions, tasks, verdict_votes
+from protocol.errors import ConflictError, NotFoundError, PrimeError, ProtocolError, ReplayedNonceError
+from protocol.schemas import PendingSubmission, PendingSubmissions, SubmitRequest, Verdict, VerdictResponse
+
+log = logging.getLogger("coordinator.ledger.validation")
+UNREADABLE_SUBMISSION = "ledger: the stored submission no longer passes the wire schema; the task is re-issued"
+
+
+class Violation(Exception):  # noqa: N818 - carries a refusal, is not an error of its own
+    """A refused submission that no honest worker makes (its lease is another node's, its task or policy
+    version is not the lease's, it changes an earlier submission of the lease, its rollouts do not fit the
+    task): the refusal goes back to the worker and counts against its reputation like a rejection.
+
+    Also counted: the claims the ledger checks without a model (:func:`coordinator.ledger.scheduling.rollout_problems`:
+    an empty completion, a logprob above 0, a token id outside the policy's vocabulary).
+
+    Not counted: bad or replayed request signatures (anyone can send those in another node's name),
+    stale policies and expired leases (honest races), and bodies that fail the schema (400 before the
+    ledger; also what a worker of another software version may send).
+    """
+
+    def __init__(self, refusal: PrimeError) -> None:
+        super().__init__(refusal.message)
+        self.refusal = refusal
+
+
+def check_verdict_rewards(verdict: Verdict, num_rollouts: int) -> None:
+    """ProtocolError unless the verdict's rewards (and each named reward) are finite, one per rollout."""
+    series = {"rewards": verdict.rewards, **{f"reward {name!r}": v for name, v in verdict.reward_components.items()}}
+    for label, values in series.items():
+        if values and len(values) != num_rollouts:
+            raise ProtocolError(f"{len(values)} {label} values for {num_rollouts} rollouts")
+        if not all(math.isfinite(value) for value in values):
+            raise ProtocolError(f"{label}: every value must be a finite number")
+    if verdict.reward_components and not verdict.rewards:
+        raise ProtocolError("named rewards without their weighted total (rewards)")
+
+
+def vote_of(validator_id: str, verdict: Verdict) -> Vote:
+    components = tuple((name, tuple(values)) for name, values in sorted(verdict.reward_components.items()))
+    return Vote(
+        validator_id, verdict.accepted, tuple(verdict.rewards), tuple(verdict.reasons), reward_components=components
+    )
+
+
+class ValidationLedger(LeasingLedger):
+    """Pending lists and verdicts over the ledger's database (see the module docstring)."""
+
+    def audit_indices(self, submission_id: str, num_rollouts: int) -> list[int]:
+        """The rollout positions of a submission that validators must re-check (deterministic per run)."""
+        return audit_sample_indices(self._secret, submission_id, num_rollouts, self.config.validation.audit_fraction)
+
+    def pending(self, validator_id: str, limit: int, nonce: NonceClaim | None = None) -> PendingSubmissions:
+        with self._write(nonce) as conn:
+            self._node(conn, validator_id, "validator")
+            self._touch(conn, validator_id)
+        judged = exists().where(
+            verdict_votes.c.submission_id == submissions.c.submission_id, verdict_votes.c.validator_id == validator_id
+        )
+        with self.db.read() as conn:
+            rows = conn.execute(
+                select(submissions)
+                .where(submissions.c.status == "pending", ~judged)
+                .order_by(submissions.c.submitted_at)
+                .limit(limit)
+            ).all()
+            found = []
+            unreadable = []
+            for row in rows:
+                try:
+                    submission = SubmitRequest.model_validate_json(row.body_json)
+                except ValidationError:
+                    unreadable.append(row.submission_id)
+                    continue
+                found.append(
+                    PendingSubmission(
+                        submission_id=row.submission_id,
+                        worker_id=row.node_id,
+                        task=self._task_view(
+                            conn.execute(select(tasks).where(tasks.c.task_id == row.task_id)).one(),
+                            conn.execute(select(leases).where(leases.c.lease_id == row.lease_id)).one(),
+                        ),
+                        submission=submission,
+                        submitted_at=row.submitted_at,
+                        worker_signature_b64=row.worker_signature,
+                        audit_sample_indices=self.audit_indices(row.submission_id, len(submission.rollouts)),
+                    )
+                )
+        for submission_id in unreadable:
+            self._reject_unreadable(submission_id)
+        return PendingSubmissions(submissions=found)
+
+    def _reject_unreadable(self, submission_id: str) -> None:
+        """Reject a pending submission whose stored body fails today's schema (stored by an older ledger), so it
+        neither fails every validator's pending list nor stays pending for good; not counted against the worker,
+        whose submission passed the checks of its day."""
+        log.warning("submission %s: %s", submission_id, UNREADABLE_SUBMISSION)
+        with self._write(None) as conn:
+            sub = conn.execute(
+                select(submissions).where(submissions.c.submission_id == submission_id).with_for_update()
+            ).first()
+            if sub is None or sub.status != "pending":
+                return
+            final = Verdict(submission_id=submission_id, accepted=False, reasons=[UNREADABLE_SUBMISSION])
+            values = {"status": "rejected", "verdict_at": self.clock(), "verdict_json": final.model_dump_json()}
+            conn.execute(update(submissions).where(submissions.c.submission_id == submission_id).values(**values))
+            conn.execute(update(tasks).where(tasks.c.task_id == sub.task_id).values(state="open"))
+            self._event(
+                conn,
+                "verdict",
+                None,
+                submission_id,
+                accepted=False,
+                worker_id=sub.node_id,
+                task_id=sub.task_id,
+                reasons=final.reasons,
+                rewards=[],
+                validators=[],
+            )
+
+    def post_verdict(self, validator_id: str, verdict: Verdict, nonce: NonceClaim | None = None) -> VerdictResponse:
+        now = self.clock()
+        with self._write(nonce) as conn:
+            self._node(conn, validator_id, "validator")
+            sub = conn.execute(
+                select(submissions).where(submissions.c.submission_id == verdict.submission_id).with_for_update()
+            ).first()
+            if sub is None:
+                raise NotFoundError(f"no submission {verdict.submission_id!r}")
+            num_rollouts = len(json.loads(sub.body_json)["rollouts"])
+            check_verdict_rewards(verdict, num_rollouts)
+            worker = conn.execute(select(nodes).where(nodes.c.node_id == sub.node_id).with_for_update()).one()
+            votes = self._votes(conn, sub.submission_id)
+            earlier = next((vote for vote in votes if vote.validator_id == validator_id), None)
+            if earlier is not None:  # the same validator again: idempotent, never a second vote
+                said = "accepted" if earlier.accepted else "rejected"
+                if earlier.accepted != verdict.accepted:
+                    raise ConflictError(
+                        f"submission {sub.submission_id} was already {said} in this validator's earlier verdict; "
+                        "a vote cannot be changed"
+                    )
+                return VerdictResponse(submission_id=sub.submission_id, status=sub.status, worker_banned=worker.banned)
+            if sub.status != "pending":  # decided before this vote arrived: it changes nothing
+                return VerdictResponse(submission_id=sub.submission_id, status=sub.status, worker_banned=worker.banned)
+            conn.execute(
+                insert(verdict_votes).values(
+                    submission_id=sub.submission_id,
+                    validator_id=validator_id,
+                    accepted=verdict.accepted,
+                    verdict_json=verdict.model_dump_json(),
+                    posted_at=now,
+                )
+            )
+            self._event(
+                conn,
+                "vote",
+                validator_id,
+                sub.submission_id,
+                accepted=verdict.accepted,
+                worker_id=sub.node_id,
+                reasons=verdict.reasons,
+                rewards=verdict.rewards,
+            )
+            self._touch(conn, validator_id)
+            new_vote = vote_of(validator_id, verdict)
+            decision = decide([*votes, new_vote], self.config.validation.validators_per_submission)
+            if decision is None:
+                return VerdictResponse(submission_id=sub.submission_id, status="pending", worker_banned=worker.banned)
+            banned = self._decide(conn, sub, worker, decision, validator_id, now)
+        status = "accepted" if decision.accepted else "rejected"
+        return VerdictResponse(submission_id=sub.submission_id, status=status, worker_banned=banned)
+
+    def record_violation(self, node_id: str, reason: str, nonce: NonceClaim | None) -> None:
+        """Count a refused cheat against the node (it may ban it), once per signed request (nonce)."""
+        try:
+            with self._write(nonce) as conn:
+                worker = conn.execute(select(nodes).where(nodes.c.node_id == node_id).with_for_update()).one()
+                if worker.banned:
+                    return
+                self._event(conn, "violation", node_id, node_id, reason=reason)
+                self._count_rejection(conn, worker, [f"refused at the door: {reason}"])
+        except ReplayedNonceError:  # the same signed request again: counted already
+            return
+
+    def _count_rejection(self, conn: Connection, worker: Row[Any], reasons: list[str]) -> bool:
+        """One more rejection for the worker; bans it at the policy's count. True when it is (now) banned."""
+        banned = bool(worker.banned)
+        reason = ban_reason(self.ban_policy, worker.num_accepted, worker.num_rejected + 1, reasons)
+        values: dict[str, Any] = {"num_rejected": worker.num_rejected + 1}
+        if reason and not banned:
+            values.update(banned=True, ban_reason=reason)
+            banned = True
+        conn.execute(update(nodes).where(nodes.c.node_id == worker.node_id).values(**values))
+        if values.get("banned"):
+            self._ban_cleanup(conn, worker.node_id)
+            self._event(conn, "ban", worker.node_id, worker.node_id, reason=reason)
+        return banned
+
+    @staticmethod
+    def _votes(conn: Connection, submission_id: str) -> list[Vote]:
+        """The submission's votes, oldest first. A stored verdict that no longer parses (rewards of NaN, stored
+        as null before the schema refused them) still counts as its validator's vote, with the accept flag of
+        its row: a rejection stays a rejection; an acceptance keeps no rewards, so it agrees with no other
+        (as its NaN rewards never did) and the submission is decided by the other validators' votes."""
+        rows = conn.execute(
+            select(verdict_votes)
+            .where(verdict_votes.c.submission_id == submission_id)
+            .order_by(verdict_votes.c.posted_at, verdict_votes.c.validator_id)
+        ).all()
+        votes = []
+        for row in rows:
+            try:
+                verdict = Verdict.model_validate_json(row.verdict_json)
+            except ValidationError:
+                reason = "ledger: this validator's stored verdict is unreadable"
+                votes.append(Vote(row.validator_id, bool(row.accepted), (), (reason,), readable=False))
+                continue
+            votes.append(vote_of(row.validator_id, verdict))
+        return votes
+
+    def _decide(
+        self, conn: Connection, sub: Row[Any], worker: Row[Any], decision: Decision, validator_id: str, now: float
+    ) -> bool:
+        """Apply the final decision on a submission; True when its worker is (now) banned."""
+        final = Verdict(
+            submission_id=sub.submission_id,
+            accepted=decision.accepted,
+            reasons=decision.reasons[:64],
+            rewards=decision.rewards,
+            reward_components=decision.reward_components,
+        )
+        status = "accepted" if decision.accepted else "rejected"
+        conn.execute(
+            update(submissions)
+            .where(submissions.c.submission_id == sub.submission_id)
+            .values(status=status, verdict_by=validator_id, verdict_at=now, verdict_json=final.model_dump_json())
+        )
+        banned = bool(worker.banned)
+        if decision.accepted:
+            conn.execute(
+                insert(accepted_groups).values(task_id=sub.task_id, submission_id=sub.submission_id, accepted_at=now)
+            )
+            conn.execute(update(tasks).where(tasks.c.task_id == sub.task_id).values(state="accepted"))
+            conn.execute(
+                update(nodes).where(nodes.c.node_id == sub.node_id).values(num_accepted=nodes.c.num_accepted + 1)
+            )
+        else:
+            conn.execute(update(tasks).where(tasks.c.task_id == sub.task_id).values(state="open"))
+            banned = self._count_rejection(conn, worker, final.reasons)
+        self._event(
+            conn,
+            "verdict",
+            validator_id,
+            sub.submission_id,
+            accepted=decision.accepted,
+            worker_id=sub.node_id,
+            task_id=sub.task_id,
+            reasons=final.reasons,
+            rewards=final.rewards,
+            validators=[vote.validator_id for vote in decision.votes],
+        )
+        return banned
+
+    def _ban_cleanup(self, conn: Connection, node_id: str) -> None:
+        """A banned worker's open leases go back to the queue at once."""
+        for lease_id, task_id in conn.execute(
+            select(leases.c.lease_id, leases.c.task_id).where(leases.c.node_id == node_id, leases.c.state == "active")
+        ).all():
+            self._end_lease(conn, lease_id, task_id, "abandoned")

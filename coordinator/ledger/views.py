@@ -1,0 +1,130 @@
+"""Read-only views of the ledger: run status, node reputation, the event log, policy manifests.
+
+The public, unsigned routes read through these; :class:`coordinator.ledger.ledger.Ledger` (which
+writes) extends this class. Each view is one read transaction (a consistent snapshot).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+from sqlalchemy import Connection, Row, func, select
+
+from coordinator.config import SchedulingConfig
+from coordinator.ledger.batches import named_rewards
+from coordinator.ledger.storage.engine import Database
+from coordinator.ledger.storage.tables import events, nodes, policy_versions, run_state, submissions, tasks, train_steps
+from protocol.errors import NotFoundError
+from protocol.schemas import Event, EventPage, NodeStats, RunStats, RunStatus, SignedManifest
+
+RUN_ROW_ID = 1
+_RUN_ROW = select(run_state).where(run_state.c.id == RUN_ROW_ID)  # built once: nearly every request reads it
+_RUN_ROW_LOCKED = _RUN_ROW.with_for_update()
+
+
+def _no_constant(_name: str) -> None:
+    """NaN and infinities in an event stored by an older ledger read as null (JSON has no such numbers)."""
+    return None
+
+
+class LedgerViews:
+    def __init__(
+        self, database: Database, scheduling: SchedulingConfig, clock: Callable[[], float] = time.time
+    ) -> None:
+        self.db = database
+        self.scheduling = scheduling
+        self.clock = clock
+
+    def _run(self, conn: Connection, lock: bool = False) -> Row[Any]:
+        return conn.execute(_RUN_ROW_LOCKED if lock else _RUN_ROW).one()
+
+    @property
+    def _live_s(self) -> float:
+        return self.scheduling.worker_live_s
+
+    def manifest(self, version: int | None) -> SignedManifest:
+        with self.db.read() as conn:
+            query = select(policy_versions)
+            query = (
+                query.order_by(policy_versions.c.version.desc())
+                if version is None
+                else query.where(policy_versions.c.version == version)
+            )
+            row = conn.execute(query.limit(1)).first()
+        if row is None:
+            raise NotFoundError(f"policy version {'(any)' if version is None else version} has not been published")
+        return SignedManifest.model_validate(
+            {"manifest": json.loads(row.manifest_json), "signer": row.signer, "signature_b64": row.signature}
+        )
+
+    # ---- read-only views -----------------------------------------------------------------------
+
+    def status(self) -> RunStatus:
+        now = self.clock()
+        with self.db.read() as conn:
+            run = self._run(conn)
+            live: dict[str, int] = dict(
+                conn.execute(
+                    select(nodes.c.role, func.count())
+                    .where(nodes.c.last_seen >= now - self._live_s, nodes.c.banned.is_(False))
+                    .group_by(nodes.c.role)
+                ).all()
+            )
+            task_counts: dict[str, int] = dict(
+                conn.execute(select(tasks.c.state, func.count()).group_by(tasks.c.state)).all()
+            )
+            sub_counts: dict[str, int] = dict(
+                conn.execute(select(submissions.c.status, func.count()).group_by(submissions.c.status)).all()
+            )
+            steps_done = conn.execute(select(func.count()).where(train_steps.c.state == "published")).scalar_one()
+            newest_metrics = conn.execute(
+                select(train_steps.c.metrics_json)
+                .where(train_steps.c.metrics_json.is_not(None))
+                .order_by(train_steps.c.step.desc())
+                .limit(1)
+            ).scalar()
+        return RunStatus(
+            run_name=run.run_name,
+            current_policy_version=run.current_policy_version,
+            async_level=self.scheduling.async_level,
+            num_workers_live=live.get("worker", 0),
+            num_validators_live=live.get("validator", 0),
+            num_tasks_open=task_counts.get("open", 0) + task_counts.get("leased", 0),
+            num_submissions_pending=sub_counts.get("pending", 0),
+            num_submissions_accepted=sub_counts.get("accepted", 0),
+            num_submissions_rejected=sub_counts.get("rejected", 0),
+            num_train_steps_done=steps_done,
+            step_rewards=named_rewards(json.loads(newest_metrics) if newest_metrics else {}),
+        )
+
+    def stats(self, limit: int) -> RunStats:
+        with self.db.read() as conn:
+            rows = conn.execute(select(nodes).order_by(nodes.c.last_seen.desc()).limit(limit)).all()
+        fields = [name for name in NodeStats.model_fields if name != "v"]  # all are columns of nodes
+        node_stats = [NodeStats.model_validate({name: row._mapping[name] for name in fields}) for row in rows]
+        return RunStats(status=self.status(), nodes=node_stats)
+
+    def events(self, after: int, limit: int) -> EventPage:
+        with self.db.read() as conn:
+            rows = conn.execute(
+                select(events).where(events.c.event_id > after).order_by(events.c.event_id).limit(limit)
+            ).all()
+        found = [
+            Event(
+                event_id=row.event_id,
+                at=row.at,
+                kind=row.kind,
+                node_id=row.node_id,
+                subject=row.subject,
+                data=json.loads(row.data_json, parse_constant=_no_constant),
+            )
+            for row in rows
+        ]
+        return EventPage(events=found, next_after=found[-1].event_id if found else after)
+
+    def ping(self) -> None:
+        with self.db.read() as conn:
+            conn.execute(select(1))

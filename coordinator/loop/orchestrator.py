@@ -1,0 +1,128 @@
+"""The RL loop of the coordinator: batches in, policies out, one step at a time.
+
+For step s (1-based; step s turns policy v(s-1) into v(s)) the loop:
+
+1. records the batch in the ledger (:meth:`TrainSteps.record_batch`: ``groups_per_step``
+   accepted submissions not used before, made with a policy no older than s - 1 - k), or
+   finds the one recorded before a restart; it waits while too few are accepted;
+2. builds the samples (task prompt tokens, completion tokens, the worker's validated logprobs,
+   the validator's rewards, group advantages) and writes them as the step's batch file for
+   the trainer service (:mod:`trainer.transport`), unless the trainer already finished it;
+3. waits for the trainer's done marker, records the step as trained with its metrics, and
+   publishes ``policies/step_s`` as version s through :func:`coordinator.loop.policies.publish_policy`
+   (origin store, then ledger; idempotent; the origin store is then pruned), records it as
+   published and removes the step files that published steps no longer need
+   (:meth:`TrainDir.prune_published`, keeping ``orchestrator.keep_step_files``).
+
+Generation never waits for this loop: leasing goes on at the current version while the
+trainer works (with k = 0 the ledger caps what is leased, see
+:func:`coordinator.ledger.scheduling.on_policy_room`). Every step's state is in the ledger and the
+run directory, so a restart anywhere in 1-3 resumes at the same step with the same batch.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from coordinator.config import CoordinatorConfig
+from coordinator.ledger.batches import batch_summary, train_samples
+from coordinator.ledger.ledger import Ledger
+from coordinator.loop.policies import publish_policy
+from coordinator.loop.train_steps import StepRecord, TrainSteps, min_policy_version
+from coordinator.processes.trainer_process import TrainerProcess
+from protocol.identity import NodeIdentity
+from runtime.memory import release_free_memory
+from shardcast.store import VersionStore
+from trainer.transport import StepBatch, TrainDir
+
+log = logging.getLogger("coordinator.loop.orchestrator")
+
+T = TypeVar("T")
+
+
+class StoppedError(Exception):
+    """The coordinator is shutting down; the loop returns where it is (the ledger has the state)."""
+
+
+@dataclass
+class Orchestrator:
+    config: CoordinatorConfig
+    ledger: Ledger
+    identity: NodeIdentity
+    store: VersionStore
+    train_dir: TrainDir
+    trainer: TrainerProcess
+    stop: threading.Event
+    tick: Callable[[], None] = lambda: None
+    """Called while waiting (progress lines, child-process checks); may raise to end the run."""
+    steps: TrainSteps = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.steps = TrainSteps(self.ledger)
+
+    def _wait(self, ready: Callable[[], T | None]) -> T:
+        while True:
+            value = ready()
+            if value is not None:
+                return value
+            if not self.trainer.running:
+                value = ready()  # it may have finished its work and exited in between
+                if value is not None:
+                    return value
+                self.trainer.check()
+            self.tick()
+            if self.stop.wait(self.config.orchestrator.poll_interval_s):
+                raise StoppedError
+
+    def run(self) -> list[StepRecord]:
+        """Train and publish the remaining steps; return every step's record."""
+        settings = self.config.orchestrator
+        first = self.steps.num_published() + 1
+        if first > 1:
+            log.info("resuming the RL loop at step %d of %d", first, settings.num_steps)
+            self._retain(first - 1)  # a crash may have come between publishing and pruning
+        for step in range(first, settings.num_steps + 1):
+            self.run_step(step)
+        return self.steps.steps()
+
+    def run_step(self, step: int) -> None:
+        settings = self.config.orchestrator
+        min_version = min_policy_version(step, self.config.scheduling.async_level)
+        waiting_since = time.monotonic()
+        record = self._wait(lambda: self.steps.record_batch(step, settings.groups_per_step, min_version))
+        if record.state == "published":
+            return
+        groups = self.steps.groups(step)
+        summary = batch_summary(groups, trained_version=step - 1)
+        if self.train_dir.read_done(step) is None and not self.train_dir.has_batch(step):
+            samples = train_samples(groups, settings.normalize_std)
+            batch = StepBatch(step, samples, self.config.scheduling.temperature, record.submission_ids)
+            self.train_dir.write_batch(batch)
+            log.info(
+                "step %d: batch of %d groups (%d samples, staleness %.2f) after %.1f s",
+                step,
+                len(groups),
+                len(samples),
+                summary["staleness_mean"],
+                time.monotonic() - waiting_since,
+            )
+        done = self._wait(lambda: self.train_dir.read_done(step))
+        if record.state == "recorded":
+            metrics: dict[str, Any] = {**done, **{f"batch_{k}": v for k, v in summary.items()}}
+            metrics["wait_s"] = time.monotonic() - waiting_since
+            self.steps.mark_trained(step, metrics)
+        publish_policy(self.train_dir.policy_dir(step), step, self.identity, self.store, self.ledger, self.config)
+        self.steps.mark_published(step)
+        self._retain(step)
+        release_free_memory()  # the step's batch and groups are garbage now: keep a long run's RSS flat
+        log.info("step %d trained and published as policy v%d", step, step)
+
+    def _retain(self, published: int) -> None:
+        removed = self.train_dir.prune_published(published, self.config.orchestrator.keep_step_files)
+        if removed:
+            log.debug("step %d published: removed %d step files from %s", published, len(removed), self.train_dir.root)

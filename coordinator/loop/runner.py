@@ -1,0 +1,187 @@
+"""The coordinator's work beside its API: the local network, the trainer service and the RL loop.
+
+:class:`RunThread` runs in a thread of `prime-coordinator start` once uvicorn serves: it starts
+the `[local_network]` children (if enabled), the trainer service and the
+:class:`~coordinator.loop.orchestrator.Orchestrator` (if `[orchestrator]` is enabled), prints a
+progress line every few seconds and, when the last step is published, the reward curve and
+where the run's files are. Then it stops every child it started and asks the server to exit
+(``orchestrator.exit_when_done``). The children are started from this thread and it stops
+them before it ends, so their parent-death signal fires only when the coordinator dies.
+A failure (a child exited) ends the run too; :meth:`RunThread.finish` re-raises it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+from sqlalchemy import func, select
+
+from coordinator.config import CoordinatorConfig
+from coordinator.ledger.ledger import Ledger
+from coordinator.ledger.storage.tables import nodes
+from coordinator.loop.orchestrator import Orchestrator, StoppedError
+from coordinator.loop.train_steps import StepRecord, TrainSteps
+from coordinator.processes.local_network import Processes, start_local_network
+from coordinator.processes.trainer_process import TrainerProcess, trainer_node
+from protocol.identity import NodeIdentity
+from shardcast.store import VersionStore
+from trainer.resolve import resolve_model_path
+from trainer.service import ServiceSpec
+from trainer.transport import TrainDir
+
+log = logging.getLogger("coordinator.loop.runner")
+
+
+def progress_line(config: CoordinatorConfig, ledger: Ledger, elapsed_s: float) -> str:
+    """Step, last batch reward, accepted/rejected, generation tokens/s and batch staleness, on one line."""
+    status = ledger.status()
+    live_after = time.time() - config.scheduling.worker_live_s
+    with ledger.db.read() as conn:
+        tokens_per_s = conn.execute(
+            select(func.coalesce(func.sum(nodes.c.tokens_per_s), 0.0)).where(
+                nodes.c.role == "worker", nodes.c.last_seen >= live_after
+            )
+        ).scalar_one()
+    num_trained, last = TrainSteps(ledger).trained_progress()
+    reward = f"{last['batch_reward_mean']:.3f}" if "batch_reward_mean" in last else "-"
+    staleness = f"{last['batch_staleness_mean']:.2f}" if "batch_staleness_mean" in last else "-"
+    return (
+        f"{elapsed_s:6.0f}s  step {num_trained}/{config.orchestrator.num_steps}"
+        f"  policy v{status.current_policy_version}"
+        f"  reward {reward}  accepted {status.num_submissions_accepted}  rejected {status.num_submissions_rejected}"
+        f"  pending {status.num_submissions_pending}  tokens/s {tokens_per_s:.0f}  staleness {staleness}"
+    )
+
+
+def reward_curve(steps: list[StepRecord]) -> str:
+    lines = ["step  reward  staleness  samples  loss"]
+    for record in steps:
+        m = record.metrics
+        if not m:
+            continue
+        lines.append(
+            f"{record.step:4d}  {m.get('batch_reward_mean', float('nan')):6.3f}  "
+            f"{m.get('batch_staleness_mean', float('nan')):9.2f}  {int(m.get('batch_num_samples', 0)):7d}  "
+            f"{m.get('loss', float('nan')):.4f}"
+        )
+    return "\n".join(lines)
+
+
+class RunThread(threading.Thread):
+    def __init__(
+        self,
+        config: CoordinatorConfig,
+        ledger: Ledger,
+        identity: NodeIdentity,
+        store: VersionStore,
+        server: Any,
+        url: str,
+    ) -> None:
+        super().__init__(name="coordinator-run", daemon=True)
+        self.config = config
+        self.ledger = ledger
+        self.identity = identity
+        self.store = store
+        self.server = server
+        self.url = url
+        self.stop_event = threading.Event()
+        self.error: BaseException | None = None
+        self.network: Processes | None = None
+        self.trainer: TrainerProcess | None = None
+        self.started_at = time.monotonic()
+        self._next_progress = 0.0
+
+    def run(self) -> None:
+        try:
+            while not self.server.started and not self.stop_event.wait(0.05):
+                pass
+            if self.stop_event.is_set():
+                return
+            self._run()
+        except StoppedError:
+            pass
+        except BaseException as exc:  # reported by finish() in the main thread
+            log.error("the run stopped: %s", exc)
+            self.error = exc
+        finally:
+            self._stop_children()
+            self.server.should_exit = True
+
+    def _run(self) -> None:
+        config = self.config
+        steps = TrainSteps(self.ledger)
+        training = config.orchestrator.enabled and steps.num_published() < config.orchestrator.num_steps
+        if config.local_network.enabled and (training or not config.orchestrator.enabled):
+            root = config.data_dir / "network"
+            print(f"starting the local network (relay, workers {config.local_network.engines}, validator) in {root}")
+            self.network = start_local_network(
+                config.local_network, self.url, self.identity.node_id, root, config.child_logs.limits()
+            )
+        if not config.orchestrator.enabled:
+            self._idle()
+            return
+        if training:
+            records = self._train()
+        else:
+            records = steps.steps()
+            print("this run has already trained all its steps (delete its data_dir to run it again)")
+        print(f"\nreward per step (validator-recomputed reward of each step's batch):\n{reward_curve(records)}")
+        where = config.data_dir.resolve()
+        print(f"run files: ledger, policies, trainer checkpoints and logs are in {where}", flush=True)
+        if not config.orchestrator.exit_when_done:
+            self._idle()
+
+    def _train(self) -> list[StepRecord]:
+        config = self.config
+        train_dir = TrainDir(config.data_dir / "train")
+        section = config.orchestrator.trainer.model_copy(
+            update={"model": str(resolve_model_path(config.policy.start_checkpoint))}
+        )
+        spec = ServiceSpec(trainer=section, loss=config.orchestrator.loss, num_steps=config.orchestrator.num_steps)
+        self.trainer = TrainerProcess(
+            train_dir,
+            spec,
+            config.orchestrator.trainer_nproc,
+            config.orchestrator.trainer_cpus,
+            trainer_node(config),
+            config.child_logs.limits(),
+        )
+        self.trainer.start()
+        log.info(
+            "trainer service started (%d ranks on this machine, %d node(s), log %s)",
+            self.trainer.nproc,
+            self.trainer.node.nnodes,
+            train_dir.log_path,
+        )
+        orchestrator = Orchestrator(
+            config, self.ledger, self.identity, self.store, train_dir, self.trainer, self.stop_event, self._tick
+        )
+        return orchestrator.run()
+
+    def _idle(self) -> None:
+        while not self.stop_event.wait(self.config.orchestrator.poll_interval_s):
+            self._tick()
+
+    def _tick(self) -> None:
+        if self.network is not None:
+            self.network.check()
+        now = time.monotonic()
+        if now >= self._next_progress:
+            self._next_progress = now + self.config.orchestrator.progress_interval_s
+            print(progress_line(self.config, self.ledger, now - self.started_at), flush=True)
+
+    def _stop_children(self) -> None:
+        if self.network is not None:
+            self.network.stop_all()
+        if self.trainer is not None:
+            self.trainer.stop()
+
+    def finish(self) -> None:
+        """Stop the work (the server has exited), wait for the thread, and re-raise its failure."""
+        self.stop_event.set()
+        self.join()
+        if self.error is not None:
+            raise self.error

@@ -1,0 +1,126 @@
+"""What `GET /v1/dashboard` returns: one consistent-enough picture of the run, built from the ledger.
+
+Reads the run status and the nodes table (engine, versions held, heartbeat tokens/s) directly,
+and the event log through :class:`~coordinator.serving.dashboard.history.RunHistory`, which it brings up
+to date on each call. Everything here is read-only and public: node ids, engines, counts and
+verdict reasons, never an IP address, a key or the run secret. The tokens/s series is sampled
+here (the ledger keeps only each worker's latest heartbeat), at most once per
+``TOKENS_SAMPLE_INTERVAL_S``, so it covers the time since this coordinator process started
+serving the dashboard. Relays come from a :class:`~coordinator.serving.dashboard.relays.RelayWatch`
+(when the coordinator is on gossip): only its cached answers are read here, never a relay.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import deque
+
+from sqlalchemy import select
+
+from coordinator.ledger.storage.tables import nodes
+from coordinator.ledger.views import LedgerViews
+from coordinator.serving.dashboard.history import RunHistory
+from coordinator.serving.dashboard.relays import RelayWatch
+from protocol.schemas import (
+    MAX_POLICY_VERSION,
+    MAX_TOKENS_PER_S,
+    Dashboard,
+    DashboardNode,
+    DashboardRelay,
+    SeriesPoint,
+    VersionSpread,
+)
+
+MAX_NODES = 200
+MAX_VERSIONS = 16
+EVENT_PAGE_SIZE = 1000
+MAX_EVENT_PAGES_PER_READ = 50  # a coordinator restarted under a long run catches up over a few reads
+TOKENS_SAMPLE_INTERVAL_S = 2.0
+MAX_TOKENS_SAMPLES = 900
+
+
+class DashboardSource:
+    """Builds :class:`~protocol.schemas.Dashboard` snapshots for one ledger; safe to call from several threads."""
+
+    def __init__(self, views: LedgerViews, relays: RelayWatch | None = None) -> None:
+        self.views = views
+        self.relays = relays
+        self.history = RunHistory()
+        self._tokens: deque[SeriesPoint] = deque(maxlen=MAX_TOKENS_SAMPLES)
+        self._lock = threading.Lock()
+
+    def snapshot(self) -> Dashboard:
+        with self._lock:
+            self._catch_up()
+            now = self.views.clock()
+            status = self.views.status()
+            node_views = self._nodes(now)
+            relay_views = self.relays.relays() if self.relays is not None else []
+            live_tokens = sum(n.tokens_per_s for n in node_views if n.live and n.role == "worker")
+            if not self._tokens or now - self._tokens[-1].at >= TOKENS_SAMPLE_INTERVAL_S:
+                self._tokens.append(SeriesPoint(at=now, value=live_tokens))
+            return Dashboard(
+                generated_at=now,
+                status=status,
+                nodes=node_views,
+                verdicts=list(reversed(self.history.recent)),
+                rewards=list(self.history.rewards),
+                versions=self._versions(node_views, relay_views),
+                accepted_samples_per_s=self.history.accepted_samples_per_s(now),
+                tokens_per_s=list(self._tokens),
+                relays=relay_views,
+                training=self.history.training.summary(),
+            )
+
+    def _catch_up(self) -> None:
+        for _ in range(MAX_EVENT_PAGES_PER_READ):
+            page = self.views.events(self.history.after, EVENT_PAGE_SIZE)
+            self.history.fold(page.events)
+            if len(page.events) < EVENT_PAGE_SIZE:
+                return
+
+    def _nodes(self, now: float) -> list[DashboardNode]:
+        live_after = now - self.views.scheduling.worker_live_s
+        with self.views.db.read() as conn:
+            rows = conn.execute(select(nodes).order_by(nodes.c.last_seen.desc()).limit(MAX_NODES)).all()
+        found = []
+        for row in rows:
+            # Stored by older ledgers before the wire schema bounded them: out-of-range values are dropped.
+            held = sorted(
+                {v for v in json.loads(row.versions_held_json) if isinstance(v, int) and 0 <= v <= MAX_POLICY_VERSION}
+            )
+            rate = row.tokens_per_s
+            found.append(
+                DashboardNode(
+                    node_id=row.node_id,
+                    role=row.role,
+                    engine=row.engine,
+                    policy_version=held[-1] if held else None,
+                    versions_held=held,
+                    tokens_per_s=rate if 0 <= rate <= MAX_TOKENS_PER_S else 0.0,
+                    num_accepted=row.num_accepted,
+                    num_rejected=row.num_rejected,
+                    last_seen=row.last_seen,
+                    live=row.last_seen >= live_after and not row.banned,
+                    banned=row.banned,
+                    ban_reason=row.ban_reason,
+                )
+            )
+        return found
+
+    def _versions(self, node_views: list[DashboardNode], relay_views: list[DashboardRelay]) -> list[VersionSpread]:
+        newest = sorted(self.history.versions, reverse=True)[:MAX_VERSIONS]
+        return [
+            VersionSpread(
+                version=version,
+                published_at=tally.published_at,
+                total_size_bytes=tally.total_size_bytes,
+                num_live_holders=sum(1 for n in node_views if n.live and version in n.versions_held),
+                num_accepted=tally.num_accepted,
+                num_rejected=tally.num_rejected,
+                mean_reward=tally.mean_reward,
+                num_relays=sum(1 for r in relay_views if r.reachable and version in r.versions_held),
+            )
+            for version, tally in ((v, self.history.versions[v]) for v in newest)
+        ]

@@ -1,0 +1,197 @@
+"""`prime-coordinator start`: open the run's ledger and serve its API with uvicorn until stopped.
+
+Creates (or loads) the coordinator's node key in the data dir, opens and migrates the ledger
+database, loads the task source, binds the API socket itself (so port 0 works and the real
+address can be logged before serving) and runs uvicorn on it. The SHARDCAST origin is mounted
+at /shardcast; on the first start the configured start checkpoint is published as policy
+version 0. With ``validation.builtin_enabled`` a validator child runs alongside
+(:mod:`coordinator.processes.builtin_validator`). With `[orchestrator]` and/or `[local_network]` enabled, a
+:class:`coordinator.loop.runner.RunThread` beside the server runs the RL loop, its trainer service
+and the local network; the server exits when the run is done.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import socket
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from coordinator.config import CoordinatorConfig
+from protocol.errors import StartupError
+
+if TYPE_CHECKING:
+    from coordinator.ledger.ledger import Ledger
+    from coordinator.ledger.storage.engine import Database
+    from environments.prompts import PromptSource
+
+log = logging.getLogger("coordinator")
+LEDGER_URL_FIX = (
+    "check ledger.url (--ledger-url or PRIME_COORDINATOR_LEDGER__URL): the database server must be running and its "
+    "role and database must exist (PostgreSQL: createuser prime && createdb -O prime prime), or leave ledger.url "
+    "empty for a SQLite file in the data dir"
+)
+SQLITE_URL_FIX = (
+    "point ledger.url (--ledger-url) at a file in a directory this user may write, or leave it empty for "
+    "ledger.db in the data dir"
+)
+
+
+def open_ledger(config: CoordinatorConfig, prompts: PromptSource, node_id: str) -> tuple[Database, Ledger]:
+    """Open (and migrate) the run's ledger database; a database that cannot be used is a StartupError."""
+    from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError
+
+    from coordinator.ledger.ledger import Ledger
+    from coordinator.ledger.storage.engine import Database
+
+    shown = config.ledger_url.split("@")[-1] if "@" in config.ledger_url else config.ledger_url
+    fix = SQLITE_URL_FIX if config.ledger_url.startswith("sqlite") else LEDGER_URL_FIX
+    try:
+        database = Database(config.ledger_url, config.ledger.sqlite_synchronous, config.ledger.pool_size)
+    except (ArgumentError, NoSuchModuleError) as exc:
+        raise StartupError(
+            f"ledger.url {config.ledger_url!r} is not a database URL SQLAlchemy knows ({exc})", LEDGER_URL_FIX
+        ) from exc
+    except ModuleNotFoundError as exc:
+        raise StartupError(
+            f"the database driver {exc.name!r} for ledger.url is not installed", "pip install 'psycopg[binary]'"
+        ) from exc
+    except OSError as exc:
+        raise StartupError(f"cannot create the ledger database file of {shown}: {exc}", fix) from exc
+    try:
+        return database, Ledger(database, config, prompts, node_id)
+    except OSError as exc:
+        database.dispose()
+        raise StartupError(f"cannot create the ledger database at {shown}: {exc}", fix) from exc
+    except DBAPIError as exc:
+        database.dispose()
+        reason = str(exc.orig).strip().splitlines()[0] if exc.orig is not None else str(exc)
+        reason = reason.split("FATAL:")[-1].strip()
+        raise StartupError(f"cannot open the ledger database at {shown}: {reason}", fix) from exc
+
+
+def bind_api_socket(family: socket.AddressFamily, host: str, port: int) -> socket.socket:
+    """The API's listening socket (bound here so port 0 works); a port in use is a StartupError."""
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        problem = f"cannot listen on {host}:{port} for the ledger API: {exc.strerror}"
+        if exc.errno == errno.EADDRINUSE:
+            fix = "another program (perhaps another coordinator) uses that port: stop it, or pick another with --port"
+        else:
+            fix = "pick an address of this machine with --host (0.0.0.0 for all) and a free port with --port"
+        raise StartupError(problem, fix) from exc
+    return sock
+
+
+def run(config: CoordinatorConfig) -> None:
+    import uvicorn
+
+    from coordinator.ledger.replay import DatabaseReplayCache
+    from coordinator.ledger.run_spec import environment_prompts, signed_run_spec
+    from coordinator.loop.policies import policy_store, publish_policy, published_version, with_vocab_size
+    from coordinator.processes.builtin_validator import BuiltinValidator, approve_builtin_validator, local_url
+    from coordinator.serving.app import create_app
+    from coordinator.serving.dashboard.relays import RelayWatch
+    from coordinator.serving.p2p import start_coordinator_gossip
+    from protocol.identity import key_path, load_or_create_identity
+    from shardcast.origin import OriginSource
+    from shardcast.server import create_app as create_shardcast_app
+    from trainer.resolve import resolve_model_path
+
+    identity = load_or_create_identity(config.data_dir)
+    log.info("coordinator node id %s (key %s)", identity.node_id, key_path(config.data_dir))
+    config = approve_builtin_validator(config)
+    start = resolve_model_path(config.policy.start_checkpoint)
+    config = with_vocab_size(config, start)
+    builtin_validator = BuiltinValidator(config, identity.node_id)
+    prompts = environment_prompts(config)
+    run_spec = signed_run_spec(config, identity)
+    environment = run_spec.spec.environment
+    log.info(
+        "environment %s %r (%s %s, hash %s)",
+        environment.kind,
+        environment.name,
+        environment.package,
+        environment.package_version,
+        environment.config_hash[:12],
+    )
+    database, ledger = open_ledger(config, prompts, identity.node_id)
+    try:
+        status = ledger.status()
+        log.info(
+            "ledger %s: run %r, policy version %d, %d submission(s) accepted",
+            database.engine.url.render_as_string(hide_password=True),
+            status.run_name,
+            status.current_policy_version,
+            status.num_submissions_accepted,
+        )
+        relays = RelayWatch()
+        app = create_app(config, ledger, DatabaseReplayCache(database), relays, run_spec)
+        store = policy_store(config)
+        if store.clear_leftovers_if_idle():  # what a publish killed mid-write left in the store's staging
+            log.debug("origin store %s: leftovers of interrupted publishes cleared", store.root)
+        if published_version(ledger) is None:
+            log.info("publishing the start checkpoint %s as policy v0", start)
+            publish_policy(start, 0, identity, store, ledger, config)
+        app.mount("/shardcast", create_shardcast_app(OriginSource(store)))
+        family = socket.AF_INET6 if ":" in config.api.host else socket.AF_INET
+        sock = bind_api_socket(family, config.api.host, config.api.port)
+        host, port = sock.getsockname()[:2]
+        log.info("ledger API listening on http://%s:%d (OpenAPI at /docs)", host, port)
+        url_host = f"[{host}]" if family == socket.AF_INET6 else host
+        gossip = start_coordinator_gossip(
+            identity, config, ledger, app, f"http://{url_host}:{port}", relays.on_announcement
+        )
+        if gossip is not None:
+            relays.start()  # asks the relays heard on gossip what they hold, for the dashboard
+        server = uvicorn.Server(
+            uvicorn.Config(
+                app,
+                log_config=None,
+                access_log=False,
+                timeout_graceful_shutdown=5,
+                backlog=4096,
+                proxy_headers=False,  # X-Forwarded-For only from sources.trusted_proxies (see coordinator.serving.app)
+            )
+        )
+        if config.validation.builtin_enabled:
+            builtin_validator.start(local_url(host, port))
+        runner = None
+        if config.orchestrator.enabled or config.local_network.enabled:
+            from coordinator.loop.runner import RunThread
+
+            runner = RunThread(config, ledger, identity, store, server, f"http://{host}:{port}")
+            runner.start()
+        try:
+            server.run(sockets=[sock])
+        finally:
+            if runner is not None:
+                runner.finish()
+            if gossip is not None:
+                gossip.stop()
+            relays.stop()
+    finally:
+        builtin_validator.stop()
+        database.dispose()
+
+
+def publish_from_cli(config: CoordinatorConfig, checkpoint: Path, version: int | None) -> None:
+    """`prime-coordinator publish`: the same publication the orchestrator makes, from a shell."""
+    from coordinator.loop.policies import policy_store, publish_policy, published_version
+    from environments.prompts import NoPrompts
+    from protocol.identity import load_or_create_identity
+
+    identity = load_or_create_identity(config.data_dir)
+    database, ledger = open_ledger(config, NoPrompts(), identity.node_id)
+    try:
+        current = published_version(ledger)
+        chosen = version if version is not None else (0 if current is None else current + 1)
+        signed = publish_policy(checkpoint, chosen, identity, policy_store(config), ledger, config)
+        print(f"published policy v{signed.manifest.version} from {checkpoint}")
+    finally:
+        database.dispose()

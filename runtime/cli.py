@@ -1,0 +1,170 @@
+"""What every console script shares: config loading from flags, logging flags, exit codes, keys, errors.
+
+Entry points stay thin: they declare their flags with typer, call :func:`load_role_config`
+and hand the validated config to one ``run`` function imported lazily, so ``--help`` never
+imports torch or vllm. Every app is a :class:`PrimeTyper`: whatever a command raises ends in
+one line on stderr naming the problem and, for the errors prime-network raises on purpose
+(:class:`~protocol.errors.PrimeError`, :class:`~protocol.errors.StartupError` with its fix),
+what to do, and a non-zero exit; the traceback is printed only with ``--log-level debug``.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import traceback
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, NoReturn
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from protocol.errors import ConfigError, PrimeError
+from runtime.config import ConfigT, load_config, parse_assignment
+from runtime.logs import setup_logging
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_BAD_CONFIG = 2
+EXIT_BANNED = 3
+EXIT_REFUSED = 4
+EXIT_INTERRUPTED = 130
+
+err_console = Console(stderr=True)
+
+ConfigOption = typer.Option(None, "--config", "-c", help="TOML config file (see configs/).", exists=False)
+SetOption = typer.Option(
+    None, "--set", help="Override any config key, e.g. --set api.port=8000 (repeatable; value read as TOML)."
+)
+LogLevelOption = typer.Option("info", "--log-level", help="debug, info, warning or error.", envvar="PRIME_LOG_LEVEL")
+JsonLogsOption = typer.Option(False, "--json-logs", help="One JSON object per log line, for machines.")
+NoP2POption = typer.Option(
+    False, "--no-p2p", help="Stay off the libp2p gossip network (p2p.enabled=false): learn by polling the ledger only."
+)
+
+
+def one_line(message: str) -> str:
+    """``message`` on one line: inner line breaks become "; "."""
+    return "; ".join(part.strip() for part in message.splitlines() if part.strip())
+
+
+def fail(message: str, exit_code: int = EXIT_FAILURE) -> NoReturn:
+    """Print an error a person can act on, on one line, and exit with ``exit_code``."""
+    # escaped: brackets are the message's own ("set [environment]"), not rich markup
+    err_console.print(f"[bold red]error:[/] {escape(one_line(message))}", highlight=False, soft_wrap=True)
+    raise typer.Exit(exit_code)
+
+
+def exit_code_for(exc: PrimeError) -> int:
+    return EXIT_BAD_CONFIG if isinstance(exc, ConfigError) else EXIT_FAILURE
+
+
+def describe_unexpected(exc: BaseException) -> str:
+    """The one line for an error nobody anticipated: what it was, and how to see more."""
+    if isinstance(exc, ModuleNotFoundError) and exc.name:
+        return (
+            f"the Python package {exc.name!r} is not installed; install it (pip install {exc.name.split('.')[0]}) "
+            "or the extra of prime-network that needs it"
+        )
+    detail = one_line(str(exc)) or "no details"
+    return (
+        f"unexpected {type(exc).__name__}: {detail[:400]}; run again with --log-level debug for the traceback, "
+        "and report it if the cause is not yours"
+    )
+
+
+def debug_enabled() -> bool:
+    return logging.getLogger().isEnabledFor(logging.DEBUG)
+
+
+def exit_on_error(exc: BaseException, label: str | None = None) -> NoReturn:
+    """Turn any failure of a command into its one line and exit code (the traceback at debug level only)."""
+    if debug_enabled():
+        traceback.print_exception(exc, file=sys.stderr)
+    prefix = f"{label}: " if label else ""
+    if isinstance(exc, PrimeError):
+        fail(prefix + exc.message, exit_code_for(exc))
+    fail(prefix + describe_unexpected(exc), EXIT_FAILURE)
+
+
+class PrimeTyper(typer.Typer):
+    """The console scripts' app: any error a command raises ends in one line and a non-zero exit.
+
+    Typer's own handling prints a long rich traceback instead; this keeps that for ``--log-level
+    debug`` only. ``--help``, usage errors (exit 2) and :func:`fail` behave as before.
+    """
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("pretty_exceptions_enable", False)
+        kwargs.setdefault("no_args_is_help", True)
+        super().__init__(**kwargs)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().__call__(*args, **kwargs)
+        except (SystemExit, typer.Exit):
+            raise
+        except KeyboardInterrupt:
+            err_console.print("interrupted; stopped", highlight=False)
+            sys.exit(EXIT_INTERRUPTED)
+        except Exception as exc:
+            try:
+                exit_on_error(exc)
+            except typer.Exit as done:
+                sys.exit(done.exit_code)
+
+
+def load_role_config(
+    cls: type[ConfigT],
+    config_path: Path | None,
+    sets: list[str] | None,
+    flags: Mapping[str, Any] | None = None,
+) -> ConfigT:
+    """Load a config with ``--set`` assignments and named flags applied (flags win)."""
+    try:
+        overrides: dict[str, Any] = dict(parse_assignment(item) for item in sets or [])
+        overrides.update({key: value for key, value in (flags or {}).items() if value is not None})
+        return load_config(cls, config_path, overrides)
+    except ConfigError as exc:
+        fail(exc.message, EXIT_BAD_CONFIG)
+
+
+def start_logging(log_level: str, json_logs: bool) -> None:
+    try:
+        setup_logging(log_level, json_logs)
+    except ValueError as exc:
+        fail(str(exc), EXIT_BAD_CONFIG)
+
+
+def run_or_exit(label: str, func: Any, *args: Any) -> None:
+    """Call a role's run function, mapping known errors and Ctrl-C to clear exits."""
+    try:
+        func(*args)
+    except KeyboardInterrupt:
+        logging.getLogger(label).info("interrupted; stopped")
+        raise typer.Exit(EXIT_INTERRUPTED) from None
+    except PrimeError as exc:
+        exit_on_error(exc, label)
+
+
+def make_keys_app(default_data_dir: Path) -> typer.Typer:
+    """``<cmd> keys show``: create (on first use) and print the node's identity."""
+    keys_app = PrimeTyper(help="The node's Ed25519 identity (node id = libp2p peer id).")
+
+    @keys_app.command("show")
+    def show(
+        data_dir: Path = typer.Option(default_data_dir, "--data-dir", help="Where the node key lives."),
+    ) -> None:
+        """Print the node id and key file, creating the key (0600) on first use."""
+        from protocol.identity import key_path, load_or_create_identity
+
+        try:
+            identity = load_or_create_identity(data_dir)
+        except PrimeError as exc:
+            fail(exc.message)
+        typer.echo(f"node id:  {identity.node_id}")
+        typer.echo(f"key file: {key_path(data_dir)}")
+
+    return keys_app

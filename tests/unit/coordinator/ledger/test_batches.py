@@ -1,0 +1,102 @@
+"""Pure orchestrator rules: samples and advantages from accepted groups, the step's version floor, the lease rule."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from coordinator.ledger.batches import accepted_group, batch_summary, named_rewards, train_samples, verdict_rewards
+from coordinator.ledger.scheduling import lease_room
+from coordinator.loop.train_steps import min_policy_version
+from protocol.schemas import Rollout, SubmitRequest, Verdict
+from trainer.packing import TrainSample
+from trainer.transport import StepBatch, TrainDir
+
+
+def group_columns(rewards: list[float], components: dict[str, list[float]] | None = None) -> tuple[str, str, str]:
+    """Ledger columns of one accepted submission: 2 prompts x 2 samples, rollouts stored out of order."""
+    prompts = [{"prompt_index": 0, "token_ids": [10, 11]}, {"prompt_index": 1, "token_ids": [20]}]
+    order = [(1, 1), (0, 1), (1, 0), (0, 0)]
+    rollouts = [
+        Rollout(
+            prompt_index=p,
+            sample_index=s,
+            completion_ids=[100 + 10 * p + s],
+            logprobs=[-0.1 * (p + 1)],
+            finish_reason="stop",
+            proof_b64="AAAA",
+        )
+        for p, s in order
+    ]
+    body = SubmitRequest(lease_id="l", task_id="t", policy_version=3, engine="hf", rollouts=rollouts)
+    verdict = Verdict(submission_id="s", accepted=True, rewards=rewards, reward_components=components or {})
+    return json.dumps(prompts), body.model_dump_json(), verdict.model_dump_json()
+
+
+def test_samples_are_grouped_per_prompt_with_task_tokens_and_validator_rewards() -> None:
+    # rewards follow the stored rollout order: (1,1), (0,1), (1,0), (0,0)
+    prompts, body, verdict = group_columns([0.9, 0.4, 0.1, 0.0])
+    group = accepted_group("s", 3, prompts, body, verdict)
+    samples = train_samples([group])
+    assert [s.completion_ids for s in samples] == [[100], [101], [110], [111]]
+    assert [s.prompt_ids for s in samples] == [[10, 11], [10, 11], [20], [20]]
+    assert [s.reward for s in samples] == [0.0, 0.4, 0.1, 0.9]
+    assert [s.advantage for s in samples] == pytest.approx([-0.2, 0.2, -0.4, 0.4])
+    assert samples[2].inference_logprobs == pytest.approx([-0.2])
+    normalized = train_samples([group], normalize_std=True)
+    assert [s.advantage for s in normalized] == pytest.approx([-1.0, 1.0, -1.0, 1.0], abs=1e-4)
+    summary = batch_summary([group], trained_version=5)
+    assert summary["staleness_mean"] == 2 and summary["num_samples"] == 4
+    assert summary["reward_mean"] == pytest.approx(0.35)
+
+
+def test_each_named_reward_has_its_batch_mean_in_the_step_metrics() -> None:
+    from coordinator.serving.dashboard.training import TrainingHistory
+    from protocol.schemas import Event
+
+    components = {"exact": [1.0, 0.0, 0.0, 0.0], "short": [1.0, 1.0, 0.5, 0.0]}
+    group = accepted_group("s", 3, *group_columns([1.0, 0.25, 0.125, 0.0], components))
+    summary = batch_summary([group], trained_version=4)
+    assert summary["reward_mean/exact"] == pytest.approx(0.25)
+    assert summary["reward_mean/short"] == pytest.approx(0.625)
+    metrics = {f"batch_{k}": v for k, v in summary.items()} | {"batch_reward_mean/junk": float("nan")}
+    assert named_rewards(metrics) == {"exact": pytest.approx(0.25), "short": pytest.approx(0.625)}
+    assert named_rewards("not metrics") == {}
+    history = TrainingHistory()
+    trained = {"state": "trained", "metrics": metrics}
+    history.fold(Event(event_id=1, at=1.0, kind="train_step", node_id=None, subject="1", data=trained))
+    training = history.summary()
+    assert training is not None and training.steps[0].rewards == {"exact": 0.25, "short": 0.625}
+
+
+def test_a_verdict_without_a_reward_per_rollout_is_not_usable() -> None:
+    prompts, body, _ = group_columns([0.0] * 4)
+    assert verdict_rewards(None, 4) is None
+    assert verdict_rewards(Verdict(submission_id="s", accepted=True).model_dump_json(), 4) is None
+    with pytest.raises(ValueError, match="no validator reward"):
+        accepted_group(
+            "s", 0, prompts, body, Verdict(submission_id="s", accepted=True, rewards=[1.0]).model_dump_json()
+        )
+
+
+def test_version_floor_and_on_policy_room() -> None:
+    assert [min_policy_version(step, 0) for step in (1, 2, 5)] == [0, 1, 4]
+    assert [min_policy_version(step, 2) for step in (1, 2, 5)] == [0, 0, 2]
+    assert lease_room(0, groups_per_step=4, groups_in_flight=0) == 4
+    assert lease_room(0, groups_per_step=4, groups_in_flight=3) == 1
+    assert lease_room(0, groups_per_step=4, groups_in_flight=6) == 0
+    assert lease_room(2, groups_per_step=4, groups_in_flight=6) == 6
+    assert lease_room(2, groups_per_step=4, groups_in_flight=13) == 0
+
+
+def test_batch_files_round_trip_and_appear_whole(tmp_path: Path) -> None:
+    train_dir = TrainDir(tmp_path)
+    assert train_dir.read_batch(1) is None and train_dir.read_done(1) is None
+    samples = [TrainSample([1, 2], [3], advantage=0.5, inference_logprobs=[-0.25], reward=1.0)]
+    train_dir.write_batch(StepBatch(1, samples, 0.7, ["s-1"]))
+    assert train_dir.read_batch(1) == StepBatch(1, samples, 0.7, ["s-1"])
+    assert [p.name for p in (tmp_path / "batches").iterdir()] == ["step_1.safetensors"]  # no temporary left behind
+    train_dir.write_done(1, {"loss": 0.1})
+    assert train_dir.read_done(1) == {"loss": 0.1}

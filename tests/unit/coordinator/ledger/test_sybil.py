@@ -1,0 +1,130 @@
+"""Sybil limits of the ledger on SQLite and PostgreSQL, through the API from distinct client addresses.
+
+Keys minted on one source share its probation budget and its fair share of open leases, so an
+honest worker from another source still gets work; an identity earns more leases with accepted
+work and loses them with rejections; registrations are capped per address and per prefix; and
+``X-Forwarded-For`` names the client only when a trusted proxy sends it.
+"""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from sqlalchemy import select
+
+from coordinator.ledger.storage.tables import nodes
+from protocol.errors import RateLimitedError
+from protocol.identity import NodeIdentity
+from protocol.ledger_client import LedgerClient
+from protocol.schemas import LeaseRequest, Task, Verdict
+from tests.support.ledger_helpers import register_request, submission_for
+from tests.unit.coordinator.conftest import LedgerHarness, MakeHarness
+
+pytestmark = pytest.mark.anyio
+
+SYBIL_ADDRESSES = [f"203.0.113.{host}" for host in range(1, 21)]  # one /24: one source
+
+
+async def lease_all(workers: list[LedgerClient], max_tasks: int = 2) -> list[Task]:
+    return [task for worker in workers for task in (await worker.lease(LeaseRequest(max_tasks=max_tasks))).tasks]
+
+
+async def close(*clients: LedgerClient) -> None:
+    for client in clients:
+        await client.aclose()
+
+
+async def test_keys_from_one_source_share_one_probation_budget(make_harness: MakeHarness) -> None:
+    harness = make_harness(sources__allow=[], sources__probation_budget=3, scheduling__max_open_leases=8)
+    sybils = [await harness.worker(address) for address in SYBIL_ADDRESSES]
+    assert len(await lease_all(sybils)) == 3  # 20 keys, one budget
+    assert len(await lease_all(sybils)) == 0
+    honest = [await harness.worker("198.51.100.7"), await harness.worker("192.0.2.1")]
+    assert [len(t) for t in [await lease_all([w]) for w in honest]] == [1, 1]  # each new identity: its allowance
+    await close(*sybils, *honest)
+
+
+async def test_fair_share_is_across_sources_not_keys(make_harness: MakeHarness) -> None:
+    harness = make_harness(
+        sources__allow=[],
+        sources__proven_after_accepted=0,  # nobody on probation: only the fair share binds
+        sources__new_identity_leases=2,
+        scheduling__max_open_leases=4,
+    )
+    many = [await harness.worker(address) for address in SYBIL_ADDRESSES[:10]]
+    one = await harness.worker("198.51.100.7")
+    assert len(await lease_all(many)) == 2  # 4 slots over 2 live sources
+    assert len(await lease_all([one])) == 2  # one key from another source: the other half
+    await close(*many, one)
+
+
+async def test_allow_listed_keys_are_sources_of_their_own(make_harness: MakeHarness) -> None:
+    harness = make_harness(sources__allow=["127.0.0.0/8"], sources__probation_budget=1)
+    trusted = [await harness.worker("127.0.0.1") for _ in range(3)]
+    assert len(await lease_all(trusted)) == 6  # the per-node cap each, no budget, no probation
+    await close(*trusted)
+
+
+async def verdict(validator: LedgerClient, worker: LedgerClient, accepted: bool) -> None:
+    (task,) = (await worker.lease(LeaseRequest())).tasks
+    submission_id = (await worker.submit(submission_for(task))).submission_id
+    answer = await validator.post_verdict(Verdict(submission_id=submission_id, accepted=accepted, reasons=["test"]))
+    assert answer.status == ("accepted" if accepted else "rejected")
+
+
+async def test_unverified_work_counts_until_a_verdict_and_allowance_is_earned(make_harness: MakeHarness) -> None:
+    harness = make_harness(sources__allow=[], sources__probation_budget=2, scheduling__max_leases_per_node=4)
+    worker, validator = await harness.worker("198.51.100.7"), await harness.validator()
+    submission_ids = []
+    for _ in range(2):  # a new identity: one lease at a time, and its pending submissions use the budget
+        (task,) = (await worker.lease(LeaseRequest(max_tasks=4))).tasks
+        submission_ids.append((await worker.submit(submission_for(task))).submission_id)
+    assert (await worker.lease(LeaseRequest(max_tasks=4))).tasks == []  # two awaiting a verdict: budget spent
+    for submission_id in submission_ids:
+        await validator.post_verdict(Verdict(submission_id=submission_id, accepted=True))
+    held = (await worker.lease(LeaseRequest(max_tasks=4))).tasks
+    assert len(held) == 3  # proven (2 accepted): 1 + 2 earned, the budget no longer applies
+    for task in held:
+        await worker.abandon(task.lease_id)
+    await verdict(validator, worker, accepted=False)
+    assert len((await worker.lease(LeaseRequest(max_tasks=4))).tasks) == 2  # a rejection: 1 + 2 - 1
+    await close(worker, validator)
+
+
+async def test_registrations_are_capped_per_address_and_per_prefix(make_harness: MakeHarness) -> None:
+    harness = make_harness(sources__allow=["127.0.0.0/8"], sources__register_burst=3, sources__prefix_register_burst=5)
+    for _ in range(3):
+        await harness.worker("203.0.113.1")
+    with pytest.raises(RateLimitedError, match=r"too many registrations from 203\.0\.113\.1"):
+        await harness.worker("203.0.113.1")
+    for _ in range(2):
+        await harness.worker("203.0.113.2")  # another address of the same /24: the prefix's last two
+    with pytest.raises(RateLimitedError, match=r"sources\.allow"):
+        await harness.worker("203.0.113.3")
+    await harness.worker("198.51.100.1")  # another prefix
+    for _ in range(20):
+        await harness.worker("127.0.0.1")  # allow-listed
+
+
+def registered_ip(harness: LedgerHarness, node_id: str) -> str:
+    with harness.database.read() as conn:
+        return str(conn.execute(select(nodes.c.ip).where(nodes.c.node_id == node_id)).scalar_one())
+
+
+async def register_via(harness: LedgerHarness, peer: str, forwarded_for: str) -> str:
+    transport = httpx.ASGITransport(app=harness.app, client=(peer, 40000))
+    async with httpx.AsyncClient(
+        base_url="http://ledger", transport=transport, headers={"X-Forwarded-For": forwarded_for}
+    ) as http:
+        client = LedgerClient("http://ledger", NodeIdentity.generate(), client=http)
+        await client.register(register_request())
+        return registered_ip(harness, client.identity.node_id)
+
+
+async def test_forwarded_for_names_the_client_only_from_a_trusted_proxy(make_harness: MakeHarness) -> None:
+    harness = make_harness(sources__allow=[], sources__trusted_proxies=["10.0.0.0/30"])
+    assert await register_via(harness, "10.0.0.1", "203.0.113.9") == "203.0.113.9"
+    assert await register_via(harness, "10.0.0.2", "192.0.2.8, 10.0.0.1") == "192.0.2.8"  # proxies chained
+    assert await register_via(harness, "198.51.100.4", "192.0.2.77") == "198.51.100.4"  # anyone else: ignored
+    untrusting = make_harness(sources__allow=[])
+    assert await register_via(untrusting, "127.0.0.1", "192.0.2.77") == "127.0.0.1"  # off by default

@@ -1,0 +1,46 @@
+"""`prime-relay publish` and `prime-relay fetch` argument handling (the servers run in integration tests)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from protocol.identity import load_or_create_identity
+from runtime.cli import EXIT_BAD_CONFIG
+from shardcast.cli import app
+from shardcast.manifest import load_verified_manifest
+from shardcast.store import VersionStore
+
+
+def test_publish_signs_with_the_key_in_key_dir(tmp_path: Path) -> None:
+    checkpoint = tmp_path / "ckpt"
+    checkpoint.mkdir()
+    (checkpoint / "model.safetensors").write_bytes(b"\1" * 10_000)
+    args = ["publish", str(checkpoint), "--version", "4", "--store", str(tmp_path / "store")]
+    args += ["--key-dir", str(tmp_path / "keys"), "--shard-size-bytes", "4096", "--no-fsync", "--copy"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    coordinator_id = load_or_create_identity(tmp_path / "keys").node_id
+    assert summary == {"version": 4, "signer": coordinator_id, "num_shards": 3, "total_bytes": 10_000}
+    store = VersionStore(tmp_path / "store")
+    load_verified_manifest(store.manifest_path(4).read_bytes(), coordinator_id, 4)
+    stored = store.version_dir(4) / "files" / "model.safetensors"
+    assert stored.stat().st_ino != (checkpoint / "model.safetensors").stat().st_ino  # --copy: not a link
+    again = CliRunner().invoke(app, args)
+    assert again.exit_code == 1 and "already published" in again.output
+
+
+def test_fetch_refuses_a_version_that_is_not_a_number(tmp_path: Path) -> None:
+    args = ["fetch", "newest", "--relay", "http://127.0.0.1:9", "--coordinator-id", "x", "--out", str(tmp_path)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == EXIT_BAD_CONFIG and "latest" in result.output
+
+
+def test_serve_without_upstream_or_coordinator_says_what_is_missing(tmp_path: Path) -> None:
+    result = CliRunner().invoke(app, ["serve", "--data-dir", str(tmp_path), "--port", "0"])
+    assert result.exit_code == EXIT_BAD_CONFIG and "upstream" in result.output
+    result = CliRunner().invoke(app, ["serve", "--upstream", "http://127.0.0.1:9", "--data-dir", str(tmp_path)])
+    assert result.exit_code == EXIT_BAD_CONFIG and "coordinator" in result.output
