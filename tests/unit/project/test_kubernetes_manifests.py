@@ -111,7 +111,7 @@ def test_every_command_parses_with_our_cli_and_every_config_loads(tmp_path: Path
     assert {argv[0] for argv in commands} == set(console_scripts()) - {"prime-trainer"}
     for argv in commands:
         config_path = parse_command(argv).params.get("config")
-        assert config_path is not None and config_path.parents[1] == Path("/etc/prime"), argv
+        assert config_path is not None and config_path.parent == Path("/etc/prime"), argv
         assert config_path.name in configs, f"{argv}: the ConfigMap has no {config_path.name}"
     for name, model in ROLE_CONFIGS.items():
         path = tmp_path / name
