@@ -37,6 +37,7 @@ import tomli_w  # noqa: E402
 
 from bench.shardcast_bench import wait_until  # noqa: E402
 from coordinator.process import CoordinatorProcess, free_port  # noqa: E402
+from protocol import routes  # noqa: E402
 from protocol.children import stop_processes  # noqa: E402
 from protocol.identity import NodeIdentity  # noqa: E402
 from protocol.p2p.announcements import Accepted  # noqa: E402
@@ -113,7 +114,7 @@ def network(workdir: Path, num_versions: int) -> dict[str, Any]:
     received: dict[int, float] = {}
     try:
         coordinator.start(url, timeout_s=120)
-        info = P2PInfo.model_validate(httpx.get(f"{url}/v1/p2p", timeout=5).json())
+        info = P2PInfo.model_validate(httpx.get(url + routes.P2P, timeout=5).json())
         observer = Gossip(NodeIdentity.generate(), P2PConfig(), info.peer_id)
 
         def on_policy(accepted: Accepted) -> None:
@@ -133,7 +134,7 @@ def network(workdir: Path, num_versions: int) -> dict[str, Any]:
             argv = [str(BIN / "prime-coordinator"), "publish", str(checkpoints[version]), "-c", str(config_path)]
             subprocess.run(argv, check=True, capture_output=True, timeout=120)
             wait_until((workdir / "worker" / "policies" / f"v{version}").is_dir, 60, f"v{version}")
-        events = httpx.get(f"{url}/v1/events", params={"after": 0, "limit": 1000}, timeout=5).json()["events"]
+        events = httpx.get(url + routes.EVENTS, params={"after": 0, "limit": 1000}, timeout=5).json()["events"]
     finally:
         if observer is not None:
             observer.stop()

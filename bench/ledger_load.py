@@ -40,6 +40,7 @@ import tomli_w  # noqa: E402
 
 from coordinator.process import CoordinatorProcess, free_port  # noqa: E402
 from environments.base import Environment, Example, Scores  # noqa: E402
+from protocol import routes  # noqa: E402
 from protocol.identity import NodeIdentity  # noqa: E402
 from protocol.ledger_client import HEADER_SUBMISSION_SIGNATURE  # noqa: E402
 from protocol.signing import sign_document, sign_request  # noqa: E402
@@ -185,12 +186,12 @@ class SimulatedWorker:
             "rollouts": rollouts,
         }
         signature = sign_document(self.identity, document)
-        await self.call("submit", "/v1/submissions", document, {HEADER_SUBMISSION_SIGNATURE: signature})
+        await self.call("submit", routes.SUBMISSIONS, document, {HEADER_SUBMISSION_SIGNATURE: signature})
 
     async def run(self, stop_at: float, period_s: float, rng: random.Random) -> None:
         loop = asyncio.get_running_loop()
         await asyncio.sleep(rng.uniform(0, period_s))  # workers join spread over one period
-        if await self.call("register", "/v1/nodes/register", registration("worker")) is None:
+        if await self.call("register", routes.NODES_REGISTER, registration("worker")) is None:
             return
         next_beat = loop.time() + period_s
         next_task = loop.time() + rng.uniform(0, period_s)
@@ -198,10 +199,10 @@ class SimulatedWorker:
             await asyncio.sleep(max(0.0, wake - loop.time()))
             if loop.time() >= next_beat:
                 beat = {"v": 1, "policy_versions_held": [0], "engine": "vllm", "tokens_per_s": 100.0}
-                await self.call("heartbeat", "/v1/nodes/heartbeat", beat)
+                await self.call("heartbeat", routes.NODES_HEARTBEAT, beat)
                 next_beat = max(next_beat + period_s, loop.time())  # a late worker skips, it does not burst
             if loop.time() >= next_task:
-                leased = await self.call("lease", "/v1/leases", {"v": 1, "max_tasks": 1, "policy_versions_held": [0]})
+                leased = await self.call("lease", routes.LEASES, {"v": 1, "max_tasks": 1, "policy_versions_held": [0]})
                 for task in leased["tasks"] if leased else []:
                     await self.submit(task)
                 next_task = max(next_task + period_s, loop.time())
@@ -263,10 +264,10 @@ def summarize(raw: dict[str, Any]) -> dict[str, Any]:
 
 
 ROUTES = {
-    "register": "/v1/nodes/register",
-    "heartbeat": "/v1/nodes/heartbeat",
-    "lease": "/v1/leases",
-    "submit": "/v1/submissions",
+    "register": routes.NODES_REGISTER,
+    "heartbeat": routes.NODES_HEARTBEAT,
+    "lease": routes.LEASES,
+    "submit": routes.SUBMISSIONS,
 }
 
 

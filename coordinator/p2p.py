@@ -24,10 +24,11 @@ from sqlalchemy import func, select
 from coordinator.config import CoordinatorConfig
 from coordinator.storage.tables import policy_versions, run_state, tasks
 from coordinator.views import LedgerViews
+from protocol import routes
 from protocol.errors import NotFoundError, PrimeError
 from protocol.identity import NodeIdentity
 from protocol.p2p.announcements import policy_announcement
-from protocol.p2p.gossip import P2P_INFO_PATH, Gossip, Listener
+from protocol.p2p.gossip import Gossip, Listener
 from protocol.schemas import P2PInfo, TaskAnnouncement
 
 log = logging.getLogger("coordinator.p2p")
@@ -136,7 +137,7 @@ class CoordinatorGossip:
 def mount_p2p_info(app: FastAPI, gossip: CoordinatorGossip | None) -> None:
     """``GET /v1/p2p``: the coordinator's peer id and multiaddrs, or 404 when p2p is disabled."""
 
-    @app.get(P2P_INFO_PATH, tags=["public"])
+    @app.get(routes.P2P, tags=["public"])
     def p2p_info() -> P2PInfo:
         if gossip is None:
             raise NotFoundError("p2p is disabled on this coordinator ([p2p] enabled = false); poll the ledger")

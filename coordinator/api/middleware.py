@@ -22,6 +22,7 @@ from coordinator.api.errors import error_response, prime_error_response
 from coordinator.metrics import LedgerMetrics
 from coordinator.ratelimit import RateLimiter
 from coordinator.sources import SourcePolicy
+from protocol import routes
 from protocol.errors import PayloadTooLargeError, RateLimitedError
 
 
@@ -113,7 +114,7 @@ class SourceConcurrency:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         client = scope.get("client")
         address = client[0] if client else "unknown"
-        if scope["type"] != "http" or not scope["path"].startswith("/v1/") or self.sources.is_allowed(address):
+        if scope["type"] != "http" or not scope["path"].startswith(routes.PREFIX) or self.sources.is_allowed(address):
             await self.app(scope, receive, send)
             return
         source = self.sources.prefix(address)

@@ -33,9 +33,10 @@ from selenium.webdriver.support.ui import WebDriverWait
 
 from coordinator.dashboard.history import MAX_REWARD_POINTS
 from coordinator.process import free_port
+from protocol import routes
 from protocol.identity import NodeIdentity, load_or_create_identity
 from protocol.p2p.config import P2PConfig
-from protocol.p2p.gossip import P2P_INFO_PATH, Gossip
+from protocol.p2p.gossip import Gossip
 from protocol.schemas import P2PInfo, RelayAnnouncement
 from tests.integration.network import Network, running_network
 from tests.integration.shardcast_nodes import wait_until
@@ -86,7 +87,7 @@ def gossip_peer(net: Network) -> Iterator[Gossip]:
     peer = Gossip(NodeIdentity.generate(), P2PConfig(), net.coordinator_id)
     peer.start()
     try:
-        peer.join(P2PInfo.model_validate_json(httpx.get(f"{net.url}{P2P_INFO_PATH}", timeout=5).content))
+        peer.join(P2PInfo.model_validate_json(httpx.get(f"{net.url}{routes.P2P}", timeout=5).content))
         yield peer
     finally:
         peer.stop()
