@@ -31,7 +31,7 @@ from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 from coordinator.api.auth import SignedCaller, SignedRequest
 from coordinator.api.errors import install_error_handlers
-from coordinator.api.middleware import BodySizeLimit, IpRateLimit, RequestMetrics, SourceConcurrency
+from coordinator.api.middleware import BodySizeLimit, IpRateLimit, SourceConcurrency
 from coordinator.config import CoordinatorConfig
 from coordinator.dashboard import dashboard_router
 from coordinator.dashboard.relays import RelayWatch
@@ -42,6 +42,7 @@ from coordinator.replay import DatabaseReplayCache
 from coordinator.sources import SourcePolicy
 from protocol import routes
 from protocol.errors import ForbiddenError, NotFoundError, RateLimitedError
+from protocol.http_metrics import RequestMetrics
 from protocol.ledger_client import HEADER_SUBMISSION_SIGNATURE
 from protocol.schemas import (
     MAX_POLICY_VERSION,
@@ -120,7 +121,7 @@ def create_app(
     )
     install_error_handlers(app)
     metrics = LedgerMetrics(ledger.status)
-    app.add_middleware(RequestMetrics, metrics=metrics)
+    app.add_middleware(RequestMetrics, observe=metrics.observe_request)
     sources = config.sources
     source_policy = SourcePolicy(sources)
     app.add_middleware(

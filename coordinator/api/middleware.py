@@ -1,4 +1,4 @@
-"""ASGI middleware in front of every route: body size limit, per-IP rate limit, per-source concurrency, metrics.
+"""ASGI middleware in front of every route: body size limit, per-IP rate limit, per-source concurrency.
 
 Plain ASGI (no BaseHTTPMiddleware) so a refusal costs no body read: a declared
 ``Content-Length`` over the limit is answered 413 before one byte is received, and a chunked
@@ -13,13 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
-from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from coordinator.api.errors import error_response, prime_error_response
-from coordinator.metrics import LedgerMetrics
 from coordinator.ratelimit import RateLimiter
 from coordinator.sources import SourcePolicy
 from protocol import routes
@@ -131,31 +128,3 @@ class SourceConcurrency:
             users[0] -= 1
             if users[0] == 0:
                 del self._slots[source]
-
-
-class RequestMetrics:
-    """Counts requests and observes latency per route template (not per raw path: bounded labels)."""
-
-    def __init__(self, app: ASGIApp, metrics: LedgerMetrics) -> None:
-        self.app = app
-        self.metrics = metrics
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        started = time.perf_counter()
-        status = 500
-
-        async def recording_send(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = int(message["status"])
-            await send(message)
-
-        try:
-            await self.app(scope, receive, recording_send)
-        finally:
-            route: Any = scope.get("route")
-            template = getattr(route, "path", None) or "unmatched"
-            self.metrics.observe(scope["method"], template, status, time.perf_counter() - started)
