@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS_DIR = ROOT / "bench" / "results"
 NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_.-]*$")
 
 

@@ -51,7 +51,6 @@ from trainer.transport import StepBatch, TrainDir, write_json_atomic  # noqa: E4
 WARMUP_STEPS = 100
 TRANSIENT = re.compile(r"^(v\d+|step_\d+|\..*)$")
 """Names of one version's or one step's folder (or a staging one): their parent's growth is what counts."""
-PAGE_MIB = 1024 * 1024
 
 
 def process_table() -> dict[int, tuple[int, str, float]]:
