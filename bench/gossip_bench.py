@@ -9,7 +9,7 @@ the ledger's publication time to the observer receiving the announcement and to 
 logging that it starts (and finishes) fetching the version. With no tasks to lease, nothing
 but gossip makes the worker fetch. Prints ONE JSON object; ``summary`` holds the figures.
 
-    python bench/gossip_bench.py --quick    # 3 versions, under a minute
+    python -m bench.gossip_bench --quick    # 3 versions, under a minute
 """
 
 from __future__ import annotations
@@ -28,22 +28,20 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
+import tomli_w
+
+from bench.shardcast_bench import wait_until
+from coordinator.process import CoordinatorProcess, free_port
+from protocol import routes
+from protocol.children import stop_processes
+from protocol.identity import NodeIdentity
+from protocol.p2p.announcements import Accepted
+from protocol.p2p.config import P2PConfig
+from protocol.p2p.gossip import Gossip
+from protocol.schemas import P2PInfo, PolicyAnnouncement
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:  # run as a script: make the repo's packages importable
-    sys.path.insert(0, str(REPO_ROOT))
-
-import httpx  # noqa: E402
-import tomli_w  # noqa: E402
-
-from bench.shardcast_bench import wait_until  # noqa: E402
-from coordinator.process import CoordinatorProcess, free_port  # noqa: E402
-from protocol import routes  # noqa: E402
-from protocol.children import stop_processes  # noqa: E402
-from protocol.identity import NodeIdentity  # noqa: E402
-from protocol.p2p.announcements import Accepted  # noqa: E402
-from protocol.p2p.config import P2PConfig  # noqa: E402
-from protocol.p2p.gossip import Gossip  # noqa: E402
-from protocol.schemas import P2PInfo, PolicyAnnouncement  # noqa: E402
 
 BIN = Path(sys.executable).parent
 

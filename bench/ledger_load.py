@@ -11,8 +11,8 @@ requests/s and errors, and a ``summary`` with the p99 of the slowest endpoint pe
 The coordinator runs with its per-IP limit raised (all simulated workers share 127.0.0.1);
 per-node limits stay at their defaults.
 
-    python bench/ledger_load.py            # 1000 workers, 60 s per backend
-    python bench/ledger_load.py --quick    # 200 workers, 15 s per backend
+    python -m bench.ledger_load            # 1000 workers, 60 s per backend
+    python -m bench.ledger_load --quick    # 200 workers, 15 s per backend
 """
 
 from __future__ import annotations
@@ -31,19 +31,17 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import httpx
+import tomli_w
+
+from coordinator.process import CoordinatorProcess, free_port
+from environments.base import Environment, Example, Scores
+from protocol import routes
+from protocol.identity import NodeIdentity
+from protocol.ledger_client import HEADER_SUBMISSION_SIGNATURE
+from protocol.signing import sign_document, sign_request
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:  # run as a script: make the repo's packages importable
-    sys.path.insert(0, str(REPO_ROOT))
-
-import httpx  # noqa: E402
-import tomli_w  # noqa: E402
-
-from coordinator.process import CoordinatorProcess, free_port  # noqa: E402
-from environments.base import Environment, Example, Scores  # noqa: E402
-from protocol import routes  # noqa: E402
-from protocol.identity import NodeIdentity  # noqa: E402
-from protocol.ledger_client import HEADER_SUBMISSION_SIGNATURE  # noqa: E402
-from protocol.signing import sign_document, sign_request  # noqa: E402
 
 ENDPOINTS = ("register", "heartbeat", "lease", "submit")
 
@@ -333,7 +331,7 @@ def run_backend(backend: str, ledger_url: str, args: argparse.Namespace, workdir
     try:
         server.start(url, ("--log-level", "warning"))
         log(f"{backend}: coordinator pid {server.pid} on {url}; {args.workers} workers for {args.duration_s} s")
-        generator = [sys.executable, str(Path(__file__).resolve()), "--generate", url]
+        generator = [sys.executable, "-m", "bench.ledger_load", "--generate", url]
         generator += ["--workers", str(args.workers), "--duration-s", str(args.duration_s)]
         generator += ["--period-s", str(args.period_s), "--connections", str(args.connections)]
         server_cpu_before_s = cpu_seconds(server.pid)

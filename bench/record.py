@@ -6,8 +6,8 @@ bench ran at (``-dirty`` appended when the work tree has uncommitted changes), t
 (detected: cores, architecture, memory and GPU, or given with ``--hardware``) and the exact
 command, which is the provenance docs/benchmarks.md quotes for each figure:
 
-    python bench/record.py rollout_bench -- python bench/rollout_bench.py --quick
-    python bench/record.py ledger_load --hardware "8-core x86-64 CPU, 32 GiB, no GPU" -- python bench/ledger_load.py
+    python -m bench.record rollout_bench -- python -m bench.rollout_bench --quick
+    python -m bench.record ledger_load --hardware "8-core x86-64 CPU, 32 GiB, no GPU" -- python -m bench.ledger_load
 
 A bench that exits non-zero or prints anything but one JSON object is reported and nothing is written.
 """
@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
-        parser.error("give the bench command after --, e.g. -- python bench/rollout_bench.py --quick")
+        parser.error("give the bench command after --, e.g. -- python -m bench.rollout_bench --quick")
     try:
         path = record(args.name, command, args.hardware)
     except (ValueError, OSError, subprocess.CalledProcessError) as exc:

@@ -16,8 +16,8 @@ had been gathered through them over hours: at the defaults one /24 registers 64 
 12 a minute after that); the lease limits under test are the defaults. Reuses the load
 generator's pieces of bench/ledger_load.py.
 
-    python bench/sybil_bench.py            # 1000 Sybil keys, 60 s
-    python bench/sybil_bench.py --quick    # 200 Sybil keys, 15 s
+    python -m bench.sybil_bench            # 1000 Sybil keys, 60 s
+    python -m bench.sybil_bench --quick    # 200 Sybil keys, 15 s
 """
 
 from __future__ import annotations
@@ -35,16 +35,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+import tomli_w
+
+from bench.ledger_load import Pool, Recorder, SimulatedWorker, cpu_seconds, percentile_ms, registration
+from coordinator.process import CoordinatorProcess, free_port
+from protocol import routes
+from protocol.identity import NodeIdentity
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:  # run as a script: make the repo's packages importable
-    sys.path.insert(0, str(REPO_ROOT))
-
-import tomli_w  # noqa: E402
-
-from bench.ledger_load import Pool, Recorder, SimulatedWorker, cpu_seconds, percentile_ms, registration  # noqa: E402
-from coordinator.process import CoordinatorProcess, free_port  # noqa: E402
-from protocol import routes  # noqa: E402
-from protocol.identity import NodeIdentity  # noqa: E402
 
 SYBIL_ADDRESS = "127.0.0.1"
 VALIDATOR_ADDRESS = "127.9.0.1"
@@ -169,7 +167,7 @@ async def run_honest(url: str, args: argparse.Namespace) -> dict[str, Any]:
 
 def run(url: str, args: argparse.Namespace, env: dict[str, str]) -> dict[str, Any]:
     """The Sybil flood in a child process (its signing does not slow the honest side), the honest side here."""
-    command = [sys.executable, str(Path(__file__).resolve()), "--flood", url, "--sybils", str(args.sybils)]
+    command = [sys.executable, "-m", "bench.sybil_bench", "--flood", url, "--sybils", str(args.sybils)]
     command += ["--duration-s", str(args.duration_s), "--sybil-period-s", str(args.sybil_period_s)]
     command += ["--connections", str(args.connections)]
     started = time.perf_counter()
