@@ -46,7 +46,7 @@ demo: install
 
 # SHARDCAST vs shardcast==0.3.2 (installed on first use into .bench-venv/, never into .venv) and curl.
 bench-shardcast: install
-	$(BIN)/python bench/shardcast_bench.py $(BENCH_ARGS)
+	$(BIN)/python -m bench.shardcast_bench $(BENCH_ARGS)
 
 clean-venv:
 	rm -rf $(VENV)

@@ -25,13 +25,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+import tomli_w
+
+from runtime.ports import free_port
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:  # run as a script: make the repo's packages importable
-    sys.path.insert(0, str(REPO_ROOT))
-
-import tomli_w  # noqa: E402
-
-from runtime.ports import free_port  # noqa: E402
 
 BIN = Path(sys.executable).parent
 DATASET = "spell_backward"

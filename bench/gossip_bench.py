@@ -9,7 +9,7 @@ the ledger's publication time to the observer receiving the announcement and to 
 logging that it starts (and finishes) fetching the version. With no tasks to lease, nothing
 but gossip makes the worker fetch. Prints ONE JSON object; ``summary`` holds the figures.
 
-    python bench/gossip_bench.py --quick    # 3 versions, under a minute
+    python -m bench.gossip_bench --quick    # 3 versions, under a minute
 """
 
 from __future__ import annotations
@@ -28,22 +28,21 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
+import tomli_w
+
+from bench.shardcast_bench import wait_until
+from protocol import routes
+from protocol.announcements import Accepted
+from protocol.identity import NodeIdentity
+from protocol.schemas import P2PInfo, PolicyAnnouncement
+from runtime.children import stop_processes
+from runtime.p2p.config import P2PConfig
+from runtime.p2p.gossip import Gossip
+from runtime.ports import free_port
+from tests.support.coordinator_process import CoordinatorProcess
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:  # run as a script: make the repo's packages importable
-    sys.path.insert(0, str(REPO_ROOT))
-
-import httpx  # noqa: E402
-import tomli_w  # noqa: E402
-
-from bench.shardcast_bench import wait_until  # noqa: E402
-from protocol.announcements import Accepted  # noqa: E402
-from protocol.identity import NodeIdentity  # noqa: E402
-from protocol.schemas import P2PInfo, PolicyAnnouncement  # noqa: E402
-from runtime.children import stop_processes  # noqa: E402
-from runtime.p2p.config import P2PConfig  # noqa: E402
-from runtime.p2p.gossip import Gossip  # noqa: E402
-from runtime.ports import free_port  # noqa: E402
-from tests.support.coordinator_process import CoordinatorProcess  # noqa: E402
 
 BIN = Path(sys.executable).parent
 
@@ -114,7 +113,7 @@ def network(workdir: Path, num_versions: int) -> dict[str, Any]:
     received: dict[int, float] = {}
     try:
         coordinator.start(url, timeout_s=120)
-        info = P2PInfo.model_validate(httpx.get(f"{url}/v1/p2p", timeout=5).json())
+        info = P2PInfo.model_validate(httpx.get(url + routes.P2P, timeout=5).json())
         observer = Gossip(NodeIdentity.generate(), P2PConfig(), info.peer_id)
 
         def on_policy(accepted: Accepted) -> None:
@@ -134,7 +133,7 @@ def network(workdir: Path, num_versions: int) -> dict[str, Any]:
             argv = [str(BIN / "prime-coordinator"), "publish", str(checkpoints[version]), "-c", str(config_path)]
             subprocess.run(argv, check=True, capture_output=True, timeout=120)
             wait_until((workdir / "worker" / "policies" / f"v{version}").is_dir, 60, f"v{version}")
-        events = httpx.get(f"{url}/v1/events", params={"after": 0, "limit": 1000}, timeout=5).json()["events"]
+        events = httpx.get(url + routes.EVENTS, params={"after": 0, "limit": 1000}, timeout=5).json()["events"]
     finally:
         if observer is not None:
             observer.stop()

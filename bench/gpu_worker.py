@@ -10,23 +10,18 @@ Run it through bench/gpu_worker.sh.
 from __future__ import annotations
 
 import json
-import sys
 import time
-from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO_ROOT))
+import torch
 
-import torch  # noqa: E402
-
-from engines.hf import HFEngine  # noqa: E402
-from engines.vllm import VllmEngine  # noqa: E402
-from node.startup import eos_token_ids  # noqa: E402
-from protocol.schemas import SamplingParams  # noqa: E402
-from tests.support.adversary import honest_claims  # noqa: E402
-from toploc.sampling import sample_stream  # noqa: E402
-from toploc.verify import SampleTask, verify_claims  # noqa: E402
-from trainer.resolve import resolve_model_path  # noqa: E402
+from engines.hf import HFEngine
+from engines.vllm import VllmEngine
+from node.startup import eos_token_ids
+from protocol.schemas import SamplingParams
+from tests.support.adversary import honest_claims
+from toploc.sampling import sample_stream
+from toploc.verify import SampleTask, verify_claims
+from trainer.resolve import resolve_model_path
 
 
 def main() -> None:

@@ -7,4 +7,4 @@ cd "$(dirname "$0")/.."
 PY="${PYTHON:-.venv/bin/python}"
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 export VLLM_HOST_IP=127.0.0.1
-timeout 540 "$PY" bench/gpu_worker.py
+timeout 540 "$PY" -m bench.gpu_worker

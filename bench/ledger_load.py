@@ -11,8 +11,8 @@ requests/s and errors, and a ``summary`` with the p99 of the slowest endpoint pe
 The coordinator runs with its per-IP limit raised (all simulated workers share 127.0.0.1);
 per-node limits stay at their defaults.
 
-    python bench/ledger_load.py            # 1000 workers, 60 s per backend
-    python bench/ledger_load.py --quick    # 200 workers, 15 s per backend
+    python -m bench.ledger_load            # 1000 workers, 60 s per backend
+    python -m bench.ledger_load --quick    # 200 workers, 15 s per backend
 """
 
 from __future__ import annotations
@@ -31,19 +31,18 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import httpx
+import tomli_w
+
+from environments.base import Environment, Example, Scores
+from protocol import routes
+from protocol.identity import NodeIdentity
+from protocol.ledger_client import HEADER_SUBMISSION_SIGNATURE
+from protocol.signing import sign_document, sign_request
+from runtime.ports import free_port
+from tests.support.coordinator_process import CoordinatorProcess
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:  # run as a script: make the repo's packages importable
-    sys.path.insert(0, str(REPO_ROOT))
-
-import httpx  # noqa: E402
-import tomli_w  # noqa: E402
-
-from environments.base import Environment, Example, Scores  # noqa: E402
-from protocol.identity import NodeIdentity  # noqa: E402
-from protocol.ledger_client import HEADER_SUBMISSION_SIGNATURE  # noqa: E402
-from protocol.signing import sign_document, sign_request  # noqa: E402
-from runtime.ports import free_port  # noqa: E402
-from tests.support.coordinator_process import CoordinatorProcess  # noqa: E402
 
 ENDPOINTS = ("register", "heartbeat", "lease", "submit")
 
@@ -186,12 +185,12 @@ class SimulatedWorker:
             "rollouts": rollouts,
         }
         signature = sign_document(self.identity, document)
-        await self.call("submit", "/v1/submissions", document, {HEADER_SUBMISSION_SIGNATURE: signature})
+        await self.call("submit", routes.SUBMISSIONS, document, {HEADER_SUBMISSION_SIGNATURE: signature})
 
     async def run(self, stop_at: float, period_s: float, rng: random.Random) -> None:
         loop = asyncio.get_running_loop()
         await asyncio.sleep(rng.uniform(0, period_s))  # workers join spread over one period
-        if await self.call("register", "/v1/nodes/register", registration("worker")) is None:
+        if await self.call("register", routes.NODES_REGISTER, registration("worker")) is None:
             return
         next_beat = loop.time() + period_s
         next_task = loop.time() + rng.uniform(0, period_s)
@@ -199,10 +198,10 @@ class SimulatedWorker:
             await asyncio.sleep(max(0.0, wake - loop.time()))
             if loop.time() >= next_beat:
                 beat = {"v": 1, "policy_versions_held": [0], "engine": "vllm", "tokens_per_s": 100.0}
-                await self.call("heartbeat", "/v1/nodes/heartbeat", beat)
+                await self.call("heartbeat", routes.NODES_HEARTBEAT, beat)
                 next_beat = max(next_beat + period_s, loop.time())  # a late worker skips, it does not burst
             if loop.time() >= next_task:
-                leased = await self.call("lease", "/v1/leases", {"v": 1, "max_tasks": 1, "policy_versions_held": [0]})
+                leased = await self.call("lease", routes.LEASES, {"v": 1, "max_tasks": 1, "policy_versions_held": [0]})
                 for task in leased["tasks"] if leased else []:
                     await self.submit(task)
                 next_task = max(next_task + period_s, loop.time())
@@ -264,10 +263,10 @@ def summarize(raw: dict[str, Any]) -> dict[str, Any]:
 
 
 ROUTES = {
-    "register": "/v1/nodes/register",
-    "heartbeat": "/v1/nodes/heartbeat",
-    "lease": "/v1/leases",
-    "submit": "/v1/submissions",
+    "register": routes.NODES_REGISTER,
+    "heartbeat": routes.NODES_HEARTBEAT,
+    "lease": routes.LEASES,
+    "submit": routes.SUBMISSIONS,
 }
 
 
@@ -333,7 +332,7 @@ def run_backend(backend: str, ledger_url: str, args: argparse.Namespace, workdir
     try:
         server.start(url, ("--log-level", "warning"))
         log(f"{backend}: coordinator pid {server.pid} on {url}; {args.workers} workers for {args.duration_s} s")
-        generator = [sys.executable, str(Path(__file__).resolve()), "--generate", url]
+        generator = [sys.executable, "-m", "bench.ledger_load", "--generate", url]
         generator += ["--workers", str(args.workers), "--duration-s", str(args.duration_s)]
         generator += ["--period-s", str(args.period_s), "--connections", str(args.connections)]
         server_cpu_before_s = cpu_seconds(server.pid)

@@ -6,8 +6,8 @@ bench ran at (``-dirty`` appended when the work tree has uncommitted changes), t
 (detected: cores, architecture, memory and GPU, or given with ``--hardware``) and the exact
 command, which is the provenance docs/benchmarks.md quotes for each figure:
 
-    python bench/record.py rollout_bench -- python bench/rollout_bench.py --quick
-    python bench/record.py ledger_load --hardware "8-core x86-64 CPU, 32 GiB, no GPU" -- python bench/ledger_load.py
+    python -m bench.record rollout_bench -- python -m bench.rollout_bench --quick
+    python -m bench.record ledger_load --hardware "8-core x86-64 CPU, 32 GiB, no GPU" -- python -m bench.ledger_load
 
 A bench that exits non-zero or prints anything but one JSON object is reported and nothing is written.
 """
@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS_DIR = ROOT / "bench" / "results"
 NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_.-]*$")
 
 
@@ -117,11 +116,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("name", help="result file name: bench/results/<name>.json")
     parser.add_argument("--hardware", help="hardware description (default: detected)")
-    parser.add_argument("command", nargs=argparse.REMAINDER, help="-- then the bench command line")
-    args = parser.parse_args(argv)
-    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    parser.add_argument("command", nargs="*", help="-- then the bench command line")
+    argv = sys.argv[1:] if argv is None else argv
+    # Everything after the first "--" is the bench's own command line; options may stand on
+    # either side of NAME before it.
+    split = argv.index("--") if "--" in argv else len(argv)
+    args = parser.parse_args(argv[:split])
+    command = [*args.command, *argv[split + 1 :]]
     if not command:
-        parser.error("give the bench command after --, e.g. -- python bench/rollout_bench.py --quick")
+        parser.error("give the bench command after --, e.g. -- python -m bench.rollout_bench --quick")
     try:
         path = record(args.name, command, args.hardware)
     except (ValueError, OSError, subprocess.CalledProcessError) as exc:

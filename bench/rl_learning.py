@@ -8,8 +8,8 @@ seed at every evaluation. Prints one JSON object; ``summary`` holds ``reward_sta
 ``reward_end`` (means over seeds), ``reward_gain_min`` (the smallest end - start gain over the
 seeds) and ``mismatch_kl_max`` (largest per-step KL between engine and trainer logprobs).
 
-    python bench/rl_learning.py --threads 1   # 3 seeds x 100 steps, 1.5-4 min per seed on a busy 2-core CPU
-    python bench/rl_learning.py --quick    # 1 seed x 10 steps, smaller batches: a smoke run, too short to learn
+    python -m bench.rl_learning --threads 1   # 3 seeds x 100 steps, 1.5-4 min per seed on a busy 2-core CPU
+    python -m bench.rl_learning --quick    # 1 seed x 10 steps, smaller batches: a smoke run, too short to learn
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ runner doing the same tasks for real: lease from a `prime-coordinator start` pro
 ``summary`` holds ``loop_over_engine`` (the worse engine's loop/engine ratio), ``vllm_over_hf``
 (engine alone, batch 64), ``vllm_tokens_per_s`` and ``hf_tokens_per_s``.
 
-    python bench/rollout_bench.py [--quick] [--tasks N] [--max-tokens N]
+    python -m bench.rollout_bench [--quick] [--tasks N] [--max-tokens N]
 """
 
 from __future__ import annotations
@@ -19,28 +19,26 @@ import functools
 import json
 import os
 import platform
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+import tomli_w
+import torch
+
+from engines.base import Engine
+from environments.base import Environment, Example, Scores
+from environments.prompts import EnvironmentPrompts
+from protocol.identity import NodeIdentity
+from protocol.ledger_client import LedgerClient
+from protocol.schemas import Hardware, RegisterRequest, SamplingParams, Task
+from runtime.ports import free_port
+from shardcast.cache import WeightsCache
+from tests.support.coordinator_process import CoordinatorProcess
+from worker.loop import TaskRunner, WorkerState, generation_requests
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO_ROOT))
-
-import tomli_w  # noqa: E402
-import torch  # noqa: E402
-
-from engines.base import Engine  # noqa: E402
-from environments.base import Environment, Example, Scores  # noqa: E402
-from environments.prompts import EnvironmentPrompts  # noqa: E402
-from protocol.identity import NodeIdentity  # noqa: E402
-from protocol.ledger_client import LedgerClient  # noqa: E402
-from protocol.schemas import Hardware, RegisterRequest, SamplingParams, Task  # noqa: E402
-from runtime.ports import free_port  # noqa: E402
-from shardcast.cache import WeightsCache  # noqa: E402
-from tests.support.coordinator_process import CoordinatorProcess  # noqa: E402
-from worker.loop import TaskRunner, WorkerState, generation_requests  # noqa: E402
 
 TASK_NAME = "bench"
 PROMPTS_PER_TASK = 8

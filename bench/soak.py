@@ -17,9 +17,9 @@ sample stored in it), ``batch_write_s`` / ``batch_read_s`` (one 256-sample x 4,0
 through :class:`trainer.transport.TrainDir`), ``reward_start`` / ``reward_end`` (mean batch reward
 of the first and last 10 steps) and ``rejected`` (submissions rejected).
 
-    python bench/soak.py --quick        # 200 steps, ~6 min on a busy 2-core CPU
-    python bench/soak.py                # 1,000 steps, ~30 min
-    python bench/soak.py --child-log-mib 0.25   # logs small enough to rotate within the run
+    python -m bench.soak --quick        # 200 steps, ~6 min on a busy 2-core CPU
+    python -m bench.soak                # 1,000 steps, ~30 min
+    python -m bench.soak --child-log-mib 0.25   # logs small enough to rotate within the run
 """
 
 from __future__ import annotations
@@ -40,19 +40,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO_ROOT))
+from coordinator.config import ChildLogsConfig
+from runtime.ports import free_port
+from tests.support.coordinator_process import CoordinatorProcess
+from trainer.packing import TrainSample
+from trainer.transport import StepBatch, TrainDir, write_json_atomic
 
-from coordinator.config import ChildLogsConfig  # noqa: E402
-from runtime.ports import free_port  # noqa: E402
-from tests.support.coordinator_process import CoordinatorProcess  # noqa: E402
-from trainer.packing import TrainSample  # noqa: E402
-from trainer.transport import StepBatch, TrainDir, write_json_atomic  # noqa: E402
+REPO_ROOT = Path(__file__).resolve().parents[1]
 
 WARMUP_STEPS = 100
 TRANSIENT = re.compile(r"^(v\d+|step_\d+|\..*)$")
 """Names of one version's or one step's folder (or a staging one): their parent's growth is what counts."""
-PAGE_MIB = 1024 * 1024
 
 
 def process_table() -> dict[int, tuple[int, str, float]]:

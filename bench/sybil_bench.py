@@ -16,8 +16,8 @@ had been gathered through them over hours: at the defaults one /24 registers 64 
 12 a minute after that); the lease limits under test are the defaults. Reuses the load
 generator's pieces of bench/ledger_load.py.
 
-    python bench/sybil_bench.py            # 1000 Sybil keys, 60 s
-    python bench/sybil_bench.py --quick    # 200 Sybil keys, 15 s
+    python -m bench.sybil_bench            # 1000 Sybil keys, 60 s
+    python -m bench.sybil_bench --quick    # 200 Sybil keys, 15 s
 """
 
 from __future__ import annotations
@@ -35,22 +35,20 @@ import time
 from pathlib import Path
 from typing import Any
 
+import tomli_w
+
+from bench.ledger_load import Pool, Recorder, SimulatedWorker, cpu_seconds, percentile_ms, registration
+from protocol import routes
+from protocol.identity import NodeIdentity
+from runtime.ports import free_port
+from tests.support.coordinator_process import CoordinatorProcess
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:  # run as a script: make the repo's packages importable
-    sys.path.insert(0, str(REPO_ROOT))
-
-import tomli_w  # noqa: E402
-
-from bench.ledger_load import Pool, Recorder, SimulatedWorker, cpu_seconds, percentile_ms, registration  # noqa: E402
-from protocol.identity import NodeIdentity  # noqa: E402
-from runtime.ports import free_port  # noqa: E402
-from tests.support.coordinator_process import CoordinatorProcess  # noqa: E402
 
 SYBIL_ADDRESS = "127.0.0.1"
 VALIDATOR_ADDRESS = "127.9.0.1"
 NUM_HONEST = 4
 MAX_OPEN_LEASES = 256
-LEASE_PATH = "/v1/leases"
 HEARTBEAT_PERIOD_S = 0.25  # far more often than a worker's 10 s, for enough samples of the latency
 
 
@@ -80,27 +78,27 @@ class Tally:
 async def sybil(node: SimulatedWorker, tally: Tally, stop_at: float, period_s: float, rng: random.Random) -> None:
     loop = asyncio.get_running_loop()
     await asyncio.sleep(rng.uniform(0, 1.0))  # the keys register within a second
-    if await node.call("register", "/v1/nodes/register", registration("worker")) is None:
+    if await node.call("register", routes.NODES_REGISTER, registration("worker")) is None:
         return
     while loop.time() < stop_at:
-        tally.count("sybil", await node.call("lease", LEASE_PATH, {"v": 1, "max_tasks": 64}))
+        tally.count("sybil", await node.call("lease", routes.LEASES, {"v": 1, "max_tasks": 64}))
         await asyncio.sleep(rng.uniform(0.5, 1.5) * period_s)
 
 
 async def honest(node: SimulatedWorker, tally: Tally, stop_at: float, work_s: float) -> None:
     loop = asyncio.get_running_loop()
-    if await node.call("register", "/v1/nodes/register", registration("worker")) is None:
+    if await node.call("register", routes.NODES_REGISTER, registration("worker")) is None:
         return
 
     async def heartbeats() -> None:
         while loop.time() < stop_at:
             beat = {"v": 1, "policy_versions_held": [0], "engine": "vllm", "tokens_per_s": 100.0}
-            await node.call("heartbeat", "/v1/nodes/heartbeat", beat)
+            await node.call("heartbeat", routes.NODES_HEARTBEAT, beat)
             await asyncio.sleep(HEARTBEAT_PERIOD_S)
 
     beating = asyncio.create_task(heartbeats())
     while loop.time() < stop_at:
-        leased = await node.call("lease", LEASE_PATH, {"v": 1, "max_tasks": 2, "policy_versions_held": [0]})
+        leased = await node.call("lease", routes.LEASES, {"v": 1, "max_tasks": 2, "policy_versions_held": [0]})
         tasks = tally.count("honest", leased)
         if not tasks:
             await asyncio.sleep(max(0.2, leased["retry_after_s"] if leased else 1.0))
@@ -113,13 +111,13 @@ async def honest(node: SimulatedWorker, tally: Tally, stop_at: float, work_s: fl
 
 async def validator(node: SimulatedWorker, stop_at: float) -> None:
     loop = asyncio.get_running_loop()
-    if await node.call("register", "/v1/nodes/register", registration("validator")) is None:
+    if await node.call("register", routes.NODES_REGISTER, registration("validator")) is None:
         return
     while loop.time() < stop_at:
-        pending = await node.call("pending", "/v1/submissions/pending?limit=64", None)
+        pending = await node.call("pending", f"{routes.SUBMISSIONS_PENDING}?limit=64", None)
         for item in pending["submissions"] if pending else []:
             verdict = {"v": 1, "submission_id": item["submission_id"], "accepted": True}
-            await node.call("verdict", "/v1/verdicts", verdict)
+            await node.call("verdict", routes.VERDICTS, verdict)
         await asyncio.sleep(0.2)
 
 
@@ -170,7 +168,7 @@ async def run_honest(url: str, args: argparse.Namespace) -> dict[str, Any]:
 
 def run(url: str, args: argparse.Namespace, env: dict[str, str]) -> dict[str, Any]:
     """The Sybil flood in a child process (its signing does not slow the honest side), the honest side here."""
-    command = [sys.executable, str(Path(__file__).resolve()), "--flood", url, "--sybils", str(args.sybils)]
+    command = [sys.executable, "-m", "bench.sybil_bench", "--flood", url, "--sybils", str(args.sybils)]
     command += ["--duration-s", str(args.duration_s), "--sybil-period-s", str(args.sybil_period_s)]
     command += ["--connections", str(args.connections)]
     started = time.perf_counter()

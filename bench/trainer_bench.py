@@ -10,7 +10,7 @@ clip, AdamW), median over the measured steps after one warm-up step. Both modes 
 same process with their steps interleaved (packed, padded, packed, ...), so a shared
 machine's load drifts hit both; ``packing_speedup`` is their ratio on the tiny model.
 
-    python bench/trainer_bench.py [--quick]
+    python -m bench.trainer_bench [--quick]
 """
 
 from __future__ import annotations

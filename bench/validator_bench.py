@@ -9,34 +9,30 @@ per prefill batch (what `prime-validator run` does), then batched with the ledge
 quarter of the samples. Prints one JSON object whose ``summary`` holds ``workers_kept_up`` =
 verified/s (every sample, batched) divided by one worker's generated/s, next to the others.
 
-    python bench/validator_bench.py [--quick] [--tasks N] [--max-tokens N] [--repeats N] [--threads N]
+    python -m bench.validator_bench [--quick] [--tasks N] [--max-tokens N] [--repeats N] [--threads N]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
-from pathlib import Path
 
 import torch
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-BATCH_SIZE = 16  # ValidatorConfig.max_submissions_per_batch
-sys.path.insert(0, str(REPO_ROOT))
+from bench.rollout_bench import local_task
+from coordinator.ledger.audit_choice import audit_sample_indices
+from coordinator.ledger.seeds import new_run_secret
+from engines.hf import HFEngine
+from node.startup import eos_token_ids
+from protocol.identity import NodeIdentity
+from protocol.schemas import PendingSubmission
+from protocol.signing import sign_document
+from trainer.resolve import resolve_model_path
+from validator.audit import audit_submissions
+from worker.loop import build_submission, generation_requests
 
-from bench.rollout_bench import local_task  # noqa: E402
-from coordinator.ledger.audit_choice import audit_sample_indices  # noqa: E402
-from coordinator.ledger.seeds import new_run_secret  # noqa: E402
-from engines.hf import HFEngine  # noqa: E402
-from node.startup import eos_token_ids  # noqa: E402
-from protocol.identity import NodeIdentity  # noqa: E402
-from protocol.schemas import PendingSubmission  # noqa: E402
-from protocol.signing import sign_document  # noqa: E402
-from trainer.resolve import resolve_model_path  # noqa: E402
-from validator.audit import audit_submissions  # noqa: E402
-from worker.loop import build_submission, generation_requests  # noqa: E402
+BATCH_SIZE = 16  # ValidatorConfig.max_submissions_per_batch
 
 
 def generated(

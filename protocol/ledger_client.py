@@ -18,6 +18,7 @@ from typing import TypeVar
 import httpx
 from pydantic import BaseModel, ValidationError
 
+from protocol import routes
 from protocol.errors import BadSignatureError, PrimeError, RateLimitedError, RemoteUnavailableError, error_for_code
 from protocol.identity import NodeIdentity
 from protocol.schemas import (
@@ -119,51 +120,51 @@ class LedgerClient:
         return response_type.model_validate_json(response.content)
 
     async def register(self, request: RegisterRequest) -> RegisterResponse:
-        return await self._call("POST", "/v1/nodes/register", RegisterResponse, request)
+        return await self._call("POST", routes.NODES_REGISTER, RegisterResponse, request)
 
     async def heartbeat(self, request: HeartbeatRequest) -> HeartbeatResponse:
-        return await self._call("POST", "/v1/nodes/heartbeat", HeartbeatResponse, request)
+        return await self._call("POST", routes.NODES_HEARTBEAT, HeartbeatResponse, request)
 
     async def lease(self, request: LeaseRequest) -> LeaseResponse:
-        return await self._call("POST", "/v1/leases", LeaseResponse, request)
+        return await self._call("POST", routes.LEASES, LeaseResponse, request)
 
     async def renew(self, lease_id: str) -> LeaseState:
-        return await self._call("POST", "/v1/leases/renew", LeaseState, LeaseRenewal(lease_id=lease_id))
+        return await self._call("POST", routes.LEASES_RENEW, LeaseState, LeaseRenewal(lease_id=lease_id))
 
     async def abandon(self, lease_id: str) -> LeaseState:
-        return await self._call("POST", "/v1/leases/abandon", LeaseState, LeaseRenewal(lease_id=lease_id))
+        return await self._call("POST", routes.LEASES_ABANDON, LeaseState, LeaseRenewal(lease_id=lease_id))
 
     async def submit(self, request: SubmitRequest) -> SubmitResponse:
         signature = sign_document(self.identity, request.model_dump(mode="json"))
         headers = {HEADER_SUBMISSION_SIGNATURE: signature}
-        return await self._call("POST", "/v1/submissions", SubmitResponse, request, headers=headers)
+        return await self._call("POST", routes.SUBMISSIONS, SubmitResponse, request, headers=headers)
 
     async def pending(self, limit: int = 16) -> PendingSubmissions:
-        return await self._call("GET", "/v1/submissions/pending", PendingSubmissions, params={"limit": limit})
+        return await self._call("GET", routes.SUBMISSIONS_PENDING, PendingSubmissions, params={"limit": limit})
 
     async def post_verdict(self, verdict: Verdict) -> VerdictResponse:
-        return await self._call("POST", "/v1/verdicts", VerdictResponse, verdict)
+        return await self._call("POST", routes.VERDICTS, VerdictResponse, verdict)
 
     async def publish(self, signed: SignedManifest) -> PublishResponse:
-        return await self._call("POST", "/v1/policy-versions", PublishResponse, signed)
+        return await self._call("POST", routes.POLICY_VERSIONS, PublishResponse, signed)
 
     async def manifest(self, version: int | None = None) -> SignedManifest:
-        path = "/v1/policy-versions/latest" if version is None else f"/v1/policy-versions/{version}"
+        path = routes.POLICY_VERSION_LATEST if version is None else routes.fill(routes.POLICY_VERSION, version=version)
         return await self._call("GET", path, SignedManifest, signed=False)
 
     async def run_spec(self, coordinator_id: str) -> RunSpec:
         """The run spec, verified as signed by ``coordinator_id`` (BadSignatureError otherwise)."""
-        signed = await self._call("GET", "/v1/run-spec", SignedRunSpec, signed=False)
+        signed = await self._call("GET", routes.RUN_SPEC, SignedRunSpec, signed=False)
         if signed.signer != coordinator_id:
             raise BadSignatureError(f"the run spec is signed by {signed.signer}, not the coordinator {coordinator_id}")
         verify_document(coordinator_id, signed.spec.model_dump(mode="json"), signed.signature_b64)
         return signed.spec
 
     async def status(self) -> RunStatus:
-        return await self._call("GET", "/v1/status", RunStatus, signed=False)
+        return await self._call("GET", routes.STATUS, RunStatus, signed=False)
 
     async def stats(self, limit: int = 100) -> RunStats:
-        return await self._call("GET", "/v1/stats", RunStats, params={"limit": limit}, signed=False)
+        return await self._call("GET", routes.STATS, RunStats, params={"limit": limit}, signed=False)
 
     async def events(self, after: int = 0, limit: int = 100) -> EventPage:
-        return await self._call("GET", "/v1/events", EventPage, params={"after": after, "limit": limit}, signed=False)
+        return await self._call("GET", routes.EVENTS, EventPage, params={"after": after, "limit": limit}, signed=False)

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 import httpx
 import pydantic
 
+from protocol import routes
 from protocol.errors import StartupError
 from protocol.schemas import RunStatus, VersionsResponse
 
@@ -56,7 +57,7 @@ async def check_coordinator(url: str, timeout_s: float, stop: asyncio.Event | No
     async with httpx.AsyncClient(base_url=url, timeout=10.0) as http:
         while True:
             try:
-                response = await http.get("/v1/status")
+                response = await http.get(routes.STATUS)
             except httpx.TransportError as exc:
                 if time.monotonic() >= deadline or (stop is not None and stop.is_set()):
                     raise StartupError(
@@ -80,7 +81,7 @@ async def check_coordinator(url: str, timeout_s: float, stop: asyncio.Event | No
             except ValueError as exc:  # pydantic's ValidationError is one too
                 detail = str(exc) if not isinstance(exc, pydantic.ValidationError) else "its answer is not a run status"
                 raise StartupError(
-                    f"{url} is not a prime-network coordinator (GET /v1/status: {detail})", COORDINATOR_FIX
+                    f"{url} is not a prime-network coordinator (GET {routes.STATUS}: {detail})", COORDINATOR_FIX
                 ) from None
 
 

@@ -7,6 +7,7 @@ as they do in tests and when the coordinator mounts the origin next to its own m
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from starlette.types import Scope
 
 
 class ShardcastMetrics:
@@ -47,5 +48,22 @@ class ShardcastMetrics:
         self.info.labels(**labels).set(1)
         self.latest_version.set(-1)
 
+    def observe_request(self, scope: Scope, status: int | None, _seconds: float) -> None:
+        """Count one answered request by route kind and status (:class:`runtime.http_metrics.RequestMetrics`
+        calls it); one the app answered nothing is left out."""
+        if status is not None:
+            self.requests.labels(route=_route_kind(scope.get("path", "")), status=str(status)).inc()
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def _route_kind(path: str) -> str:
+    if "/shards/" in path:
+        return "shard"
+    if path.endswith("/manifest.json"):
+        return "manifest"
+    for name in ("versions", "healthz", "metrics"):
+        if path.endswith(f"/{name}"):
+            return name
+    return "other"

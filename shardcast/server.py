@@ -33,10 +33,11 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Receive, Scope, Send
 
 from protocol.errors import NotFoundError, NotReadyError, PrimeError, ProtocolError
 from protocol.schemas import ErrorBody, ShardEntry, VersionsResponse
+from runtime.http_metrics import RequestMetrics
 from shardcast.metrics import ShardcastMetrics
 from shardcast.ranges import MalformedRange, RangeError, parse_range
 
@@ -238,40 +239,8 @@ def create_app(source: ShardSource) -> Starlette:
         ],
         exception_handlers={PrimeError: prime_error, HTTPException: http_error},
     )
-    app.add_middleware(_CountRequests, metrics=metrics)
+    app.add_middleware(RequestMetrics, observe=metrics.observe_request)
     return app
-
-
-class _CountRequests:
-    """ASGI middleware counting responses by route kind and status code."""
-
-    def __init__(self, app: ASGIApp, metrics: ShardcastMetrics) -> None:
-        self.app = app
-        self.metrics = metrics
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        route = _route_kind(scope.get("path", ""))
-
-        async def counting_send(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                self.metrics.requests.labels(route=route, status=str(message["status"])).inc()
-            await send(message)
-
-        await self.app(scope, receive, counting_send)
-
-
-def _route_kind(path: str) -> str:
-    if "/shards/" in path:
-        return "shard"
-    if path.endswith("/manifest.json"):
-        return "manifest"
-    for name in ("versions", "healthz", "metrics"):
-        if path.endswith(f"/{name}"):
-            return name
-    return "other"
 
 
 async def serve_http(

@@ -92,9 +92,9 @@ def builtin_tokenizer() -> Tokenizer:
 
 def build_random_qwen2(output_dir: Path, shape: str = "tiny", tokenizer: Tokenizer | None = None) -> None:
     """Save a Qwen2 of ``shape`` initialised from :data:`INIT_SEED`, with ``tokenizer`` (default: built-in)."""
-    import torch
-    from transformers import GenerationConfig, Qwen2ForCausalLM
+    from transformers import GenerationConfig
 
+    from engines.random_qwen2 import random_qwen2
     from trainer.tokenizer import EOS_TOKEN, save_hf_tokenizer
     from trainer.transformers_logs import quiet_transformers
 
@@ -104,8 +104,7 @@ def build_random_qwen2(output_dir: Path, shape: str = "tiny", tokenizer: Tokeniz
     if eos_id is None:
         raise ValueError(f"the tokenizer has no {EOS_TOKEN} token")
     config = qwen2_config(shape, tokenizer.get_vocab_size(), eos_id)
-    torch.manual_seed(INIT_SEED)
-    model = Qwen2ForCausalLM(config)
+    model = random_qwen2(config, INIT_SEED)
     model.generation_config = GenerationConfig(eos_token_id=eos_id, pad_token_id=eos_id, bos_token_id=eos_id)
     model.save_pretrained(str(output_dir), safe_serialization=True)
     save_hf_tokenizer(tokenizer, output_dir, config.max_position_embeddings)

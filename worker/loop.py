@@ -156,10 +156,6 @@ class TaskRunner:
             if submitting is not None:
                 await submitting
 
-    async def run_task(self, task: Task, stop: asyncio.Event) -> None:
-        """Generate, prove and submit one task."""
-        await (await self.generate_task(task, stop))
-
     async def generate_task(self, task: Task, stop: asyncio.Event) -> Coroutine[Any, Any, None]:
         """Generate a task's samples; return the coroutine that proves and submits them.
 

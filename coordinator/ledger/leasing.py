@@ -52,6 +52,7 @@ from coordinator.ledger.storage.tables import (
 )
 from coordinator.ledger.views import RUN_ROW_ID, LedgerViews
 from environments.prompts import PromptSource
+from protocol import routes
 from protocol.errors import (
     ConfigError,
     ConflictError,
@@ -194,7 +195,7 @@ class LeasingLedger(LedgerViews):
         """The node's row, or a 403 saying why it may not act in ``role`` (None: in any role)."""
         row = conn.execute(NODE_ROW_LOCKED if lock else NODE_ROW, {"b_node_id": node_id}).first()
         if row is None:
-            raise ForbiddenError(f"node {node_id} is not registered; call POST /v1/nodes/register first")
+            raise ForbiddenError(f"node {node_id} is not registered; call POST {routes.NODES_REGISTER} first")
         if row.banned:
             raise ForbiddenError(f"node {node_id} is banned: {row.ban_reason}")
         if role is not None and row.role != role:

@@ -21,9 +21,6 @@ from collections.abc import Iterable, Sequence
 
 from protocol.schemas import Rollout
 
-LEASE_STATES = ("active", "submitted", "expired", "abandoned")
-TASK_STATES = ("open", "leased", "submitted", "accepted")
-
 
 def fair_share(max_open_leases: int, num_live_sources: int) -> int:
     """Open leases one source may hold when the network is at capacity: an equal share, at least 1."""

@@ -16,7 +16,7 @@ For step s (1-based; step s turns policy v(s-1) into v(s)) the loop:
 
 Generation never waits for this loop: leasing goes on at the current version while the
 trainer works (with k = 0 the ledger caps what is leased, see
-:func:`coordinator.ledger.scheduling.on_policy_room`). Every step's state is in the ledger and the
+:func:`coordinator.ledger.scheduling.lease_room`). Every step's state is in the ledger and the
 run directory, so a restart anywhere in 1-3 resumes at the same step with the same batch.
 """
 

@@ -21,7 +21,6 @@ from coordinator.ledger.batches import AcceptedGroup, accepted_group, verdict_re
 from coordinator.ledger.ledger import Ledger
 from coordinator.ledger.storage.tables import accepted_groups, step_submissions, submissions, tasks, train_steps
 
-STEP_STATES = ("recorded", "trained", "published")
 CANDIDATE_SCAN_FACTOR = 4
 
 

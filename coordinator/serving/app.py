@@ -38,8 +38,9 @@ from coordinator.serving.dashboard import dashboard_router
 from coordinator.serving.dashboard.relays import RelayWatch
 from coordinator.serving.errors import install_error_handlers
 from coordinator.serving.metrics import LedgerMetrics
-from coordinator.serving.middleware import BodySizeLimit, IpRateLimit, RequestMetrics, SourceConcurrency
+from coordinator.serving.middleware import BodySizeLimit, IpRateLimit, SourceConcurrency
 from coordinator.serving.ratelimit import RateLimiter, RegistrationLimit
+from protocol import routes
 from protocol.errors import ForbiddenError, NotFoundError, RateLimitedError
 from protocol.ledger_client import HEADER_SUBMISSION_SIGNATURE
 from protocol.schemas import (
@@ -65,6 +66,7 @@ from protocol.schemas import (
     Verdict,
     VerdictResponse,
 )
+from runtime.http_metrics import RequestMetrics
 
 log = logging.getLogger("coordinator.serving")
 
@@ -119,7 +121,7 @@ def create_app(
     )
     install_error_handlers(app)
     metrics = LedgerMetrics(ledger.status)
-    app.add_middleware(RequestMetrics, metrics=metrics)
+    app.add_middleware(RequestMetrics, observe=metrics.observe_request)
     sources = config.sources
     source_policy = SourcePolicy(sources)
     app.add_middleware(
@@ -141,7 +143,7 @@ def create_app(
     caller = SignedCaller(config.trust.max_clock_skew_s, RateLimiter(api.node_rate_per_s, api.node_burst))
     Caller = Annotated[SignedRequest, Depends(caller)]  # noqa: N806 - a type alias, named like one
 
-    @app.post("/v1/nodes/register", tags=["nodes"])
+    @app.post(routes.NODES_REGISTER, tags=["nodes"])
     async def register(body: RegisterRequest, caller: Caller, request: Request) -> RegisterResponse:
         """Register (or update) the calling node: workers are permissionless, validators need approval."""
         ip = request.client.host if request.client else "unknown"
@@ -154,27 +156,27 @@ def create_app(
             )
         return await in_thread(ledger.register, caller.node_id, ip, body, caller.nonce)
 
-    @app.post("/v1/nodes/heartbeat", tags=["nodes"])
+    @app.post(routes.NODES_HEARTBEAT, tags=["nodes"])
     async def heartbeat(body: HeartbeatRequest, caller: Caller) -> HeartbeatResponse:
         """Report liveness, engine and policy versions held."""
         return await in_thread(ledger.heartbeat, caller.node_id, body, caller.nonce)
 
-    @app.post("/v1/leases", tags=["leases"])
+    @app.post(routes.LEASES, tags=["leases"])
     async def lease(body: LeaseRequest, caller: Caller) -> LeaseResponse:
         """Lease up to max_tasks tasks (fewer, or none with a retry delay, when caps or fair share bind)."""
         return await in_thread(ledger.lease, caller.node_id, body, caller.nonce)
 
-    @app.post("/v1/leases/renew", tags=["leases"])
+    @app.post(routes.LEASES_RENEW, tags=["leases"])
     async def renew(body: LeaseRenewal, caller: Caller) -> LeaseState:
         """Push an active lease's deadline out by one lease TTL."""
         return await in_thread(ledger.renew, caller.node_id, body.lease_id, caller.nonce)
 
-    @app.post("/v1/leases/abandon", tags=["leases"])
+    @app.post(routes.LEASES_ABANDON, tags=["leases"])
     async def abandon(body: LeaseRenewal, caller: Caller) -> LeaseState:
         """Give a lease back; its task is re-issued at once."""
         return await in_thread(ledger.abandon, caller.node_id, body.lease_id, caller.nonce)
 
-    @app.post("/v1/submissions", tags=["submissions"])
+    @app.post(routes.SUBMISSIONS, tags=["submissions"])
     async def submit(
         body: SubmitRequest,
         caller: Caller,
@@ -183,51 +185,51 @@ def create_app(
         """Submit a leased task's rollouts; a repeat of the same submission is answered as a duplicate."""
         return await in_thread(ledger.submit, caller.node_id, body, submission_signature, caller.nonce)
 
-    @app.get("/v1/submissions/pending", tags=["validation"])
+    @app.get(routes.SUBMISSIONS_PENDING, tags=["validation"])
     async def pending(caller: Caller, limit: Annotated[int, Query(ge=1, le=256)] = 16) -> PendingSubmissions:
         """Submissions awaiting a verdict, oldest first (approved validators only)."""
         return await in_thread(ledger.pending, caller.node_id, limit, caller.nonce)
 
-    @app.post("/v1/verdicts", tags=["validation"])
+    @app.post(routes.VERDICTS, tags=["validation"])
     async def verdict(body: Verdict, caller: Caller) -> VerdictResponse:
         """Accept or reject a submission (approved validators only)."""
         return await in_thread(ledger.post_verdict, caller.node_id, body, caller.nonce)
 
-    @app.post("/v1/policy-versions", tags=["policy"])
+    @app.post(routes.POLICY_VERSIONS, tags=["policy"])
     async def publish(body: SignedManifest, caller: Caller) -> PublishResponse:
         """Publish a policy version under its signed manifest (coordinator-internal: its own key only)."""
         if caller.node_id != ledger.coordinator_id:
             raise ForbiddenError("only the coordinator itself publishes policy versions")
         return await in_thread(ledger.publish, body, caller.nonce)
 
-    @app.get("/v1/policy-versions/latest", tags=["policy", "public"])
+    @app.get(routes.POLICY_VERSION_LATEST, tags=["policy", "public"])
     def latest_manifest() -> SignedManifest:
         """The newest published policy version's signed manifest."""
         return ledger.manifest(None)
 
-    @app.get("/v1/policy-versions/{version}", tags=["policy", "public"])
+    @app.get(routes.POLICY_VERSION, tags=["policy", "public"])
     def manifest(version: Annotated[int, FastApiPath(ge=0, le=MAX_POLICY_VERSION)]) -> SignedManifest:
         """One published policy version's signed manifest."""
         return ledger.manifest(version)
 
-    @app.get("/v1/run-spec", tags=["public"])
+    @app.get(routes.RUN_SPEC, tags=["public"])
     def signed_spec() -> SignedRunSpec:
         """The run spec the coordinator signed: the environment every role must load to take part."""
         if run_spec is None:
             raise NotFoundError("this ledger serves no run spec")
         return run_spec
 
-    @app.get("/v1/status", tags=["public"])
+    @app.get(routes.STATUS, tags=["public"])
     def status() -> RunStatus:
         """The run at a glance."""
         return ledger.status()
 
-    @app.get("/v1/stats", tags=["public"])
+    @app.get(routes.STATS, tags=["public"])
     def stats(limit: Annotated[int, Query(ge=1, le=10_000)] = 100) -> RunStats:
         """Status plus reputation of the most recently seen nodes."""
         return ledger.stats(limit)
 
-    @app.get("/v1/events", tags=["public"])
+    @app.get(routes.EVENTS, tags=["public"])
     def event_log(
         after: Annotated[int, Query(ge=0, lt=2**62)] = 0, limit: Annotated[int, Query(ge=1, le=1000)] = 100
     ) -> EventPage:

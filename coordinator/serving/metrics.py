@@ -1,8 +1,8 @@
 """Prometheus metrics of the ledger (`GET /metrics`), in a registry owned by one app instance.
 
-Request counts and latencies are recorded by the API middleware; run-level gauges (policy
-version, live nodes, open tasks, submissions by status) are read from the ledger when
-Prometheus scrapes, so they are right after a restart and across replicas.
+Request counts and latencies are recorded by the API middleware (:mod:`runtime.http_metrics`);
+run-level gauges (policy version, live nodes, open tasks, submissions by status) are read from
+the ledger when Prometheus scrapes, so they are right after a restart and across replicas.
 """
 
 from __future__ import annotations
@@ -12,8 +12,10 @@ from collections.abc import Callable, Iterator
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
+from starlette.types import Scope
 
 from protocol.schemas import RunStatus
+from runtime.http_metrics import route_template
 
 _LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
@@ -64,6 +66,11 @@ class LedgerMetrics:
     def observe(self, method: str, route: str, status: int, seconds: float) -> None:
         self.requests.labels(method=method, route=route, status=str(status)).inc()
         self.latency.labels(route=route).observe(seconds)
+
+    def observe_request(self, scope: Scope, status: int | None, seconds: float) -> None:
+        """One request, by its route template (:class:`runtime.http_metrics.RequestMetrics` calls it); one the
+        app answered nothing counts as the 500 the server sends in its place."""
+        self.observe(scope["method"], route_template(scope), 500 if status is None else status, seconds)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -1,4 +1,4 @@
-"""ASGI middleware in front of every route: body size limit, per-IP rate limit, per-source concurrency, metrics.
+"""ASGI middleware in front of every route: body size limit, per-IP rate limit, per-source concurrency.
 
 Plain ASGI (no BaseHTTPMiddleware) so a refusal costs no body read: a declared
 ``Content-Length`` over the limit is answered 413 before one byte is received, and a chunked
@@ -13,15 +13,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
-from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from coordinator.ledger.sources import SourcePolicy
 from coordinator.serving.errors import error_response, prime_error_response
-from coordinator.serving.metrics import LedgerMetrics
 from coordinator.serving.ratelimit import RateLimiter
+from protocol import routes
 from protocol.errors import PayloadTooLargeError, RateLimitedError
 
 
@@ -113,7 +111,7 @@ class SourceConcurrency:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         client = scope.get("client")
         address = client[0] if client else "unknown"
-        if scope["type"] != "http" or not scope["path"].startswith("/v1/") or self.sources.is_allowed(address):
+        if scope["type"] != "http" or not scope["path"].startswith(routes.PREFIX) or self.sources.is_allowed(address):
             await self.app(scope, receive, send)
             return
         source = self.sources.prefix(address)
@@ -130,31 +128,3 @@ class SourceConcurrency:
             users[0] -= 1
             if users[0] == 0:
                 del self._slots[source]
-
-
-class RequestMetrics:
-    """Counts requests and observes latency per route template (not per raw path: bounded labels)."""
-
-    def __init__(self, app: ASGIApp, metrics: LedgerMetrics) -> None:
-        self.app = app
-        self.metrics = metrics
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        started = time.perf_counter()
-        status = 500
-
-        async def recording_send(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = int(message["status"])
-            await send(message)
-
-        try:
-            await self.app(scope, receive, recording_send)
-        finally:
-            route: Any = scope.get("route")
-            template = getattr(route, "path", None) or "unmatched"
-            self.metrics.observe(scope["method"], template, status, time.perf_counter() - started)

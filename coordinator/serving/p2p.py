@@ -24,11 +24,12 @@ from sqlalchemy import func, select
 from coordinator.config import CoordinatorConfig
 from coordinator.ledger.storage.tables import policy_versions, run_state, tasks
 from coordinator.ledger.views import LedgerViews
+from protocol import routes
 from protocol.announcements import policy_announcement
 from protocol.errors import NotFoundError, PrimeError
 from protocol.identity import NodeIdentity
 from protocol.schemas import P2PInfo, TaskAnnouncement
-from runtime.p2p.gossip import P2P_INFO_PATH, Gossip, Listener
+from runtime.p2p.gossip import Gossip, Listener
 
 log = logging.getLogger("coordinator.serving.p2p")
 TASKS_REANNOUNCE_S = 30.0
@@ -136,7 +137,7 @@ class CoordinatorGossip:
 def mount_p2p_info(app: FastAPI, gossip: CoordinatorGossip | None) -> None:
     """``GET /v1/p2p``: the coordinator's peer id and multiaddrs, or 404 when p2p is disabled."""
 
-    @app.get(P2P_INFO_PATH, tags=["public"])
+    @app.get(routes.P2P, tags=["public"])
     def p2p_info() -> P2PInfo:
         if gossip is None:
             raise NotFoundError("p2p is disabled on this coordinator ([p2p] enabled = false); poll the ledger")

@@ -21,6 +21,7 @@ from collections.abc import Callable
 import httpx
 from pydantic import ValidationError
 
+from protocol import routes
 from protocol.announcements import (
     BODY_MODELS,
     TOPICS,
@@ -38,7 +39,6 @@ from runtime.p2p.config import P2PConfig
 from runtime.p2p.host import P2PNode, TopicSpec
 
 log = logging.getLogger("runtime.p2p")
-P2P_INFO_PATH = "/v1/p2p"
 MAX_HOSTILE_MESSAGES = 10
 """Forged, malformed or wrongly signed announcements a peer may forward before it is disconnected and ignored."""
 Listener = Callable[[Accepted], None]
@@ -104,7 +104,7 @@ class Gossip:
         """Dial the coordinator described by ``info``; refused unless it is the pinned coordinator."""
         if self.trusted_coordinator_id is not None and info.peer_id != self.trusted_coordinator_id:
             raise ProtocolError(
-                f"{P2P_INFO_PATH} names peer {info.peer_id}, not the pinned coordinator {self.trusted_coordinator_id}"
+                f"{routes.P2P} names peer {info.peer_id}, not the pinned coordinator {self.trusted_coordinator_id}"
             )
         failures = []
         for addr in info.addrs:
@@ -137,7 +137,7 @@ def advertised_addr(addr: str, public_host: str | None) -> str:
 
 async def fetch_p2p_info(coordinator_url: str, timeout_s: float = 5.0) -> P2PInfo:
     """The coordinator's ``GET /v1/p2p``; RemoteUnavailableError when it cannot be had."""
-    url = coordinator_url.rstrip("/") + P2P_INFO_PATH
+    url = coordinator_url.rstrip("/") + routes.P2P
     try:
         async with httpx.AsyncClient(timeout=timeout_s) as client:
             response = await client.get(url)

@@ -32,10 +32,11 @@ from selenium.webdriver.chrome.webdriver import WebDriver
 from selenium.webdriver.support.ui import WebDriverWait
 
 from coordinator.serving.dashboard.history import MAX_REWARD_POINTS
+from protocol import routes
 from protocol.identity import NodeIdentity, load_or_create_identity
 from protocol.schemas import P2PInfo, RelayAnnouncement
 from runtime.p2p.config import P2PConfig
-from runtime.p2p.gossip import P2P_INFO_PATH, Gossip
+from runtime.p2p.gossip import Gossip
 from runtime.ports import free_port
 from tests.integration.network import Network, running_network
 from tests.integration.shardcast_nodes import wait_until
@@ -86,7 +87,7 @@ def gossip_peer(net: Network) -> Iterator[Gossip]:
     peer = Gossip(NodeIdentity.generate(), P2PConfig(), net.coordinator_id)
     peer.start()
     try:
-        peer.join(P2PInfo.model_validate_json(httpx.get(f"{net.url}{P2P_INFO_PATH}", timeout=5).content))
+        peer.join(P2PInfo.model_validate_json(httpx.get(f"{net.url}{routes.P2P}", timeout=5).content))
         yield peer
     finally:
         peer.stop()

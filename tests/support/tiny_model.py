@@ -6,7 +6,8 @@ make a random model behave more like a trained one where the checks need it: ``l
 multiplies the output head (a trained model's next-token distribution is peaked, while a
 random init at the default scale is nearly uniform and lets the sampling noise decide every
 token), and ``eos_bias`` raises the EOS token's logit so completions end at varied lengths.
-This is not the built-in demo model (trainer/ owns that); any Qwen2-style checkpoint works.
+This is not the built-in demo model (trainer/ owns that), though both are made by
+:func:`engines.random_qwen2.random_qwen2`; any Qwen2-style checkpoint works.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from engines.random_qwen2 import random_qwen2
 
 TINY_EOS_TOKEN_ID = 1
 
@@ -37,9 +40,7 @@ class TinyModelSpec:
 
 def save_tiny_qwen2(path: Path, seed: int = 0, spec: TinyModelSpec | None = None) -> Path:
     """Build a random Qwen2 causal LM with ``seed`` and save it (safetensors + config) under ``path``."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    model_class: Any = Qwen2ForCausalLM
+    from transformers import Qwen2Config
 
     spec = spec or TinyModelSpec()
     config = Qwen2Config(
@@ -55,12 +56,7 @@ def save_tiny_qwen2(path: Path, seed: int = 0, spec: TinyModelSpec | None = None
         eos_token_id=TINY_EOS_TOKEN_ID,
         pad_token_id=0,
     )
-    generator_state = torch.random.get_rng_state()
-    torch.manual_seed(seed)
-    try:
-        model = model_class(config).to(torch.float32)
-    finally:
-        torch.random.set_rng_state(generator_state)
+    model = random_qwen2(config, seed)
     with torch.no_grad():
         head = model.get_output_embeddings().weight
         head.mul_(spec.logit_scale)

@@ -18,6 +18,7 @@ from starlette.concurrency import run_in_threadpool
 from coordinator.ledger.views import LedgerViews
 from coordinator.serving.dashboard.relays import RelayWatch
 from coordinator.serving.dashboard.source import DashboardSource
+from protocol import routes
 from protocol.errors import NotFoundError
 from protocol.schemas import Dashboard
 
@@ -40,7 +41,7 @@ def dashboard_router(views: LedgerViews, relays: RelayWatch | None = None) -> AP
     headers = {"Content-Security-Policy": _CSP, "X-Content-Type-Options": "nosniff", "Cache-Control": "no-cache"}
     router = APIRouter()
 
-    @router.get("/v1/dashboard", tags=["public"])
+    @router.get(routes.DASHBOARD, tags=["public"])
     async def dashboard_data() -> Dashboard:
         """Live workers, recent verdicts, policy versions and their relays, training steps, and the charts' series."""
         return await run_in_threadpool(source.snapshot)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+import bench.record
 from bench.record import describe_hardware, parse_result, record
 
 
@@ -92,3 +93,19 @@ def test_every_kept_result_has_the_documented_shape() -> None:
         assert list(document) == ["date", "commit", "hardware", "command", "result"], path.name
         datetime.date.fromisoformat(document["date"])
         assert isinstance(document["result"], dict) and "summary" in document["result"], path.name
+
+
+@pytest.mark.parametrize("before_name", [True, False])
+def test_hardware_may_stand_before_or_after_the_name(before_name: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[tuple[str, list[str], str | None]] = []
+
+    def fake_record(name: str, command: list[str], hardware: str | None) -> Path:
+        seen.append((name, command, hardware))
+        return Path("/bench/results/unit.json")
+
+    monkeypatch.setattr(bench.record, "record", fake_record)
+    monkeypatch.setattr(bench.record, "ROOT", Path("/"))
+    options = ["--hardware", "test box"]
+    head = [*options, "unit"] if before_name else ["unit", *options]
+    assert bench.record.main([*head, "--", "python", "-m", "bench.x", "--hardware", "inner"]) == 0
+    assert seen == [("unit", ["python", "-m", "bench.x", "--hardware", "inner"], "test box")]

@@ -166,10 +166,13 @@ def test_every_package_is_on_a_rung() -> None:
 def test_the_ladder_detector_sees_a_climb() -> None:
     graph = {
         "protocol.x": {"worker.loop"},
-        "coordinator.ledger.a": {"coordinator.serving.b"},
+        "coordinator.ledger.ledger.a": {"coordinator.serving.b"},
         "worker.a": {"protocol.x"},
     }
-    assert upward_imports(graph) == ["coordinator.ledger.a -> coordinator.serving.b", "protocol.x -> worker.loop"]
+    assert upward_imports(graph) == [
+        "coordinator.ledger.ledger.a -> coordinator.serving.b",
+        "protocol.x -> worker.loop",
+    ]
 
 
 def test_no_package_imports_from_a_rung_above_it() -> None:

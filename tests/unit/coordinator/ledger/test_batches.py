@@ -81,7 +81,7 @@ def test_a_verdict_without_a_reward_per_rollout_is_not_usable() -> None:
         )
 
 
-def test_version_floor_and_on_policy_room() -> None:
+def test_version_floor_and_lease_room() -> None:
     assert [min_policy_version(step, 0) for step in (1, 2, 5)] == [0, 1, 4]
     assert [min_policy_version(step, 2) for step in (1, 2, 5)] == [0, 0, 2]
     assert lease_room(0, groups_per_step=4, groups_in_flight=0) == 4

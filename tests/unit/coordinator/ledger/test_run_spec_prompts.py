@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
+import coordinator.ledger.run_spec as run_spec
 from coordinator.config import CoordinatorConfig
-from coordinator.ledger import run_spec
 from protocol.errors import ConfigError
 from tests.support.tiny_model import save_tiny_qwen2
 

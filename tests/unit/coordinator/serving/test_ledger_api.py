@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from fastapi.routing import APIRoute
 from sqlalchemy import func, select
 
 from coordinator.ledger.storage.tables import accepted_groups
+from protocol import routes
 from protocol.errors import ConflictError, ForbiddenError, StalePolicyError
 from protocol.identity import NodeIdentity
 from protocol.ledger_client import LedgerClient
@@ -233,3 +235,10 @@ async def test_public_endpoints(harness: LedgerHarness, worker: LedgerClient) ->
     assert "prime_ledger_tasks_open 1.0" in metrics
     schema = (await raw.get("/openapi.json")).json()
     assert {"/v1/leases", "/v1/submissions", "/v1/verdicts", "/v1/policy-versions"} <= set(schema["paths"])
+
+
+def test_the_app_serves_every_shared_path_and_no_other_under_v1(harness: LedgerHarness) -> None:
+    served = {route.path for route in harness.app.routes if isinstance(route, APIRoute)}
+    shared = {value for name, value in vars(routes).items() if name.isupper() and name != "PREFIX"}
+    # GET /v1/p2p is mounted beside the ledger's routes by the coordinator's gossip (coordinator.serving.p2p).
+    assert {path for path in served if path.startswith(routes.PREFIX)} == shared - {routes.P2P}
