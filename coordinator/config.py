@@ -213,6 +213,7 @@ class OrchestratorConfig(Section):
     """Optimizer, parallelism, packing, checkpoint settings; its `model` is replaced by policy.start_checkpoint
     so the trainer starts from exactly the weights published as v0."""
     loss: LossConfig = LossConfig()
+    """The GRPO-family policy loss of every step: how off-policy tokens are masked or clipped, KL weight."""
     normalize_std: bool = False
     """Divide group advantages by the group's reward std (original GRPO)."""
     poll_interval_s: float = Field(default=0.5, gt=0)
@@ -263,17 +264,29 @@ class CoordinatorConfig(RoleConfig):
     environment: EnvironmentConfig = BuiltinEnvConfig()
     """Where prompts and rewards come from (see environments.config); pinned in the signed run spec."""
     api: ApiConfig = ApiConfig()
+    """The ledger API (HTTP): bind address and port, body size limit, per-node and per-IP rate limits, threads."""
     ledger: LedgerConfig = LedgerConfig()
+    """The ledger database: SQLite in the data dir (default) or a PostgreSQL URL, its durability and pool."""
     scheduling: SchedulingConfig = SchedulingConfig()
+    """What a leased task holds (prompts, samples, sampling settings), lease lifetimes and limits, staleness."""
     trust: TrustConfig = TrustConfig()
+    """Which validators may register, when a worker is banned, and the clock skew signed requests may have."""
     sources: SourcesConfig = SourcesConfig()
+    """Sybil limits per client source (network prefix): registration rates, probation, requests in flight."""
     policy: PolicyConfig = PolicyConfig()
+    """The start checkpoint (policy version 0), the SHARDCAST origin store and how many versions it keeps."""
     p2p: CoordinatorP2PConfig = CoordinatorP2PConfig()
+    """The libp2p gossip network on which the coordinator announces each published policy version."""
     validation: ValidationConfig = ValidationConfig()
+    """How much of each submission validators re-check, how many must agree, and the built-in validator."""
     orchestrator: OrchestratorConfig = OrchestratorConfig()
+    """The RL loop: steps, batch size, the torchrun trainer it keeps up (its launch and training settings)."""
     local_network: LocalNetworkConfig = LocalNetworkConfig()
+    """A relay, workers and validators on 127.0.0.1 started as children of the coordinator (the demo)."""
     archive: ArchiveConfig = ArchiveConfig()
+    """What `prime-coordinator archive` moves out of the ledger database into Parquet files, and where to."""
     child_logs: ChildLogsConfig = ChildLogsConfig()
+    """Size (MiB) and rotation of the log file of each child process the coordinator starts."""
 
     @model_validator(mode="after")
     def _check(self) -> CoordinatorConfig:
