@@ -128,9 +128,9 @@ def slurm(
 ) -> None:
     """Submit the run as one SLURM job: `start` on the first node, `prime-trainer node` on the others.
 
-    The job takes orchestrator.trainer_nnodes nodes. The first runs the coordinator (ledger API, RL loop,
+    The job takes orchestrator.trainer_launch.nnodes nodes. The first runs the coordinator (ledger API, RL loop,
     trainer node rank 0, torchrun's rendezvous); each other node runs `prime-trainer node` with its node
-    rank, dialling the first node on orchestrator.trainer_master_port. data_dir must be on a filesystem
+    rank, dialling the first node on orchestrator.trainer_launch.master_port. data_dir must be on a filesystem
     every node shares. The job is requeueable: a requeued job resumes the run from its data dir.
     """
     loaded = load_role_config(CoordinatorConfig, config, sets)

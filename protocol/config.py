@@ -100,6 +100,9 @@ def _describe(error: Mapping[str, Any]) -> str:
     key = ".".join(str(part) for part in error["loc"]) or "<root>"
     if error["type"] == "extra_forbidden":
         return f"unknown key '{key}' (not a setting of this config; check the spelling)"
+    if error["type"] == "value_error" and isinstance(error.get("input"), Mapping):
+        # a rule across a table's keys: its message names them, and echoing the whole table helps nobody
+        return f"key '{key}': {error.get('ctx', {}).get('error', error['msg'])}"
     return f"key '{key}': {error['msg']} (got {error.get('input')!r})"
 
 
