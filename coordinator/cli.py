@@ -28,7 +28,7 @@ app = PrimeTyper(
     ),
     no_args_is_help=True,
 )
-app.add_typer(make_keys_app(Path("runs/demo")), name="keys")
+app.add_typer(make_keys_app(CoordinatorConfig.model_fields["data_dir"].default), name="keys")
 
 DataDirOption = typer.Option(None, "--data-dir", help="Run directory (data_dir).")
 LedgerUrlOption = typer.Option(None, "--ledger-url", help="SQLAlchemy URL of the ledger (ledger.url).")

@@ -279,9 +279,10 @@ class CoordinatorConfig(RoleConfig):
     model_config = SettingsConfigDict(env_prefix="PRIME_COORDINATOR_")
 
     run_name: str = Field(default="demo", pattern=r"^[A-Za-z0-9_.\-]+$")
-    """Name of the run; also the directory name under `runs/` by default."""
-    data_dir: Path = Path("runs/demo")
-    """Run directory: node key, ledger (SQLite), checkpoints, policy versions, logs."""
+    """Name of the run, signed into the run spec; a ledger created under another name refuses to start with it."""
+    data_dir: Path = Path("runs/coordinator")
+    """Run directory, relative to where the coordinator starts: node key, ledger (SQLite), train dir, policy
+    versions, logs. The demo (configs/demo.toml) sets `runs/demo`; give every run a directory of its own."""
     environment: EnvironmentConfig = BuiltinEnvConfig()
     """Where prompts and rewards come from (see environments.config); pinned in the signed run spec."""
     api: ApiConfig = ApiConfig()
