@@ -15,6 +15,7 @@ from protocol.cli import (
     SetOption,
     fail,
     load_role_config,
+    make_config_app,
     make_keys_app,
     run_or_exit,
     start_logging,
@@ -29,6 +30,7 @@ app = PrimeTyper(
     no_args_is_help=True,
 )
 app.add_typer(make_keys_app(CoordinatorConfig.model_fields["data_dir"].default), name="keys")
+app.add_typer(make_config_app("prime-coordinator", {"start": CoordinatorConfig}, "api.port=8001"), name="config")
 
 DataDirOption = typer.Option(None, "--data-dir", help="Run directory (data_dir).")
 LedgerUrlOption = typer.Option(None, "--ledger-url", help="SQLAlchemy URL of the ledger (ledger.url).")

@@ -6,11 +6,14 @@ one attribute docstring per field, which pydantic keeps as the field's descripti
 variables (nested keys joined by ``__``) and then explicit overrides from flags (dotted keys
 such as ``api.port``), validates everything once at start-up, and turns any problem into a
 :class:`ConfigError` that names the key and the file. :func:`config_tables` walks a root
-through its nested sections (the config reference and its tests read it).
+through its nested sections (the config reference and its tests read it), and
+:func:`config_to_toml` writes a resolved config back as TOML, passwords masked.
 """
 
 from __future__ import annotations
 
+import json
+import re
 import tomllib
 import types
 from collections.abc import Iterator, Mapping
@@ -220,3 +223,63 @@ def config_tables(root: type[BaseModel]) -> list[ConfigTable]:
 
     visit(ConfigTable("", root))
     return found
+
+
+MASK = "***"
+"""What a secret is shown as by :func:`config_to_toml`."""
+_URL_PASSWORD = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.\-]*://[^/:@\s]*:)(?P<password>[^@/\s]+)(?P<at>@)")
+_BARE_KEY = re.compile(r"^[A-Za-z0-9_\-]+$")
+
+
+def mask_secrets(text: str) -> str:
+    """``text`` with the password of any URL in it (``scheme://user:password@host``) replaced by ``***``."""
+    return _URL_PASSWORD.sub(lambda match: f"{match['head']}{MASK}{match['at']}", text)
+
+
+def _toml_key(key: str) -> str:
+    return key if _BARE_KEY.match(key) else json.dumps(key, ensure_ascii=False)
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if value != value:
+            return "nan"
+        if value in (float("inf"), float("-inf")):
+            return "inf" if value > 0 else "-inf"
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(mask_secrets(value), ensure_ascii=False).replace("\x7f", "\\u007f")
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_toml_value(item) for item in value) + "]"
+    if isinstance(value, dict):
+        items = [f"{_toml_key(str(k))} = {_toml_value(v)}" for k, v in value.items() if v is not None]
+        return "{" + ", ".join(items) + "}"
+    raise TypeError(f"{type(value).__name__} has no TOML form")
+
+
+def _table_lines(model: BaseModel, data: Mapping[str, Any], prefix: str) -> list[str]:
+    lines: list[str] = []
+    tables: list[tuple[str, BaseModel]] = []
+    for name in type(model).model_fields:
+        section = getattr(model, name)
+        if isinstance(section, BaseModel):
+            tables.append((name, section))
+        elif data[name] is None:
+            lines.append(f"# {_toml_key(name)} is unset")
+        else:
+            lines.append(f"{_toml_key(name)} = {_toml_value(data[name])}")
+    for name, section in tables:
+        key = f"{prefix}{_toml_key(name)}"
+        lines += ["", f"[{key}]", *_table_lines(section, data[name], f"{key}.")]
+    return lines
+
+
+def config_to_toml(config: BaseModel) -> str:
+    """``config`` as TOML that :func:`load_config` reads back to the same config: sections as tables,
+    unset (None) keys as comments, URL passwords and ``SecretStr`` fields masked."""
+    lines = _table_lines(config, config.model_dump(mode="json"), "")
+    return "\n".join(lines).lstrip("\n") + "\n"

@@ -21,12 +21,17 @@ from protocol.cli import (
     SetOption,
     fail,
     load_role_config,
+    make_config_app,
     run_or_exit,
     start_logging,
 )
 from trainer.config import EvalConfig, RlConfig, SftConfig
 
 app = PrimeTyper(help="Train and evaluate policies locally (SFT, RL, eval).", no_args_is_help=True)
+app.add_typer(
+    make_config_app("prime-trainer", {"sft": SftConfig, "rl": RlConfig, "eval": EvalConfig}, "num_steps=20"),
+    name="config",
+)
 
 
 def _hf_engine(model_dir: Path) -> tuple[Any, Any]:

@@ -101,6 +101,8 @@ def shell_commands(text: str) -> list[str]:
                 words = shlex.split(part, comments=True)
                 while words and re.fullmatch(r"[A-Z_][A-Z0-9_]*=.*", words[0]):  # VAR=value prefixes
                     words = words[1:]
+                redirect = next((i for i, word in enumerate(words) if re.match(r"\d?>", word)), len(words))
+                words = words[:redirect]  # `> file`, `2>&1`: the shell's, not the command's
                 if words and words[0] in console_scripts():
                     commands.append(shlex.join(words))
     return commands
@@ -156,6 +158,11 @@ def test_the_docs_show_commands_at_all() -> None:
     """The command check above is not vacuous: the README and the user pages show real commands."""
     for name in ("README.md", "docs/contributor.md", "docs/operator.md", "docs/validator.md"):
         assert shell_commands((REPO_ROOT / name).read_text()), f"{name} shows no prime-* command"
+
+
+def test_the_command_check_leaves_redirections_to_the_shell() -> None:
+    sample = "```bash\nprime-worker config show --set gpu=none > w.toml 2>&1\n```\n"
+    assert shell_commands(sample) == ["prime-worker config show --set gpu=none"]
 
 
 def test_the_command_check_catches_a_wrong_flag_and_subcommand() -> None:
