@@ -140,6 +140,8 @@ class ConfigTable:
     """For one member of a discriminated union: its tag as TOML (``type = "builtin"``)."""
     optional: bool = False
     """The table may be left out altogether (the field's type allows None)."""
+    field: FieldInfo | None = None
+    """The field of the enclosing table that holds this one (None for the root)."""
 
 
 def _unwrap(annotation: Any) -> tuple[Any, str | None]:
@@ -197,16 +199,16 @@ def field_tables(key: str, field: FieldInfo) -> list[ConfigTable]:
         if origin in (list, tuple, set, frozenset) and get_args(member):
             element, _ = _unwrap(get_args(member)[0])
             if _is_model(element):
-                tables.append(ConfigTable(f"{key}[]", element, optional=True))
+                tables.append(ConfigTable(f"{key}[]", element, optional=True, field=field))
             continue
         if origin is dict and len(get_args(member)) == 2:
             element, _ = _unwrap(get_args(member)[1])
             if _is_model(element):
-                tables.append(ConfigTable(f"{key}.<name>", element, optional=True))
+                tables.append(ConfigTable(f"{key}.<name>", element, optional=True, field=field))
             continue
         if _is_model(member):
             variant = _tag(member, discriminator) if discriminator and len(members) > 1 else None
-            tables.append(ConfigTable(key, member, variant, optional))
+            tables.append(ConfigTable(key, member, variant, optional, field))
     return tables
 
 
@@ -240,7 +242,7 @@ def _toml_key(key: str) -> str:
     return key if _BARE_KEY.match(key) else json.dumps(key, ensure_ascii=False)
 
 
-def _toml_value(value: Any) -> str:
+def toml_value(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int):
@@ -254,9 +256,9 @@ def _toml_value(value: Any) -> str:
     if isinstance(value, str):
         return json.dumps(mask_secrets(value), ensure_ascii=False).replace("\x7f", "\\u007f")
     if isinstance(value, list | tuple):
-        return "[" + ", ".join(_toml_value(item) for item in value) + "]"
+        return "[" + ", ".join(toml_value(item) for item in value) + "]"
     if isinstance(value, dict):
-        items = [f"{_toml_key(str(k))} = {_toml_value(v)}" for k, v in value.items() if v is not None]
+        items = [f"{_toml_key(str(k))} = {toml_value(v)}" for k, v in value.items() if v is not None]
         return "{" + ", ".join(items) + "}"
     raise TypeError(f"{type(value).__name__} has no TOML form")
 
@@ -271,7 +273,7 @@ def _table_lines(model: BaseModel, data: Mapping[str, Any], prefix: str) -> list
         elif data[name] is None:
             lines.append(f"# {_toml_key(name)} is unset")
         else:
-            lines.append(f"{_toml_key(name)} = {_toml_value(data[name])}")
+            lines.append(f"{_toml_key(name)} = {toml_value(data[name])}")
     for name, section in tables:
         key = f"{prefix}{_toml_key(name)}"
         lines += ["", f"[{key}]", *_table_lines(section, data[name], f"{key}.")]
