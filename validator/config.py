@@ -23,8 +23,9 @@ class ValidatorConfig(RoleConfig):
     """Node id of the coordinator whose manifests to trust; learned and pinned on first contact when unset."""
     relays: list[str] = Field(default_factory=list)
     """Extra SHARDCAST relay URLs for policy weights."""
-    engine: Literal["auto", "vllm", "hf"] = "hf"
-    """Engine used for the prefill re-computation."""
+    engine: Literal["hf"] = "hf"
+    """Engine of the prefill re-computation: HF transformers, the only one a validator runs (rollouts that vLLM
+    workers generated verify by an HF prefill)."""
     data_dir: Path = Path.home() / ".prime-network" / "validator"
     """Node key and downloaded policy versions."""
     first_contact_timeout_s: float = Field(default=60.0, ge=0)

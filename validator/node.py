@@ -164,7 +164,9 @@ async def run_validator(config: ValidatorConfig, stop: asyncio.Event, state: Val
             spec.environment.config_hash[:12],
         )
         hardware = Hardware(accelerator="cpu", num_devices=1, memory_bytes=0)
-        request = RegisterRequest(role="validator", hardware=hardware, engine="hf", software_version=software_version())
+        request = RegisterRequest(
+            role="validator", hardware=hardware, engine=config.engine, software_version=software_version()
+        )
         await with_retries("register", lambda: ledger.register(request), stop)
         log.info("validator %s auditing %s", identity.node_id, config.coordinator_url)
         relays = [*config.relays, config.coordinator_url.rstrip("/") + "/shardcast"]
