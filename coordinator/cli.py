@@ -15,6 +15,7 @@ from runtime.cli import (
     SetOption,
     fail,
     load_role_config,
+    make_config_app,
     make_keys_app,
     run_or_exit,
     start_logging,
@@ -28,7 +29,8 @@ app = PrimeTyper(
     ),
     no_args_is_help=True,
 )
-app.add_typer(make_keys_app(Path("runs/demo")), name="keys")
+app.add_typer(make_keys_app(CoordinatorConfig.model_fields["data_dir"].default), name="keys")
+app.add_typer(make_config_app("prime-coordinator", {"start": CoordinatorConfig}, "api.port=8001"), name="config")
 
 DataDirOption = typer.Option(None, "--data-dir", help="Run directory (data_dir).")
 LedgerUrlOption = typer.Option(None, "--ledger-url", help="SQLAlchemy URL of the ledger (ledger.url).")
@@ -128,9 +130,9 @@ def slurm(
 ) -> None:
     """Submit the run as one SLURM job: `start` on the first node, `prime-trainer node` on the others.
 
-    The job takes orchestrator.trainer_nnodes nodes. The first runs the coordinator (ledger API, RL loop,
+    The job takes orchestrator.trainer_launch.nnodes nodes. The first runs the coordinator (ledger API, RL loop,
     trainer node rank 0, torchrun's rendezvous); each other node runs `prime-trainer node` with its node
-    rank, dialling the first node on orchestrator.trainer_master_port. data_dir must be on a filesystem
+    rank, dialling the first node on orchestrator.trainer_launch.master_port. data_dir must be on a filesystem
     every node shares. The job is requeueable: a requeued job resumes the run from its data dir.
     """
     loaded = load_role_config(CoordinatorConfig, config, sets)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
@@ -187,6 +187,38 @@ class CoordinatorP2PConfig(P2PConfig):
     """How often the ledger is checked for a newly published policy version to announce on gossip."""
 
 
+class TrainerLaunchConfig(Section):
+    """How the coordinator launches its torchrun trainer job (`[orchestrator.trainer_launch]`): ranks, nodes,
+    rendezvous. What the trainer trains with is `[orchestrator.trainer]`, the trainer role's own section."""
+
+    nproc: int = Field(default=2, ge=1, le=64)
+    """Trainer ranks on this machine (`torchrun --nproc-per-node`); FSDP2 with gloo on CPU, NCCL on GPUs."""
+    cpus: list[int] = Field(default=[], max_length=1024)
+    """CPU cores the trainer ranks are pinned to (empty: not pinned); bench/async_bench.py pins them."""
+    nnodes: int = Field(default=1, ge=1, le=1024)
+    """Machines the trainer job spans (`torchrun --nnodes`); the coordinator launches node rank 0 and each other
+    machine runs `prime-trainer node` with its node rank. Above 1, `data_dir/train` must be on a filesystem shared
+    by every node, at the same path."""
+    master_addr: str = Field(default="127.0.0.1", min_length=1, max_length=253)
+    """Address of this machine that the other trainer nodes dial for torchrun's rendezvous (`--master-addr`)."""
+    master_port: int = Field(default=0, ge=0, le=65535)
+    """Rendezvous TCP port on this machine (`--master-port`); 0 picks a free one, which works with one node only:
+    with `nnodes` > 1 set a fixed port that every node is given."""
+
+    @model_validator(mode="after")
+    def _check_nodes(self) -> TrainerLaunchConfig:
+        if self.nnodes > 1 and self.master_port == 0:
+            raise ValueError(
+                f"orchestrator.trainer_launch.nnodes is {self.nnodes}: set orchestrator.trainer_launch.master_port "
+                "to a fixed port that the other trainer nodes dial (0, a free port, works with one node only)"
+            )
+        return self
+
+
+MOVED_TRAINER_KEYS = {f"trainer_{name}": name for name in TrainerLaunchConfig.model_fields}
+"""The flat ``orchestrator.trainer_*`` keys of earlier configs and their names in ``orchestrator.trainer_launch``."""
+
+
 class OrchestratorConfig(Section):
     """The RL loop in the coordinator (coordinator/loop/orchestrator.py) and its trainer (trainer/service.py)."""
 
@@ -196,23 +228,13 @@ class OrchestratorConfig(Section):
     """RL steps to train; step s publishes policy version s (the start checkpoint is v0)."""
     groups_per_step: int = Field(default=4, ge=1)
     """Accepted submissions (each `prompts_per_task` prompts x `group_size` samples) in one step's batch."""
-    trainer_nproc: int = Field(default=2, ge=1, le=64)
-    """Trainer ranks on this machine (`torchrun --nproc-per-node`); FSDP2 with gloo on CPU, NCCL on GPUs."""
-    trainer_cpus: list[int] = Field(default=[], max_length=1024)
-    """CPU cores the trainer ranks are pinned to (empty: not pinned); bench/async_bench.py pins them."""
-    trainer_nnodes: int = Field(default=1, ge=1, le=1024)
-    """Machines the trainer job spans (`torchrun --nnodes`); the coordinator launches node rank 0 and each other
-    machine runs `prime-trainer node` with its node rank. Above 1, `data_dir/train` must be on a filesystem shared
-    by every node, at the same path."""
-    trainer_master_addr: str = Field(default="127.0.0.1", min_length=1, max_length=253)
-    """Address of this machine that the other trainer nodes dial for torchrun's rendezvous (`--master-addr`)."""
-    trainer_master_port: int = Field(default=0, ge=0, le=65535)
-    """Rendezvous port on this machine (`--master-port`); 0 picks a free one, which works with one node only:
-    with `trainer_nnodes` > 1 set a fixed port that every node is given."""
+    trainer_launch: TrainerLaunchConfig = TrainerLaunchConfig()
+    """How the trainer job is launched: ranks per machine, pinned CPUs, machines, torchrun's rendezvous."""
     trainer: TrainerSection = TrainerSection()
     """Optimizer, parallelism, packing, checkpoint settings; its `model` is replaced by policy.start_checkpoint
     so the trainer starts from exactly the weights published as v0."""
     loss: LossConfig = LossConfig()
+    """The GRPO-family policy loss of every step: how off-policy tokens are masked or clipped, KL weight."""
     normalize_std: bool = False
     """Divide group advantages by the group's reward std (original GRPO)."""
     poll_interval_s: float = Field(default=0.5, gt=0)
@@ -226,14 +248,14 @@ class OrchestratorConfig(Section):
     (0: removed as soon as the step is published; the ledger keeps each step's submissions and metrics, the
     origin store the policy). Files of steps not yet published are never removed."""
 
-    @model_validator(mode="after")
-    def _check_trainer_nodes(self) -> OrchestratorConfig:
-        if self.trainer_nnodes > 1 and self.trainer_master_port == 0:
-            raise ValueError(
-                f"orchestrator.trainer_nnodes is {self.trainer_nnodes}: set orchestrator.trainer_master_port to a "
-                "fixed port that the other trainer nodes dial (0, a free port, works with one node only)"
-            )
-        return self
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_moved_keys(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for old, new in MOVED_TRAINER_KEYS.items():
+                if old in data:
+                    raise ValueError(f"orchestrator.{old} moved: set orchestrator.trainer_launch.{new} instead")
+        return data
 
 
 class LocalNetworkConfig(Section):
@@ -257,23 +279,36 @@ class CoordinatorConfig(RoleConfig):
     model_config = SettingsConfigDict(env_prefix="PRIME_COORDINATOR_")
 
     run_name: str = Field(default="demo", pattern=r"^[A-Za-z0-9_.\-]+$")
-    """Name of the run; also the directory name under `runs/` by default."""
-    data_dir: Path = Path("runs/demo")
-    """Run directory: node key, ledger (SQLite), checkpoints, policy versions, logs."""
+    """Name of the run, signed into the run spec; a ledger created under another name refuses to start with it."""
+    data_dir: Path = Path("runs/coordinator")
+    """Run directory, relative to where the coordinator starts: node key, ledger (SQLite), train dir, policy
+    versions, logs. The demo (configs/demo.toml) sets `runs/demo`; give every run a directory of its own."""
     environment: EnvironmentConfig = BuiltinEnvConfig()
     """Where prompts and rewards come from (see environments.config); pinned in the signed run spec."""
     api: ApiConfig = ApiConfig()
+    """The ledger API (HTTP): bind address and port, body size limit, per-node and per-IP rate limits, threads."""
     ledger: LedgerConfig = LedgerConfig()
+    """The ledger database: SQLite in the data dir (default) or a PostgreSQL URL, its durability and pool."""
     scheduling: SchedulingConfig = SchedulingConfig()
+    """What a leased task holds (prompts, samples, sampling settings), lease lifetimes and limits, staleness."""
     trust: TrustConfig = TrustConfig()
+    """Which validators may register, when a worker is banned, and the clock skew signed requests may have."""
     sources: SourcesConfig = SourcesConfig()
+    """Sybil limits per client source (network prefix): registration rates, probation, requests in flight."""
     policy: PolicyConfig = PolicyConfig()
+    """The start checkpoint (policy version 0), the SHARDCAST origin store and how many versions it keeps."""
     p2p: CoordinatorP2PConfig = CoordinatorP2PConfig()
+    """The libp2p gossip network on which the coordinator announces each published policy version."""
     validation: ValidationConfig = ValidationConfig()
+    """How much of each submission validators re-check, how many must agree, and the built-in validator."""
     orchestrator: OrchestratorConfig = OrchestratorConfig()
+    """The RL loop: steps, batch size, the torchrun trainer it keeps up (its launch and training settings)."""
     local_network: LocalNetworkConfig = LocalNetworkConfig()
+    """A relay, workers and validators on 127.0.0.1 started as children of the coordinator (the demo)."""
     archive: ArchiveConfig = ArchiveConfig()
+    """What `prime-coordinator archive` moves out of the ledger database into Parquet files, and where to."""
     child_logs: ChildLogsConfig = ChildLogsConfig()
+    """Size (MiB) and rotation of the log file of each child process the coordinator starts."""
 
     @model_validator(mode="after")
     def _check(self) -> CoordinatorConfig:

@@ -3,7 +3,7 @@
 ``type = "builtin"`` (this project's tasks), ``"reasoning_gym"`` (a reasoning-gym dataset and its
 arguments), ``"verifiers"`` (an installed verifiers v1 taskset or v0 environment) or ``"python"`` (an operator's own
 :class:`environments.base.Environment`, as ``module:attribute``). The resolved section is what
-:mod:`environments.identity` hashes into the run spec, so two processes with equal sections
+:func:`environments.loader.environment_identity` hashes into the run spec, so two processes with equal sections
 (and equal package versions) serve and score the same examples.
 """
 
@@ -22,7 +22,7 @@ class BuiltinEnvConfig(Section):
     """A built-in environment of this project."""
 
     type: Literal["builtin"] = "builtin"
-    """The adapter."""
+    """The adapter: one of this project's built-in environments."""
     name: Literal["reverse_text", "arithmetic"] = "reverse_text"
     """Which built-in environment."""
     seed: int = Field(default=0, ge=0, lt=2**63)
@@ -32,8 +32,8 @@ class BuiltinEnvConfig(Section):
 class ReasoningGymEnvConfig(Section):
     """A reasoning-gym dataset (``pip install prime-network[envs]``); rewards are the dataset's ``score_answer``."""
 
-    type: Literal["reasoning_gym"]
-    """The adapter."""
+    type: Literal["reasoning_gym"] = "reasoning_gym"
+    """The adapter: a reasoning-gym dataset."""
     dataset: str = Field(pattern=r"^[a-z0-9_]+(/[a-z0-9_]+)?$", max_length=64)
     """A reasoning-gym dataset name, e.g. ``spell_backward`` (see ``reasoning_gym.factory.DATASETS``)."""
     size: int = Field(default=100_000, ge=1, le=10_000_000)
@@ -53,8 +53,8 @@ class VerifiersEnvConfig(Section):
     returns a ``SingleTurnEnv`` scored by its ``Rubric``.
     """
 
-    type: Literal["verifiers"]
-    """The adapter."""
+    type: Literal["verifiers"] = "verifiers"
+    """The adapter: an installed verifiers taskset or environment."""
     api: Literal["v1", "v0"] = "v1"
     """Which verifiers API the package is written against: ``v1`` (a ``Taskset``) or ``v0`` (``load_environment()``)."""
     taskset: str = Field(pattern=r"^[A-Za-z0-9_.\-/@]+$", max_length=128)
@@ -72,8 +72,8 @@ class VerifiersEnvConfig(Section):
 class PythonEnvConfig(Section):
     """An operator's own environment class or factory."""
 
-    type: Literal["python"]
-    """The adapter."""
+    type: Literal["python"] = "python"
+    """The adapter: an operator's own class or factory."""
     target: str = Field(pattern=MODULE_ATTRIBUTE, max_length=256)
     """``module:attribute``: an Environment subclass or factory, called with ``args`` as keyword arguments."""
     args: dict[str, JsonValue] = Field(default_factory=dict)

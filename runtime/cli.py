@@ -22,7 +22,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from protocol.errors import ConfigError, PrimeError
-from runtime.config import ConfigT, load_config, parse_assignment
+from runtime.config import ConfigT, RoleConfig, config_to_toml, load_config, parse_assignment
 from runtime.logs import setup_logging
 
 EXIT_OK = 0
@@ -168,3 +168,58 @@ def make_keys_app(default_data_dir: Path) -> typer.Typer:
         typer.echo(f"key file: {key_path(data_dir)}")
 
     return keys_app
+
+
+CONFIG_SHOW_HELP = (
+    "Print the config {what} would run with, resolved, as TOML; nothing is started.\n\n"
+    "Each key shows the value it ends up with: its default, overridden by the file given with -c, then by "
+    "{prefix}* environment variables (nested keys joined by two underscores), then by --set KEY=VALUE. "
+    "The other commands' named flags are keys too: set them here with --set (for example --set {example}).\n\n"
+    "Unset keys appear as comments, passwords in URLs as ***. A bad key or value gives the same one-line error, "
+    "with exit code 2, as the other commands.\n\n"
+    "Saved to a file, the output is a config file that reproduces the run: {show} -c run.toml > resolved.toml"
+)
+
+
+def make_config_app(script: str, configs: Mapping[str, type[RoleConfig]], example: str) -> typer.Typer:
+    """``<cmd> config show``: the resolved config as TOML. ``configs`` maps the commands that read a config to
+    its class; with several (the trainer's sft, rl, eval), ``show`` takes the command's name first."""
+    config_app = PrimeTyper(help="Inspect the config the commands would run with.")
+    classes = list(configs.values())
+    prefix = str(classes[0].model_config.get("env_prefix", ""))
+
+    def show_config(cls: type[RoleConfig], config: Path | None, sets: list[str] | None) -> None:
+        loaded = load_role_config(cls, config, sets)
+        source = str(config) if config is not None else "defaults only (no -c file)"
+        typer.echo(f"# {cls.__name__} resolved from {source}, {prefix}* environment and --set")
+        typer.echo(config_to_toml(loaded), nl=False)
+
+    if len(configs) == 1:
+        (command_name,) = configs
+
+        def show_one(config: Path | None = ConfigOption, sets: list[str] | None = SetOption) -> None:
+            show_config(classes[0], config, sets)
+
+        show_one.__doc__ = CONFIG_SHOW_HELP.format(
+            what=f"`{script} {command_name}`", prefix=prefix, example=example, show=f"{script} config show"
+        )
+        config_app.command("show")(show_one)
+        return config_app
+
+    names = ", ".join(configs)
+
+    def show_of(
+        command: str = typer.Argument(..., metavar="COMMAND", help=f"The command whose config to show: {names}."),
+        config: Path | None = ConfigOption,
+        sets: list[str] | None = SetOption,
+    ) -> None:
+        if command not in configs:
+            fail(f"no command {command!r} reads a config; choose one of {names}", EXIT_BAD_CONFIG)
+        show_config(configs[command], config, sets)
+
+    first = next(iter(configs))
+    show_of.__doc__ = CONFIG_SHOW_HELP.format(
+        what=f"`{script} COMMAND` ({names})", prefix=prefix, example=example, show=f"{script} config show {first}"
+    )
+    config_app.command("show")(show_of)
+    return config_app

@@ -18,12 +18,14 @@ from runtime.cli import (
     SetOption,
     fail,
     load_role_config,
+    make_config_app,
     run_or_exit,
     start_logging,
 )
 from shardcast.config import RelayConfig
 
 app = PrimeTyper(help="SHARDCAST relays: mirror signed policy versions over HTTP.", no_args_is_help=True)
+app.add_typer(make_config_app("prime-relay", {"serve": RelayConfig}, "port=8101"), name="config")
 
 
 @app.command()

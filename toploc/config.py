@@ -1,4 +1,4 @@
-"""The TOPLOC section of a validator's (or coordinator's) config: proof layout and acceptance thresholds.
+"""The ``[toploc]`` section of a validator's config: proof layout and acceptance thresholds.
 
 Defaults are the thresholds calibrated for float32 runs by ``bench/toploc_calibrate.py``, whose
 data is kept in ``toploc/calibration/float32_cpu.json`` (a unit test keeps the two in step).

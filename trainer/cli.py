@@ -21,12 +21,17 @@ from runtime.cli import (
     SetOption,
     fail,
     load_role_config,
+    make_config_app,
     run_or_exit,
     start_logging,
 )
 from trainer.config import EvalConfig, RlConfig, SftConfig
 
 app = PrimeTyper(help="Train and evaluate policies locally (SFT, RL, eval).", no_args_is_help=True)
+app.add_typer(
+    make_config_app("prime-trainer", {"sft": SftConfig, "rl": RlConfig, "eval": EvalConfig}, "num_steps=20"),
+    name="config",
+)
 
 
 def _hf_engine(model_dir: Path) -> tuple[Any, Any]:
@@ -135,15 +140,21 @@ def node(
         help="The run's train dir (<data_dir>/train of the coordinator), on a filesystem every trainer node shares, "
         "at the same path on each.",
     ),
-    nnodes: int = typer.Option(..., min=2, help="Machines in the trainer job (the coordinator's trainer_nnodes)."),
+    nnodes: int = typer.Option(
+        ..., min=2, help="Machines in the trainer job (the coordinator's orchestrator.trainer_launch.nnodes)."
+    ),
     node_rank: int = typer.Option(..., min=1, help="This machine's node rank, 1..nnodes-1 (0 is the coordinator's)."),
-    master_addr: str = typer.Option(..., help="The coordinator machine's address (its trainer_master_addr)."),
-    master_port: int = typer.Option(..., min=1, max=65535, help="Its rendezvous port (trainer_master_port)."),
+    master_addr: str = typer.Option(
+        ..., help="The coordinator machine's address (its orchestrator.trainer_launch.master_addr)."
+    ),
+    master_port: int = typer.Option(
+        ..., min=1, max=65535, help="Its rendezvous port (orchestrator.trainer_launch.master_port)."
+    ),
     nproc_per_node: int = typer.Option(2, min=1, help="Trainer ranks on this machine (one per GPU)."),
 ) -> None:
     """Join a multi-node trainer from another machine: runs `torchrun ... -m trainer.service` as node NODE_RANK.
 
-    Start the coordinator first (with orchestrator.trainer_nnodes = NNODES and a fixed trainer_master_port): it
+    Start the coordinator first (with orchestrator.trainer_launch.nnodes = NNODES and a fixed master_port there): it
     writes the run's spec into the train dir and launches node 0, which waits here for the others. The train dir
     must be on a shared filesystem (NFS, Lustre, ...) mounted at the same path on every node: batches, checkpoints
     and exported policies travel through it. This node stops when the run's steps are done or when the

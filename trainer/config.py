@@ -110,9 +110,13 @@ class TrainerSection(Section):
     seed: int = 0
     """Seeds torch and python RNGs (and the data order)."""
     optimizer: OptimizerConfig = OptimizerConfig()
+    """AdamW and its learning-rate schedule (warm-up steps, decay, gradient clipping)."""
     parallel: ParallelConfig = ParallelConfig()
+    """FSDP2 sharding under torchrun: parameter and reduce dtypes, resharding, activation checkpointing."""
     packing: PackingConfig = PackingConfig()
+    """How samples are packed into rows and micro-batches (tokens per micro-batch, row width)."""
     checkpoint: CheckpointConfig = CheckpointConfig()
+    """How often the full trainer state is saved, how many saves are kept, the exported weights' dtype."""
 
 
 class SftConfig(RoleConfig):
@@ -133,9 +137,13 @@ class SftConfig(RoleConfig):
     dtype: Literal["float32", "bfloat16"] = "float32"
     """float32 on CPUs (bf16 is 20-30x slower there); bfloat16 on GPUs."""
     optimizer: OptimizerConfig = OptimizerConfig()
+    """AdamW and its learning-rate schedule (warm-up steps, decay, gradient clipping)."""
     parallel: ParallelConfig = ParallelConfig()
+    """FSDP2 sharding under torchrun: parameter and reduce dtypes, resharding, activation checkpointing."""
     packing: PackingConfig = PackingConfig()
+    """How samples are packed into rows and micro-batches (tokens per micro-batch, row width)."""
     checkpoint: CheckpointConfig = CheckpointConfig()
+    """How often the full trainer state is saved, how many saves are kept, the exported weights' dtype."""
     resume: bool = True
     """Continue from the latest trainer state in output_dir/checkpoints when there is one."""
     wandb_project: str | None = None
@@ -161,6 +169,7 @@ class RlConfig(RoleConfig):
     model_config = SettingsConfigDict(env_prefix="PRIME_TRAINER_")
 
     trainer: TrainerSection = TrainerSection()
+    """The model to train (and its dtype, seed), optimizer, parallelism, packing and checkpoint settings."""
     environment: EnvironmentConfig = BuiltinEnvConfig()
     """Where prompts and rewards come from (the [environment] section, as every role reads it)."""
     output_dir: Path = Path("runs/rl")
@@ -178,6 +187,7 @@ class RlConfig(RoleConfig):
     normalize_std: bool = False
     """Divide group advantages by the group's reward std (original GRPO)."""
     loss: LossConfig = LossConfig()
+    """The GRPO-family policy loss: how off-policy tokens are masked or clipped, and the KL weight."""
     eval_examples: int = Field(default=128, ge=0)
     """Size of the fixed eval set whose sampled reward is reported every `eval_interval_steps`."""
     eval_interval_steps: int = Field(default=10, ge=0)

@@ -42,7 +42,7 @@ class TrainerNode:
         if self.nnodes > 1 and self.master_port == 0:
             raise ConfigError(
                 f"a trainer on {self.nnodes} nodes needs a fixed master port that every node dials "
-                "(orchestrator.trainer_master_port, or --master-port); 0 (a free port) works with one node only"
+                "(orchestrator.trainer_launch.master_port, or --master-port); 0 (a free port) works with one node only"
             )
         if not self.master_addr:
             raise ConfigError("the master address (the host of trainer node 0, dialled by the others) is empty")

@@ -14,6 +14,7 @@ from runtime.cli import (
     PrimeTyper,
     SetOption,
     load_role_config,
+    make_config_app,
     make_keys_app,
     start_logging,
 )
@@ -21,6 +22,9 @@ from validator.config import ValidatorConfig
 
 app = PrimeTyper(help="Audit submitted rollouts: recompute, check proofs, post verdicts.", no_args_is_help=True)
 app.add_typer(make_keys_app(ValidatorConfig.model_fields["data_dir"].default), name="keys")
+app.add_typer(
+    make_config_app("prime-validator", {"run": ValidatorConfig}, "toploc.max_exp_mismatches=6"), name="config"
+)
 
 
 @app.command()

@@ -1,16 +1,17 @@
-"""The validator's config (`prime-validator run`)."""
+"""The validator's config (`prime-validator run`), its ``[toploc]`` proof thresholds included."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from environments.config import EnvironmentConfig
 from runtime.config import RoleConfig
 from runtime.p2p.config import P2PConfig
+from toploc.config import ToplocConfig
 
 
 class ValidatorConfig(RoleConfig):
@@ -22,8 +23,9 @@ class ValidatorConfig(RoleConfig):
     """Node id of the coordinator whose manifests to trust; learned and pinned on first contact when unset."""
     relays: list[str] = Field(default_factory=list)
     """Extra SHARDCAST relay URLs for policy weights."""
-    engine: Literal["auto", "vllm", "hf"] = "hf"
-    """Engine used for the prefill re-computation."""
+    engine: Literal["hf"] = "hf"
+    """Engine of the prefill re-computation: HF transformers, the only one a validator runs (rollouts that vLLM
+    workers generated verify by an HF prefill)."""
     data_dir: Path = Path.home() / ".prime-network" / "validator"
     """Node key and downloaded policy versions."""
     first_contact_timeout_s: float = Field(default=60.0, ge=0)
@@ -43,3 +45,18 @@ class ValidatorConfig(RoleConfig):
     it must match the run spec (kind, arguments, package version), or the validator refuses to start."""
     p2p: P2PConfig = P2PConfig()
     """The libp2p gossip network: announced policy versions are downloaded before the first submission needs them."""
+    toploc: ToplocConfig = ToplocConfig()
+    """When a rollout's TOPLOC proof, sampled tokens and logprobs pass (docs/toploc.md); the defaults are
+    calibrated for float32 runs. Its proof layout (chunk_size, topk) must stay the one workers build."""
+
+    @model_validator(mode="after")
+    def _check_proof_layout(self) -> ValidatorConfig:
+        layout = ToplocConfig()
+        for key in ("chunk_size", "topk"):
+            value, built = getattr(self.toploc, key), getattr(layout, key)
+            if value != built:
+                raise ValueError(
+                    f"toploc.{key} is {value}, but workers build proofs with {key} = {built}, so every honest proof "
+                    f"would be rejected: remove {key} from [toploc] (only the thresholds are the validator's to set)"
+                )
+        return self

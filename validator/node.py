@@ -37,6 +37,7 @@ from protocol.ledger_client import LedgerClient
 from protocol.schemas import Hardware, PendingSubmission, RegisterRequest
 from runtime.first_contact import check_coordinator, check_relays
 from shardcast.cache import WeightsCache
+from toploc.config import ToplocConfig
 from validator.audit import RewardFn, RewardsUnavailable, audit_submissions_safely, environment_reward_fn
 from validator.config import ValidatorConfig
 from validator.progress import ValidatorState
@@ -94,14 +95,17 @@ async def audit_pending(
     state: ValidatorState,
     pending: list[PendingSubmission],
     stop: asyncio.Event,
+    toploc: ToplocConfig | None = None,
 ) -> None:
-    """Audit pending submissions, one prefill batch per policy version, and post each verdict."""
+    """Audit pending submissions, one prefill batch per policy version, and post each verdict.
+
+    ``toploc`` holds the proof thresholds (the validator's ``[toploc]`` section; None: the defaults)."""
     by_version: dict[int, list[PendingSubmission]] = {}
     for item in pending:
         by_version.setdefault(item.task.policy_version, []).append(item)
     with engines.weights.pinned(*by_version):  # being verified: kept until every verdict is posted
         for version, items in sorted(by_version.items()):
-            await _audit_version(ledger, engines, state, version, items, stop)
+            await _audit_version(ledger, engines, state, version, items, stop, toploc)
 
 
 async def _audit_version(
@@ -111,12 +115,13 @@ async def _audit_version(
     version: int,
     items: list[PendingSubmission],
     stop: asyncio.Event,
+    toploc: ToplocConfig | None,
 ) -> None:
     """Audit the pending submissions of one policy version in one prefill batch and post each verdict."""
     engine, eos, reward_fn = await engines.get(version)
     state.policy_version = version
     started = time.monotonic()
-    audited = await asyncio.to_thread(audit_submissions_safely, items, engine, eos, None, reward_fn)
+    audited = await asyncio.to_thread(audit_submissions_safely, items, engine, eos, toploc, reward_fn)
     state.audit_s += time.monotonic() - started
     for item, result in zip(items, audited, strict=True):
         if isinstance(result, RewardsUnavailable):
@@ -159,7 +164,9 @@ async def run_validator(config: ValidatorConfig, stop: asyncio.Event, state: Val
             spec.environment.config_hash[:12],
         )
         hardware = Hardware(accelerator="cpu", num_devices=1, memory_bytes=0)
-        request = RegisterRequest(role="validator", hardware=hardware, engine="hf", software_version=software_version())
+        request = RegisterRequest(
+            role="validator", hardware=hardware, engine=config.engine, software_version=software_version()
+        )
         await with_retries("register", lambda: ledger.register(request), stop)
         log.info("validator %s auditing %s", identity.node_id, config.coordinator_url)
         relays = [*config.relays, config.coordinator_url.rstrip("/") + "/shardcast"]
@@ -175,7 +182,7 @@ async def run_validator(config: ValidatorConfig, stop: asyncio.Event, state: Val
                     await with_retries("pending", lambda: ledger.pending(limit=config.max_submissions_per_batch), stop)
                 ).submissions
                 if pending:
-                    await audit_pending(ledger, engines, state, pending, stop)
+                    await audit_pending(ledger, engines, state, pending, stop, config.toploc)
                 else:
                     await sleep_unless_stopped(stop, config.poll_interval_s)
                 if time.monotonic() - last_summary > config.summary_interval_s:

@@ -14,6 +14,7 @@ from runtime.cli import (
     PrimeTyper,
     SetOption,
     load_role_config,
+    make_config_app,
     make_keys_app,
     start_logging,
 )
@@ -69,6 +70,7 @@ app = PrimeTyper(
     no_args_is_help=True,
 )
 app.add_typer(make_keys_app(WorkerConfig.model_fields["data_dir"].default), name="keys")
+app.add_typer(make_config_app("prime-worker", {"join": WorkerConfig}, "gpu=none"), name="config")
 
 
 @app.command()

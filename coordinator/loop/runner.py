@@ -144,8 +144,8 @@ class RunThread(threading.Thread):
         self.trainer = TrainerProcess(
             train_dir,
             spec,
-            config.orchestrator.trainer_nproc,
-            config.orchestrator.trainer_cpus,
+            config.orchestrator.trainer_launch.nproc,
+            config.orchestrator.trainer_launch.cpus,
             trainer_node(config),
             config.child_logs.limits(),
         )

@@ -1,9 +1,9 @@
 """The coordinator's SLURM job: the coordinator and its multi-node trainer as one allocation.
 
-One ``srun`` task per allocated node (``orchestrator.trainer_nnodes`` nodes). SLURM's node 0
+One ``srun`` task per allocated node (``orchestrator.trainer_launch.nnodes`` nodes). SLURM's node 0
 (``SLURM_NODEID`` 0, the first host of ``scontrol show hostnames $SLURM_JOB_NODELIST``) runs
 `prime-coordinator start`, which launches trainer node rank 0 and hosts torchrun's rendezvous
-there (``orchestrator.trainer_master_addr`` is set to that host); every other node waits for the
+there (``orchestrator.trainer_launch.master_addr`` is set to that host); every other node waits for the
 run's trainer spec in the shared train dir and runs `prime-trainer node` with its SLURM node id
 as node rank. The job is requeueable: a requeued job reruns the same command on the same data
 dir, and the coordinator resumes the run from its ledger and the last trainer checkpoint.
@@ -34,8 +34,8 @@ def coordinator_job(
     extra: list[str] | None = None,
 ) -> BatchJob:
     """The batch job that runs ``config``'s coordinator (and its trainer nodes) as `prime-coordinator start` would."""
-    section = config.orchestrator
-    nnodes = section.trainer_nnodes if section.enabled else 1
+    launch = config.orchestrator.trainer_launch
+    nnodes = launch.nnodes if config.orchestrator.enabled else 1
     workdir = Path.cwd()
     data_dir = config.data_dir if config.data_dir.is_absolute() else workdir / config.data_dir
     start = [role_command("prime-coordinator"), "start", "--json-logs"]
@@ -51,15 +51,15 @@ def coordinator_job(
         "--nnodes",
         str(nnodes),
         "--master-port",
-        str(section.trainer_master_port),
+        str(launch.master_port),
         "--nproc-per-node",
-        str(section.trainer_nproc),
+        str(launch.nproc),
     ]
     spec = data_dir / "train" / SPEC_FILE
     # The per-node step runs under srun; $MASTER_ADDR and $SLURM_NODEID are expanded there, on each node.
     step = [
         'if [ "$SLURM_NODEID" = 0 ]; then',
-        f'  exec {quote(start)} --set "orchestrator.trainer_master_addr=\\"$MASTER_ADDR\\""',
+        f'  exec {quote(start)} --set "orchestrator.trainer_launch.master_addr=\\"$MASTER_ADDR\\""',
         "fi",
         f"for _ in $(seq {SPEC_WAIT_S}); do [ -f {shlex.quote(str(spec))} ] && break; sleep 1; done",
         f'exec {quote(node)} --node-rank "$SLURM_NODEID" --master-addr "$MASTER_ADDR"',

@@ -4,7 +4,7 @@ Started once when the orchestrator starts and kept up across steps. It runs in a
 group of its own (so stopping it stops every rank) and dies with the coordinator
 (``PR_SET_PDEATHSIG`` on torchrun, and on each rank towards torchrun), so a SIGKILLed
 coordinator leaves no orphan ranks behind; a restarted coordinator starts a fresh one that
-resumes from the last trainer checkpoint. With ``trainer_nnodes`` > 1 this is node rank 0 of a
+resumes from the last trainer checkpoint. With ``orchestrator.trainer_launch.nnodes`` > 1 this is node rank 0 of a
 multi-node job (the other machines run ``prime-trainer node``; :mod:`trainer.launch`), and the
 start checkpoint is first copied into the train dir, which every node shares. If the job exits while steps remain, the
 orchestrator stops the run with :class:`ChildExitedError` naming the log to read (a crash
@@ -28,14 +28,15 @@ SHARED_START_DIR = "start_checkpoint"
 
 
 def trainer_node(config: CoordinatorConfig) -> TrainerNode:
-    """Node rank 0 of the trainer job, as `[orchestrator]` describes it (this machine hosts the rendezvous)."""
-    section = config.orchestrator
+    """Node rank 0 of the trainer job, as `[orchestrator.trainer_launch]` describes it (this machine hosts the
+    rendezvous)."""
+    launch = config.orchestrator.trainer_launch
     return TrainerNode(
-        nproc_per_node=section.trainer_nproc,
-        nnodes=section.trainer_nnodes,
+        nproc_per_node=launch.nproc,
+        nnodes=launch.nnodes,
         node_rank=0,
-        master_addr=section.trainer_master_addr,
-        master_port=section.trainer_master_port,
+        master_addr=launch.master_addr,
+        master_port=launch.master_port,
     )
 
 

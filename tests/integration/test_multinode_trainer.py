@@ -1,6 +1,6 @@
 """A trainer job across two "machines" on loopback: the coordinator's node 0 and `prime-trainer node` as node 1.
 
-The reduced demo run of test_orchestrator_network.py with `trainer_nnodes = 2` and one rank per
+The reduced demo run of test_orchestrator_network.py with `orchestrator.trainer_launch.nnodes = 2` and one rank per
 node: the coordinator launches trainer node 0 (hosting torchrun's rendezvous on a fixed port),
 and the test starts node 1 the way an operator would on a second machine. The run must finish
 every step from accepted submissions, with each step trained by a world of 2 ranks (per-step
@@ -73,7 +73,8 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
 def test_two_trainer_nodes_train_every_step_as_one_world(tmp_path: Path) -> None:
     port, master_port = free_port(), free_port()
     url = f"http://127.0.0.1:{port}"
-    config_path = write_config(tmp_path, port, trainer_nproc=1, trainer_nnodes=2, trainer_master_port=master_port)
+    launch = {"nproc": 1, "nnodes": 2, "master_port": master_port}
+    config_path = write_config(tmp_path, port, trainer_launch=launch)
     coordinator = start(tmp_path, config_path, url, "coordinator")
     node1 = start_second_node(tmp_path, master_port)
     try:
@@ -98,9 +99,8 @@ def test_two_trainer_nodes_train_every_step_as_one_world(tmp_path: Path) -> None
 def test_the_second_node_stops_when_the_coordinator_is_killed(tmp_path: Path) -> None:
     port, master_port = free_port(), free_port()
     url = f"http://127.0.0.1:{port}"
-    config_path = write_config(
-        tmp_path, port, local_network=False, trainer_nproc=1, trainer_nnodes=2, trainer_master_port=master_port
-    )
+    launch = {"nproc": 1, "nnodes": 2, "master_port": master_port}
+    config_path = write_config(tmp_path, port, local_network=False, trainer_launch=launch)
     coordinator = start(tmp_path, config_path, url, "coordinator")
     node1 = start_second_node(tmp_path, master_port)
     try:

@@ -51,7 +51,7 @@ def write_config(root: Path, port: int, local_network: bool = True, **orchestrat
             "enabled": True,
             "num_steps": NUM_STEPS,
             "groups_per_step": GROUPS_PER_STEP,
-            "trainer_nproc": 2,
+            "trainer_launch": {"nproc": 2},
             "progress_interval_s": 2,
             **orchestrator,
         },

@@ -101,6 +101,8 @@ def shell_commands(text: str) -> list[str]:
                 words = shlex.split(part, comments=True)
                 while words and re.fullmatch(r"[A-Z_][A-Z0-9_]*=.*", words[0]):  # VAR=value prefixes
                     words = words[1:]
+                redirect = next((i for i, word in enumerate(words) if re.match(r"\d?>", word)), len(words))
+                words = words[:redirect]  # `> file`, `2>&1`: the shell's, not the command's
                 if words and words[0] in console_scripts():
                     commands.append(shlex.join(words))
     return commands
@@ -158,6 +160,11 @@ def test_the_docs_show_commands_at_all() -> None:
         assert shell_commands((REPO_ROOT / name).read_text()), f"{name} shows no prime-* command"
 
 
+def test_the_command_check_leaves_redirections_to_the_shell() -> None:
+    sample = "```bash\nprime-worker config show --set gpu=none > w.toml 2>&1\n```\n"
+    assert shell_commands(sample) == ["prime-worker config show --set gpu=none"]
+
+
 def test_the_command_check_catches_a_wrong_flag_and_subcommand() -> None:
     sample = "```bash\nprime-worker join --coordinator http://h:8000 --gpus all\nprime-worker jion\n```\n"
     commands = shell_commands(sample)
@@ -184,26 +191,31 @@ def test_readme_is_a_short_front_door() -> None:
         assert command in text, f"README.md no longer shows {command}"
 
 
-def setting_keys(model: type[BaseModel], prefix: str = "") -> list[str]:
-    """Every leaf setting of a config model, as dotted keys (``api.port``)."""
+def setting_keys(model: type[BaseModel]) -> list[str]:
+    """Every leaf setting of a config model, as dotted keys (``api.port``), through every table (union members
+    included), and every table as ``[key]``."""
+    from runtime.config import config_tables, field_tables
+
     keys = []
-    for name, field in model.model_fields.items():
-        annotation = field.annotation
-        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-            keys.extend(setting_keys(annotation, f"{prefix}{name}."))
-        else:
-            keys.append(prefix + name)
-    return keys
+    for table in config_tables(model):
+        if table.key:
+            keys.append(f"[{table.key}]")
+        for name, field in table.model.model_fields.items():
+            key = f"{table.key}.{name}" if table.key else name
+            if not any(inner.key == key for inner in field_tables(key, field)):
+                keys.append(key)
+    return list(dict.fromkeys(keys))
 
 
-def test_the_configuration_page_lists_every_setting() -> None:
+def test_the_configuration_reference_lists_every_setting() -> None:
     from coordinator.config import CoordinatorConfig
     from shardcast.config import RelayConfig
     from trainer.config import EvalConfig, RlConfig, SftConfig
     from validator.config import ValidatorConfig
     from worker.config import WorkerConfig
 
-    page = (REPO_ROOT / "docs" / "configuration.md").read_text()
+    page = (REPO_ROOT / "docs" / "config-reference.md").read_text()
+    assert "(config-reference.md)" in (REPO_ROOT / "docs" / "configuration.md").read_text()
     models: list[type[BaseModel]] = [
         CoordinatorConfig,
         WorkerConfig,
@@ -215,7 +227,7 @@ def test_the_configuration_page_lists_every_setting() -> None:
     ]
     missing = sorted({f"{m.__name__}: {key}" for m in models for key in setting_keys(m) if f"`{key}`" not in page})
     assert "api.port" in setting_keys(CoordinatorConfig)
-    assert not missing, "docs/configuration.md does not describe:\n" + "\n".join(missing)
+    assert not missing, "docs/config-reference.md does not describe:\n" + "\n".join(missing)
 
 
 def repository_text_files() -> list[Path]:

@@ -122,3 +122,21 @@ def test_worker_gpu_selection_is_validated() -> None:
     assert load_config(WorkerConfig, None, {"gpu": "0,1"}).gpu == "0,1"
     with pytest.raises(ConfigError, match="gpu"):
         load_config(WorkerConfig, None, {"gpu": "first"})
+
+
+def test_the_coordinator_defaults_to_an_operator_run_dir_and_the_demo_names_its_own() -> None:
+    from typer.main import get_command
+
+    from coordinator.cli import app
+
+    default = CoordinatorConfig.model_fields["data_dir"].default
+    assert default == Path("runs/coordinator")
+    assert load_config(CoordinatorConfig, CONFIGS_DIR / "demo.toml").data_dir == Path("runs/demo")
+    keys = get_command(app).commands["keys"].commands["show"]  # type: ignore[attr-defined]
+    assert next(p.default for p in keys.params if p.name == "data_dir") == default
+
+
+def test_the_validator_refuses_an_engine_it_would_not_run() -> None:
+    assert load_config(ValidatorConfig).engine == "hf"
+    with pytest.raises(ConfigError, match=r"key 'engine'"):
+        load_config(ValidatorConfig, None, {"engine": "vllm"})

@@ -1,4 +1,4 @@
-"""Multi-node trainer launch: `[orchestrator]` node fields checked at start-up, each node's torchrun command."""
+"""Multi-node trainer launch: `[orchestrator.trainer_launch]` checked at start-up, each node's torchrun command."""
 
 from __future__ import annotations
 
@@ -22,14 +22,14 @@ def _flag(command: list[str], name: str) -> str | None:
     return command[command.index(name) + 1] if name in command else None
 
 
-def _coordinator_config(tmp_path: Path, orchestrator: str) -> CoordinatorConfig:
+def _coordinator_config(tmp_path: Path, launch: str, orchestrator: str = "") -> CoordinatorConfig:
     path = tmp_path / "run.toml"
-    path.write_text(f"[orchestrator]\nenabled = true\n{orchestrator}\n")
+    path.write_text(f"[orchestrator]\nenabled = true\n{orchestrator}\n[orchestrator.trainer_launch]\n{launch}\n")
     return load_config(CoordinatorConfig, path)
 
 
 def test_one_node_by_default_with_a_free_port(tmp_path: Path) -> None:
-    config = _coordinator_config(tmp_path, "trainer_nproc = 2")
+    config = _coordinator_config(tmp_path, "nproc = 2")
     process = TrainerProcess(TrainDir(tmp_path / "train"), _spec(), 2, node=trainer_node(config))
     command = process.command()
     assert command[command.index("-m") + 1] in ("trainer.service", "torch.distributed.run")
@@ -42,15 +42,40 @@ def test_one_node_by_default_with_a_free_port(tmp_path: Path) -> None:
 
 
 def test_several_nodes_without_a_fixed_port_are_refused_at_start_up(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match=r"trainer_master_port") as raised:
-        _coordinator_config(tmp_path, "trainer_nnodes = 2")
+    with pytest.raises(ConfigError, match=r"set orchestrator\.trainer_launch\.master_port") as raised:
+        _coordinator_config(tmp_path, "nnodes = 2")
     assert "fixed port" in raised.value.message and str(tmp_path / "run.toml") in raised.value.message
+    assert "\n" not in raised.value.message and "{" not in raised.value.message  # one line, no table echoed
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        ("trainer_nproc = 4", "nproc"),
+        ("trainer_cpus = [0]", "cpus"),
+        ("trainer_nnodes = 2", "nnodes"),
+        ('trainer_master_addr = "10.0.0.5"', "master_addr"),
+        ("trainer_master_port = 29500", "master_port"),
+    ],
+)
+def test_the_flat_trainer_keys_name_their_new_place(tmp_path: Path, old: str, new: str) -> None:
+    key = old.split(" ")[0]
+    with pytest.raises(ConfigError, match=rf"orchestrator\.{key} moved: set orchestrator\.trainer_launch\.{new}\b"):
+        _coordinator_config(tmp_path, "", orchestrator=old)
+    with pytest.raises(ConfigError, match=rf"orchestrator\.{key} moved"):
+        load_config(CoordinatorConfig, None, {f"orchestrator.{key}": old.split(" = ")[1].strip('"')})
+
+
+def test_a_flat_trainer_key_from_the_environment_is_named_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PRIME_COORDINATOR_ORCHESTRATOR__TRAINER_NPROC", "4")
+    with pytest.raises(
+        ConfigError, match=r"orchestrator\.trainer_nproc moved: set orchestrator\.trainer_launch\.nproc"
+    ):
+        load_config(CoordinatorConfig)
 
 
 def test_node_zero_of_several_dials_the_configured_rendezvous(tmp_path: Path) -> None:
-    config = _coordinator_config(
-        tmp_path, 'trainer_nproc = 4\ntrainer_nnodes = 3\ntrainer_master_addr = "10.0.0.5"\ntrainer_master_port = 29500'
-    )
+    config = _coordinator_config(tmp_path, 'nproc = 4\nnnodes = 3\nmaster_addr = "10.0.0.5"\nmaster_port = 29500')
     command = TrainerProcess(TrainDir(tmp_path / "train"), _spec(), 4, node=trainer_node(config)).command()
     assert _flag(command, "--nnodes") == "3" and _flag(command, "--node-rank") == "0"
     assert _flag(command, "--nproc-per-node") == "4"

@@ -22,7 +22,7 @@ from tests.support.cli_parse import parse_command
 from worker.cli import app as worker_app
 
 runner = CliRunner()
-MULTINODE = ["--set", "orchestrator.trainer_nnodes=3", "--set", "orchestrator.trainer_master_port=29500"]
+MULTINODE = ["--set", "orchestrator.trainer_launch.nnodes=3", "--set", "orchestrator.trainer_launch.master_port=29500"]
 
 
 def dry_run(app: object, *argv: str) -> str:
@@ -63,7 +63,7 @@ def test_the_coordinator_job_spans_the_trainer_nodes() -> None:
     start = command_line(script, "prime-coordinator")
     context = parse_command(start)
     assert context.params["config"] == Path("configs/demo.toml").resolve()
-    assert 'orchestrator.trainer_master_addr="node-a"' in context.params["sets"]
+    assert 'orchestrator.trainer_launch.master_addr="node-a"' in context.params["sets"]
     node = parse_command(command_line(script, "prime-trainer"))
     assert node.params["nnodes"] == 3 and node.params["master_port"] == 29500
     assert node.params["train_dir"] == Path("runs/demo/train").resolve()
@@ -89,7 +89,7 @@ def test_the_worker_job_is_an_array_with_a_data_dir_per_task(tmp_path: Path) -> 
     [
         (worker_app, ["slurm", "-n", "2", "--sbatch-arg", "account=lab"], "is not an sbatch option"),
         (worker_app, ["slurm", "-n", "2", "--gpu", "two"], "gpu must be"),
-        (coordinator_app, ["slurm", "--set", "orchestrator.trainer_nnodes=2"], "trainer_master_port"),
+        (coordinator_app, ["slurm", "--set", "orchestrator.trainer_launch.nnodes=2"], "trainer_launch.master_port"),
     ],
 )
 def test_bad_input_is_refused_with_a_reason(app: object, argv: list[str], message: str) -> None:
