@@ -10,8 +10,10 @@ without a lookup.
 
 from __future__ import annotations
 
+import errno
 import functools
 import os
+import secrets
 import stat
 from dataclasses import dataclass
 from pathlib import Path
@@ -145,25 +147,45 @@ def load_identity(path: Path) -> NodeIdentity:
     return NodeIdentity.from_pem(path.read_bytes(), source=str(path))
 
 
-def save_identity(identity: NodeIdentity, path: Path) -> None:
-    """Write a key file created 0600 from the start (never world-readable, even briefly)."""
+def _write_private(identity: NodeIdentity, path: Path) -> Path:
+    """A fresh file beside ``path`` holding the key, created 0600 from the start; its name is this writer's own."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
         os.write(fd, identity.to_pem())
         os.fsync(fd)
     finally:
         os.close(fd)
-    os.chmod(tmp, 0o600)  # the umask cannot loosen 0600, but an existing tmp file kept its mode
-    os.replace(tmp, path)
+    return tmp
+
+
+def save_identity(identity: NodeIdentity, path: Path) -> None:
+    """Write a key file created 0600 from the start (never world-readable, even briefly), replacing any."""
+    os.replace(_write_private(identity, path), path)
 
 
 def load_or_create_identity(data_dir: Path) -> NodeIdentity:
-    """The node's identity: loaded from ``data_dir`` or generated and stored there on first use."""
+    """The node's identity: loaded from ``data_dir`` or generated and stored there on first use.
+
+    Processes that start at once on one data dir (a SLURM array sharing a folder, a restart racing
+    the old process) end with one identity: the key is linked into place only if none is there yet,
+    and whoever loses that race loads the winner's key instead of overwriting it.
+    """
     path = key_path(data_dir)
     if path.exists():
         return load_identity(path)
     identity = NodeIdentity.generate()
-    save_identity(identity, path)
+    tmp = _write_private(identity, path)
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        return load_identity(path)
+    except OSError as exc:
+        if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP):
+            raise
+        os.replace(tmp, path)  # a filesystem without hard links: last writer wins, as before
+        return load_identity(path)
+    finally:
+        tmp.unlink(missing_ok=True)
     return identity

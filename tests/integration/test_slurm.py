@@ -92,7 +92,8 @@ def test_a_worker_array_joins_a_running_coordinator_and_stops_cleanly(cluster: S
         argv = ["prime-worker", "slurm", "--workers", "2", "--coordinator", net.url, "--engine", "hf"]
         job_id = submit(cluster, *argv, "--gpu", "none", "--data-dir", str(base), "--no-exclusive")
         logs = [base / f"slurm-{job_id}_{i}.out" for i in range(2)] + [tmp_path / "validator.log"]
-        wait_until(lambda: (base / "worker-1" / KEY_FILE_NAME).exists(), "array task 1 started", 120, logs)
+        keys = [base / f"worker-{i}" / KEY_FILE_NAME for i in range(2)]
+        wait_until(lambda: all(key.exists() for key in keys), "both array tasks started", 120, logs)
         nodes = [load_or_create_identity(base / f"worker-{i}").node_id for i in range(2)]
         assert nodes[0] != nodes[1], "two array tasks share a node key"
 

@@ -14,6 +14,7 @@ from protocol.identity import (
     load_identity,
     load_or_create_identity,
     public_key_from_node_id,
+    save_identity,
     verify_signature,
 )
 
@@ -25,6 +26,22 @@ def test_key_created_on_first_use_with_0600_and_loaded_after(tmp_path: Path) -> 
     second = load_or_create_identity(tmp_path / "node")
     assert second.node_id == first.node_id
     assert second.public_key_bytes == first.public_key_bytes
+
+
+def test_a_node_starting_beside_another_keeps_the_key_that_won(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Another process creates the key between this one's look and its write (two SLURM array
+    # tasks on one data dir): both must end with that key, and no temporary file may be left.
+    winner = NodeIdentity.generate()
+    generate = NodeIdentity.generate
+
+    def generate_while_another_process_saves() -> NodeIdentity:
+        save_identity(winner, key_path(tmp_path))
+        return generate()
+
+    monkeypatch.setattr(NodeIdentity, "generate", staticmethod(generate_while_another_process_saves))
+    assert load_or_create_identity(tmp_path).node_id == winner.node_id
+    assert load_identity(key_path(tmp_path)).node_id == winner.node_id
+    assert [p.name for p in tmp_path.iterdir()] == [key_path(tmp_path).name]
 
 
 def test_key_created_0600_even_with_permissive_umask(tmp_path: Path) -> None:
