@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import filecmp
+import json
 import shutil
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 import torch
+import zstandard
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from safetensors.torch import save_file
@@ -236,3 +239,90 @@ def test_bit_flips_raise_integrity_error(small_patch: Fixture, flips: list[tuple
 def test_truncated_or_extended_patches_raise_integrity_error(small_patch: Fixture, cut: int, junk: bytes) -> None:
     root, base, new, data = small_patch
     check_corrupt(root, base, new, data[: cut % len(data)] + junk)
+
+
+def rewrite_header(data: bytes, mutate: Callable[[dict[str, Any]], object]) -> bytes:
+    """The patch with its JSON header changed by ``mutate`` (the body kept as it is)."""
+    packed_len = int.from_bytes(data[8:16], "little")
+    header = json.loads(zstandard.ZstdDecompressor().decompress(data[24 : 24 + packed_len]))
+    mutate(header)
+    raw = json.dumps(header).encode()
+    packed = zstandard.ZstdCompressor().compress(raw)
+    return MAGIC + len(packed).to_bytes(8, "little") + len(raw).to_bytes(8, "little") + packed + data[24 + packed_len :]
+
+
+def tensors_of(header: dict[str, Any]) -> list[list[Any]]:
+    records: list[list[Any]] = next(f for f in header["files"] if f["kind"] == "tensors")["tensors"]
+    return records
+
+
+def changed_record(header: dict[str, Any]) -> list[Any]:
+    return next(r for r in tensors_of(header) if r[0] > 0)
+
+
+MUTATIONS: dict[str, Callable[[dict[str, Any]], object]] = {
+    "encoding": lambda h: h.update(encoding="bitpatch-zstd-v0"),
+    "extra key": lambda h: h.update(more=1),
+    "base hash": lambda h: h["base"][0].__setitem__(2, "0" * 64),
+    "base size": lambda h: h["base"][0].__setitem__(1, 5),
+    "base missing": lambda h: h["base"].clear(),
+    "escaping path": lambda h: h["files"][0].update(path="../evil"),
+    "repeated path": lambda h: h["files"].append(dict(h["files"][0])),
+    "file under a file": lambda h: h["files"].append(dict(h["files"][0], path=h["files"][0]["path"] + "/x")),
+    "huge size": lambda h: h["files"][0].update(size=1 << 40),
+    "float size": lambda h: h["files"][0].update(size=1.5),
+    "bad hash": lambda h: h["files"][0].update(blake3="zz"),
+    "unknown kind": lambda h: h["files"][0].update(kind="delta"),
+    "no files": lambda h: h.update(files=[]),
+    "record count": lambda h: tensors_of(h).pop(),
+    "k too large": lambda h: changed_record(h).__setitem__(0, 10**12),
+    "k negative": lambda h: changed_record(h).__setitem__(0, -1),
+    "k off by one": lambda h: changed_record(h).__setitem__(0, changed_record(h)[0] + 1),
+    "gap code": lambda h: changed_record(h).__setitem__(1, "g9"),
+    "positions code swapped": lambda h: changed_record(h).__setitem__(
+        1, "g1" if changed_record(h)[1] == "bm" else "bm"
+    ),
+    "values code swapped": lambda h: changed_record(h).__setitem__(2, "v" if changed_record(h)[2] == "d" else "d"),
+    "blob past end": lambda h: changed_record(h).__setitem__(3, [1 << 40, 10]),
+    "blob zero length": lambda h: changed_record(h).__setitem__(3, [0, 0]),
+    "blob not a pair": lambda h: changed_record(h).__setitem__(3, 7),
+    "missing blob": lambda h: changed_record(h).pop(),
+    "planes swapped": lambda h: changed_record(h).__setitem__(slice(3, 5), changed_record(h)[3:5][::-1]),
+    "unchanged record with data": lambda h: tensors_of(h).__setitem__(0, [0, "g1", "d", [0, 1]]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MUTATIONS))
+def test_tampered_headers_raise_integrity_error(small_patch: Fixture, name: str) -> None:
+    root, base, _, data = small_patch
+    work = Path(tempfile.mkdtemp(dir=root))
+    try:
+        (work / "p").write_bytes(rewrite_header(data, MUTATIONS[name]))
+        with pytest.raises(IntegrityError):
+            apply_patch(base, work / "p", work / "out", LIMIT)
+        assert not (work / "out").exists()
+    finally:
+        shutil.rmtree(work)
+
+
+def test_frames_that_claim_huge_sizes_are_refused(small_patch: Fixture) -> None:
+    root, base, _, data = small_patch
+    bomb = zstandard.ZstdCompressor().compress(bytes(50_000_000))
+    work = Path(tempfile.mkdtemp(dir=root))
+    try:
+        body_start = 24 + int.from_bytes(data[8:16], "little")
+        body_len = len(data) - body_start
+
+        def point_at_bomb(header: dict[str, Any]) -> None:
+            whole = next(f for f in header["files"] if f["kind"] == "whole")
+            whole["blob"] = [body_len, len(bomb)]
+
+        (work / "p").write_bytes(rewrite_header(data, point_at_bomb) + bomb)
+        with pytest.raises(IntegrityError):
+            apply_patch(base, work / "p", work / "out", LIMIT)
+        huge_header = MAGIC + (10).to_bytes(8, "little") + (1 << 40).to_bytes(8, "little") + bytes(10)
+        (work / "q").write_bytes(huge_header)
+        with pytest.raises(IntegrityError, match="limit"):
+            apply_patch(base, work / "q", work / "out", LIMIT)
+    finally:
+        shutil.rmtree(work)
