@@ -517,6 +517,13 @@ class VersionSpread(WireModel):
     num_rejected: int = Field(ge=0)
     mean_reward: float | None = Field(description="Mean recomputed reward over its accepted rollouts.")
     num_relays: int = Field(default=0, ge=0, description="Relays whose last answer lists it complete.")
+    kind: Literal["full", "patch"] | None = Field(
+        default=None, description="Published as a full checkpoint or a value patch (None: not recorded)."
+    )
+    base_version: PolicyVersion | None = Field(default=None, description="The version a patch applies to.")
+    checkpoint_bytes: int | None = Field(
+        default=None, description="Bytes of the checkpoint it stands for (a patch downloads total_size_bytes)."
+    )
 
 
 class DashboardRelay(WireModel):
