@@ -16,21 +16,22 @@ File layout::
     u64 LE  length of the compressed header
     u64 LE  length of the header once decompressed
     header  zstd frame of a JSON object (below)
-    body    zstd frames, addressed by [offset, length] relative to the body's start
+    body    zstd frames, each addressed as [offset, length] from the body's start
 
-The header is ``{"encoding": ENCODING, "base": [[path, size, blake3], ...], "files": [...]}``;
-each file is ``{"path", "size", "blake3", "kind"}`` plus, by kind: ``"same"`` (copy the base
-file of that path), ``"whole"`` (``"blob"``: the file, compressed) or ``"tensors"``
-(``"header"``: null when the safetensors header equals the base's, else the blob of the new
-header bytes; ``"tensors"``: one record per tensor in the order of the new data offsets,
-``[k]`` when none of its elements changed, else ``[k, positions_code, values_code, blob...]``).
-``positions_code`` is ``"g1"``/``"g2"``/``"g4"``/``"g8"`` (gaps between changed positions as
-unsigned integers of that many bytes, the first gap counted from -1) or ``"bm"`` (a bitmap of
-the element count, ``numpy.packbits`` order); ``values_code`` is ``"d"`` (``new - old`` in
-unsigned integer units of the element, wrapping, zigzag-mapped so small moves of either sign
-are small numbers) or ``"v"`` (the new bits). Every multi-byte stream is split into byte
-planes (byte 0 of every item, then byte 1, ...), each its own zstd frame, so the nearly
-constant high bytes compress apart from the noisy low ones.
+Every zstd frame is magicless, with no checksum or content size: the header says how many
+bytes each must give, and decompression stops there. The header is ``{"encoding": ENCODING,
+"base": [[path, size, blake3], ...], "files": [...]}``; each file is ``{"path", "size",
+"blake3", "kind"}`` plus, by kind: ``"same"`` (copy the base file of that path), ``"whole"``
+(``"blob"``: the file, compressed) or ``"tensors"`` (``"header"``: null when the safetensors
+header equals the base's, else ``{"n": its size, "b": [blob]}``; ``"tensors"``: one record per
+tensor in the order of the new data offsets, ``{"k": 0}`` when no element changed, else
+``{"k": changed count, "p": positions spec, "v": values spec}``). Elements are the tensor's
+bytes as little-endian unsigned integers of 2 bytes (bf16, f16, 16-bit ints) or 4 bytes (f32,
+32-bit ints), or single bytes for every other dtype. A spec is a dict with a coding ``"c"`` and
+its blobs ``"b"`` (:func:`_encode_positions` and :func:`_encode_values` describe each
+coding); multi-byte integer streams are split into byte planes (byte 0 of every item, then
+byte 1, ...), each its own frame, so nearly constant high bytes compress apart from the noisy
+low ones. The encoder tries every coding of a tensor and keeps the smallest.
 """
 
 from __future__ import annotations
@@ -82,7 +83,7 @@ _DTYPE_SIZES = {
     "F64": 8,
 }
 _UINTS: dict[int, npt.DTypeLike] = {1: np.dtype("<u1"), 2: np.dtype("<u2"), 4: np.dtype("<u4"), 8: np.dtype("<u8")}
-_GAP_CODES = {"g1": 1, "g2": 2, "g4": 4, "g8": 8}
+_FIELDS_CHUNK = 1 << 20  # fields packed or unpacked at a time (a multiple of 8)
 
 UIntArray = npt.NDArray[np.unsignedinteger[Any]]
 
@@ -260,13 +261,21 @@ def _binary_entropy(p: float) -> float:
     return -(p * math.log2(p) + (1 - p) * math.log2(1 - p))
 
 
+def _compressor(level: int) -> zstandard.ZstdCompressor:
+    """Frames without magic, checksum or content size: the header already says what each holds."""
+    params = zstandard.ZstdCompressionParameters.from_level(
+        level, format=zstandard.FORMAT_ZSTD1_MAGICLESS, write_checksum=False, write_content_size=False
+    )
+    return zstandard.ZstdCompressor(compression_params=params)
+
+
 class _Body:
     """The patch's body, written to a spool file: each blob is one zstd frame at a known offset."""
 
     def __init__(self, spool: BinaryIO, level: int) -> None:
         self.spool = spool
         self.offset = 0
-        self.compressor = zstandard.ZstdCompressor(level=level, write_checksum=False, write_content_size=True)
+        self.compressor = _compressor(level)
 
     def compress(self, data: bytes) -> bytes:
         return self.compressor.compress(data)
@@ -286,32 +295,112 @@ class _Body:
         return [start, written], written
 
 
-def _encode_tensor(body: _Body, old: UIntArray, new: UIntArray) -> tuple[list[Any], int, float]:
+def _narrowest(largest: int) -> int:
+    return next(w for w in (1, 2, 4, 8) if largest < 1 << (8 * w))
+
+
+def _pack_fields(values: npt.NDArray[np.uint64], bits: int) -> bytes:
+    """The low ``bits`` bits of each value, most significant first, back to back (numpy.packbits order)."""
+    shifts = np.arange(bits - 1, -1, -1, dtype=np.uint64)
+    pieces = []
+    for start in range(0, values.size, _FIELDS_CHUNK):
+        grid = ((values[start : start + _FIELDS_CHUNK, None] >> shifts) & np.uint64(1)).astype(np.uint8)
+        pieces.append(np.packbits(grid.reshape(-1)).tobytes())
+    return b"".join(pieces)
+
+
+def _unpack_fields(packed: bytes, count: int, bits: int) -> npt.NDArray[np.uint64]:
+    weights = np.uint64(1) << np.arange(bits - 1, -1, -1, dtype=np.uint64)
+    out = np.empty(count, dtype=np.uint64)
+    data = np.frombuffer(packed, dtype=np.uint8)
+    for start in range(0, count, _FIELDS_CHUNK):  # a chunk of a multiple of 8 fields starts on a byte
+        n = min(_FIELDS_CHUNK, count - start)
+        begin = start * bits // 8
+        grid = np.unpackbits(data[begin : begin + (n * bits + 7) // 8], count=n * bits).reshape(n, bits)
+        out[start : start + n] = grid.astype(np.uint64) @ weights
+    return out
+
+
+def _spec_size(spec: dict[str, Any]) -> int:
+    """Compressed bytes of a candidate spec whose ``"b"`` still holds the frames themselves."""
+    frames: list[bytes] = spec["b"]
+    return sum(len(f) for f in frames) + sum(_spec_size(v) for v in spec.values() if isinstance(v, dict))
+
+
+def _place(body: _Body, spec: dict[str, Any]) -> dict[str, Any]:
+    """Write a chosen spec's frames into the body, replacing each by its [offset, length]."""
+    spec["b"] = [body.add(frame) for frame in spec["b"]]
+    for value in spec.values():
+        if isinstance(value, dict):
+            _place(body, value)
+    return spec
+
+
+def _encode_positions(body: _Body, positions: npt.NDArray[np.int64], n: int) -> dict[str, Any]:
+    """The cheapest coding of ``positions`` (sorted, distinct, in [0, n)) that we try.
+
+    ``"rice"``: each gap minus one is split into its low ``l`` bits, packed back to back, and
+    the rest (``q``, unsigned integers of ``w`` bytes, in byte planes); a Golomb-Rice code
+    whose unary part zstd codes, near the entropy of geometric gaps for ``l`` near
+    log2(mean gap * ln 2). ``"bm"``: a bitmap of the n elements, for dense changes.
+    """
+    k = int(positions.size)
+    minus_one = np.diff(positions, prepend=-1).astype(np.uint64) - np.uint64(1)
+    best = math.log2(max(1.0, n / k * math.log(2)))
+    candidates: list[dict[str, Any]] = []
+    for bits in sorted({max(0, math.floor(best)), max(0, math.ceil(best)), max(0, math.floor(best) - 1)}):
+        quotients = minus_one >> np.uint64(bits)
+        width = _narrowest(int(quotients.max()))
+        frames = [body.compress(_pack_fields(minus_one, bits))] if bits else []
+        frames += [body.compress(plane) for plane in _planes(quotients.astype(_UINTS[width]))]
+        candidates.append({"c": "rice", "l": bits, "w": width, "b": frames})
+    if k * 32 >= n:
+        mask = np.zeros(n, dtype=bool)
+        mask[positions] = True
+        candidates.append({"c": "bm", "b": [body.compress(np.packbits(mask).tobytes())]})
+    return min(candidates, key=_spec_size)
+
+
+def _encode_values(body: _Body, old_values: UIntArray, new_values: UIntArray) -> dict[str, Any]:
+    """The cheapest coding of the changed elements' new bits that we try.
+
+    ``"d"``: zigzag(new - old) in byte planes. ``"v"``: the new bits in byte planes. ``"s"``:
+    sign and magnitude of new - old apart: the signs as a bitmap (``"b"[0]``), magnitude 1
+    (one ulp, the common case) implied, the ``"e"`` other magnitudes at the positions coded
+    by ``"p"`` (among the k changes) in byte planes (``"b"[1:]``).
+    """
+    width = old_values.dtype.itemsize
+    delta = new_values - old_values
+    candidates = [
+        {"c": "d", "b": [body.compress(p) for p in _planes(_zigzag(delta))]},
+        {"c": "v", "b": [body.compress(p) for p in _planes(new_values)]},
+    ]
+    signed = delta.view(np.dtype(f"<i{width}"))
+    magnitudes = np.abs(signed.astype(np.int64)).astype(_UINTS[width])
+    others = np.flatnonzero(magnitudes != 1)
+    split: dict[str, Any] = {"c": "s", "e": int(others.size), "p": None}
+    split["b"] = [body.compress(np.packbits(signed < 0).tobytes())]
+    if others.size:
+        split["p"] = _encode_positions(body, others, int(delta.size))
+        split["b"] += [body.compress(p) for p in _planes(magnitudes[others])]
+    candidates.append(split)
+    return min(candidates, key=_spec_size)
+
+
+def _encode_tensor(body: _Body, old: UIntArray, new: UIntArray) -> tuple[dict[str, Any], int, float]:
     """The record of one tensor, its changed count and its entropy bound in bytes."""
-    changed_mask = old != new
-    positions = np.flatnonzero(changed_mask)
+    positions = np.flatnonzero(old != new)
     k, n = int(positions.size), int(old.size)
     if k == 0:
-        return [0], 0, 0.0
+        return {"k": 0}, 0, 0.0
     old_values, new_values = old[positions], new[positions]
-    delta = new_values - old_values  # wrapping, in integer units of the element
-    bound = n * _binary_entropy(k / n) / 8 + k * _entropy_bits(delta) / 8
-
-    gaps = np.diff(positions, prepend=-1)
-    largest = int(gaps.max())
-    gap_width = next(w for w in (1, 2, 4, 8) if largest < 1 << (8 * w))
-    options = [
-        (f"g{gap_width}", [body.compress(p) for p in _planes(gaps.astype(_UINTS[gap_width]))]),
-        ("bm", [body.compress(np.packbits(changed_mask).tobytes())]),
-    ]
-    positions_code, position_frames = min(options, key=lambda o: sum(len(f) for f in o[1]))
-    values = [
-        ("d", [body.compress(p) for p in _planes(_zigzag(delta))]),
-        ("v", [body.compress(p) for p in _planes(new_values)]),
-    ]
-    values_code, value_frames = min(values, key=lambda o: sum(len(f) for f in o[1]))
-    refs = [body.add(frame) for frame in position_frames + value_frames]
-    return [k, positions_code, values_code, *refs], k, bound
+    bound = n * _binary_entropy(k / n) / 8 + k * _entropy_bits(new_values - old_values) / 8
+    record = {
+        "k": k,
+        "p": _place(body, _encode_positions(body, positions, n)),
+        "v": _place(body, _encode_values(body, old_values, new_values)),
+    }
+    return record, k, bound
 
 
 def encode_patch(base_dir: Path, new_dir: Path, patch_path: Path, level: int = 3) -> PatchStats:
@@ -363,10 +452,10 @@ def encode_patch(base_dir: Path, new_dir: Path, patch_path: Path, level: int = 3
                         entry["header"] = None
                     else:
                         frame = body.compress(new_header)
-                        entry["header"] = body.add(frame)
+                        entry["header"] = {"n": len(new_header), "b": [body.add(frame)]}
                         bound += len(frame)
                     base_by_name = {t.name: t for t in base_lay.tensors}
-                    records: list[list[Any]] = []
+                    records: list[dict[str, Any]] = []
                     with (base_dir / path).open("rb") as base_file, new_path.open("rb") as new_file:
                         for tensor in new_lay.tensors:
                             old = _elements(base_file, base_by_name[tensor.name])
@@ -387,7 +476,7 @@ def encode_patch(base_dir: Path, new_dir: Path, patch_path: Path, level: int = 3
         raw = json.dumps(header, separators=(",", ":"), sort_keys=True).encode()
         if len(raw) > MAX_HEADER_BYTES:
             raise ProtocolError(f"patch header of {len(raw)} bytes is over the {MAX_HEADER_BYTES} limit")
-        packed = zstandard.ZstdCompressor(level=max(level, 3)).compress(raw)
+        packed = _compressor(max(level, 3)).compress(raw)
         with tmp_path.open("wb") as out, spool_path.open("rb") as spool:
             out.write(MAGIC + len(packed).to_bytes(8, "little") + len(raw).to_bytes(8, "little") + packed)
             shutil.copyfileobj(spool, out, _CHUNK)
@@ -456,7 +545,7 @@ class _Reader:
 
     def __init__(self, f: io.BufferedReader, start: int, length: int) -> None:
         self.f, self.start, self.length = f, start, length
-        self.decompressor = zstandard.ZstdDecompressor()
+        self.decompressor = zstandard.ZstdDecompressor(format=zstandard.FORMAT_ZSTD1_MAGICLESS)
 
     def blob(self, ref: object, what: str) -> tuple[int, int]:
         """(absolute offset, length) of a blob reference, checked against the body."""
@@ -466,18 +555,6 @@ class _Reader:
         offset = _int(pair[0], 0, self.length, f"{what} offset")
         length = _int(pair[1], 1, self.length - offset, f"{what} length")
         return self.start + offset, length
-
-    def declared_size(self, ref: object, limit: int, what: str) -> int:
-        """The content size the blob's frame declares, refused when unknown or over ``limit``."""
-        offset, length = self.blob(ref, what)
-        self.f.seek(offset)
-        try:
-            size = zstandard.get_frame_parameters(self.f.read(min(length, 18))).content_size
-        except zstandard.ZstdError as exc:
-            raise _bad(f"{what} is not a zstd frame ({exc})") from None
-        if size == zstandard.CONTENTSIZE_UNKNOWN or size > limit:
-            raise _bad(f"{what} declares {size} bytes, over {limit} or unknown")
-        return int(size)
 
     def chunks(self, ref: object, size: int, what: str) -> Iterator[bytes]:
         """The blob decompressed, in pieces, exactly ``size`` bytes in all."""
@@ -515,20 +592,47 @@ class _Reader:
         return values
 
 
-def _positions(reader: _Reader, code: str, refs: list[Any], k: int, n: int, what: str) -> npt.NDArray[np.int64]:
-    if code == "bm":
-        if len(refs) != 1:
-            raise _bad(f"{what} bitmap is not one blob")
-        packed = np.frombuffer(reader.exact(refs[0], (n + 7) // 8, f"{what} bitmap"), dtype=np.uint8)
-        bits = np.unpackbits(packed)
-        if int(np.count_nonzero(bits)) != k or bits[n:].any():
+def _spec(value: object, keys: set[str], what: str) -> dict[str, Any]:
+    if not isinstance(value, dict) or set(value) != keys:
+        raise _bad(f"{what} does not have exactly the fields {sorted(keys)}")
+    return value
+
+
+def _blobs(spec: dict[str, Any], count: int, what: str) -> list[Any]:
+    blobs = _list(spec["b"], f"{what} blobs")
+    if len(blobs) != count:
+        raise _bad(f"{what} has {len(blobs)} blobs, expected {count}")
+    return blobs
+
+
+def _decode_positions(reader: _Reader, value: object, k: int, n: int, what: str) -> npt.NDArray[np.int64]:
+    """``k`` sorted distinct positions in [0, n) (k >= 1), every field checked."""
+    kind = value.get("c") if isinstance(value, dict) else None
+    if kind == "bm":
+        spec = _spec(value, {"c", "b"}, what)
+        (ref,) = _blobs(spec, 1, what)
+        packed = np.frombuffer(reader.exact(ref, (n + 7) // 8, f"{what} bitmap"), dtype=np.uint8)
+        marks = np.unpackbits(packed)
+        if int(np.count_nonzero(marks)) != k or marks[n:].any():
             raise _bad(f"{what} bitmap does not mark {k} of {n} positions")
-        return np.flatnonzero(bits[:n]).astype(np.int64)
-    if code not in _GAP_CODES:
-        raise _bad(f"{what} has unknown positions code {code!r}")
-    gaps = reader.uints(refs, k, _GAP_CODES[code], f"{what} gaps").astype(np.uint64)
-    if int(gaps.min()) < 1 or int(gaps.max()) > n:
-        raise _bad(f"{what} has a gap outside [1, {n}]")
+        return np.flatnonzero(marks[:n]).astype(np.int64)
+    if kind != "rice":
+        raise _bad(f"{what} has unknown positions coding {str(kind)[:20]!r}")
+    spec = _spec(value, {"c", "l", "w", "b"}, what)
+    bits = _int(spec["l"], 0, 62, f"{what} low bits")
+    width = _int(spec["w"], 1, 8, f"{what} quotient width")
+    if width not in _UINTS:
+        raise _bad(f"{what} quotient width {width} is not 1, 2, 4 or 8")
+    refs = _blobs(spec, (1 if bits else 0) + width, what)
+    quotients = reader.uints(refs[1 if bits else 0 :], k, width, f"{what} quotients").astype(np.uint64)
+    if int(quotients.max()) > n >> bits:
+        raise _bad(f"{what} has a gap past its {n} elements")
+    gaps = (quotients << np.uint64(bits)) + np.uint64(1)
+    if bits:
+        low = reader.exact(refs[0], (k * bits + 7) // 8, f"{what} low bits")
+        gaps += _unpack_fields(low, k, bits)
+    if int(gaps.max()) > n:
+        raise _bad(f"{what} has a gap past its {n} elements")
     ends = np.cumsum(gaps, dtype=np.uint64)  # a wrap-around shows as a decrease
     if k > 1 and not bool((ends[1:] > ends[:-1]).all()):
         raise _bad(f"{what} positions overflow")
@@ -537,33 +641,46 @@ def _positions(reader: _Reader, code: str, refs: list[Any], k: int, n: int, what
     return ends.astype(np.int64) - 1
 
 
+def _decode_values(reader: _Reader, value: object, old: UIntArray, what: str) -> UIntArray:
+    """The new bits of the ``len(old)`` changed elements whose old bits are ``old``."""
+    k, width = int(old.size), old.dtype.itemsize
+    kind = value.get("c") if isinstance(value, dict) else None
+    if kind == "d":
+        spec = _spec(value, {"c", "b"}, what)
+        result: UIntArray = old + _unzigzag(reader.uints(_blobs(spec, width, what), k, width, what))
+        return result
+    if kind == "v":
+        spec = _spec(value, {"c", "b"}, what)
+        return reader.uints(_blobs(spec, width, what), k, width, what)
+    if kind != "s":
+        raise _bad(f"{what} has unknown values coding {str(kind)[:20]!r}")
+    spec = _spec(value, {"c", "e", "p", "b"}, what)
+    others = _int(spec["e"], 0, k, f"{what} magnitude count")
+    refs = _blobs(spec, 1 + (width if others else 0), what)
+    signs = np.unpackbits(np.frombuffer(reader.exact(refs[0], (k + 7) // 8, f"{what} signs"), dtype=np.uint8))
+    magnitudes = np.ones(k, dtype=_UINTS[width])
+    if others:
+        where = _decode_positions(reader, spec["p"], others, k, f"{what} magnitudes")
+        magnitudes[where] = reader.uints(refs[1:], others, width, f"{what} magnitudes")
+    elif spec["p"] is not None:
+        raise _bad(f"{what} codes positions of no magnitudes")
+    negative = signs[:k].astype(bool)
+    magnitudes[negative] = ~magnitudes[negative] + np.array(1, dtype=magnitudes.dtype)
+    result = old + magnitudes
+    return result
+
+
 def _patched_tensor(reader: _Reader, record: object, base: UIntArray, what: str) -> UIntArray:
-    fields = _list(record, what)
-    if not fields:
-        raise _bad(f"{what} record is empty")
+    if not isinstance(record, dict):
+        raise _bad(f"{what} record is not an object")
     n = int(base.size)
-    k = _int(fields[0], 0, n, f"{what} changed count")
+    k = _int(record.get("k"), 0, n, f"{what} changed count")
     if k == 0:
-        if len(fields) != 1:
-            raise _bad(f"{what} record has data for no changes")
+        _spec(record, {"k"}, what)
         return base
-    if len(fields) < 3:
-        raise _bad(f"{what} record is too short")
-    positions_code = _str(fields[1], f"{what} positions code")
-    values_code = _str(fields[2], f"{what} values code")
-    if values_code not in ("d", "v"):
-        raise _bad(f"{what} has unknown values code {values_code!r}")
-    width = base.dtype.itemsize
-    refs = fields[3:]
-    position_blobs = 1 if positions_code == "bm" else _GAP_CODES.get(positions_code, 0)
-    if len(refs) != position_blobs + width:
-        raise _bad(f"{what} record has {len(refs)} blobs, expected {position_blobs + width}")
-    positions = _positions(reader, positions_code, refs[:position_blobs], k, n, what)
-    values = reader.uints(refs[position_blobs:], k, width, f"{what} values")
-    if values_code == "d":
-        base[positions] += _unzigzag(values)
-    else:
-        base[positions] = values
+    spec = _spec(record, {"k", "p", "v"}, what)
+    positions = _decode_positions(reader, spec["p"], k, n, f"{what} positions")
+    base[positions] = _decode_values(reader, spec["v"], base[positions], f"{what} values")
     return base
 
 
@@ -678,9 +795,10 @@ def _write_tensors(output: _Output, base_path: Path, reader: _Reader, writer: _H
         new_header = base_header
     else:
         what = f"{output.path} header"
+        spec = _spec(output.spec["header"], {"n", "b"}, what)
         # An 8-byte length and the JSON it announces, never over the format's header limit.
-        size = reader.declared_size(output.spec["header"], min(output.size, MAX_SAFETENSORS_HEADER_BYTES + 8), what)
-        new_header = reader.exact(output.spec["header"], size, what)
+        size = _int(spec["n"], 8, min(output.size, MAX_SAFETENSORS_HEADER_BYTES + 8), f"{what} size")
+        new_header = reader.exact(_blobs(spec, 1, what)[0], size, what)
     new_lay = _parse_layout(new_header, output.size)
     if new_lay is None or new_lay.header_size != len(new_header):
         raise _bad(f"{output.path} header is not a safetensors header of its size")

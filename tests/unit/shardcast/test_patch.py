@@ -63,6 +63,16 @@ def change_bits(state: dict[str, torch.Tensor], fraction: float, seed: int) -> d
     return changed
 
 
+def one_ulp_steps(tensor: torch.Tensor, fraction: float, seed: int) -> torch.Tensor:
+    """Move ``fraction`` of a bf16 tensor's elements one ulp up or down (a few by two): a small lr step."""
+    rng = np.random.default_rng(seed)
+    bits = tensor.contiguous().view(torch.int16).numpy().copy().reshape(-1)
+    chosen = rng.random(bits.size) < fraction
+    steps = rng.choice(np.array([1, -1, 1, -1, 2, -2, 1, -1], dtype=np.int16), size=bits.size)
+    bits[chosen] += steps[chosen]
+    return torch.from_numpy(bits).view(torch.bfloat16).reshape(tensor.shape)
+
+
 def same_tree(a: Path, b: Path) -> bool:
     files_a = sorted(p.relative_to(a).as_posix() for p in a.rglob("*") if p.is_file())
     files_b = sorted(p.relative_to(b).as_posix() for p in b.rglob("*") if p.is_file())
@@ -201,10 +211,14 @@ def test_patch_starts_with_magic_and_names_its_encoding(tmp_path: Path) -> None:
 @pytest.fixture(scope="module")
 def small_patch() -> Iterator[Fixture]:
     root = Path(tempfile.mkdtemp(prefix="patch-fuzz-"))
-    shapes = {"w": (40, 16), "v": (33,)}
-    state = random_state(0, torch.bfloat16, shapes)
+    # Dense, sparse and value-jump changes, and a changed header, so that every coding appears.
+    state = random_state(0, torch.bfloat16, {"w": (40, 16), "v": (33,), "sparse": (128, 64), "ulps": (64, 64)})
     base = write_checkpoint(root / "base", state, {"config.json": "{}"})
-    new = write_checkpoint(root / "new", change_bits(state, 0.2, 1), {"config.json": '{"a": 1}'})
+    changed = change_bits({"w": state["w"]}, 0.3, 1) | change_bits({"sparse": state["sparse"]}, 0.02, 2)
+    changed["v"] = torch.randn(33, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
+    changed["ulps"] = one_ulp_steps(state["ulps"], 0.05, seed=3)
+    new = write_checkpoint(root / "new", {}, {"config.json": '{"a": 1}'})
+    save_file(changed, str(new / "model.safetensors"), metadata={"step": "1"})
     encode_patch(base, new, root / "p")
     yield root, base, new, (root / "p").read_bytes()
     shutil.rmtree(root, ignore_errors=True)
@@ -241,23 +255,39 @@ def test_truncated_or_extended_patches_raise_integrity_error(small_patch: Fixtur
     check_corrupt(root, base, new, data[: cut % len(data)] + junk)
 
 
+MAGICLESS = zstandard.FORMAT_ZSTD1_MAGICLESS
+
+
 def rewrite_header(data: bytes, mutate: Callable[[dict[str, Any]], object]) -> bytes:
     """The patch with its JSON header changed by ``mutate`` (the body kept as it is)."""
-    packed_len = int.from_bytes(data[8:16], "little")
-    header = json.loads(zstandard.ZstdDecompressor().decompress(data[24 : 24 + packed_len]))
+    packed_len, raw_len = int.from_bytes(data[8:16], "little"), int.from_bytes(data[16:24], "little")
+    reader = zstandard.ZstdDecompressor(format=MAGICLESS).stream_reader(data[24 : 24 + packed_len])
+    header = json.loads(reader.read(raw_len))
     mutate(header)
     raw = json.dumps(header).encode()
-    packed = zstandard.ZstdCompressor().compress(raw)
-    return MAGIC + len(packed).to_bytes(8, "little") + len(raw).to_bytes(8, "little") + packed + data[24 + packed_len :]
+    packed = zstandard.ZstdCompressor(compression_params=zstandard.ZstdCompressionParameters(format=MAGICLESS))
+    frame = packed.compress(raw)
+    return MAGIC + len(frame).to_bytes(8, "little") + len(raw).to_bytes(8, "little") + frame + data[24 + packed_len :]
 
 
-def tensors_of(header: dict[str, Any]) -> list[list[Any]]:
-    records: list[list[Any]] = next(f for f in header["files"] if f["kind"] == "tensors")["tensors"]
-    return records
+def tensor_file(header: dict[str, Any]) -> dict[str, Any]:
+    found: dict[str, Any] = next(f for f in header["files"] if f["kind"] == "tensors")
+    return found
 
 
-def changed_record(header: dict[str, Any]) -> list[Any]:
-    return next(r for r in tensors_of(header) if r[0] > 0)
+def record(header: dict[str, Any], positions: str | None = None, values: str | None = None) -> dict[str, Any]:
+    """The first changed tensor record with the given codings."""
+    for found in tensor_file(header)["tensors"]:
+        if found["k"] and positions in (None, found["p"]["c"]) and values in (None, found["v"]["c"]):
+            assert isinstance(found, dict)
+            return found
+    raise AssertionError(f"no record coded {positions}/{values}: the fixture no longer covers every coding")
+
+
+def swap_positions_coding(h: dict[str, Any]) -> None:
+    spec = record(h, positions="bm")["p"]
+    spec.clear()
+    spec.update(c="rice", l=0, w=1, b=[[0, 5]])
 
 
 MUTATIONS: dict[str, Callable[[dict[str, Any]], object]] = {
@@ -274,21 +304,31 @@ MUTATIONS: dict[str, Callable[[dict[str, Any]], object]] = {
     "bad hash": lambda h: h["files"][0].update(blake3="zz"),
     "unknown kind": lambda h: h["files"][0].update(kind="delta"),
     "no files": lambda h: h.update(files=[]),
-    "record count": lambda h: tensors_of(h).pop(),
-    "k too large": lambda h: changed_record(h).__setitem__(0, 10**12),
-    "k negative": lambda h: changed_record(h).__setitem__(0, -1),
-    "k off by one": lambda h: changed_record(h).__setitem__(0, changed_record(h)[0] + 1),
-    "gap code": lambda h: changed_record(h).__setitem__(1, "g9"),
-    "positions code swapped": lambda h: changed_record(h).__setitem__(
-        1, "g1" if changed_record(h)[1] == "bm" else "bm"
-    ),
-    "values code swapped": lambda h: changed_record(h).__setitem__(2, "v" if changed_record(h)[2] == "d" else "d"),
-    "blob past end": lambda h: changed_record(h).__setitem__(3, [1 << 40, 10]),
-    "blob zero length": lambda h: changed_record(h).__setitem__(3, [0, 0]),
-    "blob not a pair": lambda h: changed_record(h).__setitem__(3, 7),
-    "missing blob": lambda h: changed_record(h).pop(),
-    "planes swapped": lambda h: changed_record(h).__setitem__(slice(3, 5), changed_record(h)[3:5][::-1]),
-    "unchanged record with data": lambda h: tensors_of(h).__setitem__(0, [0, "g1", "d", [0, 1]]),
+    "header size": lambda h: tensor_file(h)["header"].update(n=tensor_file(h)["header"]["n"] - 1),
+    "header size huge": lambda h: tensor_file(h)["header"].update(n=1 << 40),
+    "header dropped": lambda h: tensor_file(h).update(header=None),
+    "record count": lambda h: tensor_file(h)["tensors"].pop(),
+    "record not an object": lambda h: tensor_file(h)["tensors"].__setitem__(0, [1]),
+    "k too large": lambda h: record(h).update(k=10**12),
+    "k negative": lambda h: record(h).update(k=-1),
+    "k off by one": lambda h: record(h).update(k=record(h)["k"] + 1),
+    "k bool": lambda h: record(h).update(k=True),
+    "positions coding unknown": lambda h: record(h)["p"].update(c="g9"),
+    "positions coding swapped": swap_positions_coding,
+    "rice low bits": lambda h: record(h, positions="rice")["p"].update(l=record(h, positions="rice")["p"]["l"] + 1),
+    "rice low bits huge": lambda h: record(h, positions="rice")["p"].update(l=70),
+    "rice quotient width": lambda h: record(h, positions="rice")["p"].update(w=3),
+    "values coding unknown": lambda h: record(h)["v"].update(c="x"),
+    "delta as values": lambda h: record(h, values="d")["v"].update(c="v"),
+    "split as delta": lambda h: record(h, values="s")["v"].update(c="d"),
+    "magnitude count": lambda h: record(h, values="s")["v"].update(e=record(h, values="s")["v"]["e"] + 1),
+    "magnitudes dropped": lambda h: record(h, values="s")["v"].update(e=0, p=None),
+    "blob past end": lambda h: record(h)["p"]["b"].__setitem__(0, [1 << 40, 10]),
+    "blob zero length": lambda h: record(h)["p"]["b"].__setitem__(0, [0, 0]),
+    "blob not a pair": lambda h: record(h)["p"]["b"].__setitem__(0, 7),
+    "blob missing": lambda h: record(h)["p"]["b"].pop(),
+    "planes swapped": lambda h: record(h, values="d")["v"]["b"].reverse(),
+    "unchanged record with data": lambda h: tensor_file(h)["tensors"].__setitem__(0, {"k": 0, "p": None}),
 }
 
 
@@ -326,3 +366,11 @@ def test_frames_that_claim_huge_sizes_are_refused(small_patch: Fixture) -> None:
             apply_patch(base, work / "q", work / "out", LIMIT)
     finally:
         shutil.rmtree(work)
+
+
+def test_one_ulp_steps_code_near_the_entropy_bound(tmp_path: Path) -> None:
+    state = random_state(0, torch.bfloat16, {"w": (1024, 1024)})
+    base = write_checkpoint(tmp_path / "base", state, {})
+    new = write_checkpoint(tmp_path / "new", {"w": one_ulp_steps(state["w"], 0.01, seed=1)}, {})
+    stats = round_trip(tmp_path, base, new)
+    assert stats.entropy_bound_bytes / stats.patch_bytes > 0.9
