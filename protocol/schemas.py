@@ -248,6 +248,8 @@ class ResultFileEntry(WireModel):
     hash: str = Field(max_length=128, description="The file's hash, in the manifest's hash_algorithm.")
 
 
+PATCH_ENCODING = "bitpatch-zstd-v1"
+"""The value-patch format this release writes and reads (shardcast.patch); a manifest naming another is refused."""
 _PATCH_FIELDS = ("kind", "base_version", "encoding", "result_files")
 
 
@@ -271,7 +273,7 @@ class PolicyManifest(WireModel):
     base_version: PolicyVersion | None = None
     """Patch only: the version whose checkpoint the patch applies to (older than ``version``)."""
     encoding: str | None = Field(default=None, max_length=64, pattern=r"^[a-z0-9][a-z0-9.\-]*$")
-    """Patch only: the patch format (shardcast.patch.ENCODING)."""
+    """Patch only: the patch format; this release reads and writes :data:`PATCH_ENCODING`."""
     result_files: list[ResultFileEntry] = Field(default_factory=list, max_length=10000)
     """Patch only: the reconstructed checkpoint's files, sorted by path."""
 

@@ -31,7 +31,7 @@ import pydantic
 
 from protocol.errors import BadSignatureError, IntegrityError, ProtocolError
 from protocol.identity import NodeIdentity
-from protocol.schemas import FileEntry, PolicyManifest, ResultFileEntry, ShardEntry, SignedManifest
+from protocol.schemas import PATCH_ENCODING, FileEntry, PolicyManifest, ResultFileEntry, ShardEntry, SignedManifest
 from protocol.signing import sign_document, verify_document
 
 HashAlgorithm = Literal["blake3", "sha256"]
@@ -272,10 +272,8 @@ def check_manifest_layout(manifest: PolicyManifest) -> None:
 
 def check_patch_layout(manifest: PolicyManifest) -> None:
     """ProtocolError unless a patch version's one patch file and its result files are well formed."""
-    from shardcast.patch import ENCODING
-
-    if manifest.encoding != ENCODING:
-        raise ProtocolError(f"patch encoding {manifest.encoding!r} is not {ENCODING!r}, the one this node reads")
+    if manifest.encoding != PATCH_ENCODING:
+        raise ProtocolError(f"patch encoding {manifest.encoding!r} is not {PATCH_ENCODING!r}, the one this node reads")
     if len(manifest.files) != 1:
         raise ProtocolError(f"a patch version holds exactly one file (the patch), not {len(manifest.files)}")
     paths = [entry.path for entry in manifest.result_files]

@@ -52,9 +52,10 @@ import numpy.typing as npt
 import zstandard
 
 from protocol.errors import IntegrityError, LocalFaultError, ProtocolError
+from protocol.schemas import PATCH_ENCODING
 from shardcast.manifest import check_relative_path, list_checkpoint_files
 
-ENCODING = "bitpatch-zstd-v1"
+ENCODING = PATCH_ENCODING
 MAGIC = b"PNBPATCH"
 _PREAMBLE = len(MAGIC) + 16
 # The JSON header lists files and tensors; nothing legitimate comes near this.
