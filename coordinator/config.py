@@ -149,7 +149,15 @@ class PolicyConfig(Section):
     shard_size_bytes: int = Field(default=32 * 1024 * 1024, ge=4096)
     """Size of the shards a policy version is cut into."""
     keep_versions: int | None = Field(default=None, ge=1)
-    """Versions kept in the origin store; empty means async_level + 2 (never fewer than async_level + 1)."""
+    """Versions kept in the origin store; empty means async_level + 2 (never fewer than async_level + 1). The
+    versions a kept value patch's chain stands on, down to a full version, are kept as well."""
+    patches_enabled: bool = True
+    """Publish a version as a value patch against the previous one when the patch is smaller than the checkpoint
+    (and the previous version is still in the origin store); off: every version is a full checkpoint."""
+    full_every: int = Field(default=10, ge=1, le=1_000_000)
+    """Versions that are a multiple of this are always published full, bounding the chain of patches a client
+    without a recent version downloads. The dtype published is orchestrator.trainer.checkpoint.export_dtype
+    (bfloat16 makes patches small)."""
     vocab_size: int | None = Field(default=None, ge=1, le=2**31)
     """The policy's vocabulary size: a submission with a token id at or above it is refused at the door and
     counted against its worker. Empty: read from the start checkpoint's config.json when the coordinator starts."""

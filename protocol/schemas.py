@@ -13,7 +13,15 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    JsonValue,
+    SerializerFunctionWrapHandler,
+    model_serializer,
+    model_validator,
+)
 
 WIRE_VERSION: Literal[1] = 1
 
@@ -232,8 +240,27 @@ class FileEntry(WireModel):
     size_bytes: ByteCount
 
 
+class ResultFileEntry(WireModel):
+    """One file of the checkpoint a patch version reconstructs, with the hash it must have (bit-exact)."""
+
+    path: str = Field(max_length=512, pattern=r"^[A-Za-z0-9_.\-/]+$")
+    size_bytes: ByteCount
+    hash: str = Field(max_length=128, description="The file's hash, in the manifest's hash_algorithm.")
+
+
+PATCH_ENCODING = "bitpatch-zstd-v1"
+"""The value-patch format this release writes and reads (shardcast.patch); a manifest naming another is refused."""
+_PATCH_FIELDS = ("kind", "base_version", "encoding", "result_files")
+
+
 class PolicyManifest(WireModel):
-    """What the coordinator signs for each policy version; relays and clients verify against it."""
+    """What the coordinator signs for each policy version; relays and clients verify against it.
+
+    A ``full`` version's files are the checkpoint. A ``patch`` version's files are one patch file
+    that turns ``base_version``'s checkpoint into this version's, in the named ``encoding``; the
+    checkpoint it reconstructs is ``result_files``, each with its size and hash. A full manifest
+    serializes without the four patch fields, so its signed bytes are what they always were.
+    """
 
     version: PolicyVersion
     created_at: UnixTime
@@ -242,6 +269,39 @@ class PolicyManifest(WireModel):
     total_size_bytes: ByteCount
     files: list[FileEntry] = Field(max_length=10000)
     shards: list[ShardEntry] = Field(max_length=1_000_000)
+    kind: Literal["full", "patch"] = "full"
+    base_version: PolicyVersion | None = None
+    """Patch only: the version whose checkpoint the patch applies to (older than ``version``)."""
+    encoding: str | None = Field(default=None, max_length=64, pattern=r"^[a-z0-9][a-z0-9.\-]*$")
+    """Patch only: the patch format; this release reads and writes :data:`PATCH_ENCODING`."""
+    result_files: list[ResultFileEntry] = Field(default_factory=list, max_length=10000)
+    """Patch only: the reconstructed checkpoint's files, sorted by path."""
+
+    @model_validator(mode="after")
+    def _kind_fields(self) -> PolicyManifest:
+        if self.kind == "patch":
+            if self.base_version is None or self.base_version >= self.version:
+                raise ValueError("a patch version needs a base_version older than its version")
+            if self.encoding is None or not self.result_files:
+                raise ValueError("a patch version needs an encoding and result_files")
+        elif self.base_version is not None or self.encoding is not None or self.result_files:
+            raise ValueError("a full version has no base_version, encoding or result_files")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _omit_patch_fields_of_full(self, handler: SerializerFunctionWrapHandler) -> dict[str, object]:
+        data: dict[str, object] = handler(self)
+        if self.kind == "full":
+            for name in _PATCH_FIELDS:
+                data.pop(name, None)
+        return data
+
+    @property
+    def result_size_bytes(self) -> int:
+        """Bytes of the checkpoint this version stands for (the download itself for a full version)."""
+        if self.kind == "full":
+            return self.total_size_bytes
+        return sum(entry.size_bytes for entry in self.result_files)
 
 
 class SignedManifest(WireModel):
@@ -459,6 +519,13 @@ class VersionSpread(WireModel):
     num_rejected: int = Field(ge=0)
     mean_reward: float | None = Field(description="Mean recomputed reward over its accepted rollouts.")
     num_relays: int = Field(default=0, ge=0, description="Relays whose last answer lists it complete.")
+    kind: Literal["full", "patch"] | None = Field(
+        default=None, description="Published as a full checkpoint or a value patch (None: not recorded)."
+    )
+    base_version: PolicyVersion | None = Field(default=None, description="The version a patch applies to.")
+    checkpoint_bytes: int | None = Field(
+        default=None, description="Bytes of the checkpoint it stands for (a patch downloads total_size_bytes)."
+    )
 
 
 class DashboardRelay(WireModel):

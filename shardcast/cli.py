@@ -121,9 +121,16 @@ def publish(
     copy: bool = typer.Option(
         False, "--copy", help="Copy the files into the store instead of hard-linking them (if they may be rewritten)."
     ),
+    no_patches: bool = typer.Option(
+        False, "--no-patches", help="Always publish the full checkpoint, never a value patch against the last version."
+    ),
+    full_every: int = typer.Option(10, min=1, help="Versions that are a multiple of this are always published full."),
     log_level: str = LogLevelOption,
 ) -> None:
     """Hash, sign and atomically publish a checkpoint as a new version (what the coordinator does).
+
+    The version is a value patch against the version announced before it when that one is still
+    in the store, the version is not a multiple of --full-every, and the patch is smaller.
 
     The files enter the store as hard links when they can (no copy): never rewrite a published
     checkpoint in place, or pass --copy.
@@ -131,7 +138,7 @@ def publish(
     start_logging(log_level, json_logs=False)
     from protocol.errors import PrimeError
     from protocol.identity import load_or_create_identity
-    from shardcast.origin import publish_checkpoint
+    from shardcast.origin import PatchPolicy, publish_checkpoint
     from shardcast.store import VersionStore
 
     if hash_algorithm not in ("blake3", "sha256"):
@@ -148,20 +155,24 @@ def publish(
             keep_versions=keep_versions,
             fsync_enabled=not no_fsync,
             link_enabled=not copy,
+            patches=PatchPolicy(enabled=not no_patches, full_every=full_every),
         )
     except PrimeError as exc:
         fail(f"publish: {exc.message}")
     manifest = signed.manifest
-    typer.echo(
-        json.dumps(
-            {
-                "version": manifest.version,
-                "signer": signed.signer,
-                "num_shards": len(manifest.shards),
-                "total_bytes": manifest.total_size_bytes,
-            }
-        )
-    )
+    summary: dict[str, Any] = {
+        "version": manifest.version,
+        "signer": signed.signer,
+        "num_shards": len(manifest.shards),
+        "total_bytes": manifest.total_size_bytes,
+    }
+    if manifest.kind == "patch":
+        summary |= {
+            "kind": "patch",
+            "base_version": manifest.base_version,
+            "checkpoint_bytes": manifest.result_size_bytes,
+        }
+    typer.echo(json.dumps(summary))
 
 
 @app.command()
@@ -244,14 +255,34 @@ class _ProgressBar:
         )
         self.task_id: Any = None
         self.num_failures = 0
+        self.route = ""
+        """How the version is had: empty for a full download, else which patch chain from which base."""
 
     def on_event(self, event: dict[str, Any]) -> None:
         kind = event["event"]
         if kind == "manifest":
             self.progress.start()
             self.task_id = self.progress.add_task(
-                "fetch", total=event["total_bytes"], completed=event["bytes_resumed"], version=event["version"], note=""
+                "fetch",
+                total=event["total_bytes"],
+                completed=event["bytes_resumed"],
+                version=event["version"],
+                note=self.route,
             )
+        elif kind == "plan":
+            saved = max(0, event["checkpoint_bytes"] - event["bytes"])
+            start = f"held v{event['base']}" if event["from"] == "held" else f"full v{event['base']}"
+            self.route = f"patch from {start}, saves {_human_bytes(saved)}"
+        elif kind == "done" and not event.get("cached") and self.task_id is not None:
+            if event.get("kind") == "patch":
+                note = f"patch from v{event['base']}: {_human_bytes(event['bytes_saved'])} saved"
+            else:
+                note = "full"
+            self.progress.update(self.task_id, note=note)
+        elif kind == "patch_refused":
+            from runtime.cli import err_console
+
+            err_console.print(f"[yellow]patch v{event['version']} against v{event['base']} refused: {event['reason']}")
         elif kind == "shard_done" and self.task_id is not None:
             self.progress.advance(self.task_id, event["bytes"])
         elif kind == "relays_behind":
@@ -264,3 +295,12 @@ class _ProgressBar:
 
     def stop(self) -> None:
         self.progress.stop()
+
+
+def _human_bytes(count: int) -> str:
+    size = float(count)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} GiB"

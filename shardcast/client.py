@@ -24,13 +24,27 @@ progress deadline (see :mod:`shardcast.transfer`). A local fault (no space, read
 permissions) raises :class:`~protocol.errors.LocalFaultError` at once; the partial directory
 keeps what verified, and no version is exposed.
 
+A *patch* version (a value patch against a base version, :mod:`shardcast.patch`) is rebuilt
+instead: :meth:`_Session.plan` walks the signed manifests down the chain of bases to the first
+version held under ``dest_root`` (then only the patches after it are downloaded) or, failing
+that, to the newest full version (downloaded first, then the patches after it). Each patch is
+downloaded like any version (every shard verified), applied to its base into a scratch
+directory, and the result is checked file by file against the signed ``result_files`` (size and
+hash) before it is renamed to ``dest_root/v{N}``; each version rebuilt on the way is exposed
+the same way. A patch that does not rebuild its signed result makes the client re-hash the base
+it used: a damaged local base is removed and the version planned again (from an older held
+version or a full one); an intact base means the signed patch itself is wrong, and the version
+is refused (IntegrityError), never exposed.
+
 Versions never go back: every verified manifest newer than the last is kept as
 ``dest_root/.shardcast-newest.json``, and :func:`newest_known` (that, or the newest version
 held) is the floor below which "latest" never resolves, whatever a relay lists.
 
 Events (``on_event``, one dict each: ``start``, ``manifest``, ``shard_done``, ``shard_failed``,
-``shard_retry``, ``shard_hedged``, ``manifest_refused``, ``done``) feed the progress bar of
-``prime-relay fetch`` and its ``--json-events``.
+``shard_retry``, ``shard_hedged``, ``manifest_refused``, ``plan``, ``patch_refused``,
+``base_damaged``, ``version_ready``, ``done``) feed the progress bar of ``prime-relay fetch`` and
+its ``--json-events``; ``done`` says ``kind`` (full or patch) and, for a patch, the ``base`` it
+started from, the ``chain`` applied, the ``bytes`` downloaded and the ``bytes_saved``.
 """
 
 from __future__ import annotations
@@ -41,8 +55,10 @@ import fcntl
 import os
 import shutil
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +68,14 @@ import pydantic
 from protocol.errors import IntegrityError, NotFoundError, PrimeError, RemoteUnavailableError
 from protocol.schemas import PolicyManifest, ShardEntry, SignedManifest, VersionsResponse
 from shardcast.fetchers import ShardFetcher, get_bytes, open_fetcher
-from shardcast.manifest import LOCAL_MANIFEST_NAME, FileSpan, load_verified_manifest, new_hasher, shard_spans
+from shardcast.manifest import (
+    LOCAL_MANIFEST_NAME,
+    FileSpan,
+    load_verified_manifest,
+    new_hasher,
+    result_mismatch,
+    shard_spans,
+)
 from shardcast.progress import TooSlowError, prompt_answers
 from shardcast.scoring import Outcome, Scoreboard
 from shardcast.store import local_disk, pwrite_all, write_file_atomically
@@ -186,13 +209,22 @@ class _InPlaceSink:
         return _InPlaceWriter(self, shard, spans)
 
 
-@contextmanager
-def _exclusive(lock_path: Path) -> Iterator[None]:
-    """One downloader per version and destination at a time (others wait)."""
+_LOCK_POLL_S = 0.05
+
+
+@asynccontextmanager
+async def _exclusive(lock_path: Path) -> AsyncIterator[None]:
+    """One downloader per version and destination at a time (others wait, without blocking the event loop:
+    a patch chain in one process takes the lock of each version it rebuilds while another task may hold it)."""
     with local_disk(f"opening the lock file {lock_path}"):
         handle = open(lock_path, "a")  # noqa: SIM115 - closed below
     with handle:
-        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        while True:
+            try:
+                fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                await asyncio.sleep(_LOCK_POLL_S)
         try:
             yield
         finally:
@@ -320,7 +352,7 @@ async def fetch_version(
     final = version_path(dest_root, version)
     started = time.monotonic()
     emit({"event": "start", "version": version, "relays": list(relays), "dest": str(final)})
-    with _exclusive(dest_root / f".lock-v{version}"):
+    async with _exclusive(dest_root / f".lock-v{version}"):
         if _read_local_manifest(final, coordinator_id, version) is not None:
             emit({"event": "done", "version": version, "path": str(final), "seconds": 0.0, "bytes": 0, "cached": True})
             return final
@@ -329,29 +361,289 @@ async def fetch_version(
         fetcher = open_fetcher(
             urls, transport, options.connect_timeout_s, options.read_timeout_s, 2 * options.num_parallel
         )
+        session = _Session(coordinator_id, dest_root, fetcher, scoreboard, options, emit)
         try:
-            raw, signed = await fetch_manifest(fetcher, scoreboard, version, coordinator_id, emit, options)
+            raw, signed = await session.manifest(version)
             remember_newest(dest_root, coordinator_id, raw, version)
-            partial = dest_root / f"{PARTIAL_PREFIX}{version}"
-            await _download_into(partial, raw, signed.manifest, coordinator_id, fetcher, scoreboard, options, emit)
+            manifest = signed.manifest
+            if manifest.kind == "full":
+                await session.download_full(version, raw, manifest)
+                summary: dict[str, Any] = {"kind": "full", "bytes": manifest.total_size_bytes}
+            else:
+                summary = await session.rebuild(version)
         finally:
             await fetcher.aclose()
-        with local_disk(f"moving the finished download into {final}"):
-            if final.exists():  # left by something else and not a verified version: set it aside
-                os.rename(final, dest_root / f".stale-v{version}-{int(time.time())}")
-            os.rename(partial, final)
         emit(
             {
                 "event": "done",
                 "version": version,
                 "path": str(final),
                 "seconds": round(time.monotonic() - started, 3),
-                "bytes": signed.manifest.total_size_bytes,
+                **summary,
                 "cached": False,
                 "relays": scoreboard.snapshot(),
             }
         )
         return final
+
+
+@dataclass(frozen=True)
+class _Step:
+    """One version of a plan: its verified manifest and the bytes that sign it."""
+
+    version: int
+    raw: bytes
+    manifest: PolicyManifest
+
+
+@dataclass
+class PatchPlan:
+    """How to get a patch version: from a version held here (``start_held``) or from a full one downloaded
+    first (``start_full``), then the patches in ``patches``, oldest first."""
+
+    patches: list[_Step]
+    start_held: int | None = None
+    start_full: _Step | None = None
+    refused: set[int] = field(default_factory=set)
+
+    @property
+    def download_bytes(self) -> int:
+        full = 0 if self.start_full is None else self.start_full.manifest.total_size_bytes
+        return full + sum(step.manifest.total_size_bytes for step in self.patches)
+
+    @property
+    def base(self) -> int:
+        if self.start_full is not None:
+            return self.start_full.version
+        assert self.start_held is not None
+        return self.start_held
+
+
+class _Session:
+    """One download's relays, scoreboard and options, shared by every version a patch chain needs."""
+
+    def __init__(
+        self,
+        coordinator_id: str,
+        dest_root: Path,
+        fetcher: ShardFetcher,
+        scoreboard: Scoreboard,
+        options: TransferOptions,
+        emit: EventSink,
+    ) -> None:
+        self.coordinator_id = coordinator_id
+        self.dest_root = dest_root
+        self.fetcher = fetcher
+        self.scoreboard = scoreboard
+        self.options = options
+        self.emit = emit
+        self._manifests: dict[int, tuple[bytes, SignedManifest]] = {}
+        self.verified_here: set[int] = set()
+        """Versions this session downloaded or rebuilt (and so verified): never suspected of local damage."""
+
+    async def manifest(self, version: int) -> tuple[bytes, SignedManifest]:
+        cached = self._manifests.get(version)
+        if cached is None:
+            cached = await fetch_manifest(
+                self.fetcher, self.scoreboard, version, self.coordinator_id, self.emit, self.options
+            )
+            self._manifests[version] = cached
+        return cached
+
+    def held(self, version: int) -> PolicyManifest | None:
+        signed = _read_local_manifest(version_path(self.dest_root, version), self.coordinator_id, version)
+        return None if signed is None else signed.manifest
+
+    async def download_full(self, version: int, raw: bytes, manifest: PolicyManifest) -> None:
+        """Download a full version into place (the caller holds its lock)."""
+        partial = self.dest_root / f"{PARTIAL_PREFIX}{version}"
+        await _download_into(
+            partial, raw, manifest, self.coordinator_id, self.fetcher, self.scoreboard, self.options, self.emit
+        )
+        _expose(partial, version_path(self.dest_root, version), self.dest_root, version)
+        self.verified_here.add(version)
+
+    async def plan(self, version: int) -> PatchPlan:
+        """Walk the patch chain down from ``version`` to the first version held here or the first full one.
+
+        Walking down, a held version is always the cheaper start: a full start would download a
+        checkpoint plus the very patches the held start needs (no full version lies between them,
+        or the walk would have stopped there).
+        """
+        chain: list[_Step] = []
+        current = version
+        while True:
+            raw, signed = await self.manifest(current)
+            step = _Step(current, raw, signed.manifest)
+            if step.manifest.kind == "full":
+                return PatchPlan(patches=chain[::-1], start_full=step)
+            chain.append(step)
+            base = step.manifest.base_version
+            assert base is not None
+            if self.held(base) is not None:
+                return PatchPlan(patches=chain[::-1], start_held=base)
+            current = base
+
+    async def rebuild(self, version: int) -> dict[str, Any]:
+        """Get patch ``version`` by the cheapest plan; on a refused patch, check the base and try once more.
+
+        The caller holds the lock of ``version``. Returns the fields of the ``done`` event.
+        """
+        for attempt in range(2):
+            plan = await self.plan(version)
+            target = plan.patches[-1].manifest
+            self.emit(
+                {
+                    "event": "plan",
+                    "version": version,
+                    "kind": "patch",
+                    "base": plan.base,
+                    "from": "held" if plan.start_held is not None else "full",
+                    "chain": [step.version for step in plan.patches],
+                    "bytes": plan.download_bytes,
+                    "checkpoint_bytes": target.result_size_bytes,
+                }
+            )
+            try:
+                await self._run(plan, version)
+            except _PatchRefusedError as refused:
+                self.emit({"event": "patch_refused", **refused.fields()})
+                if attempt == 0 and refused.base not in self.verified_here and self._base_damaged(refused.base):
+                    continue  # the local base was damaged and is gone now: plan again without it
+                raise IntegrityError(
+                    f"version {version} cannot be rebuilt: the patch of v{refused.version} against "
+                    f"v{refused.base} was refused ({refused.reason})"
+                ) from None
+            return {
+                "kind": "patch",
+                "base": plan.base,
+                "from": "held" if plan.start_held is not None else "full",
+                "chain": [step.version for step in plan.patches],
+                "bytes": plan.download_bytes,
+                "bytes_saved": max(0, target.result_size_bytes - plan.download_bytes),
+                "checkpoint_bytes": target.result_size_bytes,
+            }
+        raise AssertionError("unreachable")
+
+    def _base_damaged(self, base: int) -> bool:
+        """Whether the base held here does not hash as signed; a damaged one is removed."""
+        manifest = self.held(base)
+        directory = version_path(self.dest_root, base)
+        if manifest is None:
+            return True
+        problem = held_version_problem(directory, manifest)
+        if problem is None:
+            return False
+        self.emit({"event": "base_damaged", "version": base, "reason": problem})
+        shutil.rmtree(directory, ignore_errors=True)
+        return True
+
+    async def _run(self, plan: PatchPlan, top: int) -> None:
+        if plan.start_full is not None:
+            full = plan.start_full
+            async with _exclusive(self.dest_root / f".lock-v{full.version}"):
+                if self.held(full.version) is None:
+                    await self.download_full(full.version, full.raw, full.manifest)
+        for step in plan.patches:
+            if step.version == top:  # its lock is the caller's
+                await self._apply_step(step)
+                continue
+            async with _exclusive(self.dest_root / f".lock-v{step.version}"):
+                if self.held(step.version) is None:
+                    await self._apply_step(step)
+                    self.emit({"event": "version_ready", "version": step.version, "kind": "patch"})
+
+    async def _apply_step(self, step: _Step) -> None:
+        """Download one patch version's patch, apply it to its base held here, verify the result, expose it."""
+        manifest = step.manifest
+        base = manifest.base_version
+        assert base is not None
+        partial = self.dest_root / f"{PARTIAL_PREFIX}{step.version}"
+        await _download_into(
+            partial, step.raw, manifest, self.coordinator_id, self.fetcher, self.scoreboard, self.options, self.emit
+        )
+        built = self.dest_root / f".rebuild-v{step.version}-{uuid.uuid4().hex[:8]}"
+        try:
+            with local_disk(f"rebuilding v{step.version} under {built}"):
+                built.mkdir()
+            try:
+                await asyncio.to_thread(
+                    _apply_and_verify,
+                    version_path(self.dest_root, base),
+                    partial / manifest.files[0].path,
+                    built,
+                    manifest,
+                )
+            except IntegrityError as exc:
+                raise _PatchRefusedError(step.version, base, exc.message) from exc
+            with local_disk(f"finishing {built}"):
+                (built / LOCAL_MANIFEST_NAME).write_bytes(step.raw)
+                if self.options.fsync_enabled:
+                    await asyncio.to_thread(_fsync_tree, built)
+            _expose(built, version_path(self.dest_root, step.version), self.dest_root, step.version)
+        finally:
+            shutil.rmtree(built, ignore_errors=True)
+        shutil.rmtree(partial, ignore_errors=True)
+        self.verified_here.add(step.version)
+
+
+class _PatchRefusedError(Exception):
+    """A downloaded patch (its shards verified) did not rebuild the checkpoint its manifest names."""
+
+    def __init__(self, version: int, base: int, reason: str) -> None:
+        super().__init__(reason)
+        self.version = version
+        self.base = base
+        self.reason = reason
+
+    def fields(self) -> dict[str, Any]:
+        return {"version": self.version, "base": self.base, "reason": self.reason}
+
+
+def _apply_and_verify(base_dir: Path, patch_file: Path, out_dir: Path, manifest: PolicyManifest) -> None:
+    """Apply the patch into ``out_dir``; IntegrityError unless the result hashes as ``result_files`` say."""
+    from shardcast.patch import apply_patch
+
+    apply_patch(base_dir, patch_file, out_dir, manifest.result_size_bytes)
+    problem = result_mismatch(out_dir, manifest)
+    if problem is not None:
+        raise IntegrityError(f"the rebuilt checkpoint is not the signed one: {problem}")
+
+
+def held_version_problem(directory: Path, manifest: PolicyManifest) -> str | None:
+    """Why a version held at ``directory`` is not what its signed manifest says (None when it is)."""
+    if manifest.kind == "patch":
+        return result_mismatch(directory, manifest)
+    for shard in manifest.shards:
+        hasher = new_hasher(manifest.hash_algorithm)
+        for span in shard_spans(manifest, shard):
+            try:
+                with open(directory / span.path, "rb") as handle:
+                    handle.seek(span.file_offset)
+                    data = handle.read(span.length)
+            except OSError as exc:
+                return f"{span.path}: {exc}"
+            if len(data) != span.length:
+                return f"{span.path} is shorter than signed"
+            hasher.update(data)
+        if hasher.hexdigest() != shard.hash:
+            return f"shard {shard.index} does not hash as signed"
+    return None
+
+
+def _fsync_tree(root: Path) -> None:
+    for path in root.rglob("*"):
+        if path.is_file():
+            with open(path, "rb") as handle:
+                os.fsync(handle.fileno())
+
+
+def _expose(built: Path, final: Path, dest_root: Path, version: int) -> None:
+    """Rename a finished, verified version directory into place."""
+    with local_disk(f"moving the finished download into {final}"):
+        if final.exists():  # left by something else and not a verified version: set it aside
+            os.rename(final, dest_root / f".stale-v{version}-{int(time.time())}")
+        os.rename(built, final)
 
 
 def newest_known(dest_root: Path, coordinator_id: str) -> int | None:

@@ -8,14 +8,20 @@ checks the signature *and* the layout (:func:`verify_signed_manifest`) before tr
 because a well-signed manifest could still be malformed by a bug and a relay must never be
 able to steer a client into writing outside its output directory.
 
-Everything here is pure except :func:`list_checkpoint_files`, which only stats files.
+A *patch* version (``kind="patch"``) carries one file, a value patch against ``base_version``
+in ``encoding`` (:mod:`shardcast.patch`), and lists the checkpoint it rebuilds as
+``result_files`` with each file's hash, so a client checks the rebuilt checkpoint bit for bit
+(:func:`result_mismatch`), not only the patch it downloaded.
+
+Everything here is pure except the functions that stat or hash files (:func:`list_checkpoint_files`,
+:func:`hash_file`, :func:`result_files_of`, :func:`result_mismatch`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Literal, Protocol
@@ -25,7 +31,7 @@ import pydantic
 
 from protocol.errors import BadSignatureError, IntegrityError, ProtocolError
 from protocol.identity import NodeIdentity
-from protocol.schemas import FileEntry, PolicyManifest, ShardEntry, SignedManifest
+from protocol.schemas import PATCH_ENCODING, FileEntry, PolicyManifest, ResultFileEntry, ShardEntry, SignedManifest
 from protocol.signing import sign_document, verify_document
 
 HashAlgorithm = Literal["blake3", "sha256"]
@@ -57,6 +63,40 @@ def hash_bytes(algorithm: HashAlgorithm, data: bytes) -> str:
     hasher = new_hasher(algorithm)
     hasher.update(data)
     return hasher.hexdigest()
+
+
+def hash_file(algorithm: HashAlgorithm, path: Path, chunk_bytes: int = 8 * MIB) -> str:
+    """The hash of a whole file, read in chunks."""
+    hasher = new_hasher(algorithm)
+    with open(path, "rb") as handle:
+        while chunk := handle.read(chunk_bytes):
+            hasher.update(chunk)
+    return hasher.hexdigest()
+
+
+def result_files_of(directory: Path, algorithm: HashAlgorithm) -> list[ResultFileEntry]:
+    """The :class:`ResultFileEntry` of every checkpoint file under ``directory`` (what a patch must rebuild)."""
+    return [
+        ResultFileEntry(path=path, size_bytes=size, hash=hash_file(algorithm, directory / path))
+        for path, size in list_checkpoint_files(directory)
+    ]
+
+
+def result_mismatch(directory: Path, manifest: PolicyManifest) -> str | None:
+    """Why ``directory`` is not exactly the checkpoint a patch manifest's ``result_files`` name (None if it is)."""
+    try:
+        found = list_checkpoint_files(directory)
+    except ProtocolError as exc:
+        return exc.message
+    expected = [(entry.path, entry.size_bytes) for entry in manifest.result_files]
+    if found != expected:
+        names = sorted({path for path, _ in found} ^ {path for path, _ in expected})
+        return f"files differ ({', '.join(names[:3])})" if names else "file sizes differ"
+    for entry in manifest.result_files:
+        digest = hash_file(manifest.hash_algorithm, directory / entry.path)
+        if digest != entry.hash:
+            return f"{entry.path} hashes to {digest[:16]}..., the manifest says {entry.hash[:16]}..."
+    return None
 
 
 @dataclass(frozen=True)
@@ -138,6 +178,15 @@ def shard_spans(manifest: PolicyManifest, shard: ShardEntry) -> list[FileSpan]:
     return spans_of_range(manifest.files, shard.offset, shard.size_bytes)
 
 
+@dataclass(frozen=True)
+class PatchOf:
+    """What makes a manifest a patch version's: its base, encoding and the checkpoint it reconstructs."""
+
+    base_version: int
+    encoding: str
+    result_files: Sequence[ResultFileEntry]
+
+
 def make_manifest(
     version: int,
     files: Sequence[tuple[str, int]],
@@ -145,8 +194,12 @@ def make_manifest(
     shard_size_bytes: int,
     hash_algorithm: HashAlgorithm,
     created_at: float,
+    patch: PatchOf | None = None,
 ) -> PolicyManifest:
-    """Assemble (and check) the manifest of a version whose shards hash to ``shard_hashes``."""
+    """Assemble (and check) the manifest of a version whose shards hash to ``shard_hashes``.
+
+    With ``patch`` the version is a patch: ``files`` is the patch file, ``patch`` says what it rebuilds.
+    """
     entries = plan_files(files)
     total = sum(size for _, size in files)
     layout = plan_shards(total, shard_size_bytes)
@@ -164,6 +217,16 @@ def make_manifest(
         total_size_bytes=total,
         files=entries,
         shards=shards,
+        **(
+            {}
+            if patch is None
+            else {
+                "kind": "patch",
+                "base_version": patch.base_version,
+                "encoding": patch.encoding,
+                "result_files": list(patch.result_files),
+            }
+        ),
     )
     check_manifest_layout(manifest)
     return manifest
@@ -203,6 +266,44 @@ def check_manifest_layout(manifest: PolicyManifest) -> None:
             )
         if not _HEX64.match(shard.hash):
             raise ProtocolError(f"shard {position} hash is not 64 lowercase hex digits")
+    if manifest.kind == "patch":
+        check_patch_layout(manifest)
+
+
+def check_patch_layout(manifest: PolicyManifest) -> None:
+    """ProtocolError unless a patch version's one patch file and its result files are well formed."""
+    if manifest.encoding != PATCH_ENCODING:
+        raise ProtocolError(f"patch encoding {manifest.encoding!r} is not {PATCH_ENCODING!r}, the one this node reads")
+    if len(manifest.files) != 1:
+        raise ProtocolError(f"a patch version holds exactly one file (the patch), not {len(manifest.files)}")
+    paths = [entry.path for entry in manifest.result_files]
+    if paths != sorted(set(paths)):
+        raise ProtocolError("result files are not sorted by path, or one is listed twice")
+    seen = set(paths)
+    for entry in manifest.result_files:
+        check_relative_path(entry.path)
+        clash = next((str(p) for p in PurePosixPath(entry.path).parents if str(p) in seen), None)
+        if clash is not None:
+            raise ProtocolError(f"result file {entry.path} lies under {clash}, which is a file too")
+        if not _HEX64.match(entry.hash):
+            raise ProtocolError(f"result file {entry.path} hash is not 64 lowercase hex digits")
+
+
+def chain_closure(manifests: Mapping[int, PolicyManifest], keep: Iterable[int]) -> set[int]:
+    """The versions the patch chains of ``keep`` need: each patch's base, its base's base... down to a full one.
+
+    A version missing from ``manifests`` ends its chain (nothing more is known below it).
+    """
+    needed: set[int] = set()
+    for version in keep:
+        manifest = manifests.get(version)
+        while manifest is not None and manifest.kind == "patch" and manifest.base_version is not None:
+            base = manifest.base_version
+            if base in needed:
+                break
+            needed.add(base)
+            manifest = manifests.get(base)
+    return needed
 
 
 def sign_manifest(identity: NodeIdentity, manifest: PolicyManifest) -> SignedManifest:

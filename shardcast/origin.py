@@ -9,6 +9,14 @@ new version and prunes old ones, keeping the newest ``keep_versions`` (choose at
 ``async_level + 1`` so every version a worker may still use stays downloadable) and never the
 announced one. :class:`OriginSource` serves the store through :func:`shardcast.server.create_app`;
 the coordinator mounts that app, and ``prime-relay origin`` serves a store on its own.
+
+With a :class:`PatchPolicy` the origin may publish a version as a *value patch* against the
+version announced before it (:func:`choose_patch`): when that version is still in the store,
+the new version is not a multiple of ``full_every``, and the patch is smaller than the
+checkpoint. A patch version's store directory holds the patch under ``files/`` (what is served)
+and the checkpoint it rebuilds under ``result/`` (hard links; the base of the next patch).
+Pruning never breaks a chain: every kept patch keeps the versions down to its full base
+(:func:`shardcast.manifest.chain_closure`).
 """
 
 from __future__ import annotations
@@ -17,6 +25,8 @@ import logging
 import os
 import shutil
 import time
+from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -26,12 +36,16 @@ from protocol.schemas import PolicyManifest, ShardEntry, SignedManifest, Version
 from shardcast.manifest import (
     DEFAULT_SHARD_SIZE_BYTES,
     HashAlgorithm,
+    PatchOf,
+    chain_closure,
     list_checkpoint_files,
     make_manifest,
     new_hasher,
     parse_signed_manifest,
     plan_files,
     plan_shards,
+    result_files_of,
+    result_mismatch,
     shard_spans,
     sign_manifest,
     spans_of_range,
@@ -43,6 +57,84 @@ from shardcast.store import MANIFEST_NAME, VersionStore, fsync_dir, write_file_a
 log = logging.getLogger("shardcast.origin")
 _READ_CHUNK_BYTES = 8 * 1024 * 1024
 FILES_DIR = "files"
+RESULT_DIR = "result"
+"""A patch version's rebuilt checkpoint in the origin store (never served; the next patch's base)."""
+PATCH_FILE_NAME = "value.patch"
+
+
+@dataclass(frozen=True)
+class PatchPolicy:
+    """When the origin publishes a version as a value patch instead of a full checkpoint."""
+
+    enabled: bool = True
+    full_every: int = 10
+    """Versions that are a multiple of this are always full (a bound on chain length)."""
+    level: int = 3
+    """zstd level of the patch."""
+
+
+@dataclass(frozen=True)
+class PatchChoice:
+    """A patch the origin decided to publish: against which base, and how large."""
+
+    base_version: int
+    patch_path: Path
+    patch_bytes: int
+    full_bytes: int
+
+
+def checkpoint_dir_of(store: VersionStore, version: int) -> Path:
+    """Where the checkpoint of a stored version lies: ``files/`` for a full version, ``result/`` for a patch."""
+    result = store.version_dir(version) / RESULT_DIR
+    return result if result.is_dir() else store.version_dir(version) / FILES_DIR
+
+
+def choose_patch(
+    store: VersionStore, version: int, new_dir: Path, work_dir: Path, policy: PatchPolicy | None
+) -> PatchChoice | None:
+    """The patch to publish ``version`` (checkpoint ``new_dir``) as, or None for a full version.
+
+    A patch is made against the announced version when it is still in the store and older, unless
+    ``version`` is a multiple of ``full_every``; it is kept only when smaller than the checkpoint.
+    A codec failure is no reason to stop publishing: it is logged and the version goes out full.
+    """
+    if policy is None or not policy.enabled or version % policy.full_every == 0:
+        return None
+    base = store.announced()
+    if base is None or base >= version or base not in store.versions():
+        return None
+    from shardcast.patch import encode_patch
+
+    work_dir.mkdir(parents=True, exist_ok=True)
+    patch_path = work_dir / PATCH_FILE_NAME
+    try:
+        stats = encode_patch(checkpoint_dir_of(store, base), new_dir, patch_path, level=policy.level)
+    except Exception as exc:  # a codec that cannot patch these files: publish the checkpoint
+        log.warning(
+            "version %d: no patch against v%d (%s: %s); publishing it full", version, base, type(exc).__name__, exc
+        )
+        return None
+    patch_bytes = patch_path.stat().st_size
+    full_bytes = sum(size for _, size in list_checkpoint_files(new_dir))
+    if patch_bytes >= full_bytes:
+        log.info(
+            "version %d: a patch against v%d is %d bytes, not smaller than %d; publishing it full",
+            version,
+            base,
+            patch_bytes,
+            full_bytes,
+        )
+        return None
+    log.info(
+        "version %d: patch against v%d, %d of %d bytes (%d of %d elements changed)",
+        version,
+        base,
+        patch_bytes,
+        full_bytes,
+        stats.num_changed,
+        stats.num_elements,
+    )
+    return PatchChoice(base, patch_path, patch_bytes, full_bytes)
 
 
 def publish_checkpoint(
@@ -56,10 +148,12 @@ def publish_checkpoint(
     now: float | None = None,
     fsync_enabled: bool = True,
     link_enabled: bool = True,
+    patches: PatchPolicy | None = None,
 ) -> SignedManifest:
     """Hash, sign and atomically publish ``checkpoint_dir`` as ``version``; then announce and prune.
 
     ``keep_versions`` None leaves pruning to the caller (the coordinator has its own retention policy).
+    ``patches`` None publishes a full version; else :func:`choose_patch` decides.
 
     The files enter the store as hard links when ``link_enabled`` and the store is on the same
     filesystem (no copy at all), else as copies. A hard link shares the checkpoint's bytes, so a
@@ -77,10 +171,27 @@ def publish_checkpoint(
         files = list_checkpoint_files(checkpoint_dir)
         staged = store.new_staging_dir(f"v{version}")
         try:
-            _place_files(checkpoint_dir, files, staged / FILES_DIR, link_enabled, fsync_enabled)
-            hashes = _hash_shards(staged / FILES_DIR, files, shard_size_bytes, hash_algorithm)
+            _place_files(checkpoint_dir, files, staged / RESULT_DIR, link_enabled, fsync_enabled)
+            choice = choose_patch(store, version, staged / RESULT_DIR, staged / "work", patches)
+            patch: PatchOf | None = None
+            if choice is None:
+                os.rename(staged / RESULT_DIR, staged / FILES_DIR)
+                served = files
+            else:
+                (staged / FILES_DIR).mkdir()
+                os.rename(choice.patch_path, staged / FILES_DIR / PATCH_FILE_NAME)
+                shutil.rmtree(staged / "work", ignore_errors=True)
+                served = [(PATCH_FILE_NAME, choice.patch_bytes)]
+                if fsync_enabled:
+                    _fsync_file(staged / FILES_DIR / PATCH_FILE_NAME)
+                    fsync_dir(staged / FILES_DIR)
+                from shardcast.patch import ENCODING
+
+                result = result_files_of(staged / RESULT_DIR, hash_algorithm)
+                patch = PatchOf(choice.base_version, ENCODING, result)
+            hashes = _hash_shards(staged / FILES_DIR, served, shard_size_bytes, hash_algorithm)
             manifest = make_manifest(
-                version, files, hashes, shard_size_bytes, hash_algorithm, time.time() if now is None else now
+                version, served, hashes, shard_size_bytes, hash_algorithm, time.time() if now is None else now, patch
             )
             signed = sign_manifest(identity, manifest)
             write_file_atomically(staged / MANIFEST_NAME, signed.model_dump_json().encode())
@@ -90,16 +201,40 @@ def publish_checkpoint(
             store.remove_staging(staged)
             raise
         store.announce(version)
-        removed = [] if keep_versions is None else store.prune(keep_versions, protected={version})
+        removed = [] if keep_versions is None else prune_store(store, keep_versions, protected={version})
     log.info(
-        "published version %d: %d files, %d bytes, %d shards%s",
+        "published version %d (%s): %d files, %d bytes, %d shards%s",
         version,
+        "full" if manifest.kind == "full" else f"patch against v{manifest.base_version}",
         len(files),
         manifest.total_size_bytes,
         len(manifest.shards),
         f"; pruned {removed}" if removed else "",
     )
     return signed
+
+
+def stored_manifests(store: VersionStore) -> dict[int, PolicyManifest]:
+    """The manifest of every version in the store (unverified: the store is the origin's own)."""
+    found: dict[int, PolicyManifest] = {}
+    for version in store.versions():
+        try:
+            found[version] = parse_signed_manifest(store.manifest_path(version).read_bytes()).manifest
+        except (OSError, ProtocolError):
+            continue
+    return found
+
+
+def chain_bases(store: VersionStore, keep: Iterable[int]) -> set[int]:
+    """The versions the ``keep`` versions' patch chains need (down to each chain's full version)."""
+    return chain_closure(stored_manifests(store), keep)
+
+
+def prune_store(store: VersionStore, keep_versions: int, protected: Iterable[int] = ()) -> list[int]:
+    """Keep the newest ``keep_versions`` and ``protected`` versions, and every version their chains need."""
+    held = store.versions()
+    kept = set(sorted(held, reverse=True)[:keep_versions]) | set(protected)
+    return store.prune(keep_versions, protected=set(protected) | chain_bases(store, kept))
 
 
 def stored_version_differs(store: VersionStore, version: int, checkpoint_dir: Path) -> str | None:
@@ -109,6 +244,8 @@ def stored_version_differs(store: VersionStore, version: int, checkpoint_dir: Pa
     another checkpoint (a publish killed before the ledger made it current).
     """
     manifest = parse_signed_manifest(store.manifest_path(version).read_bytes()).manifest
+    if manifest.kind == "patch":
+        return result_mismatch(checkpoint_dir, manifest)
     files = list_checkpoint_files(checkpoint_dir)
     stored = [(entry.path, entry.size_bytes) for entry in manifest.files]
     if files != stored:
@@ -120,6 +257,11 @@ def stored_version_differs(store: VersionStore, version: int, checkpoint_dir: Pa
     if differing:
         return f"{len(differing)} of {len(hashes)} shards hash differently (first: shard {differing[0]})"
     return None
+
+
+def _fsync_file(path: Path) -> None:
+    with open(path, "rb") as handle:
+        os.fsync(handle.fileno())
 
 
 def _place_files(
@@ -213,6 +355,7 @@ class OriginSource:
         latest = announced if announced in held else (max(held) if held else None)
         self.metrics.versions_held.set(len(held))
         self.metrics.latest_version.set(-1 if latest is None else latest)
+        self.metrics.observe_versions(self._manifests[version][1] for version in held if version in self._manifests)
         return VersionsResponse(role="origin", latest=latest, versions=infos)
 
     def manifest_bytes(self, version: int) -> bytes:

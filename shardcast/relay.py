@@ -13,7 +13,10 @@ it lands, then answered 503 with ``Retry-After`` if it has not.
 On restart the relay re-verifies what it holds (manifest signatures and shard hashes) and
 resumes unfinished versions. It keeps the newest ``keep_versions`` versions, and an older one
 as long as it is in use: a download of it (manifest or shard) was served within ``in_use_s``,
-so a node fetching a version shard by shard is never cut off halfway.
+so a node fetching a version shard by shard is never cut off halfway. A patch version is
+mirrored like any other (its one patch file's shards verified); the relay never applies it,
+but it also mirrors and keeps every version a kept patch's chain stands on, down to a full
+version, so a client a few versions behind (or holding nothing) can still rebuild it.
 
 A slow upstream costs little (the engine's progress deadlines and hedged requests, for
 manifests and shards alike). A local fault (disk full, read-only, permissions) is not
@@ -40,7 +43,7 @@ from protocol.schemas import PolicyManifest, ShardEntry, VersionInfo, VersionsRe
 from shardcast.client import fetch_manifest
 from shardcast.config import RelayConfig
 from shardcast.fetchers import open_fetcher
-from shardcast.manifest import load_verified_manifest, new_hasher
+from shardcast.manifest import chain_closure, load_verified_manifest, new_hasher
 from shardcast.metrics import ShardcastMetrics
 from shardcast.progress import prompt_answers
 from shardcast.scoring import Scoreboard
@@ -276,6 +279,7 @@ class RelayMirror:
             for version in sorted(offered):
                 if version > newest - self.config.keep_versions and version not in self.versions:
                     await self._adopt(version, offered[version])
+            await self._adopt_chain_bases(offered)
         for mirrored in list(self.versions.values()):
             self._ensure_mirroring(mirrored)
         self._prune()
@@ -325,6 +329,29 @@ class RelayMirror:
         self._ensure_mirroring(mirrored)
         self._update_gauges()
 
+    def _window(self) -> set[int]:
+        """The versions kept for their own sake: the newest ``keep_versions`` and those in use."""
+        if not self.versions:
+            return set()
+        newest = max(self.versions)
+        in_use = self.in_use()
+        return {v for v in self.versions if v > newest - self.config.keep_versions or v in in_use}
+
+    def _chain_bases(self) -> set[int]:
+        """Versions the kept patch versions' chains need, down to a full version (a client behind needs them)."""
+        return chain_closure({v: m.manifest for v, m in self.versions.items()}, self._window())
+
+    async def _adopt_chain_bases(self, offered: dict[int, list[str]]) -> None:
+        """Mirror the bases the kept patches stand on (older than the window), as long as an upstream has them."""
+        for _ in range(len(offered)):
+            missing = sorted(v for v in self._chain_bases() if v not in self.versions and v in offered)
+            if not missing:
+                return
+            for version in missing:
+                await self._adopt(version, offered[version])
+            if not any(version in self.versions for version in missing):
+                return
+
     def _ensure_mirroring(self, mirrored: MirroredVersion) -> None:
         if mirrored.complete or (mirrored.task is not None and not mirrored.task.done()):
             return
@@ -367,10 +394,9 @@ class RelayMirror:
     def _prune(self) -> None:
         if not self.versions:
             return
-        newest = max(self.versions)
-        in_use = self.in_use()
+        kept = self._window() | self._chain_bases()
         for version in sorted(self.versions):
-            if version > newest - self.config.keep_versions or version in in_use:
+            if version in kept:
                 continue
             mirrored = self.versions.pop(version)
             self.last_served.pop(version, None)

@@ -197,7 +197,15 @@ class Ledger(ValidationLedger):
             ).all():
                 if self._end_lease(conn, lease_id, task_id, "expired"):
                     self._event(conn, "expire", node_id, lease_id, task_id=task_id, reason=f"policy moved to {version}")
+            manifest = signed.manifest
             self._event(
-                conn, "publish", self.coordinator_id, str(version), total_size_bytes=signed.manifest.total_size_bytes
+                conn,
+                "publish",
+                self.coordinator_id,
+                str(version),
+                total_size_bytes=manifest.total_size_bytes,
+                published_as=manifest.kind,
+                base_version=manifest.base_version,
+                checkpoint_bytes=manifest.result_size_bytes,
             )
         return PublishResponse(version=version, published_at=now)

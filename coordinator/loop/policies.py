@@ -11,7 +11,10 @@ version number never stands for other bytes than the ones published under it.
 What the origin store keeps is decided in one place, :func:`origin_versions_to_remove`, and
 applied after each publication by :func:`prune_origin`: the newest ``policy_keep_versions``
 (at least async_level + 1, so every version a lagging worker may still generate with stays
-downloadable), the current version, and any version named as a base to keep.
+downloadable), the current version, and every version a kept value patch's chain stands on,
+down to a full version (so a worker a few versions behind, or a new one, can rebuild it).
+Whether a version is published as a patch is ``policy.patches_enabled`` and ``policy.full_every``
+(:class:`shardcast.origin.PatchPolicy`).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from protocol.errors import ConflictError, NotFoundError
 from protocol.identity import NodeIdentity
 from protocol.schemas import SignedManifest
 from shardcast.manifest import parse_signed_manifest
-from shardcast.origin import publish_checkpoint, stored_version_differs
+from shardcast.origin import PatchPolicy, chain_bases, publish_checkpoint, stored_version_differs
 from shardcast.store import VersionStore, versions_to_prune
 
 log = logging.getLogger("coordinator.loop.policies")
@@ -73,8 +76,11 @@ def origin_versions_to_remove(
 
 
 def prune_origin(store: VersionStore, config: CoordinatorConfig, current: int) -> list[int]:
-    """Apply :func:`origin_versions_to_remove` to ``store``; returns the versions removed."""
-    doomed = origin_versions_to_remove(store.versions(), current, config.policy_keep_versions)
+    """Apply :func:`origin_versions_to_remove` to ``store``, keeping the patch chains of the versions kept;
+    returns the versions removed."""
+    held = store.versions()
+    kept = {current, *sorted(held, reverse=True)[: config.policy_keep_versions]}
+    doomed = origin_versions_to_remove(held, current, config.policy_keep_versions, chain_bases(store, kept))
     for version in doomed:
         store.remove_version(version)
     if doomed:
@@ -111,14 +117,18 @@ def publish_policy(
             store,
             shard_size_bytes=config.policy.shard_size_bytes,
             keep_versions=None,
+            patches=PatchPolicy(enabled=config.policy.patches_enabled, full_every=config.policy.full_every),
         )
     if published_version(ledger) != version:
         ledger.publish(signed)
     prune_origin(store, config, version)
+    manifest = signed.manifest
     log.info(
-        "policy v%d is current (%d bytes in %d shards)",
+        "policy v%d is current (%s: %d bytes in %d shards, for a %d-byte checkpoint)",
         version,
-        signed.manifest.total_size_bytes,
-        len(signed.manifest.shards),
+        "full" if manifest.kind == "full" else f"patch against v{manifest.base_version}",
+        manifest.total_size_bytes,
+        len(manifest.shards),
+        manifest.result_size_bytes,
     )
     return signed

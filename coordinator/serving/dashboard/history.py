@@ -16,6 +16,7 @@ import math
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 from coordinator.serving.dashboard.training import TrainingHistory
 from protocol.schemas import DashboardVerdict, EngineName, Event, SeriesPoint
@@ -33,6 +34,9 @@ class VersionTally:
 
     published_at: float | None = None
     total_size_bytes: int | None = None
+    kind: Literal["full", "patch"] | None = None
+    base_version: int | None = None
+    checkpoint_bytes: int | None = None
     num_accepted: int = 0
     num_rejected: int = 0
     reward_sum: float = 0.0
@@ -103,6 +107,10 @@ class RunHistory:
         tally = self.versions.setdefault(version, VersionTally())
         tally.published_at = event.at
         tally.total_size_bytes = _int(event.data.get("total_size_bytes"))
+        kind = event.data.get("published_as")
+        tally.kind = "patch" if kind == "patch" else "full" if kind == "full" else None
+        tally.base_version = _int(event.data.get("base_version")) if tally.kind == "patch" else None
+        tally.checkpoint_bytes = _int(event.data.get("checkpoint_bytes"))
 
     def _verdict(self, event: Event, submission_id: str) -> None:
         policy_version, engine = self._submitted.pop(submission_id, (None, None))

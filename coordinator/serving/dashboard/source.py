@@ -121,6 +121,9 @@ class DashboardSource:
                 num_rejected=tally.num_rejected,
                 mean_reward=tally.mean_reward,
                 num_relays=sum(1 for r in relay_views if r.reachable and version in r.versions_held),
+                kind=tally.kind,
+                base_version=tally.base_version,
+                checkpoint_bytes=tally.checkpoint_bytes,
             )
             for version, tally in ((v, self.history.versions[v]) for v in newest)
         ]

@@ -191,4 +191,6 @@ def make_mirrored(version: int) -> Any:
     manifest.version = version  # type: ignore[attr-defined]
     manifest.shards = []  # type: ignore[attr-defined]
     manifest.total_size_bytes = 0  # type: ignore[attr-defined]
+    manifest.kind = "full"  # type: ignore[attr-defined]
+    manifest.base_version = None  # type: ignore[attr-defined]
     return MirroredVersion(b"{}", manifest, [])  # type: ignore[arg-type]

@@ -131,13 +131,16 @@ function renderVersions(data) {
     el("td", {}, `v${v.version}`),
     el("td", {}, v.published_at === null ? "-" : ago(v.published_at, now)),
     el("td", {}, bytes(v.total_size_bytes)),
+    el("td", { class: "version-kind" }, v.kind === "patch"
+      ? `patch of v${v.base_version} (${bytes(v.checkpoint_bytes)} checkpoint)`
+      : (v.kind || "-")),
     el("td", {}, holdersBar(v.num_live_holders, liveNodes)),
     el("td", { class: "relay-holders" }, holdersBar(v.num_relays, reachableRelays)),
     el("td", { class: "good" }, v.num_accepted),
     el("td", { class: v.num_rejected ? "bad" : "" }, v.num_rejected),
     el("td", {}, fmt(v.mean_reward, 3)),
   ));
-  fillTable("versions", rows, 8, "no policy version published yet");
+  fillTable("versions", rows, 9, "no policy version published yet");
 }
 
 function relayState(r) {

@@ -27,3 +27,28 @@ def test_prune_origin_keeps_what_a_worker_k_versions_behind_downloads(tmp_path: 
     # Every version a submission may still be made with (current - k .. current) stays downloadable.
     assert set(range(7 - 2, 8)) <= set(store.versions()) and store.versions() == [4, 5, 6, 7]
     assert prune_origin(store, config, current=7) == []
+
+
+def test_prune_origin_keeps_the_chain_a_kept_patch_stands_on(tmp_path: Path) -> None:
+    from protocol.identity import load_or_create_identity
+    from shardcast.origin import PatchPolicy, publish_checkpoint
+
+    store = VersionStore(tmp_path / "store")
+    signer = load_or_create_identity(tmp_path / "key")
+    payload = bytearray(64 * 1024)
+    config = CoordinatorConfig(data_dir=tmp_path, policy={"keep_versions": 3})
+    for version in range(8):  # full_every 5: F0 P1 P2 P3 P4 F5 P6 P7
+        checkpoint = tmp_path / f"ckpt{version}"
+        checkpoint.mkdir()
+        payload[version * 7] = version + 1  # one byte moves per version: every patch is tiny
+        (checkpoint / "weights.bin").write_bytes(bytes(payload))
+        signed = publish_checkpoint(
+            checkpoint, version, signer, store, 4096, keep_versions=None, fsync_enabled=False,
+            patches=PatchPolicy(full_every=5),
+        )  # fmt: skip
+        assert signed.manifest.kind == ("full" if version % 5 == 0 else "patch")
+        if version == 6:  # the newest three (4, 5, 6) include the patch v4, whose chain goes down to v0
+            assert prune_origin(store, config, current=6) == []
+    # the newest three (5, 6, 7) stand on the full v5: 0..4 go
+    assert prune_origin(store, config, current=7) == [0, 1, 2, 3, 4]
+    assert store.versions() == [5, 6, 7]

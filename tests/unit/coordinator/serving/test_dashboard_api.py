@@ -132,6 +132,23 @@ def test_history_reads_odd_event_data_as_absent() -> None:
     assert history.after == 4
 
 
+def test_history_tells_full_versions_from_patches() -> None:
+    history = RunHistory()
+    history.fold(
+        [
+            event(
+                1, "publish", "3", total_size_bytes=900, published_as="full", base_version=None, checkpoint_bytes=900
+            ),
+            event(2, "publish", "4", total_size_bytes=40, published_as="patch", base_version=3, checkpoint_bytes=900),
+            event(3, "publish", "5", total_size_bytes=7, published_as="evil", base_version="3", checkpoint_bytes=-1),
+        ]
+    )
+    full, patch, odd = (history.versions[v] for v in (3, 4, 5))
+    assert (full.kind, full.base_version, full.checkpoint_bytes) == ("full", None, 900)
+    assert (patch.kind, patch.base_version, patch.total_size_bytes, patch.checkpoint_bytes) == ("patch", 3, 40, 900)
+    assert (odd.kind, odd.base_version, odd.checkpoint_bytes) == (None, None, None)
+
+
 def test_rate_series_buckets_counts_per_second() -> None:
     assert rate_series([(1.0, 3)], start=50.0, now=50.0) == []
     points = rate_series([(0.0, 4), (3.0, 6), (12.0, 10)], start=0.0, now=20.0, num_buckets=4, min_bucket_s=5.0)
