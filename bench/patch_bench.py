@@ -2,7 +2,7 @@
 
 The trainer's own :class:`~trainer.train.Trainer` (AdamW, fp32 master weights, default betas,
 no weight decay, grad clip 1.0) takes GRPO steps on a randomly initialised Qwen2 (default:
-hidden 768, 12 layers, vocab 32000, about 113M parameters; untied embeddings) and exports the
+hidden 768, 12 layers, vocab 32000, about 125M parameters; untied embeddings) and exports the
 policy after every step the way the trainer publishes it (``Trainer.export`` with
 ``export_dtype = "bfloat16"``: the state dict cast to bf16 in ``model.safetensors`` plus
 config and tokenizer files). The data are a synthetic on-policy task: each step, prompts of
