@@ -84,7 +84,7 @@ _DTYPE_SIZES = {
     "F64": 8,
 }
 _UINTS: dict[int, npt.DTypeLike] = {1: np.dtype("<u1"), 2: np.dtype("<u2"), 4: np.dtype("<u4"), 8: np.dtype("<u8")}
-_FIELDS_CHUNK = 1 << 20  # fields packed or unpacked at a time (a multiple of 8)
+_FIELDS_CHUNK = 1 << 16  # fields packed or unpacked at a time (a multiple of 8; bounds the scratch memory)
 
 UIntArray = npt.NDArray[np.unsignedinteger[Any]]
 

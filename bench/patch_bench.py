@@ -1,0 +1,298 @@
+"""Value patches on real AdamW steps: how small shardcast.patch makes each published version, and how exact.
+
+The trainer's own :class:`~trainer.train.Trainer` (AdamW, fp32 master weights, default betas,
+no weight decay, grad clip 1.0) takes GRPO steps on a randomly initialised Qwen2 (default:
+hidden 768, 12 layers, vocab 32000, about 125M parameters; untied embeddings) and exports the
+policy after every step the way the trainer publishes it (``Trainer.export`` with
+``export_dtype = "bfloat16"``: the state dict cast to bf16 in ``model.safetensors`` plus
+config and tokenizer files). The data are a synthetic on-policy task: each step, prompts of
+random token ids from the whole vocabulary, completions sampled from the current policy
+(temperature 1, no top-k/top-p) with the engine-side logprobs taken from the sampling pass,
+reward = the fraction of completion tokens in the lower half of the vocabulary,
+group-relative advantages. Two runs from the same start weights and the same seeds differ
+only in the learning rate (1e-6 and 1e-5, constant). For every step after the first,
+``encode_patch(previous, new)`` then ``apply_patch`` onto the previous version, and the
+reconstructed files' blake3 must equal the exported ones.
+
+Figures are medians over the steps after the first ``--skip`` (default 10): ``bytes_ratio``
+is full bytes / patch bytes, ``entropy_bound_ratio`` is full bytes / the ideal coder's size
+(``PatchStats.entropy_bound_bytes``), ``limit_fraction`` their quotient (how close the
+codec gets to that bound), ``unchanged_fraction`` the share of bf16 elements whose bits did
+not change. Progress goes to stderr, one JSON object to stdout.
+
+    python -m bench.patch_bench            # full size, 30 steps per learning rate
+    python -m bench.patch_bench --quick    # about 7M parameters, 12 steps: a smoke test
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+QUICK = {"hidden": 256, "layers": 4, "intermediate": 704, "vocab": 8000, "steps": 12}
+FULL = {"hidden": 768, "layers": 12, "intermediate": 2048, "vocab": 32000, "steps": 30}
+HEAD_DIM = 64
+LRS = (1e-6, 1e-5)
+
+
+def progress(message: str) -> None:
+    print(f"[patch_bench] {message}", file=sys.stderr, flush=True)
+
+
+def build_start(directory: Path, dims: dict[str, int], seed: int) -> int:
+    """Save a random Qwen2 of ``dims`` (with the built-in tokenizer) and return its parameter count."""
+    from transformers import GenerationConfig, Qwen2Config
+
+    from engines.random_qwen2 import random_qwen2
+    from trainer.builtin import builtin_tokenizer
+    from trainer.tokenizer import EOS_TOKEN, save_hf_tokenizer
+    from trainer.transformers_logs import quiet_transformers
+
+    quiet_transformers()
+    tokenizer = builtin_tokenizer()
+    eos_id = tokenizer.token_to_id(EOS_TOKEN)
+    config = Qwen2Config(
+        vocab_size=dims["vocab"],
+        hidden_size=dims["hidden"],
+        intermediate_size=dims["intermediate"],
+        num_hidden_layers=dims["layers"],
+        num_attention_heads=dims["heads"],
+        num_key_value_heads=dims["kv_heads"],
+        max_position_embeddings=256,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+        use_sliding_window=False,
+        bos_token_id=eos_id,
+        eos_token_id=eos_id,
+        pad_token_id=eos_id,
+        dtype="float32",
+    )
+    model = random_qwen2(config, seed)
+    model.generation_config = GenerationConfig(eos_token_id=eos_id, pad_token_id=eos_id, bos_token_id=eos_id)
+    model.save_pretrained(str(directory), safe_serialization=True)
+    save_hf_tokenizer(tokenizer, directory, config.max_position_embeddings)
+    return int(sum(p.numel() for p in model.parameters()))
+
+
+def sample_batch(trainer: Any, step: int, args: argparse.Namespace, vocab: int) -> list[Any]:
+    """On-policy samples of the synthetic task: the policy completes random prompts, rewards favour low ids."""
+    import torch
+
+    from trainer.advantages import batch_advantages
+    from trainer.packing import TrainSample
+
+    generator = torch.Generator().manual_seed(1000 + step)
+    prompts = torch.randint(0, vocab, (args.prompts, args.prompt_tokens), generator=generator)
+    prompts = prompts.repeat_interleave(args.group, dim=0)
+    torch.manual_seed(2000 + step)
+    with torch.no_grad():
+        out = trainer.model.generate(
+            input_ids=prompts,
+            attention_mask=torch.ones_like(prompts),
+            do_sample=True,
+            temperature=1.0,
+            top_k=0,
+            top_p=1.0,
+            max_new_tokens=args.completion_tokens,
+            min_new_tokens=args.completion_tokens,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
+    completions = out.sequences[:, prompts.shape[1] :]
+    logits = torch.stack(out.logits, dim=1).float()
+    logprobs = torch.log_softmax(logits, dim=-1).gather(-1, completions.unsqueeze(-1)).squeeze(-1)
+    rewards = (completions < vocab // 2).float().mean(dim=1).tolist()
+    advantages = batch_advantages(rewards, args.group)
+    return [
+        TrainSample(
+            prompt_ids=prompts[i].tolist(),
+            completion_ids=completions[i].tolist(),
+            advantage=advantages[i],
+            inference_logprobs=logprobs[i].tolist(),
+            reward=rewards[i],
+        )
+        for i in range(len(rewards))
+    ]
+
+
+def tree_hashes(directory: Path) -> dict[str, str]:
+    import blake3
+
+    return {
+        p.relative_to(directory).as_posix(): blake3.blake3(p.read_bytes()).hexdigest()
+        for p in sorted(directory.rglob("*"))
+        if p.is_file()
+    }
+
+
+def run_lr(lr: float, start: Path, work: Path, args: argparse.Namespace, vocab: int) -> list[dict[str, Any]]:
+    """Train ``args.steps`` steps at ``lr``; patch every published version against the one before."""
+    from shardcast.patch import apply_patch, encode_patch
+    from trainer.config import TrainerSection
+    from trainer.train import Trainer
+
+    section = TrainerSection(
+        model=str(start),
+        seed=0,
+        optimizer={"lr": lr, "schedule": "constant"},
+        checkpoint={"export_dtype": "bfloat16"},
+    )
+    trainer = Trainer(section, num_steps=args.steps)
+    previous = trainer.export(work / "v0")
+    records: list[dict[str, Any]] = []
+    for step in range(1, args.steps + 1):
+        started = time.perf_counter()
+        metrics = trainer.rl_step(sample_batch(trainer, step, args, vocab), section_loss())
+        train_s = time.perf_counter() - started
+        new = trainer.export(work / f"v{step}")
+        patch = work / f"p{step}"
+        started = time.perf_counter()
+        stats = encode_patch(previous, new, patch, level=args.level)
+        encode_s = time.perf_counter() - started
+        out = work / f"applied{step}"
+        started = time.perf_counter()
+        apply_patch(previous, patch, out, max_output_bytes=2 * stats.full_bytes)
+        apply_s = time.perf_counter() - started
+        exact = tree_hashes(out) == tree_hashes(new)
+        records.append(
+            {
+                "step": step,
+                "full_bytes": stats.full_bytes,
+                "patch_bytes": stats.patch_bytes,
+                "entropy_bound_bytes": round(stats.entropy_bound_bytes, 1),
+                "num_elements": stats.num_elements,
+                "num_changed": stats.num_changed,
+                "exact": exact,
+                "encode_s": round(encode_s, 3),
+                "apply_s": round(apply_s, 3),
+                "train_s": round(train_s, 2),
+                "reward_mean": round(metrics["reward_mean"], 4),
+                "grad_norm": round(metrics["grad_norm"], 4),
+            }
+        )
+        changed = stats.num_changed / max(1, stats.num_elements)
+        ratio, bound = stats.full_bytes / stats.patch_bytes, stats.full_bytes / max(1.0, stats.entropy_bound_bytes)
+        progress(
+            f"lr {lr:g} step {step}/{args.steps}: changed {changed:.4%}, ratio {ratio:.1f} (bound {bound:.1f}), "
+            f"exact {exact}, train {train_s:.1f}s encode {encode_s:.2f}s apply {apply_s:.2f}s"
+        )
+        shutil.rmtree(previous)
+        shutil.rmtree(out)
+        patch.unlink()
+        previous = new
+    shutil.rmtree(previous)
+    return records
+
+
+def section_loss() -> Any:
+    from trainer.config import LossConfig
+
+    return LossConfig()
+
+
+def summarize(records: list[dict[str, Any]], skip: int) -> dict[str, float]:
+    measured = records[skip:] or records
+    bytes_ratio = statistics.median(r["full_bytes"] / r["patch_bytes"] for r in measured)
+    bound_ratio = statistics.median(r["full_bytes"] / max(r["entropy_bound_bytes"], 1.0) for r in measured)
+    unchanged = statistics.median(1 - r["num_changed"] / r["num_elements"] for r in measured)
+    return {"bytes_ratio": bytes_ratio, "entropy_bound_ratio": bound_ratio, "unchanged_fraction": unchanged}
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="a ~7M-parameter model and 12 steps (smoke test)")
+    parser.add_argument("--hidden", type=int, help="hidden size, a multiple of 64 (default 768; --quick 256)")
+    parser.add_argument("--layers", type=int, help="decoder layers (default 12; --quick 4)")
+    parser.add_argument("--intermediate", type=int, help="MLP width (default 2048; --quick 704)")
+    parser.add_argument("--vocab", type=int, help="vocabulary size (default 32000; --quick 8000)")
+    parser.add_argument("--steps", type=int, help="optimizer steps per learning rate (default 30; --quick 12)")
+    parser.add_argument("--skip", type=int, default=10, help="first steps left out of the medians (default 10)")
+    parser.add_argument("--prompts", type=int, default=2, help="prompts per step")
+    parser.add_argument("--group", type=int, default=4, help="completions per prompt")
+    parser.add_argument("--prompt-tokens", type=int, default=16)
+    parser.add_argument("--completion-tokens", type=int, default=24)
+    parser.add_argument("--level", type=int, default=3, help="zstd level of the patches")
+    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
+    parser.add_argument("--workdir", type=Path, default=None, help="where versions are written (default: a temp dir)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    preset = QUICK if args.quick else FULL
+    dims = {key: getattr(args, key, None) or preset[key] for key in ("hidden", "layers", "intermediate", "vocab")}
+    if dims["hidden"] % HEAD_DIM:
+        parser.error(f"--hidden must be a multiple of {HEAD_DIM} (the head size)")
+    dims["heads"] = dims["hidden"] // HEAD_DIM
+    dims["kv_heads"] = next(d for d in (4, 2, 1) if dims["heads"] % d == 0)
+    args.steps = args.steps or preset["steps"]
+    skip = min(args.skip, args.steps // 2)
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="patch-bench-", dir=args.workdir) as tmp:
+        root = Path(tmp)
+        params = build_start(root / "start", dims, seed=0)
+        progress(f"random Qwen2 of {params / 1e6:.1f}M parameters; {args.steps} steps per lr {LRS}")
+        runs = {}
+        for lr in LRS:
+            work = root / f"lr{lr:g}"
+            work.mkdir()
+            runs[lr] = run_lr(lr, root / "start", work, args, dims["vocab"])
+    low, high = summarize(runs[LRS[0]], skip), summarize(runs[LRS[1]], skip)
+    measured = [r for records in runs.values() for r in records[skip:]]
+    result: dict[str, Any] = {
+        "bench": "patch_bench",
+        "bytes_ratio_lr1e6": round(low["bytes_ratio"], 2),
+        "entropy_bound_ratio_lr1e6": round(low["entropy_bound_ratio"], 2),
+        "limit_fraction_lr1e6": round(low["bytes_ratio"] / low["entropy_bound_ratio"], 4),
+        "bytes_ratio_lr1e5": round(high["bytes_ratio"], 2),
+        "entropy_bound_ratio_lr1e5": round(high["entropy_bound_ratio"], 2),
+        "limit_fraction_lr1e5": round(high["bytes_ratio"] / high["entropy_bound_ratio"], 4),
+        "unchanged_fraction_lr1e6": round(low["unchanged_fraction"], 6),
+        "unchanged_fraction_lr1e5": round(high["unchanged_fraction"], 6),
+        "exact": int(all(r["exact"] for records in runs.values() for r in records)),
+        "encode_s": round(statistics.median(r["encode_s"] for r in measured), 3),
+        "apply_s": round(statistics.median(r["apply_s"] for r in measured), 3),
+        "params": params,
+        "config": {
+            "model": f"Qwen2ForCausalLM, random init (seed 0, initializer_range 0.02), untied, {dims}",
+            "start_weights": "random init, the same for both runs",
+            "master_dtype": "float32",
+            "published_dtype": "bfloat16 (Trainer.export, export_dtype=bfloat16)",
+            "optimizer": "AdamW betas (0.9, 0.999), eps 1e-8, weight decay 0, grad clip 1.0, constant lr",
+            "lrs": list(LRS),
+            "steps": args.steps,
+            "medians_over_steps_after": skip,
+            "data": (
+                f"synthetic on-policy GRPO: {args.prompts} prompts x {args.group} completions per step, "
+                f"{args.prompt_tokens} random prompt tokens, {args.completion_tokens} sampled completion tokens "
+                "(temperature 1), reward = fraction of completion ids below vocab/2, group-relative advantages"
+            ),
+            "loss": "GRPO, mask correction (trainer defaults)",
+            "zstd_level": args.level,
+        },
+        "runs": {f"lr{lr:g}": records for lr, records in runs.items()},
+        "machine": {
+            "cpu_count": os.cpu_count(),
+            "torch_threads": torch.get_num_threads(),
+            "torch": torch.__version__,
+            "python": platform.python_version(),
+        },
+        "wall_s": round(time.perf_counter() - started, 1),
+    }
+    return result
+
+
+if __name__ == "__main__":
+    print(json.dumps(main()))

@@ -1,0 +1,23 @@
+"""The value-patch bench end to end on a tiny model: every reconstructed version exact, every summary key there."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.patch_bench import main
+
+TINY = ["--hidden", "64", "--layers", "1", "--intermediate", "128", "--vocab", "1000", "--steps", "3", "--skip", "1"]
+SMALL_BATCH = ["--prompts", "1", "--group", "2", "--prompt-tokens", "4", "--completion-tokens", "4"]
+
+
+@pytest.mark.slow
+def test_tiny_bench_reconstructs_every_version_exactly() -> None:
+    result = main(TINY + SMALL_BATCH)
+    assert result["exact"] == 1
+    for key in ("bytes_ratio_lr1e6", "entropy_bound_ratio_lr1e6", "limit_fraction_lr1e6", "bytes_ratio_lr1e5"):
+        assert result[key] > 0
+    assert 0 < result["unchanged_fraction_lr1e6"] < 1
+    assert result["unchanged_fraction_lr1e5"] < result["unchanged_fraction_lr1e6"]
+    assert result["params"] == 169_344
+    assert [r["step"] for r in result["runs"]["lr1e-06"]] == [1, 2, 3]
+    assert {"data", "lrs", "steps", "start_weights"} <= set(result["config"])
