@@ -1,5 +1,5 @@
 """Integration fixtures: a real coordinator network on 127.0.0.1 (see tests/integration/network.py), and
-SHARDCAST relay processes with a coordinator identity to sign their versions (tests/integration/shardcast_nodes.py)."""
+SHARDCAST relay processes with a coordinator identity to sign their versions (tests/support/shardcast_nodes.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 from protocol.identity import NodeIdentity
 from tests.integration.network import Network, running_network
-from tests.integration.shardcast_nodes import Nodes
+from tests.support.shardcast_nodes import Nodes
 
 
 @pytest.fixture

@@ -25,8 +25,8 @@ from sqlalchemy import Executable, create_engine, text
 
 from runtime.children import stop_processes
 from runtime.ports import free_port
-from tests.integration.shardcast_nodes import Nodes
 from tests.support.coordinator_process import CoordinatorProcess
+from tests.support.shardcast_nodes import Nodes
 from tests.support.tiny_model import TinyModelSpec, save_tiny_qwen2
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

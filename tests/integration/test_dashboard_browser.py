@@ -39,7 +39,7 @@ from runtime.p2p.config import P2PConfig
 from runtime.p2p.gossip import Gossip
 from runtime.ports import free_port
 from tests.integration.network import Network, running_network
-from tests.integration.shardcast_nodes import wait_until
+from tests.support.shardcast_nodes import wait_until
 from trainer.resolve import resolve_model_path
 
 pytestmark = pytest.mark.slow

@@ -29,7 +29,7 @@ from environments.config import EnvironmentConfig
 from environments.loader import load_environment
 from protocol.schemas import SubmitRequest, Verdict
 from tests.integration.network import BIN, REPO_ROOT, Network, ledger_rows, running_network
-from tests.integration.shardcast_nodes import wait_until
+from tests.support.shardcast_nodes import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]  # ecosystem imports are slow on a busy machine
 

@@ -23,8 +23,8 @@ from runtime.children import stop_processes
 from runtime.cli import EXIT_BAD_CONFIG, EXIT_FAILURE
 from runtime.ports import free_port
 from tests.integration.network import BIN, REPO_ROOT
-from tests.integration.shardcast_nodes import wait_until
 from tests.support.coordinator_process import CoordinatorProcess
+from tests.support.shardcast_nodes import wait_until
 
 pytestmark = pytest.mark.slow
 ENV = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "PRIME_LOG_LEVEL": "info"}

@@ -34,8 +34,8 @@ from runtime.children import stop_processes
 from runtime.p2p.host import P2PNode, TopicSpec
 from runtime.ports import free_port
 from tests.integration.network import tiny_policy
-from tests.integration.shardcast_nodes import Nodes, wait_until
 from tests.support.coordinator_process import CoordinatorProcess
+from tests.support.shardcast_nodes import Nodes, wait_until
 from tests.support.tiny_model import TinyModelSpec
 
 pytestmark = pytest.mark.slow

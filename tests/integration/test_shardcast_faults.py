@@ -30,7 +30,7 @@ import pytest
 from protocol.identity import NodeIdentity, load_or_create_identity
 from shardcast.origin import publish_checkpoint
 from shardcast.store import VersionStore
-from tests.integration.shardcast_nodes import (
+from tests.support.shardcast_nodes import (
     Nodes,
     events_of,
     holds,

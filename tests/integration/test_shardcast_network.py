@@ -25,7 +25,7 @@ from shardcast.client import download_version, latest_version
 from shardcast.origin import publish_checkpoint
 from shardcast.store import VersionStore
 from shardcast.transfer import TransferOptions
-from tests.integration.shardcast_nodes import (
+from tests.support.shardcast_nodes import (
     Nodes,
     corrupt_shard,
     events_of,

@@ -36,7 +36,7 @@ from shardcast.origin import (
 )
 from shardcast.store import MANIFEST_NAME, VersionStore
 from shardcast.transfer import TransferOptions
-from tests.integration.shardcast_nodes import Nodes, events_of, holds, metric, tree_bytes, wait_until
+from tests.support.shardcast_nodes import Nodes, events_of, holds, metric, tree_bytes, wait_until
 
 pytestmark = pytest.mark.slow
 SHARD = 64 * 1024

@@ -28,7 +28,7 @@ from protocol.identity import load_or_create_identity
 from protocol.schemas import SubmitRequest
 from tests.integration.malicious_worker import PROOF_ATTACKS, attack_until_banned
 from tests.integration.network import Network, ledger_rows, running_network
-from tests.integration.shardcast_nodes import wait_until
+from tests.support.shardcast_nodes import wait_until
 
 pytestmark = pytest.mark.slow
 

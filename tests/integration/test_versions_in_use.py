@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.network import REPO_ROOT, Network, running_network, tiny_policy
-from tests.integration.shardcast_nodes import wait_until
+from tests.support.shardcast_nodes import wait_until
 
 pytestmark = pytest.mark.slow
 NEWEST = 5

@@ -26,7 +26,7 @@ from protocol.identity import load_or_create_identity
 from protocol.ledger_client import LedgerClient
 from tests.integration.malicious_worker import Attacker
 from tests.integration.network import BIN, Network, submissions_by_node
-from tests.integration.shardcast_nodes import wait_until
+from tests.support.shardcast_nodes import wait_until
 
 pytestmark = pytest.mark.slow
 

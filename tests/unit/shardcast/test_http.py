@@ -24,7 +24,7 @@ from shardcast.origin import OriginSource, publish_checkpoint
 from shardcast.server import create_app
 from shardcast.store import VersionStore
 from shardcast.transfer import TransferOptions
-from tests.integration.shardcast_nodes import corrupt_shard
+from tests.support.shardcast_nodes import corrupt_shard
 
 SHARD = 8192
 pytestmark = pytest.mark.anyio

@@ -32,8 +32,8 @@ from protocol.announcements import Accepted
 from protocol.identity import NodeIdentity
 from protocol.schemas import Dashboard, RelayAnnouncement, TaskAnnouncement
 from runtime.ports import free_port
-from tests.integration.shardcast_nodes import wait_until
 from tests.support.ledger_helpers import FakeClock, signed_manifest
+from tests.support.shardcast_nodes import wait_until
 from tests.unit.coordinator.conftest import LedgerHarness
 
 pytestmark = pytest.mark.anyio

@@ -1,6 +1,6 @@
-"""Helpers for the SHARDCAST integration tests: real `prime-relay` processes on 127.0.0.1.
+"""Real `prime-relay` processes on 127.0.0.1, for the SHARDCAST integration tests and benches.
 
-Every process is started through :class:`Nodes` and stopped by the same test, by its PID.
+Every process is started through :class:`Nodes` and stopped by whoever started it, by its PID.
 """
 
 from __future__ import annotations
