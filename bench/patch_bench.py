@@ -1,4 +1,4 @@
-"""Value patches on real AdamW steps: how small shardcast.patch makes each published version, and how exact.
+"""Value patches on real AdamW steps: how small shardcast.patch makes each version, how exact, how much sooner it lands.
 
 The trainer's own :class:`~trainer.train.Trainer` (AdamW, fp32 master weights, default betas,
 no weight decay, grad clip 1.0) takes GRPO steps on a randomly initialised Qwen2 (default:
@@ -20,6 +20,22 @@ is full bytes / patch bytes, ``entropy_bound_ratio`` is full bytes / the ideal c
 codec gets to that bound), ``unchanged_fraction`` the share of bf16 elements whose bits did
 not change. Progress goes to stderr, one JSON object to stdout.
 
+Then the wire: ``broadcast_speedup`` is how much sooner every client holds a new version when
+it ships as a patch than when it ships full, end to end through SHARDCAST on loopback. The
+last two versions of the lr 1e-6 run are the base and the new version. Twice, once per kind,
+in an origin store of its own signed by a fresh coordinator key: the base is published full as
+v0; one ``prime-relay origin``, two ``prime-relay serve`` relays mirroring it, and four clients
+that fetch v0 (``prime-relay fetch``, untimed) start. The four clients then wait, warm (as a
+running worker is: imported, the patch codec too), and the new version is published as v1,
+full or as a patch against v0 (``publish_checkpoint(..., patches=PatchPolicy(...))``). The clock
+runs from v1's announcement, through the relays listing and mirroring it, to the last client's
+``done`` event; the clients are told v1 once both relays list it, each downloads from both, and
+a patch client rebuilds v1 from the v0 it holds. ``broadcast_full_s / broadcast_patch_s`` is
+the speedup; ``broadcast_*_bytes`` are the bytes each client downloaded; ``broadcast_exact`` is 1
+when every client's files have the blake3 of the new version's (and counts in ``exact``).
+Publishing (hashing, and for the patch encoding it) is outside the clock and reported per kind
+under ``broadcast_runs`` (``publish_s``), with the clock's parts. ``--no-broadcast`` skips it.
+
     python -m bench.patch_bench            # full size, 30 steps per learning rate
     python -m bench.patch_bench --quick    # about 7M parameters, 12 steps: a smoke test
 """
@@ -33,16 +49,25 @@ import os
 import platform
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from protocol.identity import NodeIdentity
+    from protocol.schemas import SignedManifest
+    from shardcast.origin import PatchPolicy
 
 QUICK = {"hidden": 256, "layers": 4, "intermediate": 704, "vocab": 8000, "steps": 12}
 FULL = {"hidden": 768, "layers": 12, "intermediate": 2048, "vocab": 32000, "steps": 30}
 HEAD_DIM = 64
+MIB = 1024 * 1024
 LRS = (1e-6, 1e-5)
+NUM_RELAYS, NUM_CLIENTS = 2, 4
+RELAY_POLL_INTERVAL_S = 0.05  # how soon a relay sees a new version: a fixed cost of both kinds, kept small
 
 
 def progress(message: str) -> None:
@@ -126,17 +151,23 @@ def sample_batch(trainer: Any, step: int, args: argparse.Namespace, vocab: int) 
 
 
 def tree_hashes(directory: Path) -> dict[str, str]:
+    """Relative path -> blake3 of every checkpoint file (a client's local manifest left out)."""
     import blake3
 
+    from shardcast.manifest import list_checkpoint_files
+
     return {
-        p.relative_to(directory).as_posix(): blake3.blake3(p.read_bytes()).hexdigest()
-        for p in sorted(directory.rglob("*"))
-        if p.is_file()
+        name: blake3.blake3((directory / name).read_bytes()).hexdigest() for name, _ in list_checkpoint_files(directory)
     }
 
 
-def run_lr(lr: float, start: Path, work: Path, args: argparse.Namespace, vocab: int) -> list[dict[str, Any]]:
-    """Train ``args.steps`` steps at ``lr``; patch every published version against the one before."""
+def run_lr(
+    lr: float, start: Path, work: Path, args: argparse.Namespace, vocab: int, keep: Path | None = None
+) -> list[dict[str, Any]]:
+    """Train ``args.steps`` steps at ``lr``; patch every published version against the one before.
+
+    With ``keep``, the last two versions are kept as ``keep/base`` and ``keep/new``.
+    """
     from shardcast.patch import apply_patch, encode_patch
     from trainer.config import TrainerSection
     from trainer.train import Trainer
@@ -186,12 +217,131 @@ def run_lr(lr: float, start: Path, work: Path, args: argparse.Namespace, vocab: 
             f"lr {lr:g} step {step}/{args.steps}: changed {changed:.4%}, ratio {ratio:.1f} (bound {bound:.1f}), "
             f"exact {exact}, train {train_s:.1f}s encode {encode_s:.2f}s apply {apply_s:.2f}s"
         )
-        shutil.rmtree(previous)
+        if keep is not None and step == args.steps:
+            keep.mkdir(parents=True)
+            previous.rename(keep / "base")
+            new = new.rename(keep / "new")
+        else:
+            shutil.rmtree(previous)
         shutil.rmtree(out)
         patch.unlink()
         previous = new
-    shutil.rmtree(previous)
+    if keep is None:
+        shutil.rmtree(previous)
     return records
+
+
+def broadcast(base: Path, new: Path, work: Path, shard_size: int, level: int) -> dict[str, dict[str, Any]]:
+    """Ship ``new`` through origin -> relays -> clients that hold ``base``: once full, once as a patch."""
+    from protocol.identity import NodeIdentity
+
+    coordinator = NodeIdentity.generate()
+    want = tree_hashes(new)
+    runs = {}
+    for kind in ("full", "patch"):
+        os.sync()  # no dirty pages left by the run before: neither pays the other's writeback
+        runs[kind] = broadcast_once(kind, base, new, work / kind, coordinator, shard_size, level, want)
+        shutil.rmtree(work / kind)
+    return runs
+
+
+def broadcast_once(
+    kind: str,
+    base: Path,
+    new: Path,
+    work: Path,
+    coordinator: NodeIdentity,
+    shard_size: int,
+    level: int,
+    want: dict[str, str],
+) -> dict[str, Any]:
+    """One origin store (base as v0, ``new`` as v1 of ``kind``), relays mirroring it, clients holding v0.
+
+    Timed: from v1's announcement until the last client has it (relays mirror it and serve it meanwhile).
+    """
+    from bench.shardcast_bench import OUR_CLIENT, Processes, start_waiting_clients, tell
+    from runtime.children import stop_processes
+    from shardcast.origin import PatchPolicy, publish_checkpoint
+    from shardcast.store import VersionStore
+    from tests.support.shardcast_nodes import Nodes, holds, wait_until
+
+    work.mkdir(parents=True)
+    store = VersionStore(work / "store")
+
+    def publish(checkpoint: Path, version: int, patches: PatchPolicy | None) -> SignedManifest:
+        return publish_checkpoint(
+            checkpoint,
+            version,
+            coordinator,
+            store,
+            shard_size,
+            keep_versions=None,
+            fsync_enabled=False,
+            patches=patches,
+        )
+
+    publish(base, 0, None)
+    nodes, procs = Nodes(work), Processes()
+    try:
+        origin = nodes.origin(store.root)
+        relays = [
+            nodes.relay([origin], coordinator.node_id, poll_interval_s=RELAY_POLL_INTERVAL_S)[0]
+            for _ in range(NUM_RELAYS)
+        ]
+        wait_until(lambda: all(holds(relay, 0) for relay in relays), 300, "the relays to mirror the base")
+        outs = [work / f"client{index}" for index in range(NUM_CLIENTS)]
+        for proc in [nodes.fetch(0, relays, coordinator.node_id, out) for out in outs]:
+            done_of(proc)
+        # warm clients, as a running worker is when a version is announced: interpreter start-up and the
+        # first import of the patch codec are no part of either figure
+        script = f"import shardcast.patch\n{OUR_CLIENT}"
+        argvs = [[sys.executable, "-c", script, ",".join(relays), coordinator.node_id, str(out), "0"] for out in outs]
+        clients = start_waiting_clients(procs, argvs, work)
+        started = time.monotonic()
+        signed = publish(new, 1, PatchPolicy(level=level) if kind == "patch" else None)
+        announced = time.monotonic()
+        if signed.manifest.kind != kind:
+            raise RuntimeError(f"the origin published v1 {signed.manifest.kind}, not {kind}")
+        wait_until(lambda: all(holds(relay, 1, complete=False) for relay in relays), 300, "the relays to list v1")
+        listed = time.monotonic()
+        tell(clients, "1")
+        dones, per_client = [], []
+        for proc in clients:  # a client has the version at its done event (its exit is no part of it)
+            dones.append(done_of(proc))
+            per_client.append(time.monotonic() - listed)
+        finished = time.monotonic()
+    finally:
+        nodes.stop_all()
+        stop_processes(procs.procs, timeout_s=10)
+    expected = {"kind": "patch", "from": "held", "base": 0, "chain": [1]} if kind == "patch" else {"kind": "full"}
+    for done in dones:  # a patch must be applied to the base the client holds, not reached any other way
+        route = {key: done.get(key) for key in expected}
+        if route != expected:
+            raise RuntimeError(f"a client fetched v1 as {route}, not as a {kind} version on the base it holds")
+    exact = all(tree_hashes(out / "v1") == want for out in outs)
+    return {
+        "wall_s": round(finished - announced, 3),
+        "publish_s": round(announced - started, 3),
+        "relays_listed_s": round(listed - announced, 3),
+        "clients_s": round(finished - listed, 3),
+        "per_client_s": [round(seconds, 3) for seconds in per_client],
+        "client_download_s": [done["seconds"] for done in dones],  # as each client timed its own download
+        "bytes": signed.manifest.total_size_bytes,
+        "client_bytes": [done["bytes"] for done in dones],
+        "exact": exact,
+    }
+
+
+def done_of(proc: subprocess.Popen[bytes]) -> dict[str, Any]:
+    """The ``done`` event of a download, read as it comes; RuntimeError with the last event if there is none."""
+    from tests.support.shardcast_nodes import stream_events
+
+    events = []
+    for event in stream_events(proc):
+        if event["event"] == "done":
+            return event
+        events.append(event)
+    raise RuntimeError(f"a download failed (exit {proc.wait()}): {events[-1:]}")
 
 
 def section_loss() -> Any:
@@ -206,6 +356,22 @@ def summarize(records: list[dict[str, Any]], skip: int) -> dict[str, float]:
     bound_ratio = statistics.median(r["full_bytes"] / max(r["entropy_bound_bytes"], 1.0) for r in measured)
     unchanged = statistics.median(1 - r["num_changed"] / r["num_elements"] for r in measured)
     return {"bytes_ratio": bytes_ratio, "entropy_bound_ratio": bound_ratio, "unchanged_fraction": unchanged}
+
+
+def broadcast_figures(shipped: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The broadcast keys of the result (None each when the broadcast was skipped)."""
+    if not shipped:
+        names = ("speedup", "full_s", "patch_s", "full_bytes", "patch_bytes", "exact")
+        return {f"broadcast_{name}": None for name in names}
+    full, patch = shipped["full"], shipped["patch"]
+    return {
+        "broadcast_speedup": round(full["wall_s"] / patch["wall_s"], 3),
+        "broadcast_full_s": full["wall_s"],
+        "broadcast_patch_s": patch["wall_s"],
+        "broadcast_full_bytes": full["bytes"],
+        "broadcast_patch_bytes": patch["bytes"],
+        "broadcast_exact": int(full["exact"] and patch["exact"]),
+    }
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -224,6 +390,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--level", type=int, default=3, help="zstd level of the patches")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
     parser.add_argument("--workdir", type=Path, default=None, help="where versions are written (default: a temp dir)")
+    parser.add_argument("--no-broadcast", action="store_true", help="skip the origin -> relays -> clients timing")
+    parser.add_argument("--shard-mib", type=int, default=32, help="shard size of the broadcast (default 32 MiB)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
 
@@ -245,10 +413,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         params = build_start(root / "start", dims, seed=0)
         progress(f"random Qwen2 of {params / 1e6:.1f}M parameters; {args.steps} steps per lr {LRS}")
         runs = {}
+        kept = None if args.no_broadcast else root / "kept"
         for lr in LRS:
             work = root / f"lr{lr:g}"
             work.mkdir()
-            runs[lr] = run_lr(lr, root / "start", work, args, dims["vocab"])
+            runs[lr] = run_lr(lr, root / "start", work, args, dims["vocab"], kept if lr == LRS[0] else None)
+        shipped: dict[str, dict[str, Any]] = {}
+        if kept is not None:
+            progress(f"broadcast: origin -> {NUM_RELAYS} relays -> {NUM_CLIENTS} clients, full then patch")
+            shipped = broadcast(kept / "base", kept / "new", root / "broadcast", args.shard_mib * MIB, args.level)
+            for kind, run in shipped.items():
+                progress(f"broadcast {kind}: {run['bytes']} bytes, {run['wall_s']} s, exact {run['exact']}")
     low, high = summarize(runs[LRS[0]], skip), summarize(runs[LRS[1]], skip)
     measured = [r for records in runs.values() for r in records[skip:]]
     result: dict[str, Any] = {
@@ -261,7 +436,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "limit_fraction_lr1e5": round(high["bytes_ratio"] / high["entropy_bound_ratio"], 4),
         "unchanged_fraction_lr1e6": round(low["unchanged_fraction"], 6),
         "unchanged_fraction_lr1e5": round(high["unchanged_fraction"], 6),
-        "exact": int(all(r["exact"] for records in runs.values() for r in records)),
+        "exact": int(
+            all(r["exact"] for records in runs.values() for r in records) and all(r["exact"] for r in shipped.values())
+        ),
+        **broadcast_figures(shipped),
         "encode_s": round(statistics.median(r["encode_s"] for r in measured), 3),
         "apply_s": round(statistics.median(r["apply_s"] for r in measured), 3),
         "params": params,
@@ -281,8 +459,31 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             ),
             "loss": "GRPO, mask correction (trainer defaults)",
             "zstd_level": args.level,
+            "broadcast": "skipped (--no-broadcast)"
+            if args.no_broadcast
+            else {
+                "topology": (
+                    f"1 origin (prime-relay origin) -> {NUM_RELAYS} relays (prime-relay serve, each mirroring "
+                    f"the origin, polling it every {RELAY_POLL_INTERVAL_S} s) -> {NUM_CLIENTS} clients (each a "
+                    "process given both relays: the base fetched with prime-relay fetch --no-fsync, the new "
+                    "version with shardcast.client.download_version, fsync off, in a warm process)"
+                ),
+                "origins": 1,
+                "relays": NUM_RELAYS,
+                "clients": NUM_CLIENTS,
+                "network": "loopback (127.0.0.1), all processes on this machine",
+                "shard_size_bytes": args.shard_mib * MIB,
+                "versions": f"base = lr {LRS[0]:g} step {args.steps - 1}, new = step {args.steps}",
+                "clock": (
+                    "from the new version's announcement at the origin (after publishing) until the last client "
+                    "has it verified and in place (its done event); the clients hold the base beforehand, are "
+                    "running and have imported what they need (warm, as a worker is), and are told the version "
+                    "once both relays list it"
+                ),
+            },
         },
         "runs": {f"lr{lr:g}": records for lr, records in runs.items()},
+        "broadcast_runs": shipped,
         "machine": {
             "cpu_count": os.cpu_count(),
             "torch_threads": torch.get_num_threads(),

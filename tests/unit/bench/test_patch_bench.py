@@ -1,4 +1,4 @@
-"""The value-patch bench end to end on a tiny model: every reconstructed version exact, every summary key there."""
+"""The value-patch bench end to end on a tiny model: every rebuilt version exact (on disk and through relays)."""
 
 from __future__ import annotations
 
@@ -21,3 +21,13 @@ def test_tiny_bench_reconstructs_every_version_exactly() -> None:
     assert result["params"] == 169_344
     assert [r["step"] for r in result["runs"]["lr1e-06"]] == [1, 2, 3]
     assert {"data", "lrs", "steps", "start_weights"} <= set(result["config"])
+    # through 1 origin, 2 relays and 4 clients holding the base: full, then as a patch
+    assert result["broadcast_exact"] == 1
+    assert 0 < result["broadcast_patch_bytes"] < result["broadcast_full_bytes"]
+    assert result["broadcast_speedup"] == round(result["broadcast_full_s"] / result["broadcast_patch_s"], 3)
+    assert {key: result["config"]["broadcast"][key] for key in ("origins", "relays", "clients")} == {
+        "origins": 1,
+        "relays": 2,
+        "clients": 4,
+    }
+    assert result["broadcast_runs"]["patch"]["client_bytes"] == [result["broadcast_patch_bytes"]] * 4
