@@ -33,7 +33,9 @@ runs from v1's announcement, through the relays listing and mirroring it, to the
 a patch client rebuilds v1 from the v0 it holds. ``broadcast_full_s / broadcast_patch_s`` is
 the speedup; ``broadcast_*_bytes`` are the bytes each client downloaded; ``broadcast_exact`` is 1
 when every client's files have the blake3 of the new version's (and counts in ``exact``).
-Publishing (hashing, and for the patch encoding it) is outside the clock and reported per kind
+``full_fetch_s`` is one client's own download of the full version (median of the four), beside
+``apply_s``, the median time to rebuild a version from its patch on disk. Publishing (hashing,
+and for the patch encoding it) is outside the clock and reported per kind
 under ``broadcast_runs`` (``publish_s``), with the clock's parts. ``--no-broadcast`` skips it.
 
     python -m bench.patch_bench            # full size, 30 steps per learning rate
@@ -362,9 +364,11 @@ def broadcast_figures(shipped: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """The broadcast keys of the result (None each when the broadcast was skipped)."""
     if not shipped:
         names = ("speedup", "full_s", "patch_s", "full_bytes", "patch_bytes", "exact")
-        return {f"broadcast_{name}": None for name in names}
+        return {"full_fetch_s": None, **{f"broadcast_{name}": None for name in names}}
     full, patch = shipped["full"], shipped["patch"]
     return {
+        # one client's own download of the full version through the relays (median of the four)
+        "full_fetch_s": round(statistics.median(full["client_download_s"]), 3),
         "broadcast_speedup": round(full["wall_s"] / patch["wall_s"], 3),
         "broadcast_full_s": full["wall_s"],
         "broadcast_patch_s": patch["wall_s"],

@@ -27,6 +27,7 @@ def test_a_chain_of_trained_versions_is_rebuilt_exactly() -> None:
     assert {"data", "lrs", "steps", "start_weights"} <= set(result["config"])
     # through 1 origin, 2 relays and 4 clients holding the base: full, then as a patch
     assert result["broadcast_exact"] == 1
+    assert result["full_fetch_s"] > 0 and result["apply_s"] > 0
     assert 0 < result["broadcast_patch_bytes"] < result["broadcast_full_bytes"]
     assert result["broadcast_speedup"] == round(result["broadcast_full_s"] / result["broadcast_patch_s"], 3)
     assert {key: result["config"]["broadcast"][key] for key in ("origins", "relays", "clients")} == {
