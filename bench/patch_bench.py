@@ -430,8 +430,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 progress(f"broadcast {kind}: {run['bytes']} bytes, {run['wall_s']} s, exact {run['exact']}")
     low, high = summarize(runs[LRS[0]], skip), summarize(runs[LRS[1]], skip)
     measured = [r for records in runs.values() for r in records[skip:]]
-    result: dict[str, Any] = {
-        "bench": "patch_bench",
+    summary: dict[str, Any] = {
         "bytes_ratio_lr1e6": round(low["bytes_ratio"], 2),
         "entropy_bound_ratio_lr1e6": round(low["entropy_bound_ratio"], 2),
         "limit_fraction_lr1e6": round(low["bytes_ratio"] / low["entropy_bound_ratio"], 4),
@@ -447,6 +446,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "encode_s": round(statistics.median(r["encode_s"] for r in measured), 3),
         "apply_s": round(statistics.median(r["apply_s"] for r in measured), 3),
         "params": params,
+    }
+    result: dict[str, Any] = {
+        "bench": "patch_bench",
+        "summary": summary,
         "config": {
             "model": f"Qwen2ForCausalLM, random init (seed 0, initializer_range 0.02), untied, {dims}",
             "start_weights": "random init, the same for both runs",
