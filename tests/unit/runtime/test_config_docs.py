@@ -17,12 +17,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from coordinator.config import CoordinatorConfig
 from runtime.config import RoleConfig, Section, config_tables
-from shardcast.config import RelayConfig
-from trainer.config import EvalConfig, RlConfig, SftConfig
-from validator.config import ValidatorConfig
-from worker.config import WorkerConfig
+from runtime.config_reference import ROLES, role_config
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 PACKAGES = [
@@ -31,15 +27,7 @@ PACKAGES = [
         "include"
     ]
 ]
-ROOTS: list[type[RoleConfig]] = [
-    CoordinatorConfig,
-    WorkerConfig,
-    ValidatorConfig,
-    RelayConfig,
-    SftConfig,
-    RlConfig,
-    EvalConfig,
-]
+ROOTS: list[type[RoleConfig]] = [role_config(role) for role in ROLES]
 # Keys with no default on purpose: each names what its adapter loads, and the adapter exists only once the
 # operator chose it (`type = ...`); a default would silently load something nobody asked for.
 REQUIRED_BY_DESIGN = {
