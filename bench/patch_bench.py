@@ -78,32 +78,25 @@ def progress(message: str) -> None:
 
 def build_start(directory: Path, dims: dict[str, int], seed: int) -> int:
     """Save a random Qwen2 of ``dims`` (with the built-in tokenizer) and return its parameter count."""
-    from transformers import GenerationConfig, Qwen2Config
+    from transformers import GenerationConfig
 
     from engines.random_qwen2 import random_qwen2
-    from trainer.builtin import builtin_tokenizer
+    from trainer.builtin import builtin_tokenizer, qwen2_config
     from trainer.tokenizer import EOS_TOKEN, save_hf_tokenizer
     from trainer.transformers_logs import quiet_transformers
 
     quiet_transformers()
     tokenizer = builtin_tokenizer()
     eos_id = tokenizer.token_to_id(EOS_TOKEN)
-    config = Qwen2Config(
-        vocab_size=dims["vocab"],
-        hidden_size=dims["hidden"],
-        intermediate_size=dims["intermediate"],
-        num_hidden_layers=dims["layers"],
-        num_attention_heads=dims["heads"],
-        num_key_value_heads=dims["kv_heads"],
-        max_position_embeddings=256,
-        rms_norm_eps=1e-6,
-        tie_word_embeddings=False,
-        use_sliding_window=False,
-        bos_token_id=eos_id,
-        eos_token_id=eos_id,
-        pad_token_id=eos_id,
-        dtype="float32",
-    )
+    assert eos_id is not None, "the built-in tokenizer has an end-of-sequence token"
+    shape = {
+        "hidden_size": dims["hidden"],
+        "intermediate_size": dims["intermediate"],
+        "num_hidden_layers": dims["layers"],
+        "num_attention_heads": dims["heads"],
+        "num_key_value_heads": dims["kv_heads"],
+    }
+    config = qwen2_config(shape, dims["vocab"], eos_id)
     model = random_qwen2(config, seed)
     model.generation_config = GenerationConfig(eos_token_id=eos_id, pad_token_id=eos_id, bos_token_id=eos_id)
     model.save_pretrained(str(directory), safe_serialization=True)

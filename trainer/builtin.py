@@ -62,11 +62,13 @@ def is_builtin(name: str) -> bool:
     return name.startswith(BUILTIN_PREFIX)
 
 
-def qwen2_config(shape: str, vocab_size: int, eos_token_id: int, max_position_embeddings: int = 256) -> Qwen2Config:
-    """A Qwen2 config of one of :data:`MODEL_SHAPES`, untied, fp32."""
+def qwen2_config(
+    shape: str | Mapping[str, int], vocab_size: int, eos_token_id: int, max_position_embeddings: int = 256
+) -> Qwen2Config:
+    """A Qwen2 config of one of :data:`MODEL_SHAPES` (or of dimensions given in their keys), untied, fp32."""
     from transformers import Qwen2Config
 
-    dims: dict[str, Any] = dict(MODEL_SHAPES[shape])
+    dims: dict[str, Any] = dict(MODEL_SHAPES[shape] if isinstance(shape, str) else shape)
     return Qwen2Config(
         vocab_size=vocab_size,
         max_position_embeddings=max_position_embeddings,
