@@ -147,13 +147,9 @@ def sample_batch(trainer: Any, step: int, args: argparse.Namespace, vocab: int) 
 
 def tree_hashes(directory: Path) -> dict[str, str]:
     """Relative path -> blake3 of every checkpoint file (a client's local manifest left out)."""
-    import blake3
+    from shardcast.manifest import result_files_of
 
-    from shardcast.manifest import list_checkpoint_files
-
-    return {
-        name: blake3.blake3((directory / name).read_bytes()).hexdigest() for name, _ in list_checkpoint_files(directory)
-    }
+    return {entry.path: entry.hash for entry in result_files_of(directory, "blake3")}
 
 
 def run_lr(

@@ -48,6 +48,7 @@ from typing import Any
 import blake3
 
 from runtime.ports import free_port
+from shardcast.manifest import hash_file
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -228,14 +229,6 @@ def relay_lists(url: str, version: int) -> bool:
     return any(info["version"] == version for info in listing["versions"])
 
 
-def file_digest(path: Path) -> str:
-    hasher = blake3.blake3()
-    with open(path, "rb") as handle:
-        while chunk := handle.read(16 * MIB):
-            hasher.update(chunk)
-    return hasher.hexdigest()
-
-
 def make_checkpoint(directory: Path, size_bytes: int, seed: int = 0) -> Path:
     """One file of pseudo-random (incompressible, never repeating) bytes: a single-file checkpoint."""
     directory.mkdir(parents=True)
@@ -308,9 +301,9 @@ def run_ours(work: Path, checkpoint_dir: Path, shard_size: int, num_clients: int
                 raise RuntimeError(f"our client failed: {events[-1:]}")
         finished = time.monotonic()
         cpu_s = meter.elapsed()
-        source = file_digest(checkpoint_dir / "model.safetensors")
+        source = hash_file("blake3", checkpoint_dir / "model.safetensors")
         identical = all(
-            file_digest(work / f"client{i}" / "v1" / "model.safetensors") == source for i in range(num_clients)
+            hash_file("blake3", work / f"client{i}" / "v1" / "model.safetensors") == source for i in range(num_clients)
         )
         curl = run_curl(work, relay_urls, 1, num_clients, logs)
     finally:
@@ -470,8 +463,10 @@ def run_reference(work: Path, python: Path, checkpoint_file: Path, shard_size: i
                 raise RuntimeError(f"reference client failed (exit {code}); see {logs}")
         finished = time.monotonic()
         cpu_s = meter.elapsed()
-        source = file_digest(checkpoint_file)
-        identical = all(file_digest(work / f"client{i}" / "model.safetensors") == source for i in range(num_clients))
+        source = hash_file("blake3", checkpoint_file)
+        identical = all(
+            hash_file("blake3", work / f"client{i}" / "model.safetensors") == source for i in range(num_clients)
+        )
     finally:
         procs.stop_all()
     timings = stage_times(started, published, listed, finished, per_client)

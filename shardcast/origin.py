@@ -32,12 +32,13 @@ from typing import Literal
 
 from protocol.errors import ConflictError, NotFoundError, ProtocolError
 from protocol.identity import NodeIdentity
-from protocol.schemas import PolicyManifest, ShardEntry, SignedManifest, VersionInfo, VersionsResponse
+from protocol.schemas import PATCH_ENCODING, PolicyManifest, ShardEntry, SignedManifest, VersionInfo, VersionsResponse
 from shardcast.manifest import (
     DEFAULT_SHARD_SIZE_BYTES,
     HashAlgorithm,
     PatchOf,
     chain_closure,
+    file_list_mismatch,
     list_checkpoint_files,
     make_manifest,
     new_hasher,
@@ -52,7 +53,7 @@ from shardcast.manifest import (
 )
 from shardcast.metrics import ShardcastMetrics
 from shardcast.server import Segment
-from shardcast.store import MANIFEST_NAME, VersionStore, fsync_dir, write_file_atomically
+from shardcast.store import MANIFEST_NAME, VersionStore, fsync_dir, fsync_file, write_file_atomically
 
 log = logging.getLogger("shardcast.origin")
 _READ_CHUNK_BYTES = 8 * 1024 * 1024
@@ -183,12 +184,10 @@ def publish_checkpoint(
                 shutil.rmtree(staged / "work", ignore_errors=True)
                 served = [(PATCH_FILE_NAME, choice.patch_bytes)]
                 if fsync_enabled:
-                    _fsync_file(staged / FILES_DIR / PATCH_FILE_NAME)
+                    fsync_file(staged / FILES_DIR / PATCH_FILE_NAME)
                     fsync_dir(staged / FILES_DIR)
-                from shardcast.patch import ENCODING
-
                 result = result_files_of(staged / RESULT_DIR, hash_algorithm)
-                patch = PatchOf(choice.base_version, ENCODING, result)
+                patch = PatchOf(choice.base_version, PATCH_ENCODING, result)
             hashes = _hash_shards(staged / FILES_DIR, served, shard_size_bytes, hash_algorithm)
             manifest = make_manifest(
                 version, served, hashes, shard_size_bytes, hash_algorithm, time.time() if now is None else now, patch
@@ -248,20 +247,14 @@ def stored_version_differs(store: VersionStore, version: int, checkpoint_dir: Pa
         return result_mismatch(checkpoint_dir, manifest)
     files = list_checkpoint_files(checkpoint_dir)
     stored = [(entry.path, entry.size_bytes) for entry in manifest.files]
-    if files != stored:
-        names = sorted({path for path, _ in files} ^ {path for path, _ in stored})
-        what = f"files differ ({', '.join(names[:3])})" if names else "file sizes differ"
-        return f"{what}: {len(stored)} files, {manifest.total_size_bytes} bytes stored"
+    listing = file_list_mismatch(files, stored)
+    if listing is not None:
+        return f"{listing}: {len(stored)} files, {manifest.total_size_bytes} bytes stored"
     hashes = _hash_shards(checkpoint_dir, files, manifest.shard_size_bytes, manifest.hash_algorithm)
     differing = [shard.index for shard, digest in zip(manifest.shards, hashes, strict=True) if shard.hash != digest]
     if differing:
         return f"{len(differing)} of {len(hashes)} shards hash differently (first: shard {differing[0]})"
     return None
-
-
-def _fsync_file(path: Path) -> None:
-    with open(path, "rb") as handle:
-        os.fsync(handle.fileno())
 
 
 def _place_files(
@@ -279,8 +272,7 @@ def _place_files(
         if target.stat().st_size != size:
             raise ProtocolError(f"{source} changed size while it was being published")
         if fsync_enabled:
-            with open(target, "rb") as handle:
-                os.fsync(handle.fileno())
+            fsync_file(target)
     if fsync_enabled:
         for directory in {(files_dir / relative).parent for relative, _ in files}:
             fsync_dir(directory)

@@ -53,7 +53,7 @@ import zstandard
 
 from protocol.errors import IntegrityError, LocalFaultError, ProtocolError
 from protocol.schemas import PATCH_ENCODING
-from shardcast.manifest import check_relative_path, list_checkpoint_files
+from shardcast.manifest import check_relative_path, hash_file, list_checkpoint_files
 
 ENCODING = PATCH_ENCODING
 MAGIC = b"PNBPATCH"
@@ -196,13 +196,6 @@ def _read_layout(path: Path, size: int) -> tuple[_Layout, bytes] | None:
         header = prefix + f.read(length)
     layout = _parse_layout(header, size)
     return (layout, header) if layout is not None else None
-
-
-def _hash_file(path: Path) -> str:
-    hasher = blake3.blake3(max_threads=blake3.blake3.AUTO)
-    if path.stat().st_size:
-        hasher.update_mmap(str(path))
-    return str(hasher.hexdigest())
 
 
 def _elements(f: io.BufferedReader, tensor: _Tensor) -> UIntArray:
@@ -428,13 +421,13 @@ def encode_patch(base_dir: Path, new_dir: Path, patch_path: Path, level: int = 3
             body = _Body(spool, level)
             for path, size in new_files:
                 new_path = new_dir / path
-                new_hash = _hash_file(new_path)
+                new_hash = hash_file("blake3", new_path)
                 entry: dict[str, Any] = {"path": path, "size": size, "blake3": new_hash}
                 new_layout = _read_layout(new_path, size)
                 base_layout = None
                 base_hash = ""
                 if path in base_files:
-                    base_hash = _hash_file(base_dir / path)
+                    base_hash = hash_file("blake3", base_dir / path)
                     base_layout = _read_layout(base_dir / path, base_files[path])
                 if path in base_files and base_files[path] == size and base_hash == new_hash:
                     entry["kind"] = "same"
@@ -770,7 +763,7 @@ def _check_base(header: dict[str, Any], base_dir: Path) -> dict[str, int]:
     except ProtocolError as exc:
         raise IntegrityError(f"patch is for another base: {exc.message}") from None
     for path, (size, digest) in listed.items():
-        if present.get(path) != size or _hash_file(base_dir / path) != digest:
+        if present.get(path) != size or hash_file("blake3", base_dir / path) != digest:
             raise IntegrityError(f"patch is for another base: {path} differs")
     return {path: size for path, (size, _) in listed.items()}
 

@@ -72,6 +72,12 @@ def write_file_atomically(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
+def fsync_file(path: Path) -> None:
+    """Flush a written file's bytes to disk."""
+    with open(path, "rb") as handle:
+        os.fsync(handle.fileno())
+
+
 def fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
