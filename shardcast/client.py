@@ -25,7 +25,7 @@ permissions) raises :class:`~protocol.errors.LocalFaultError` at once; the parti
 keeps what verified, and no version is exposed.
 
 A *patch* version (a value patch against a base version, :mod:`shardcast.patch`) is rebuilt
-instead: :meth:`_Session.plan` walks the signed manifests down the chain of bases to the first
+instead: :meth:`_ChainDownload.plan` walks the signed manifests down the chain of bases to the first
 version held under ``dest_root`` (then only the patches after it are downloaded) or, failing
 that, to the newest full version (downloaded first, then the patches after it). Each patch is
 downloaded like any version (every shard verified), applied to its base into a scratch
@@ -78,7 +78,7 @@ from shardcast.manifest import (
 )
 from shardcast.progress import TooSlowError, prompt_answers
 from shardcast.scoring import Outcome, Scoreboard
-from shardcast.store import local_disk, pwrite_all, write_file_atomically
+from shardcast.store import fsync_file, local_disk, pwrite_all, write_file_atomically
 from shardcast.transfer import EventSink, ShardWriter, TransferOptions, fetch_shards, no_events, progress_deadline
 
 PARTIAL_PREFIX = ".partial-v"
@@ -361,16 +361,16 @@ async def fetch_version(
         fetcher = open_fetcher(
             urls, transport, options.connect_timeout_s, options.read_timeout_s, 2 * options.num_parallel
         )
-        session = _Session(coordinator_id, dest_root, fetcher, scoreboard, options, emit)
+        download = _ChainDownload(coordinator_id, dest_root, fetcher, scoreboard, options, emit)
         try:
-            raw, signed = await session.manifest(version)
+            raw, signed = await download.manifest(version)
             remember_newest(dest_root, coordinator_id, raw, version)
             manifest = signed.manifest
             if manifest.kind == "full":
-                await session.download_full(version, raw, manifest)
+                await download.download_full(version, raw, manifest)
                 summary: dict[str, Any] = {"kind": "full", "bytes": manifest.total_size_bytes}
             else:
-                summary = await session.rebuild(version)
+                summary = await download.rebuild(version)
         finally:
             await fetcher.aclose()
         emit(
@@ -418,8 +418,19 @@ class PatchPlan:
         assert self.start_held is not None
         return self.start_held
 
+    def route(self) -> dict[str, Any]:
+        """The plan as the ``plan`` and ``done`` events report it."""
+        return {
+            "kind": "patch",
+            "base": self.base,
+            "from": "held" if self.start_held is not None else "full",
+            "chain": [step.version for step in self.patches],
+            "bytes": self.download_bytes,
+            "checkpoint_bytes": self.patches[-1].manifest.result_size_bytes,
+        }
 
-class _Session:
+
+class _ChainDownload:
     """One download's relays, scoreboard and options, shared by every version a patch chain needs."""
 
     def __init__(
@@ -439,7 +450,7 @@ class _Session:
         self.emit = emit
         self._manifests: dict[int, tuple[bytes, SignedManifest]] = {}
         self.verified_here: set[int] = set()
-        """Versions this session downloaded or rebuilt (and so verified): never suspected of local damage."""
+        """Versions this download fetched or rebuilt (and so verified): never suspected of local damage."""
 
     async def manifest(self, version: int) -> tuple[bytes, SignedManifest]:
         cached = self._manifests.get(version)
@@ -491,19 +502,8 @@ class _Session:
         """
         for attempt in range(2):
             plan = await self.plan(version)
-            target = plan.patches[-1].manifest
-            self.emit(
-                {
-                    "event": "plan",
-                    "version": version,
-                    "kind": "patch",
-                    "base": plan.base,
-                    "from": "held" if plan.start_held is not None else "full",
-                    "chain": [step.version for step in plan.patches],
-                    "bytes": plan.download_bytes,
-                    "checkpoint_bytes": target.result_size_bytes,
-                }
-            )
+            route = plan.route()
+            self.emit({"event": "plan", "version": version, **route})
             try:
                 await self._run(plan, version)
             except _PatchRefusedError as refused:
@@ -514,15 +514,7 @@ class _Session:
                     f"version {version} cannot be rebuilt: the patch of v{refused.version} against "
                     f"v{refused.base} was refused ({refused.reason})"
                 ) from None
-            return {
-                "kind": "patch",
-                "base": plan.base,
-                "from": "held" if plan.start_held is not None else "full",
-                "chain": [step.version for step in plan.patches],
-                "bytes": plan.download_bytes,
-                "bytes_saved": max(0, target.result_size_bytes - plan.download_bytes),
-                "checkpoint_bytes": target.result_size_bytes,
-            }
+            return {**route, "bytes_saved": max(0, route["checkpoint_bytes"] - route["bytes"])}
         raise AssertionError("unreachable")
 
     def _base_damaged(self, base: int) -> bool:
@@ -634,8 +626,7 @@ def held_version_problem(directory: Path, manifest: PolicyManifest) -> str | Non
 def _fsync_tree(root: Path) -> None:
     for path in root.rglob("*"):
         if path.is_file():
-            with open(path, "rb") as handle:
-                os.fsync(handle.fileno())
+            fsync_file(path)
 
 
 def _expose(built: Path, final: Path, dest_root: Path, version: int) -> None:
