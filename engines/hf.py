@@ -25,7 +25,7 @@ import torch
 
 from engines.base import GenerationRequest, GenerationResult, PrefillResult
 from runtime.memory import release_free_memory
-from toploc.sampling import noisy_scores_at, stream_states
+from toploc.sampling import draw_tokens_at, stream_states
 
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -158,8 +158,8 @@ class HFEngine:
             logits = self._logits(hidden)
             live_tensor = torch.tensor(live, dtype=torch.long)
             positions = torch.tensor([len(tokens[i]) for i in live], dtype=torch.int64)
-            scores = noisy_scores_at(logits, temperatures[live_tensor], states[live_tensor.to(self.device)], positions)
-            drawn = scores.argmax(dim=-1)
+            drawn = draw_tokens_at(logits, temperatures[live_tensor], states[live_tensor.to(self.device)], positions)
+            drawn = drawn.to(logits.device)
             drawn_logprobs = torch.log_softmax(logits / temperatures[live_tensor].reshape(-1, 1).to(logits.device), -1)
             drawn_logprobs = drawn_logprobs.gather(1, drawn.reshape(-1, 1)).reshape(-1)
             hidden_f32 = hidden.to(torch.float32).cpu()

@@ -1,11 +1,14 @@
 """The pieces of the vLLM engine that run inside vLLM's model runner.
 
-- :class:`VerifiableSamplingProcessor`, a V1 logits processor that adds the counter-based
-  Gumbel noise of toploc.sampling to the rows of requests that carry ``seed`` and
-  ``stream`` in ``SamplingParams.extra_args``. Requests use ``temperature=0`` so vLLM's
-  greedy argmax picks the noisy-argmax token. The model's logits are already divided by
-  the task's temperature (``logits_processor.scale`` is set to 1/T), so the noise is added
-  as is and vLLM's raw logprobs are log_softmax(logits / T) of the unperturbed policy.
+- :class:`VerifiableSamplingProcessor`, a V1 logits processor that draws the token of each
+  row of a request that carries ``seed`` and ``stream`` in ``SamplingParams.extra_args`` with
+  toploc.sampling's verifiable sampler (``draw_tokens_at``: the argmax of logits plus the
+  counter-based Gumbel noise, taking logs only for the tokens that can win) and leaves that
+  token the row's only finite logit. Requests use ``temperature=0`` so vLLM's greedy argmax
+  picks it. The model's logits are already divided by the task's temperature
+  (``logits_processor.scale`` is set to 1/T), so the draw is at temperature 1, and vLLM's raw
+  logprobs, computed before logits processors run, are log_softmax(logits / T) of the
+  unperturbed policy.
 - functions sent through ``LLM.collective_rpc`` (they receive the worker as ``self``):
   install a wrapper around ``model.compute_logits`` that records, per request ``uid``, the
   final-norm hidden state rows that drew a token (rows of partially prefilled requests,
@@ -24,11 +27,11 @@ import torch
 from vllm.config import VllmConfig
 from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
 
-from toploc.sampling import gumbel_noise
+from toploc.sampling import draw_tokens_at, stream_states
 
 
 class VerifiableSamplingProcessor(LogitsProcessor):  # type: ignore[misc]  # vllm is untyped here
-    """Adds Gumbel(seed, stream, position, token) noise to the rows of verifiable requests."""
+    """Draws argmax(logits + Gumbel(seed, stream, position, token)) for the rows of verifiable requests."""
 
     def __init__(self, vllm_config: VllmConfig, device: torch.device, is_pin_memory: bool) -> None:
         # batch row -> (seed, stream, live list of the request's output token ids)
@@ -64,8 +67,13 @@ class VerifiableSamplingProcessor(LogitsProcessor):  # type: ignore[misc]  # vll
             indices = torch.tensor([entry[0] for entry in entries], device=logits.device)
             streams = torch.tensor([entry[1] for entry in entries])
             positions = torch.tensor([entry[2] for entry in entries])
-            noise = gumbel_noise(seed, streams, positions, logits.shape[1], logits.device)
-            logits[indices] = logits[indices].to(torch.float32) + noise.to(logits.dtype)
+            rows = logits[indices]
+            # The logits are already tempered (scale 1/T): the draw is argmax(logits + g) at temperature 1.
+            ones = torch.ones(rows.shape[0], dtype=torch.float32)
+            drawn = draw_tokens_at(rows, ones, stream_states([seed] * len(entries), streams, logits.device), positions)
+            # vLLM's greedy argmax then picks exactly the drawn token of each row.
+            logits[indices] = -torch.inf
+            logits[indices, drawn.to(logits.device)] = 0.0
         return logits
 
 

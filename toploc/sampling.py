@@ -14,6 +14,7 @@ same bits without relying on signed overflow; the final transform runs in float6
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -249,3 +250,111 @@ def replay_gaps(
         best = torch.full_like(claimed, -torch.inf).scatter_reduce(0, rows, scores, reduce="amax")
         gaps[start:end] = best - claimed
     return gaps
+
+
+def _hash_words(row_states: np.ndarray, vocabulary: np.ndarray, out: np.ndarray, scratch: np.ndarray) -> np.ndarray:
+    """:func:`_absorb` of each row's state with every token id of ``vocabulary``, uint32, into ``out`` (rows, vocab).
+
+    The same bits as the int64 definition (see :func:`_absorb_pairs`), in place in preallocated
+    buffers: a row block of a 151,936-token vocabulary stays in cache through all the steps.
+    """
+    np.bitwise_xor(vocabulary.reshape(1, -1), row_states.reshape(-1, 1), out=out)
+    out += np.uint32(_GOLDEN)
+    for shift, multiplier in ((16, _MUL_A), (15, _MUL_B), (15, _MUL_C)):
+        np.right_shift(out, np.uint32(shift), out=scratch)
+        out ^= scratch
+        out *= np.uint32(multiplier)
+    np.right_shift(out, np.uint32(16), out=scratch)
+    out ^= scratch
+    return out
+
+
+_LN2 = math.log(2.0)
+_DRAW_BLOCK_ELEMENTS = 1 << 17
+
+
+def _noise_bounds(bits: np.ndarray, out: np.ndarray, scratch: np.ndarray) -> np.ndarray:
+    """An upper bound (float32, into ``out``) on the Gumbel noise of each hash word, without a logarithm.
+
+    With ``u = (bits + 0.5) / 2^32`` and ``w = 2^32 - 1 - bits``: ``-log(u) >= 1 - u > w / 2^32``, so
+    ``g = -log(-log(u)) < (32 - log2 w) ln 2``. ``x = w >> 8`` is exact in float32, ``2^e * m`` with
+    ``m`` in [1, 2), whose bits read as an integer ``B`` are ``(e + 127 + m - 1) * 2^23``; as
+    ``log2 m >= m - 1`` and ``log2 w >= log2 x + 8``, ``g < (151 - B / 2^23) ln 2`` (the classic
+    bit-pattern logarithm, used as a bound). ``w < 256`` gives ``x = 0`` and a bound of 104 nats,
+    loose but true. Elsewhere it exceeds the noise by less than 0.1 nats where the noise is large,
+    which is where a token can win; float32 rounding of the steps is below 1e-4 nats.
+    """
+    np.bitwise_xor(bits, np.uint32(_MASK32), out=scratch)
+    scratch >>= np.uint32(8)
+    np.copyto(out, scratch.view(np.int32), casting="unsafe")  # float32(x), exact: x < 2^24
+    pattern = scratch.view(np.float32)
+    np.copyto(pattern, out.view(np.int32), casting="unsafe")  # B, the bits of float32(x) as a number
+    np.multiply(pattern, np.float32(-_LN2 / 2**23), out=out)
+    out += np.float32(151 * _LN2)
+    return out
+
+
+def draw_tokens_at(
+    logits: torch.Tensor, temperatures: torch.Tensor, states: torch.Tensor, positions: torch.Tensor
+) -> torch.Tensor:
+    """``noisy_scores_at(logits, temperatures, states, positions).argmax(-1)``: the same tokens, cheaper on CPU.
+
+    The definition takes two float64 logs for every token of the vocabulary; here every token is
+    hashed (uint32, in cache-sized blocks) but the logs are taken only for contenders. A token's
+    score is at most its tempered logit plus :func:`_noise_bounds` of its hash; the token with the
+    highest such bound gets its exact score ``s0``, and only tokens whose bound reaches ``s0`` (less
+    a margin far above float32 rounding) can score ``>= s0``, so the maximum and its first index,
+    which ``argmax`` returns, are among them. Their scores are computed with the definition's own
+    operations (the float32 division, :func:`gumbel_of_bits`, the float32 sum), so the token drawn
+    is the definition's. Rows with a non-finite logit, and tensors on other devices, take the
+    definition itself.
+    """
+    temperatures = temperatures.to(device=logits.device, dtype=torch.float32).reshape(-1)
+    if bool((temperatures <= 0).any()):
+        raise ValueError("verifiable sampling needs temperature > 0")
+    if logits.device.type != "cpu":
+        return noisy_scores_at(logits, temperatures, states, positions).argmax(dim=-1)
+    num_rows, vocab_size = logits.shape
+    scaled = (logits.to(torch.float32) / temperatures.reshape(-1, 1)).contiguous()
+    row_states = _absorb(states.reshape(-1, 1), positions.to(dtype=torch.int64).reshape(-1, 1)).reshape(-1)
+    words = row_states.numpy().astype(np.uint32)
+    tokens = torch.empty(num_rows, dtype=torch.int64)
+    rows_per_block = max(1, _DRAW_BLOCK_ELEMENTS // vocab_size)
+    block_shape = (min(rows_per_block, num_rows), vocab_size)
+    bits, scratch = np.empty(block_shape, dtype=np.uint32), np.empty(block_shape, dtype=np.uint32)
+    bounds = np.empty(block_shape, dtype=np.float32)
+    reached = np.empty(block_shape, dtype=np.bool_)
+    vocabulary = np.arange(vocab_size, dtype=np.uint32)
+    for start in range(0, num_rows, rows_per_block):
+        end = min(start + rows_per_block, num_rows)
+        count = end - start
+        block = scaled[start:end]
+        block_np = block.numpy()
+        maxima = block_np.max(axis=1)
+        if not bool(np.isfinite(maxima).all()):
+            tokens[start:end] = noisy_scores_at(
+                logits[start:end], temperatures[start:end], states[start:end], positions[start:end]
+            ).argmax(dim=-1)
+            continue
+        block_bits = _hash_words(words[start:end], vocabulary, bits[:count], scratch[:count])
+        block_bounds = _noise_bounds(block_bits, bounds[:count], scratch[:count])
+        block_bounds += block_np
+        first = torch.from_numpy(block_bounds.argmax(axis=1).astype(np.int64)).reshape(-1, 1)
+        first_bits = torch.from_numpy(np.take_along_axis(block_bits, first.numpy(), axis=1).astype(np.int64))
+        first_scores = (block.gather(1, first) + gumbel_of_bits(first_bits)).reshape(-1).to(torch.float64)
+        # Rounding of the float32 sums and of the bound is below 1e-6 of the magnitudes involved.
+        margins = _REPLAY_MARGIN + 1e-5 * (first_scores.abs() + torch.from_numpy(np.abs(maxima)).double() + 128.0)
+        thresholds = (first_scores - margins).to(torch.float32).numpy()
+        np.greater_equal(block_bounds, thresholds.reshape(-1, 1), out=reached[:count])
+        flat = np.flatnonzero(reached[:count])
+        rows, columns = np.divmod(flat, vocab_size)
+        contender_bits = torch.from_numpy(block_bits.reshape(-1)[flat].astype(np.int64))
+        rows_t, columns_t = torch.from_numpy(rows.astype(np.int64)), torch.from_numpy(columns.astype(np.int64))
+        scores = block[rows_t, columns_t] + gumbel_of_bits(contender_bits)
+        # The first index of each row's maximum, as argmax over the whole row would give.
+        best = torch.full((count,), -torch.inf).scatter_reduce(0, rows_t, scores, reduce="amax")
+        winners = scores == best[rows_t]
+        tokens[start:end] = torch.full((count,), vocab_size, dtype=torch.int64).scatter_reduce(
+            0, rows_t[winners], columns_t[winners], reduce="amin"
+        )
+    return tokens

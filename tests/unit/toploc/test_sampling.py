@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
 from toploc.sampling import (
     _absorb,
     _absorb_pairs,
+    _noise_bounds,
+    bits_at,
     draw_tokens,
+    draw_tokens_at,
+    gumbel_of_bits,
     noisy_scores,
+    noisy_scores_at,
     noisy_scores_rows,
     replay_gaps,
     sample_stream,
@@ -121,3 +127,75 @@ def test_batched_replay_equals_each_sample_replayed_alone(vocab_size: int, sprea
     positions = torch.cat([torch.arange(n) for n in lengths])
     gaps = replay_gaps(scaled, states, positions, torch.cat(tokens))
     assert torch.equal(gaps, torch.cat(expected))
+
+
+def test_noise_bounds_are_upper_bounds_of_the_noise() -> None:
+    """The pruned sampler's bound must hold for every hash word, binade edges and both ends included."""
+    edges = [0, 1, 2, 3, 2**32 - 1, 2**32 - 2, 2**32 - 3]
+    for k in range(1, 33):
+        edges += [2**32 - 2**k + d for d in (-2, -1, 0, 1, 2) if 0 <= 2**32 - 2**k + d < 2**32]
+    random_words = torch.randint(0, 2**32, (1 << 20,), generator=torch.Generator().manual_seed(3))
+    bits = torch.cat([torch.tensor(edges, dtype=torch.int64), random_words])
+    words = bits.numpy().astype(np.uint32).reshape(1, -1)
+    bounds = _noise_bounds(words, np.empty(words.shape, np.float32), np.empty_like(words))
+    noise = gumbel_of_bits(bits).numpy()
+    assert bool((bounds[0] + 1e-4 >= noise).all())  # float32 rounding of the bound's steps is below 1e-4
+    high = (noise > 3.0) & (bits.numpy() < 2**32 - 2**16)  # where a token can win, the bound is close
+    assert float((bounds[0][high] - noise[high]).max()) < 0.1
+
+
+def _reference_tokens(
+    logits: torch.Tensor, temperatures: torch.Tensor, states: torch.Tensor, positions: torch.Tensor
+) -> torch.Tensor:
+    return noisy_scores_at(logits, temperatures, states, positions).argmax(dim=-1)
+
+
+@pytest.mark.parametrize(
+    ("vocab_size", "num_rows", "spread"),
+    [(2, 300, 1.0), (7, 300, 0.5), (1000, 200, 1.3), (5000, 64, 8.0), (5000, 64, 40.0), (151_936, 6, 2.0)],
+)
+def test_pruned_draw_equals_the_definition(vocab_size: int, num_rows: int, spread: float) -> None:
+    """draw_tokens_at takes logs only for contenders; every token must be the full definition's argmax."""
+    for trial in range(6):
+        generator = torch.Generator().manual_seed(1000 * trial + vocab_size)
+        logits = torch.randn(num_rows, vocab_size, generator=generator) * spread
+        if trial % 3 == 1:
+            logits = logits.round()  # many exact ties in the logits
+        elif trial % 3 == 2:
+            logits[: num_rows // 2] = logits[: num_rows // 2, :1]  # flat rows: the noise alone decides
+        temperatures = torch.rand(num_rows, generator=generator) * 2.0 + 0.01
+        temperatures[::4] = 1.0
+        seeds = [trial, 2**63 - 1 - trial, 2**40 + trial]
+        streams = torch.tensor([sample_stream(i % 5, i % 3) for i in range(num_rows)])
+        states = stream_states([seeds[i % 3] for i in range(num_rows)], streams)
+        positions = torch.randint(0, 1 << 20, (num_rows,), generator=generator)
+        expected = _reference_tokens(logits, temperatures, states, positions)
+        assert torch.equal(draw_tokens_at(logits, temperatures, states, positions), expected)
+
+
+def test_pruned_draw_breaks_exact_ties_like_argmax() -> None:
+    """Two tokens with the same logit and the same noise: argmax (and so the sampler) takes the first."""
+    vocab_size = 4096
+    states = stream_states([9] * 64, torch.arange(64))
+    positions = torch.zeros(64, dtype=torch.int64)
+    bits = bits_at(states, positions, vocab_size)
+    noise = gumbel_of_bits(bits)
+    logits = -noise  # every noisy score is 0 up to rounding: the tie is in the last bits
+    expected = _reference_tokens(logits, torch.ones(64), states, positions)
+    assert torch.equal(draw_tokens_at(logits, torch.ones(64), states, positions), expected)
+    scores = noisy_scores_at(logits, torch.ones(64), states, positions)
+    assert int((scores == scores.max(dim=-1, keepdim=True).values).sum(dim=-1).max()) > 1  # ties happened
+
+
+def test_pruned_draw_of_non_finite_rows_is_the_definition() -> None:
+    logits = torch.randn(6, 300, generator=torch.Generator().manual_seed(2))
+    logits[0, 17] = torch.nan
+    logits[1, [3, 90]] = torch.inf
+    logits[2, :] = -torch.inf
+    logits[3, :150] = -torch.inf
+    states = stream_states([4] * 6, torch.arange(6))
+    positions = torch.arange(6)
+    expected = _reference_tokens(logits, torch.ones(6), states, positions)
+    assert torch.equal(draw_tokens_at(logits, torch.ones(6), states, positions), expected)
+    with pytest.raises(ValueError, match="temperature > 0"):
+        draw_tokens_at(logits, torch.zeros(6), states, positions)
