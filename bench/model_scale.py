@@ -117,11 +117,11 @@ def build_random_checkpoint(path: Path, config: Any, seed: int, dtype: torch.dty
     return path
 
 
-def checkpoints(num_layers: int, vocab_size: int, dtype: torch.dtype) -> dict[str, Path]:
+def checkpoints(num_layers: int, vocab_size: int, dtype: torch.dtype, cache_dir: Path = CACHE_DIR) -> dict[str, Path]:
     """The policy, another random init and the policy with 1% weight noise, built once per shape and dtype."""
     from tests.support.tiny_model import perturb_checkpoint
 
-    root = CACHE_DIR / f"qwen3-l{num_layers}-v{vocab_size}-{str(dtype).removeprefix('torch.')}"
+    root = cache_dir / f"qwen3-l{num_layers}-v{vocab_size}-{str(dtype).removeprefix('torch.')}"
     root.mkdir(parents=True, exist_ok=True)
     config = qwen3_config(num_layers, vocab_size)
     policy = build_random_checkpoint(root / "policy", config, POLICY_SEED, dtype)
@@ -470,6 +470,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "repeats": args.repeats,
         "torch_threads": torch.get_num_threads(),
         "toploc": config.model_dump(),
+        "toploc_source": args.toploc or "ToplocConfig() defaults: the float32 calibration",
         "checkpoint_build_s": round(build_s, 1),
         "total_s": round(time.perf_counter() - started, 1),
         "quick": args.quick,
