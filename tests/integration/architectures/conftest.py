@@ -79,3 +79,42 @@ def pending(task: Task, claims: Sequence[Claim], engine: str = "hf") -> PendingS
         submitted_at=time.time(),
         worker_signature_b64=sign_document(worker, submission.model_dump(mode="json")),
     )
+
+
+@pytest.fixture(scope="session")
+def trainer_starts(
+    matrix_models: dict[str, tuple[Path, Path]], tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, Path]:
+    """Architecture -> a trainer start checkpoint: the seed-0 model with the built-in tokenizer beside it."""
+    import shutil
+
+    from trainer.builtin import builtin_tokenizer
+    from trainer.tokenizer import save_hf_tokenizer
+
+    root = tmp_path_factory.mktemp("trainer-starts")
+    tokenizer = builtin_tokenizer()
+    starts = {}
+    for arch, (policy, _other) in matrix_models.items():
+        start = root / arch
+        shutil.copytree(policy, start)
+        save_hf_tokenizer(tokenizer, start, matrix_spec(arch).max_position_embeddings)
+        starts[arch] = start
+    return starts
+
+
+@pytest.fixture(scope="session")
+def trained_policies(trainer_starts: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Architecture -> the output of two FSDP2 RL steps on 2 ranks (torchrun, gloo): metrics.json and policy/."""
+    import os
+    import subprocess
+    import sys
+
+    out = tmp_path_factory.mktemp("trained")
+    probe = Path(__file__).with_name("train_probe.py")
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(probe)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [*command, str(out), *map(str, trainer_starts.values())], capture_output=True, text=True, timeout=600, env=env
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return {arch: out / start.name for arch, start in trainer_starts.items()}
