@@ -18,7 +18,7 @@ from protocol.identity import NodeIdentity
 from protocol.schemas import PendingSubmission, Task
 from protocol.signing import sign_document
 from tests.support.adversary import sample_tasks_of, submission_of
-from tests.support.tiny_model import ARCHITECTURES, TINY_EOS_TOKEN_ID, Architecture, TinyModelSpec, save_tiny_model
+from tests.support.tiny_model import ARCHITECTURES, TINY_EOS_TOKEN_ID, TinyModelSpec, save_tiny_model
 from toploc.verify import Claim, SampleTask
 
 EOS = (TINY_EOS_TOKEN_ID,)
@@ -28,9 +28,14 @@ GROUP_SIZE = 2
 MAX_TOKENS = 40
 
 
-def matrix_spec(architecture: Architecture) -> TinyModelSpec:
+def matrix_spec(architecture: str) -> TinyModelSpec:
+    if architecture not in ARCHITECTURES:
+        raise ValueError(f"unknown architecture {architecture!r}")
     return TinyModelSpec(
-        architecture=architecture, num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256
+        architecture=architecture,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=256,
     )
 
 
