@@ -1,7 +1,7 @@
 """The built-in model ``builtin:tiny-qwen2``: built on first use by our code, offline, deterministically.
 
 It is a Qwen2-architecture causal LM of about half a million parameters with untied input
-and output embeddings (tied ones break vLLM's in-place weight reload), randomly initialised
+and output embeddings (every figure recorded so far was measured on it), randomly initialised
 from a fixed seed, and a small byte-level BPE tokenizer trained on the built-in tasks' text
 (:mod:`trainer.tokenizer`). The pair is written once as an ordinary HF checkpoint directory
 (safetensors, config, tokenizer) under the built-in cache dir (``$PRIME_BUILTIN_DIR``, default

@@ -42,9 +42,10 @@ LLAMA3_ROPE = {
     "factor": 8.0,
     "low_freq_factor": 1.0,
     "high_freq_factor": 4.0,
-    "original_max_position_embeddings": 8192,
+    "original_max_position_embeddings": 128,
 }
-"""Llama 3.1's rope parameters (its config.json), at a tiny model's head size."""
+"""Llama 3.1's rope parameters (its config.json: theta 500000, llama3 scaling), its original context of 8192
+scaled down to 128 so that more of a tiny model's 16 frequencies are rescaled (and transformers does not warn)."""
 
 
 @dataclass(frozen=True)
