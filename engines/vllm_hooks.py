@@ -13,7 +13,7 @@
   install a wrapper around ``model.compute_logits`` that records, per request ``uid``, the
   final-norm hidden state rows that drew a token (rows of partially prefilled requests,
   whose token vLLM discards, are skipped); take the recorded rows; set the logits scale;
-  reload weights in place.
+  reload weights in place (and redo a tied output head, which that reload skips).
 
 This module imports vllm; only engines.vllm imports it.
 """
@@ -121,3 +121,24 @@ def set_logits_scale(self: Any, scale: float) -> float:
 
 def reload_weights(self: Any, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
     self.model_runner.reload_weights(weights_iterator=iter(list(weights)))
+    refresh_tied_head(self.model_runner.model)
+
+
+def refresh_tied_head(model: Any) -> bool:
+    """Redo the output head's post-load processing when it shares its weight with the input embedding.
+
+    A tied checkpoint has no ``lm_head.weight``, so vLLM's in-place reload loads nothing into the
+    head: the shared tensor does take the new embedding, but whatever the head derived from it at
+    load time stays as it was (on CPU, the packed GEMM weight ``cpu_linear`` multiplies by), and
+    the old head would keep drawing every token. Returns whether the head is tied (and was redone).
+    """
+    head: Any = getattr(model, "lm_head", None)
+    weight = getattr(head, "weight", None)
+    if weight is None or not any(
+        parameter is weight
+        for name, parameter in model.named_parameters(remove_duplicate=False)
+        if not name.startswith("lm_head.")
+    ):
+        return False
+    head.quant_method.process_weights_after_loading(head)
+    return True

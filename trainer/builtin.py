@@ -1,7 +1,7 @@
 """The built-in model ``builtin:tiny-qwen2``: built on first use by our code, offline, deterministically.
 
 It is a Qwen2-architecture causal LM of about half a million parameters with untied input
-and output embeddings (tied ones break vLLM's in-place weight reload), randomly initialised
+and output embeddings (every figure recorded so far was measured on it), randomly initialised
 from a fixed seed, and a small byte-level BPE tokenizer trained on the built-in tasks' text
 (:mod:`trainer.tokenizer`). The pair is written once as an ordinary HF checkpoint directory
 (safetensors, config, tokenizer) under the built-in cache dir (``$PRIME_BUILTIN_DIR``, default
@@ -96,7 +96,7 @@ def build_random_qwen2(output_dir: Path, shape: str = "tiny", tokenizer: Tokeniz
     """Save a Qwen2 of ``shape`` initialised from :data:`INIT_SEED`, with ``tokenizer`` (default: built-in)."""
     from transformers import GenerationConfig
 
-    from engines.random_qwen2 import random_qwen2
+    from engines.random_model import random_causal_lm
     from trainer.tokenizer import EOS_TOKEN, save_hf_tokenizer
     from trainer.transformers_logs import quiet_transformers
 
@@ -106,7 +106,7 @@ def build_random_qwen2(output_dir: Path, shape: str = "tiny", tokenizer: Tokeniz
     if eos_id is None:
         raise ValueError(f"the tokenizer has no {EOS_TOKEN} token")
     config = qwen2_config(shape, tokenizer.get_vocab_size(), eos_id)
-    model = random_qwen2(config, INIT_SEED)
+    model = random_causal_lm(config, INIT_SEED)
     model.generation_config = GenerationConfig(eos_token_id=eos_id, pad_token_id=eos_id, bos_token_id=eos_id)
     model.save_pretrained(str(output_dir), safe_serialization=True)
     save_hf_tokenizer(tokenizer, output_dir, config.max_position_embeddings)

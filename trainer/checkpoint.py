@@ -8,8 +8,11 @@ saved with 2 ranks resumes on 1 and vice versa. ``latest`` names the newest comp
 keeps the newest few.
 
 The exported policy is what SHARDCAST's origin publishes and what HF and vLLM load:
-``model.safetensors`` (full weights, untied), ``config.json``, ``generation_config.json`` and
-the tokenizer files.
+``model.safetensors``, ``config.json``, ``generation_config.json`` and the tokenizer files.
+The weights are in the architecture's checkpoint layout, the one ``save_pretrained`` writes and
+both engines read, which is not always the module layout the trainer holds: Qwen3-MoE's experts
+are one fused 3-D tensor per block in ``transformers`` but one tensor per expert on disk (see
+:func:`checkpoint_tensors`).
 """
 
 from __future__ import annotations
@@ -144,6 +147,25 @@ def load_checkpoint(target: Path, model: nn.Module, optimizer: torch.optim.Optim
     return TrainerState(step=step, scheduler=scheduler)
 
 
+def checkpoint_tensors(model: nn.Module, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``state`` (the model's own names and shapes) in the on-disk layout ``save_pretrained`` writes.
+
+    ``transformers`` converts some architectures' weights on load (fused MoE experts) and back on
+    save; this is that reverse conversion. A tied model's output head is left out, as
+    ``save_pretrained`` leaves it: it is the input embedding, and safetensors refuses one tensor
+    stored under two names.
+    """
+    from transformers.core_model_loading import revert_weight_conversion
+
+    config: Any = getattr(model, "config", None)
+    if getattr(config, "tie_word_embeddings", False):
+        head: Any = getattr(model, "get_output_embeddings", lambda: None)()
+        head_names = {name + ".weight" for name, module in model.named_modules() if module is head}
+        state = {name: tensor for name, tensor in state.items() if name not in head_names}
+    converted: dict[str, torch.Tensor] = revert_weight_conversion(model, state)
+    return converted
+
+
 def export_policy(
     directory: Path,
     model: nn.Module,
@@ -157,7 +179,10 @@ def export_policy(
     state = full_model_state(model, info)
     if info.is_main:
         directory.mkdir(parents=True, exist_ok=True)
-        tensors = {name: t.detach().to("cpu", DTYPES[dtype]).contiguous() for name, t in state.items()}
+        tensors = {
+            name: t.detach().to("cpu", DTYPES[dtype]).contiguous()
+            for name, t in checkpoint_tensors(model, state).items()
+        }
         save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
         config: Any = copy.deepcopy(model.config)
         config.dtype = DTYPES[dtype]

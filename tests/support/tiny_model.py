@@ -1,26 +1,51 @@
-"""Tiny random-init Qwen2 checkpoints for engine tests, TOPLOC calibration and benchmarks.
+"""Tiny random-init checkpoints of each supported architecture, for engine tests, TOPLOC calibration and benches.
 
-Nothing is downloaded: the model is built from a ``transformers.Qwen2Config`` with a fixed
-seed and saved as HF safetensors in a local directory, the layout the engines load. Two knobs
-make a random model behave more like a trained one where the checks need it: ``logit_scale``
-multiplies the output head (a trained model's next-token distribution is peaked, while a
-random init at the default scale is nearly uniform and lets the sampling noise decide every
-token), and ``eos_bias`` raises the EOS token's logit so completions end at varied lengths.
-This is not the built-in demo model (trainer/ owns that), though both are made by
-:func:`engines.random_qwen2.random_qwen2`; any Qwen2-style checkpoint works.
+Nothing is downloaded: the model is built from the architecture's ``transformers`` config class
+with a fixed seed and saved as HF safetensors in a local directory, the layout the engines load.
+:data:`ARCHITECTURES` is the architecture matrix (docs/models.md): ``qwen2`` (untied, the default,
+whose bytes every TOPLOC calibration was measured on), ``qwen2_tied`` (tied input and output
+embeddings, as most small real checkpoints have), ``qwen3`` (tied, q/k norms, as Qwen3-0.6B),
+``llama3`` (Llama 3.1's rope: theta 500000 with the ``llama3`` frequency scaling) and ``qwen3_moe``
+(sparse MoE blocks in every layer, top-k routing over a few experts, as Qwen3-30B-A3B).
+
+Two knobs make a random model behave more like a trained one where the checks need it:
+``logit_scale`` multiplies the logits (a trained model's next-token distribution is peaked, while
+a random init at the default scale is nearly uniform and lets the sampling noise decide every
+token), and ``eos_bias`` raises the EOS token's logit so completions end at varied lengths. An
+untied model gets both through its output head; a tied one cannot (its head is the input
+embedding, whose scale the layers see), so it scales the final norm's weight instead, which scales
+the logits alike. This is not the built-in demo model (trainer/ owns that), though both are made
+by :func:`engines.random_model.random_causal_lm`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 import torch
 
-from engines.random_qwen2 import random_qwen2
+from engines.random_model import random_causal_lm
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 TINY_EOS_TOKEN_ID = 1
+
+Architecture = Literal["qwen2", "qwen2_tied", "qwen3", "llama3", "qwen3_moe"]
+ARCHITECTURES: tuple[Architecture, ...] = get_args(Architecture)
+
+LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "rope_theta": 500000.0,
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 128,
+}
+"""Llama 3.1's rope parameters (its config.json: theta 500000, llama3 scaling), its original context of 8192
+scaled down to 128 so that more of a tiny model's 16 frequencies are rescaled (and transformers does not warn)."""
 
 
 @dataclass(frozen=True)
@@ -33,42 +58,107 @@ class TinyModelSpec:
     num_key_value_heads: int = 2
     max_position_embeddings: int = 1024
     logit_scale: float = 8.0
-    """Multiplies lm_head after init: logits then have a standard deviation of ~1.3 nats, not ~0.16."""
+    """Multiplies the logits after init: they then have a standard deviation of ~1.3 nats, not ~0.16."""
     eos_bias: float = 1.5
     """Raises the EOS logit by about 1.7x this on average (a few % per step at 1.5); 0 disables."""
+    architecture: Architecture = "qwen2"
+    num_experts: int = 4
+    """qwen3_moe only: experts per MoE block."""
+    num_experts_per_tok: int = 2
+    """qwen3_moe only: experts each token is routed to."""
+    moe_intermediate_size: int = 64
+    """qwen3_moe only: each expert's MLP width."""
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
 
 
-def save_tiny_qwen2(path: Path, seed: int = 0, spec: TinyModelSpec | None = None) -> Path:
-    """Build a random Qwen2 causal LM with ``seed`` and save it (safetensors + config) under ``path``."""
-    from transformers import Qwen2Config
+def tiny_config(spec: TinyModelSpec) -> PretrainedConfig:
+    """The ``transformers`` config of ``spec``'s architecture and shape (fp32, offline)."""
+    from transformers import LlamaConfig, Qwen2Config, Qwen3Config, Qwen3MoeConfig
 
+    common: dict[str, Any] = {
+        "vocab_size": spec.vocab_size,
+        "hidden_size": spec.hidden_size,
+        "intermediate_size": spec.intermediate_size,
+        "num_hidden_layers": spec.num_hidden_layers,
+        "num_attention_heads": spec.num_attention_heads,
+        "num_key_value_heads": spec.num_key_value_heads,
+        "max_position_embeddings": spec.max_position_embeddings,
+        "bos_token_id": 0,
+        "eos_token_id": TINY_EOS_TOKEN_ID,
+        "pad_token_id": 0,
+    }
+    if spec.architecture in ("qwen2", "qwen2_tied"):
+        # The default's keyword set is what every recorded calibration ran on: keep it as it is.
+        return Qwen2Config(**common, tie_word_embeddings=spec.architecture == "qwen2_tied")
+    if spec.architecture == "qwen3":
+        return Qwen3Config(**common, head_dim=spec.head_dim, tie_word_embeddings=True, dtype="float32")
+    if spec.architecture == "llama3":
+        rope = dict(LLAMA3_ROPE)
+        return LlamaConfig(
+            **common, head_dim=spec.head_dim, rope_parameters=rope, tie_word_embeddings=False, dtype="float32"
+        )
+    if spec.architecture == "qwen3_moe":
+        return Qwen3MoeConfig(
+            **common,
+            head_dim=spec.head_dim,
+            num_experts=spec.num_experts,
+            num_experts_per_tok=spec.num_experts_per_tok,
+            moe_intermediate_size=spec.moe_intermediate_size,
+            decoder_sparse_step=1,
+            norm_topk_prob=True,
+            tie_word_embeddings=False,
+            dtype="float32",
+        )
+    raise ValueError(f"unknown architecture {spec.architecture!r}; known: {', '.join(ARCHITECTURES)}")
+
+
+EOS_FEATURE_QWEN2 = 1.7
+"""The mean final-norm feature in dimension 0 of the default Qwen2, which its EOS row's bias multiplies."""
+
+
+def _eos_feature(model: Any, spec: TinyModelSpec) -> float:
+    """The mean final-norm output in dimension 0 over a fixed batch of random tokens (what EOS's row reads)."""
+    tokens = torch.randint(2, spec.vocab_size, (4, 64), generator=torch.Generator().manual_seed(0))
+    tokens = tokens[:, : spec.max_position_embeddings]
+    feature = float(model.base_model(input_ids=tokens).last_hidden_state[..., 0].mean())
+    if feature < 0.1:
+        raise ValueError(f"{spec.architecture}: the EOS feature is {feature:.3f}, too small to bias EOS by")
+    return feature
+
+
+def save_tiny_model(path: Path, seed: int = 0, spec: TinyModelSpec | None = None) -> Path:
+    """Build a random causal LM of ``spec`` (default: untied Qwen2) with ``seed`` and save it under ``path``."""
     spec = spec or TinyModelSpec()
-    config = Qwen2Config(
-        vocab_size=spec.vocab_size,
-        hidden_size=spec.hidden_size,
-        intermediate_size=spec.intermediate_size,
-        num_hidden_layers=spec.num_hidden_layers,
-        num_attention_heads=spec.num_attention_heads,
-        num_key_value_heads=spec.num_key_value_heads,
-        max_position_embeddings=spec.max_position_embeddings,
-        tie_word_embeddings=False,
-        bos_token_id=0,
-        eos_token_id=TINY_EOS_TOKEN_ID,
-        pad_token_id=0,
-    )
-    model = random_qwen2(config, seed)
+    config = tiny_config(spec)
+    model = random_causal_lm(config, seed)
+    tied = bool(config.tie_word_embeddings)
     with torch.no_grad():
         head = model.get_output_embeddings().weight
-        head.mul_(spec.logit_scale)
+        if tied:
+            model.base_model.norm.weight.mul_(spec.logit_scale)
+        else:
+            head.mul_(spec.logit_scale)
         if spec.eos_bias:
-            # Qwen2 has no output bias. Give every embedding a common offset in dimension 0, which
-            # survives the layers as a mostly positive final-norm feature (mean ~1.7 at this init),
-            # and let the EOS row read it: EOS then ends completions at varied lengths.
+            # No output bias in these architectures. Give every embedding a common offset in dimension 0,
+            # which survives the layers as a mostly positive final-norm feature (mean ~1.7 in Qwen2 at this
+            # init), and let the EOS row read it: EOS then ends completions at varied lengths. Other
+            # architectures carry the feature at other sizes (and a tied head's row meets it multiplied
+            # by the norm's logit_scale), so their EOS row gets what raises the logit by the same amount.
             model.get_input_embeddings().weight[:, 0] += 0.1
-            head[TINY_EOS_TOKEN_ID, 0] += spec.eos_bias
+            if spec.architecture == "qwen2":
+                head[TINY_EOS_TOKEN_ID, 0] += spec.eos_bias
+            else:
+                head[TINY_EOS_TOKEN_ID, 0] += EOS_FEATURE_QWEN2 * spec.eos_bias / _eos_feature(model, spec)
     path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(path, safe_serialization=True)
     return path
+
+
+save_tiny_qwen2 = save_tiny_model
+"""The old name: every spec defaults to the untied Qwen2 it always built."""
 
 
 def perturb_checkpoint(source: Path, target: Path, relative_noise: float, seed: int = 0) -> Path:

@@ -1,11 +1,11 @@
-"""The shared random Qwen2: its weights come from the seed alone, and building one leaves torch's RNG alone."""
+"""The shared random causal LM: its weights come from the seed alone, and building one leaves torch's RNG alone."""
 
 from __future__ import annotations
 
 import torch
 from transformers import Qwen2Config
 
-from engines.random_qwen2 import random_qwen2
+from engines.random_model import random_causal_lm
 
 CONFIG = Qwen2Config(
     vocab_size=64,
@@ -21,7 +21,7 @@ def test_the_same_seed_gives_the_same_weights_and_the_global_rng_is_untouched() 
     torch.manual_seed(7)
     expected_draw = torch.rand(3)
     torch.manual_seed(7)
-    first, again, other = random_qwen2(CONFIG, 0), random_qwen2(CONFIG, 0), random_qwen2(CONFIG, 1)
+    first, again, other = random_causal_lm(CONFIG, 0), random_causal_lm(CONFIG, 0), random_causal_lm(CONFIG, 1)
     assert torch.equal(torch.rand(3), expected_draw)
     weights = [dict(model.state_dict()) for model in (first, again, other)]
     assert all(torch.equal(weights[0][name], weights[1][name]) for name in weights[0])
