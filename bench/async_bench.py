@@ -32,6 +32,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +81,24 @@ def union_length(intervals: list[tuple[float, float]]) -> float:
     return total
 
 
+def validation_spans(
+    hand_outs: Sequence[Any], votes: Sequence[Any], first: float, last: float
+) -> dict[str, list[tuple[float, float]]]:
+    """Each validator's busy intervals in [first, last]: from the ledger handing it pending submissions (a
+    ``hand_out`` event) to its last vote on them; a hand-out it voted on none of (it could not audit them) is
+    left out."""
+    posted = {(v.validator_id, v.submission_id): v.posted_at for v in votes}
+    spans: dict[str, list[tuple[float, float]]] = {}
+    for node_id, at, data_json in hand_outs:
+        ends = [posted[(node_id, sid)] for sid in json.loads(data_json)["submission_ids"] if (node_id, sid) in posted]
+        if not ends:
+            continue
+        clipped = (max(at, first), min(max(ends), last))
+        if clipped[1] > clipped[0]:
+            spans.setdefault(node_id, []).append(clipped)
+    return spans
+
+
 def measure(data_dir: Path) -> dict[str, Any]:
     engine = create_engine(f"sqlite:///{data_dir / 'ledger.db'}")
     with engine.connect() as conn:
@@ -92,6 +111,8 @@ def measure(data_dir: Path) -> dict[str, Any]:
                 "JOIN submissions s ON s.lease_id = l.lease_id"
             )
         ).all()
+        hand_outs = conn.execute(text("SELECT node_id, at, data_json FROM events WHERE kind = 'hand_out'")).all()
+        votes = conn.execute(text("SELECT validator_id, submission_id, posted_at FROM verdict_votes")).all()
     engine.dispose()
     # Steady state: from the publication of step WARMUP_STEPS on (groups generated during start-up,
     # up to k + 1 steps' worth, would otherwise make the first steps of k > 0 look free).
@@ -106,16 +127,25 @@ def measure(data_dir: Path) -> dict[str, Any]:
         if clipped[1] > clipped[0]:
             by_node.setdefault(node_id, []).append(clipped)
     generation_busy = [union_length(spans) / window for spans in by_node.values()]
+    by_validator = validation_spans(hand_outs, votes, first, last)
+    validation_busy = [union_length(spans) / window for spans in by_validator.values()]
+    training_spans = [(max(s.recorded_at, first), min(s.published_at, last)) for s in steps[warm + 1 :]]
+    everything = [span for spans in (*by_node.values(), *by_validator.values()) for span in spans] + training_spans
     wall = window / num
     train = sum(train_times) / len(train_times)
     generation_busy_fraction = sum(generation_busy) / len(generation_busy) if generation_busy else 0.0
+    validation_busy_fraction = sum(validation_busy) / len(validation_busy) if validation_busy else 0.0
     return {
         "wall_s_per_step": wall,
         "train_s_per_step": train,
         "generation_s_per_step": generation_busy_fraction * wall,
+        "validation_s_per_step": validation_busy_fraction * wall,
         "other_s_per_step": wall - train - generation_busy_fraction * wall,
+        "idle_s_per_step": (window - union_length(everything)) / num,
+        "idle_fraction": 1.0 - union_length(everything) / window,
         "training_busy_fraction": train / wall,
         "generation_busy_fraction": generation_busy_fraction,
+        "validation_busy_fraction": validation_busy_fraction,
         "reward_per_step": [json.loads(s.metrics_json)["batch_reward_mean"] for s in steps],
         "staleness_per_step": [json.loads(s.metrics_json)["batch_staleness_mean"] for s in steps],
     }
@@ -158,6 +188,8 @@ def main() -> None:
         "async_speedup": async_speedup,
         "ideal_speedup": ideal,
         "overlap_efficiency": async_speedup / ideal,
+        "validation_s_per_step": sync["validation_s_per_step"],
+        "sync_overhead_fraction": sync["idle_fraction"],
         "reward_gap": asynchronous["reward_per_step"][common] - sync["reward_per_step"][common],
     }
     report = {

@@ -119,6 +119,10 @@ class ValidationLedger(LeasingLedger):
                 )
         for submission_id in unreadable:
             self._reject_unreadable(submission_id)
+        if found:  # when each validator began on what: the start of its audit, for whoever measures the loop
+            with self._write(None, durable=False) as conn:
+                ids = [item.submission_id for item in found]
+                self._event(conn, "hand_out", validator_id, ids[0], submission_ids=ids)
         return PendingSubmissions(submissions=found)
 
     def _reject_unreadable(self, submission_id: str) -> None:
