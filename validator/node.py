@@ -29,7 +29,7 @@ from engines.base import PrefillEngine
 from environments.base import Environment
 from environments.pinning import run_environment
 from node.gossip import run_node_gossip
-from node.retry import sleep_unless_stopped, with_retries
+from node.retry import sleep_unless_stopped, unless_stopped, with_retries
 from node.startup import eos_token_ids, software_version, trusted_coordinator_id
 from protocol.errors import ForbiddenError, ProtocolError, RequestRefused
 from protocol.identity import load_or_create_identity
@@ -178,13 +178,17 @@ async def run_validator(config: ValidatorConfig, stop: asyncio.Event, state: Val
         last_summary = time.monotonic()
         try:
             while not stop.is_set():
-                pending = (
-                    await with_retries("pending", lambda: ledger.pending(limit=config.max_submissions_per_batch), stop)
-                ).submissions
-                if pending:
-                    await audit_pending(ledger, engines, state, pending, stop, config.toploc)
-                else:
-                    await sleep_unless_stopped(stop, config.poll_interval_s)
+                asked = time.monotonic()
+                call = functools.partial(
+                    ledger.pending, limit=config.max_submissions_per_batch, wait_s=config.long_poll_s
+                )
+                answer = await unless_stopped(stop, with_retries("pending", call, stop))
+                if answer is None:  # stopped during a long-poll
+                    break
+                if answer.submissions:
+                    await audit_pending(ledger, engines, state, answer.submissions, stop, config.toploc)
+                else:  # a long-poll waited already; a ledger that answered at once is asked again later
+                    await sleep_unless_stopped(stop, config.poll_interval_s - (time.monotonic() - asked))
                 if time.monotonic() - last_summary > config.summary_interval_s:
                     log.info("%s", state.summary(), extra=state.figures())
                     last_summary = time.monotonic()

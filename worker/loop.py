@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 from pydantic import ValidationError
 
 from engines.base import Engine, GenerationRequest, GenerationResult
-from node.retry import sleep_unless_stopped, sleep_until_work, with_retries
+from node.retry import sleep_unless_stopped, sleep_until_work, unless_stopped, with_retries
 from protocol.errors import (
     ForbiddenError,
     PrimeError,
@@ -36,13 +36,15 @@ from protocol.errors import (
     RequestRefused,
 )
 from protocol.ledger_client import LedgerClient
-from protocol.schemas import MAX_TOKENS_PER_S, HeartbeatRequest, LeaseRequest, Rollout, SubmitRequest, Task
+from protocol.schemas import LONG_POLL_S, MAX_TOKENS_PER_S, HeartbeatRequest, LeaseRequest, Rollout, SubmitRequest, Task
 from shardcast.cache import WeightsCache
 from toploc.proof import build_proofs
 from toploc.sampling import sample_stream
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+MIN_LEASE_INTERVAL_S = 0.2
+"""Lease requests that come back empty are at least this far apart, whatever retry delay the ledger names."""
 
 
 @dataclass
@@ -119,7 +121,9 @@ class TaskRunner:
         state: WorkerState,
         eos_token_ids: tuple[int, ...],
         loaded_version: int | None = None,
+        long_poll_s: float = LONG_POLL_S,
     ) -> None:
+        self.long_poll_s = long_poll_s
         self.ledger = ledger
         self.engine = engine
         self.weights = weights
@@ -136,9 +140,17 @@ class TaskRunner:
             while not stop.is_set():
                 request = LeaseRequest(max_tasks=1, policy_versions_held=self.weights.held_versions()[-16:])
                 self.state.work_available.clear()
-                leased = await with_retries("lease", functools.partial(self.ledger.lease, request), stop)
+                asked = time.monotonic()
+                call = functools.partial(self.ledger.lease, request, self.long_poll_s)
+                leased = await unless_stopped(stop, with_retries("lease", call, stop))
+                if leased is None:  # stopped during a long-poll
+                    break
                 if not leased.tasks:
-                    await sleep_until_work(stop, self.state.work_available, max(leased.retry_after_s, 0.2))
+                    # A long-poll that waited its time out says 0: ask again at once. A ledger that answered at
+                    # once (no long-polls there, or this node has its most waiting) is asked again later.
+                    pause = max(leased.retry_after_s, MIN_LEASE_INTERVAL_S) - (time.monotonic() - asked)
+                    if pause > 0:
+                        await sleep_until_work(stop, self.state.work_available, pause)
                     continue
                 for task in leased.tasks:
                     if stop.is_set():

@@ -22,7 +22,15 @@ from collections import Counter
 from collections.abc import Iterable
 
 Mark = tuple[int, ...]
-"""The per-kind commit counts of :attr:`LedgerChanges.kinds` at one moment."""
+"""The commit counts of some kinds at one moment (:meth:`LedgerChanges.mark`)."""
+NODE_SCOPED_KINDS = frozenset({"submit"})
+"""Event kinds also reported per node, as :func:`node_kind` (a worker's own submission frees a place under its
+lease cap; another worker's does not)."""
+
+
+def node_kind(kind: str, node_id: str) -> str:
+    """The change kind of ``node_id``'s own events of ``kind`` (one of :data:`NODE_SCOPED_KINDS`)."""
+    return f"{kind}:{node_id}"
 
 
 class LedgerChanges:

@@ -35,7 +35,7 @@ from typing import Any
 from sqlalchemy import Connection, Row, bindparam, func, insert, select, update
 
 from coordinator.config import CoordinatorConfig
-from coordinator.ledger.changes import LedgerChanges
+from coordinator.ledger.changes import NODE_SCOPED_KINDS, LedgerChanges, node_kind
 from coordinator.ledger.replay import NonceClaim, claim_nonce
 from coordinator.ledger.reputation import BanPolicy, ProbationPolicy, lease_allowance, on_probation
 from coordinator.ledger.scheduling import choose_policy_version, grant_count, lease_room, oldest_allowed_version
@@ -205,6 +205,8 @@ class LeasingLedger(LedgerViews):
         kinds = getattr(self._transaction, "kinds", None)
         if kinds is not None:
             kinds.add(kind)
+            if kind in NODE_SCOPED_KINDS and node_id is not None:
+                kinds.add(node_kind(kind, node_id))
 
     def _node(self, conn: Connection, node_id: str, role: Role | None, lock: bool = False) -> Row[Any]:
         """The node's row, or a 403 saying why it may not act in ``role`` (None: in any role)."""

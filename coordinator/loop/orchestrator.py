@@ -38,9 +38,11 @@ from coordinator.processes.trainer_process import TrainerProcess
 from protocol.identity import NodeIdentity
 from runtime.memory import release_free_memory
 from shardcast.store import VersionStore
-from trainer.transport import StepBatch, TrainDir
+from trainer.transport import Doorbell, StepBatch, TrainDir
 
 log = logging.getLogger("coordinator.loop.orchestrator")
+BATCH_WAKE_KINDS = ("verdict",)
+"""Ledger events after which a step's batch may be complete: a submission accepted."""
 
 T = TypeVar("T")
 
@@ -61,11 +63,17 @@ class Orchestrator:
     tick: Callable[[], None] = lambda: None
     """Called while waiting (progress lines, child-process checks); may raise to end the run."""
     steps: TrainSteps = field(init=False)
+    _done_bell: Doorbell = field(init=False)
 
     def __post_init__(self) -> None:
         self.steps = TrainSteps(self.ledger)
+        self._done_bell = Doorbell(self.train_dir.done_bell)
+        self._done_bell.listen()  # before the trainer can ring it
 
-    def _wait(self, ready: Callable[[], T | None]) -> T:
+    def _wait(self, ready: Callable[[], T | None], wake: Callable[[float], object]) -> T:
+        """``ready()`` once it is not None. In between, ``wake(timeout_s)`` blocks until what ``ready`` looks for
+        may have changed (a ledger event, the trainer's doorbell) or at most ``poll_interval_s``, when the
+        trainer's liveness, the stop flag and the progress line are looked at again."""
         while True:
             value = ready()
             if value is not None:
@@ -76,8 +84,25 @@ class Orchestrator:
                     return value
                 self.trainer.check()
             self.tick()
-            if self.stop.wait(self.config.orchestrator.poll_interval_s):
+            if self.stop.is_set():
                 raise StoppedError
+            wake(self.config.orchestrator.poll_interval_s)
+            if self.stop.is_set():
+                raise StoppedError
+
+    def _on_ledger(
+        self, look: Callable[[], T | None], kinds: tuple[str, ...]
+    ) -> tuple[Callable[[], T | None], Callable[[float], object]]:
+        """``look`` and the wake for :meth:`_wait` that ends at the commit of an event of ``kinds``; the mark is
+        taken before each look, so an event committed between the look and the wait is not missed."""
+        changes = self.ledger.changes
+        mark = [changes.mark(kinds)]
+
+        def ready() -> T | None:
+            mark[0] = changes.mark(kinds)
+            return look()
+
+        return ready, lambda timeout_s: changes.wait(kinds, mark[0], timeout_s)
 
     def run(self) -> list[StepRecord]:
         """Train and publish the remaining steps; return every step's record."""
@@ -86,15 +111,22 @@ class Orchestrator:
         if first > 1:
             log.info("resuming the RL loop at step %d of %d", first, settings.num_steps)
             self._retain(first - 1)  # a crash may have come between publishing and pruning
-        for step in range(first, settings.num_steps + 1):
-            self.run_step(step)
+        try:
+            for step in range(first, settings.num_steps + 1):
+                self.run_step(step)
+        finally:
+            self._done_bell.close()
         return self.steps.steps()
 
     def run_step(self, step: int) -> None:
         settings = self.config.orchestrator
         min_version = min_policy_version(step, self.config.scheduling.async_level)
         waiting_since = time.monotonic()
-        record = self._wait(lambda: self.steps.record_batch(step, settings.groups_per_step, min_version))
+        record = self._wait(
+            *self._on_ledger(
+                lambda: self.steps.record_batch(step, settings.groups_per_step, min_version), BATCH_WAKE_KINDS
+            )
+        )
         if record.state == "published":
             return
         groups = self.steps.groups(step)
@@ -111,7 +143,7 @@ class Orchestrator:
                 summary["staleness_mean"],
                 time.monotonic() - waiting_since,
             )
-        done = self._wait(lambda: self.train_dir.read_done(step))
+        done = self._wait(lambda: self.train_dir.read_done(step), self._done_bell.wait)
         if record.state == "recorded":
             metrics: dict[str, Any] = {**done, **{f"batch_{k}": v for k, v in summary.items()}}
             metrics["wait_s"] = time.monotonic() - waiting_since
