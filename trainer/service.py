@@ -4,11 +4,12 @@
 once per run and keeps it up across steps). Each rank builds the :class:`~trainer.train.Trainer`
 from ``DIR/service.json`` (trainer section, loss, number of steps), resumes from the newest
 checkpoint under ``DIR/checkpoints``, and then, for the next step n: waits for the batch file
-of step n (:mod:`trainer.transport`), runs :meth:`Trainer.rl_step` on it, exports the policy
-(rank 0 writes, then renames it into place), keeps the step's metrics, saves the trainer
-state for exact resume (keeping the newest ``checkpoint.keep``) and writes the done marker with the metrics,
-last. A checkpoint without its done marker (a crash between the two) is finished on the next start by
-exporting again. The coordinator removes the files of published steps (:meth:`TrainDir.prune_published`).
+of step n (:mod:`trainer.transport`; rank 0 sleeps on the orchestrator's doorbell between
+looks), runs :meth:`Trainer.rl_step` on it, exports the policy (rank 0 writes, then renames it
+into place), keeps the step's metrics, saves the trainer state for exact resume (keeping the
+newest ``checkpoint.keep``) and writes the done marker with the metrics, last. A checkpoint
+without its done marker (a crash between the two) is finished on the next start by exporting again.
+The coordinator removes the files of published steps (:meth:`TrainDir.prune_published`).
 
 Each rank asks for SIGKILL when its parent (torchrun) dies, and the ranks on the coordinator's
 machine watch its PID while they wait, so no rank there outlives a killed coordinator. The job

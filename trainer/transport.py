@@ -5,7 +5,8 @@ Everything lives under one directory (``<data_dir>/train``): the orchestrator wr
 read it, train, export the policy to ``policies/step_<n>/``, save the trainer state under
 ``checkpoints/`` and write ``done/step_<n>.json`` (the step's metrics) last. Every file is
 written to a temporary name and renamed, so a reader never sees half of one and a crash
-leaves either the whole file or none.
+leaves either the whole file or none. Each side rings a :class:`Doorbell` (a named pipe) after
+writing what the other waits for (``batch.bell``, ``done.bell``), so neither has to poll for it.
 
 A batch file holds the samples as flat safetensors arrays (token ids as int32, advantages,
 rewards and logprobs as float64, so they round-trip exactly) with an offsets array per ragged

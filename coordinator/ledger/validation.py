@@ -1,8 +1,9 @@
 """The validators' side of the ledger: what each one must audit, and turning their verdicts into decisions.
 
 :class:`ValidationLedger` lists pending submissions to a validator (never one it already
-judged), each with the samples it must re-check (:mod:`coordinator.ledger.audit_choice`), and
-records each validator's verdict as a vote of its own (table ``verdict_votes``). When
+judged), each with the samples it must re-check (:mod:`coordinator.ledger.audit_choice`), logging
+a ``hand_out`` event of what it handed to whom (when each audit began, for whoever measures the
+loop), and records each validator's verdict as a vote of its own (table ``verdict_votes``). When
 ``validation.validators_per_submission`` votes agree (:mod:`coordinator.ledger.quorum`), the
 submission is decided in the same transaction: accepted groups enter ``accepted_groups`` (what
 training batches are built from) with the agreeing validators' rewards; rejected ones re-open

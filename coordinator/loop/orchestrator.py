@@ -4,14 +4,15 @@ For step s (1-based; step s turns policy v(s-1) into v(s)) the loop:
 
 1. records the batch in the ledger (:meth:`TrainSteps.record_batch`: ``groups_per_step``
    accepted submissions not used before, made with a policy no older than s - 1 - k), or
-   finds the one recorded before a restart; it waits while too few are accepted;
+   finds the one recorded before a restart; it waits while too few are accepted, woken by each
+   verdict the ledger commits (:mod:`coordinator.ledger.changes`);
 2. builds the samples (task prompt tokens, completion tokens, the worker's validated logprobs,
    the validator's rewards, group advantages) and writes them as the step's batch file for
    the trainer service (:mod:`trainer.transport`), unless the trainer already finished it;
-3. waits for the trainer's done marker, records the step as trained with its metrics, and
-   publishes ``policies/step_s`` as version s through :func:`coordinator.loop.policies.publish_policy`
-   (origin store, then ledger; idempotent; the origin store is then pruned), records it as
-   published and removes the step files that published steps no longer need
+3. waits for the trainer's done marker (woken by the trainer's doorbell), records the step as
+   trained with its metrics, and publishes ``policies/step_s`` as version s through
+   :func:`coordinator.loop.policies.publish_policy` (origin store, then ledger; idempotent; the
+   origin store is then pruned), records it as published and removes the step files that published steps no longer need
    (:meth:`TrainDir.prune_published`, keeping ``orchestrator.keep_step_files``).
 
 Generation never waits for this loop: leasing goes on at the current version while the

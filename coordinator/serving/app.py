@@ -164,6 +164,7 @@ def create_app(
         return await in_thread(ledger.heartbeat, caller.node_id, body, caller.nonce)
 
     long_polls = LongPolls(ledger.changes, api.max_long_polls_per_node)
+    app.state.long_polls = long_polls  # the service tells it when the server is closing
     WaitS = Annotated[  # noqa: N806 - a type alias, named like one
         float,
         Query(ge=0, le=MAX_LONG_POLL_S, description="Long-poll: when nothing is there yet, wait up to this long."),

@@ -12,7 +12,8 @@ token of the node's and the address's buckets, however long it waits); while it 
 its source's concurrency slot back (:class:`~coordinator.serving.middleware.SourceSlot`), so a
 worker's submissions never queue behind its own long-poll; a node holds at most
 ``api.max_long_polls_per_node`` waiting long-polls (further ones are answered at once, as a
-plain request); a long-poll whose client has gone stops asking (so no task is leased to nobody);
+plain request); a long-poll whose client has gone, or on a server shutting down, stops asking (so no task
+is leased to nobody, and shutdown is not held up);
 and each waiter asks the ledger again at most every :data:`RECHECK_S` when no change wakes it
 (the change of another API replica on the same database wakes nobody here).
 """
@@ -27,13 +28,15 @@ from typing import TypeVar
 
 from fastapi import Request
 
-from coordinator.ledger.changes import LedgerChanges, node_kind
+from coordinator.ledger.changes import LedgerChanges, Mark, node_kind
 from coordinator.serving.middleware import SLOT_SCOPE_KEY, SourceSlot
 
 T = TypeVar("T")
 
 RECHECK_S = 2.0
 """How often a waiting long-poll asks the ledger again when nothing woke it (the plain polls' retry delay)."""
+CLOSING_CHECK_S = 0.5
+"""How often a waiting long-poll looks whether its client has gone or the server is closing."""
 LEASE_WAKE_KINDS = ("abandon", "expire", "verdict", "ban", "publish", "train_step")
 """Events after which a lease may succeed where it did not: tasks re-opened, a new policy, room freed (and the
 worker's own submissions: :func:`lease_wake_kinds`)."""
@@ -56,6 +59,9 @@ class LongPolls:
         self.recheck_s = RECHECK_S if recheck_s is None else recheck_s
         self.waiting: Counter[str] = Counter()
         """Long-polls waiting now, per node id."""
+        self.closing: Callable[[], bool] = lambda: False
+        """True once the server is shutting down: waiting long-polls answer (empty) within CLOSING_CHECK_S, so
+        they never hold up its graceful shutdown. The service sets it (uvicorn's ``should_exit``)."""
 
     async def answer(
         self,
@@ -70,7 +76,7 @@ class LongPolls:
         again after each change of ``kinds`` until ``found`` says it holds something or ``wait_s`` has passed.
 
         Returns the answer and whether the long-poll waited ``wait_s`` out (False when it found something,
-        did not wait at all, or its client went away)."""
+        did not wait at all, its client went away or the server is closing)."""
         mark = self.changes.mark(kinds)
         result = await attempt(True)
         if found(result) or wait_s <= 0 or self.waiting[node_id] >= self.max_per_node:
@@ -79,10 +85,11 @@ class LongPolls:
         deadline = time.monotonic() + wait_s
         self.waiting[node_id] += 1
         try:
-            while (remaining := deadline - time.monotonic()) > 0:
+            while time.monotonic() < deadline:
                 async with slot.released() if slot is not None else contextlib.nullcontext():
-                    await self.changes.wait_async(kinds, mark, min(remaining, self.recheck_s))
-                if await request.is_disconnected():
+                    until = min(deadline, time.monotonic() + self.recheck_s)
+                    gone = await self._sleep(request, kinds, mark, until)
+                if gone:
                     return result, False
                 mark = self.changes.mark(kinds)
                 result = await attempt(False)
@@ -93,3 +100,13 @@ class LongPolls:
             self.waiting[node_id] -= 1
             if self.waiting[node_id] <= 0:
                 del self.waiting[node_id]
+
+    async def _sleep(self, request: Request, kinds: Sequence[str], mark: Mark, until: float) -> bool:
+        """Wait until ``kinds`` moved past ``mark`` or ``until``; True (stop asking) when the client went away or
+        the server is closing meanwhile."""
+        while True:
+            if self.closing() or await request.is_disconnected():
+                return True
+            left = until - time.monotonic()
+            if left <= 0 or await self.changes.wait_async(kinds, mark, min(left, CLOSING_CHECK_S)):
+                return self.closing() or await request.is_disconnected()

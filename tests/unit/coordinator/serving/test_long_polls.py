@@ -143,13 +143,14 @@ async def test_a_waiting_long_poll_leaves_its_source_slot_to_the_sources_other_c
 
 
 class FakeRequest:
-    """The parts of a Starlette request a long-poll uses; its client went away after the first answer."""
+    """The parts of a Starlette request a long-poll uses; ``gone``: its client went away after the first answer."""
 
-    def __init__(self) -> None:
+    def __init__(self, gone: bool = True) -> None:
         self.scope: dict[str, Any] = {}
+        self.gone = gone
 
     async def is_disconnected(self) -> bool:
-        return True
+        return self.gone
 
 
 async def test_a_long_poll_whose_client_has_gone_stops_asking() -> None:
@@ -171,3 +172,21 @@ async def test_a_long_poll_whose_client_has_gone_stops_asking() -> None:
     assert (answer, waited_out, attempts) == ([], False, [True])  # no second attempt: nobody would hear it
     assert polls.waiting == {}
     await changing
+
+
+async def test_waiting_long_polls_answer_when_the_server_closes() -> None:
+    polls = LongPolls(LedgerChanges(), max_per_node=4, recheck_s=60.0)
+    closing = asyncio.Event()
+    polls.closing = closing.is_set
+    attempts: list[bool] = []
+
+    async def attempt(first: bool) -> list[str]:
+        attempts.append(first)
+        return []
+
+    asyncio.get_running_loop().call_later(0.2, closing.set)
+    started = time.monotonic()
+    request = cast(Request, FakeRequest(gone=False))
+    answer, waited_out = await polls.answer(request, "n", 15.0, ("publish",), attempt, bool)
+    assert (answer, waited_out, attempts) == ([], False, [True])
+    assert time.monotonic() - started < 5.0  # not the 15 s asked for: shutdown is not held up
