@@ -1,18 +1,19 @@
 """`prime-validator run`: pull pending submissions, audit each against its policy version, post verdicts.
 
-The validator registers with its node key (the ledger only accepts operator-approved keys
-unless the run is open), learns and pins the coordinator's id like a worker does, downloads
-each policy version it needs through SHARDCAST (verified against the signed manifest), keeps
-an HF prefill engine per version for the few versions async_level keeps alive, audits the
-pending submissions of each version together (one prefill batch across them, only the samples
-the ledger picked) and posts a verdict per submission, with the rewards recomputed by the run's
-environment. Before it registers it fetches the run spec the coordinator signed and loads that
-environment (:func:`environments.pinning.run_environment`); one it cannot load identically stops
-it with the reason and what to install. Progress
-(:mod:`validator.progress`): one log line per verdict and a periodic summary (verified
-samples/s and submissions/s, accepted, rejected and the most common rejection reasons).
-Each version with a loaded engine, and each version being audited, is pinned in the weights
-cache, so pruning never removes it from under an audit.
+The validator registers with its node key (the ledger only accepts operator-approved keys unless
+the run is open), learns and pins the coordinator's id like a worker does, downloads each policy
+version it needs through SHARDCAST (verified against the signed manifest), keeps an HF prefill
+engine per version for the few versions async_level keeps alive, audits the pending submissions
+of each version together (one prefill batch across them, only the samples the ledger picked) and
+posts a verdict per submission, with the rewards recomputed by the run's environment. Its
+requests for pending submissions are long-polls (``long_poll_s``): with nothing to audit the
+ledger holds the request until a submission arrives. Before it registers it fetches the run spec
+the coordinator signed and loads that environment
+(:func:`environments.pinning.run_environment`); one it cannot load identically stops it with the
+reason and what to install. Progress (:mod:`validator.progress`): one log line per verdict and a
+periodic summary (verified samples/s and submissions/s, accepted, rejected and the most common
+rejection reasons). Each version with a loaded engine, and each version being audited, is pinned
+in the weights cache, so pruning never removes it from under an audit.
 """
 
 from __future__ import annotations

@@ -1,16 +1,18 @@
 """The worker's task loop: lease, make sure the weights are there, generate, prove, submit.
 
 One :class:`TaskRunner` per engine (one engine per GPU) shares one ledger client, one weights
-cache and one :class:`WorkerState`. For each leased task the runner downloads the task's
-policy version if needed (prefetching the next one while it generates), reloads the engine's
-weights in place when the version changes, generates every sample with the ledger's sampling
-seed, builds a TOPLOC proof from each sample's hidden states, and submits the group. While
-it generates, the lease is renewed at a third of its remaining time. Failures of the ledger
-or the relays are retried with capped exponential backoff; a refusal (4xx) of a task's
-submission is logged and the task is dropped (its lease will expire and be re-issued); a 403
-(banned, or not allowed) ends the worker with that ForbiddenError. The version an engine serves
-and the version of the task being generated are pinned in the weights cache, so newer versions
-fetched meanwhile never prune them.
+cache and one :class:`WorkerState`. Its lease requests are long-polls (``long_poll_s``): with
+nothing to lease the ledger holds the request until a task can be leased (a new policy, a
+re-opened task), so the runner starts the moment it can rather than at its next retry. For each
+leased task the runner downloads the task's policy version if needed (prefetching the next one
+while it generates), reloads the engine's weights in place when the version changes, generates
+every sample with the ledger's sampling seed, builds a TOPLOC proof from each sample's hidden
+states, and submits the group. While it generates, the lease is renewed at a third of its
+remaining time. Failures of the ledger or the relays are retried with capped exponential
+backoff; a refusal (4xx) of a task's submission is logged and the task is dropped (its lease
+will expire and be re-issued); a 403 (banned, or not allowed) ends the worker with that
+ForbiddenError. The version an engine serves and the version of the task being generated are
+pinned in the weights cache, so newer versions fetched meanwhile never prune them.
 """
 
 from __future__ import annotations
