@@ -29,10 +29,11 @@ ideal_speedup), ``validation_s_per_step`` (the validators' busy time per step at
 is from costing only its compute; the speedup is measured against that baseline),
 ``reward_gap`` (k = 2 minus k = 0 at the last common step).
 
-Measured 2026-12-01 at commit 9313ab7 (2-core x86_64 CPU, 24 GiB, no GPU; `--quick`,
-bench/results/async_bench_quick.json): 1.20 s per step at k = 0 with ``sync_overhead_fraction``
-0.047 (0.54 and 2.18 s per step at commit 732c689, before the loop's hand-offs were event-driven),
-0.69 s at k = 2, ``async_speedup`` 1.75. docs/benchmarks.md has the rest.
+Measured 2026-12-01 at commit 9313ab7 (2-core x86_64 CPU, 24 GiB, no GPU; bench/results/):
+full run 1.95 s per step at k = 0 with ``sync_overhead_fraction`` 0.009, 1.17 s at k = 2,
+``async_speedup`` 1.67; `--quick` 1.20 s per step at k = 0 with ``sync_overhead_fraction`` 0.047
+(0.54 and 2.18 s per step at commit 732c689, before the loop's hand-offs were event-driven), 0.69 s
+at k = 2, ``async_speedup`` 1.75. docs/benchmarks.md has the rest.
 """
 
 from __future__ import annotations
