@@ -9,18 +9,31 @@ inference and training sit on separate GPUs in a real deployment. From each run'
 - wall time per step: between the publication of step 3 and the last one (start-up and the
   groups generated during it excluded);
 - training time per step: from recording a step's batch to publishing its policy;
-- busy fraction of training (training time / wall time) and of generation (the union of each
-  worker's lease-to-submission intervals over the same window, averaged over workers); what is
-  neither (``other_s_per_step``: validation, a worker's wait before it leases again, policy
-  download) is latency that k = 0 pays every step and k > 0 hides, which is why the measured
-  async_speedup can exceed the compute-only ideal_speedup on a small network;
+- busy fraction of training (training time / wall time), of generation (the union of each
+  worker's lease-to-submission intervals over the same window, averaged over workers) and of
+  validation (the union of each validator's intervals from the ledger handing it pending
+  submissions, its ``hand_out`` event, to its last vote on them, averaged over validators);
+- idle time (``idle_s_per_step``, ``idle_fraction``): the part of the window in which no stage
+  works, neither generating nor validating nor training (1 - the union of all those intervals
+  over the window). Every hand-off of the loop is event-driven (long-polls on the ledger, the
+  trainer's doorbells), so at k = 0 this is what the loop's own latency costs; ``other_s_per_step``
+  is what is neither generation nor training (validation, hand-offs) and goes negative where
+  stages overlap;
 - reward per step (the validator-recomputed reward of the step's batch).
 
 Prints one JSON object; ``summary``: ``async_speedup`` (steps/hour of k = 2 over k = 0),
 ``ideal_speedup`` ((generation + training) / max(generation, training) per step, from the k = 0
 run, generation being the workers' busy time per step), ``overlap_efficiency`` (async_speedup /
-ideal_speedup),
+ideal_speedup), ``validation_s_per_step`` (the validators' busy time per step at k = 0),
+``sync_overhead_fraction`` (the k = 0 run's ``idle_fraction``: how far the synchronous baseline
+is from costing only its compute; the speedup is measured against that baseline),
 ``reward_gap`` (k = 2 minus k = 0 at the last common step).
+
+Measured 2026-12-01 at commit 9313ab7 (2-core x86_64 CPU, 24 GiB, no GPU; bench/results/):
+full run 1.95 s per step at k = 0 with ``sync_overhead_fraction`` 0.009, 1.17 s at k = 2,
+``async_speedup`` 1.67; `--quick` 1.20 s per step at k = 0 with ``sync_overhead_fraction`` 0.047
+(0.54 and 2.18 s per step at commit 732c689, before the loop's hand-offs were event-driven), 0.69 s
+at k = 2, ``async_speedup`` 1.75. docs/benchmarks.md has the rest.
 """
 
 from __future__ import annotations
@@ -32,6 +45,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +94,24 @@ def union_length(intervals: list[tuple[float, float]]) -> float:
     return total
 
 
+def validation_spans(
+    hand_outs: Sequence[Any], votes: Sequence[Any], first: float, last: float
+) -> dict[str, list[tuple[float, float]]]:
+    """Each validator's busy intervals in [first, last]: from the ledger handing it pending submissions (a
+    ``hand_out`` event) to its last vote on them; a hand-out it voted on none of (it could not audit them) is
+    left out."""
+    posted = {(v.validator_id, v.submission_id): v.posted_at for v in votes}
+    spans: dict[str, list[tuple[float, float]]] = {}
+    for node_id, at, data_json in hand_outs:
+        ends = [posted[(node_id, sid)] for sid in json.loads(data_json)["submission_ids"] if (node_id, sid) in posted]
+        if not ends:
+            continue
+        clipped = (max(at, first), min(max(ends), last))
+        if clipped[1] > clipped[0]:
+            spans.setdefault(node_id, []).append(clipped)
+    return spans
+
+
 def measure(data_dir: Path) -> dict[str, Any]:
     engine = create_engine(f"sqlite:///{data_dir / 'ledger.db'}")
     with engine.connect() as conn:
@@ -92,6 +124,8 @@ def measure(data_dir: Path) -> dict[str, Any]:
                 "JOIN submissions s ON s.lease_id = l.lease_id"
             )
         ).all()
+        hand_outs = conn.execute(text("SELECT node_id, at, data_json FROM events WHERE kind = 'hand_out'")).all()
+        votes = conn.execute(text("SELECT validator_id, submission_id, posted_at FROM verdict_votes")).all()
     engine.dispose()
     # Steady state: from the publication of step WARMUP_STEPS on (groups generated during start-up,
     # up to k + 1 steps' worth, would otherwise make the first steps of k > 0 look free).
@@ -106,16 +140,25 @@ def measure(data_dir: Path) -> dict[str, Any]:
         if clipped[1] > clipped[0]:
             by_node.setdefault(node_id, []).append(clipped)
     generation_busy = [union_length(spans) / window for spans in by_node.values()]
+    by_validator = validation_spans(hand_outs, votes, first, last)
+    validation_busy = [union_length(spans) / window for spans in by_validator.values()]
+    training_spans = [(max(s.recorded_at, first), min(s.published_at, last)) for s in steps[warm + 1 :]]
+    everything = [span for spans in (*by_node.values(), *by_validator.values()) for span in spans] + training_spans
     wall = window / num
     train = sum(train_times) / len(train_times)
     generation_busy_fraction = sum(generation_busy) / len(generation_busy) if generation_busy else 0.0
+    validation_busy_fraction = sum(validation_busy) / len(validation_busy) if validation_busy else 0.0
     return {
         "wall_s_per_step": wall,
         "train_s_per_step": train,
         "generation_s_per_step": generation_busy_fraction * wall,
+        "validation_s_per_step": validation_busy_fraction * wall,
         "other_s_per_step": wall - train - generation_busy_fraction * wall,
+        "idle_s_per_step": (window - union_length(everything)) / num,
+        "idle_fraction": 1.0 - union_length(everything) / window,
         "training_busy_fraction": train / wall,
         "generation_busy_fraction": generation_busy_fraction,
+        "validation_busy_fraction": validation_busy_fraction,
         "reward_per_step": [json.loads(s.metrics_json)["batch_reward_mean"] for s in steps],
         "staleness_per_step": [json.loads(s.metrics_json)["batch_staleness_mean"] for s in steps],
     }
@@ -158,6 +201,8 @@ def main() -> None:
         "async_speedup": async_speedup,
         "ideal_speedup": ideal,
         "overlap_efficiency": async_speedup / ideal,
+        "validation_s_per_step": sync["validation_s_per_step"],
+        "sync_overhead_fraction": sync["idle_fraction"],
         "reward_gap": asynchronous["reward_per_step"][common] - sync["reward_per_step"][common],
     }
     report = {

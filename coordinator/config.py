@@ -33,6 +33,9 @@ class ApiConfig(Section):
     """Requests one IP address may make in a burst before it is told to slow down (429)."""
     maintenance_interval_s: float = Field(default=5.0, gt=0)
     """How often expired leases are re-queued and expired nonces pruned in the background."""
+    max_long_polls_per_node: int = Field(default=4, ge=0, le=64)
+    """Long-polls (`wait_s` on a lease or the pending list) one node may have waiting at once; further ones are
+    answered at once, like a plain request (one per engine of a worker is the most a node needs)."""
     num_threads: int = Field(default=4, ge=1, le=256)
     """Threads that run ledger calls. Few is faster: every call holds the GIL most of the time, so more
     threads only queue for it (bench/ledger_load.py on PostgreSQL here: p99 ~0.1 s with 4 threads, 18 s with 40)."""

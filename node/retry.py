@@ -31,6 +31,21 @@ async def sleep_until_work(stop: asyncio.Event, work_available: asyncio.Event, s
         await asyncio.gather(*waits, return_exceptions=True)
 
 
+async def unless_stopped(stop: asyncio.Event, work: Awaitable[T]) -> T | None:
+    """The result of ``work``, or None (``work`` cancelled) as soon as ``stop`` is set: a long-poll must not hold
+    up a node's shutdown for its whole wait."""
+    job = asyncio.ensure_future(work)
+    stopped = asyncio.create_task(stop.wait())
+    try:
+        await asyncio.wait([job, stopped], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopped.cancel()
+        if not job.done():
+            job.cancel()
+        await asyncio.gather(job, stopped, return_exceptions=True)
+    return job.result() if not job.cancelled() else None
+
+
 async def with_retries(
     what: str, call: Callable[[], Awaitable[T]], stop: asyncio.Event, max_delay_s: float = 30.0
 ) -> T:

@@ -80,6 +80,7 @@ class LedgerClient:
         self._owns_client = client is None
         self._client = client or httpx.AsyncClient(base_url=base_url, transport=transport, timeout=timeout_s)
         self._auth = SignedAuth(identity)
+        self.timeout_s = timeout_s
 
     async def __aenter__(self) -> LedgerClient:
         return self
@@ -97,9 +98,10 @@ class LedgerClient:
         path: str,
         response_type: type[ResponseT],
         body: BaseModel | None = None,
-        params: dict[str, int] | None = None,
+        params: dict[str, int | float] | None = None,
         headers: dict[str, str] | None = None,
         signed: bool = True,
+        wait_s: float = 0.0,
     ) -> ResponseT:
         content = body.model_dump_json().encode() if body is not None else None
         request_headers = {"Content-Type": "application/json"} if content is not None else {}
@@ -112,6 +114,7 @@ class LedgerClient:
                 params=params,
                 headers=request_headers,
                 auth=self._auth if signed else None,
+                timeout=self.timeout_s + wait_s if wait_s > 0 else httpx.USE_CLIENT_DEFAULT,
             )
         except httpx.TransportError as exc:
             raise RemoteUnavailableError(f"ledger unreachable ({type(exc).__name__}: {exc})") from exc
@@ -125,8 +128,12 @@ class LedgerClient:
     async def heartbeat(self, request: HeartbeatRequest) -> HeartbeatResponse:
         return await self._call("POST", routes.NODES_HEARTBEAT, HeartbeatResponse, request)
 
-    async def lease(self, request: LeaseRequest) -> LeaseResponse:
-        return await self._call("POST", routes.LEASES, LeaseResponse, request)
+    async def lease(self, request: LeaseRequest, wait_s: float = 0.0) -> LeaseResponse:
+        """Lease tasks; with ``wait_s`` (at most MAX_LONG_POLL_S) a long-poll: the ledger holds an empty answer until
+        a task can be leased or ``wait_s`` has passed (then ``retry_after_s`` is 0: ask again at once). A ledger
+        that does not long-poll answers at once, with its usual retry delay."""
+        params: dict[str, int | float] | None = {"wait_s": wait_s} if wait_s > 0 else None
+        return await self._call("POST", routes.LEASES, LeaseResponse, request, params=params, wait_s=wait_s)
 
     async def renew(self, lease_id: str) -> LeaseState:
         return await self._call("POST", routes.LEASES_RENEW, LeaseState, LeaseRenewal(lease_id=lease_id))
@@ -139,8 +146,10 @@ class LedgerClient:
         headers = {HEADER_SUBMISSION_SIGNATURE: signature}
         return await self._call("POST", routes.SUBMISSIONS, SubmitResponse, request, headers=headers)
 
-    async def pending(self, limit: int = 16) -> PendingSubmissions:
-        return await self._call("GET", routes.SUBMISSIONS_PENDING, PendingSubmissions, params={"limit": limit})
+    async def pending(self, limit: int = 16, wait_s: float = 0.0) -> PendingSubmissions:
+        """Submissions to audit; with ``wait_s`` a long-poll that holds an empty answer until one is submitted."""
+        params: dict[str, int | float] = {"limit": limit} | ({"wait_s": wait_s} if wait_s > 0 else {})
+        return await self._call("GET", routes.SUBMISSIONS_PENDING, PendingSubmissions, params=params, wait_s=wait_s)
 
     async def post_verdict(self, verdict: Verdict) -> VerdictResponse:
         return await self._call("POST", routes.VERDICTS, VerdictResponse, verdict)

@@ -43,6 +43,11 @@ MAX_TOKENS_PER_S = 1e9
 """Bound on a node's reported generation rate."""
 MAX_UNIX_TIME = 2**40
 """Bound on a timestamp (about the year 36800): catches garbage, never a real clock."""
+MAX_LONG_POLL_S = 20.0
+"""Longest ``wait_s`` a long-poll (``POST /v1/leases``, ``GET /v1/submissions/pending``) may ask the ledger to hold
+it: well inside the clients' 30 s request timeout."""
+LONG_POLL_S = 10.0
+"""The ``wait_s`` workers and validators ask for: a long-poll answered empty after it is asked again at once."""
 
 PolicyVersion = Annotated[int, Field(ge=0, le=MAX_POLICY_VERSION)]
 TokenId = Annotated[int, Field(ge=0, lt=2**31)]
@@ -140,7 +145,11 @@ class Task(WireModel):
 
 class LeaseResponse(WireModel):
     tasks: list[Task]
-    retry_after_s: float = Field(ge=0, le=86400, description="When no task was leased, when to ask again.")
+    retry_after_s: float = Field(
+        ge=0,
+        le=86400,
+        description="When no task was leased, when to ask again (0 after a long-poll that waited its wait_s out).",
+    )
 
 
 class LeaseRenewal(WireModel):
@@ -455,6 +464,7 @@ class Event(WireModel):
         "abandon",
         "expire",
         "submit",
+        "hand_out",
         "vote",
         "verdict",
         "violation",

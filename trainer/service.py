@@ -4,11 +4,12 @@
 once per run and keeps it up across steps). Each rank builds the :class:`~trainer.train.Trainer`
 from ``DIR/service.json`` (trainer section, loss, number of steps), resumes from the newest
 checkpoint under ``DIR/checkpoints``, and then, for the next step n: waits for the batch file
-of step n (:mod:`trainer.transport`), runs :meth:`Trainer.rl_step` on it, exports the policy
-(rank 0 writes, then renames it into place), keeps the step's metrics, saves the trainer
-state for exact resume (keeping the newest ``checkpoint.keep``) and writes the done marker with the metrics,
-last. A checkpoint without its done marker (a crash between the two) is finished on the next start by
-exporting again. The coordinator removes the files of published steps (:meth:`TrainDir.prune_published`).
+of step n (:mod:`trainer.transport`; rank 0 sleeps on the orchestrator's doorbell between
+looks), runs :meth:`Trainer.rl_step` on it, exports the policy (rank 0 writes, then renames it
+into place), keeps the step's metrics, saves the trainer state for exact resume (keeping the
+newest ``checkpoint.keep``) and writes the done marker with the metrics, last. A checkpoint
+without its done marker (a crash between the two) is finished on the next start by exporting again.
+The coordinator removes the files of published steps (:meth:`TrainDir.prune_published`).
 
 Each rank asks for SIGKILL when its parent (torchrun) dies, and the ranks on the coordinator's
 machine watch its PID while they wait, so no rank there outlives a killed coordinator. The job
@@ -27,7 +28,6 @@ import os
 import shutil
 import signal
 import socket
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -38,7 +38,7 @@ from runtime.lifetime import die_with_parent, parent_of
 from runtime.memory import release_free_memory
 from trainer.config import LossConfig, TrainerSection
 from trainer.launch import SPEC_FILE, check_train_dir
-from trainer.transport import StepBatch, TrainDir, write_json_atomic
+from trainer.transport import Doorbell, StepBatch, TrainDir, write_json_atomic
 
 if TYPE_CHECKING:
     from trainer.fsdp import DistInfo
@@ -80,21 +80,28 @@ def _parent_alive(pid: int | None) -> bool:
 
 
 def wait_for_batch(
-    train_dir: TrainDir, step: int, coordinator_pid: int | None, info: DistInfo, group: Any
+    train_dir: TrainDir, step: int, coordinator_pid: int | None, info: DistInfo, group: Any, bell: Doorbell
 ) -> StepBatch:
-    """Step ``step``'s batch on every rank, as rank 0 read it."""
+    """Step ``step``'s batch on every rank, as rank 0 read it.
+
+    Rank 0 looks for the file, and while it is not there waits on ``bell`` (rung by the orchestrator after it
+    writes a batch) for at most POLL_INTERVAL_S before it looks again; the other ranks wait in the broadcast."""
     from trainer.fsdp import from_main
 
     while True:
         if not _parent_alive(coordinator_pid):
             raise SystemExit(f"coordinator {coordinator_pid} is gone; the trainer service stops")
+        found = None
+        if info.is_main:
+            found = train_dir.read_batch(step)
+            if found is None and bell.wait(POLL_INTERVAL_S):
+                found = train_dir.read_batch(step)
         try:
-            batch = from_main(train_dir.read_batch(step) if info.is_main else None, info, group)
+            batch = from_main(found, info, group)
         except RuntimeError as exc:  # gloo: a peer's connection closed or reset
             raise SystemExit(f"rank {info.rank}: the trainer job lost a peer ({exc}); this rank stops") from exc
         if batch is not None:
             return batch
-        time.sleep(POLL_INTERVAL_S)
 
 
 def failpoint(point: str, step: int) -> None:
@@ -131,9 +138,10 @@ def serve(train_dir: TrainDir, spec: ServiceSpec, coordinator_pid: int | None) -
             train_dir.write_done(trainer.step, {**saved, "recovered": True})
     host = socket.gethostname()
     log.info("trainer service rank %d/%d (%s) ready at step %d", info.rank, info.world_size, host, trainer.step)
+    bell = Doorbell(train_dir.batch_bell)
     while trainer.step < spec.num_steps:
         step = trainer.step + 1
-        batch = wait_for_batch(train_dir, step, coordinator_pid, info, group)
+        batch = wait_for_batch(train_dir, step, coordinator_pid, info, group, bell)
         failpoint("batch", step)
         metrics = trainer.rl_step(batch.samples, spec.loss, batch.temperature)
         failpoint("trained", step)

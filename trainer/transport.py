@@ -5,7 +5,8 @@ Everything lives under one directory (``<data_dir>/train``): the orchestrator wr
 read it, train, export the policy to ``policies/step_<n>/``, save the trainer state under
 ``checkpoints/`` and write ``done/step_<n>.json`` (the step's metrics) last. Every file is
 written to a temporary name and renamed, so a reader never sees half of one and a crash
-leaves either the whole file or none.
+leaves either the whole file or none. Each side rings a :class:`Doorbell` (a named pipe) after
+writing what the other waits for (``batch.bell``, ``done.bell``), so neither has to poll for it.
 
 A batch file holds the samples as flat safetensors arrays (token ids as int32, advantages,
 rewards and logprobs as float64, so they round-trip exactly) with an offsets array per ragged
@@ -17,11 +18,14 @@ removes what published steps no longer need (see docs/retention.md).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
 import re
+import select
 import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -168,6 +172,68 @@ def _remove(path: Path) -> None:
         path.unlink(missing_ok=True)
 
 
+class Doorbell:
+    """A named pipe one side rings after writing a file the other side waits for, so the waiter need not poll.
+
+    The waiter blocks in :meth:`wait` until rung or until its timeout, and then looks for the file
+    as it would have anyway: a ring is only a hint, so one lost (nobody listening yet, a filesystem
+    without named pipes) costs at most one timeout. The waiter holds the pipe open for reading and
+    writing, so it never sees end-of-file between rings; :meth:`ring` never blocks and does nothing
+    when nobody listens. Both sides must be on one machine (the orchestrator and trainer rank 0 are).
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fd: int | None = None
+
+    def ring(self) -> None:
+        try:
+            fd = os.open(self.path, os.O_WRONLY | os.O_NONBLOCK)
+        except OSError:  # no pipe yet, or nobody holds it open (ENXIO): nobody waits
+            return
+        try:
+            os.write(fd, b"\0")
+        except BlockingIOError:  # the pipe is full of rings nobody read yet: rung already
+            pass
+        finally:
+            os.close(fd)
+
+    def listen(self) -> bool:
+        """Make the pipe and hold it open, so rings from now on are kept for :meth:`wait`; False without one."""
+        return self._open() is not None
+
+    def _open(self) -> int | None:
+        if self._fd is None:
+            try:
+                if not self.path.exists():
+                    self.path.parent.mkdir(parents=True, exist_ok=True)
+                    with contextlib.suppress(FileExistsError):
+                        os.mkfifo(self.path)
+                self._fd = os.open(self.path, os.O_RDWR | os.O_NONBLOCK)
+            except OSError:
+                return None
+        return self._fd
+
+    def wait(self, timeout_s: float) -> bool:
+        """Wait until rung (True; every ring so far is consumed) or ``timeout_s`` has passed (False)."""
+        fd = self._open()
+        if fd is None:  # no named pipe here: a plain sleep, as polling did
+            time.sleep(max(0.0, timeout_s))
+            return False
+        readable, _, _ = select.select([fd], [], [], max(0.0, timeout_s))
+        if not readable:
+            return False
+        with contextlib.suppress(BlockingIOError):
+            while os.read(fd, 4096):
+                pass
+        return True
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
 class TrainDir:
     """Paths and files of the transport under ``root``."""
 
@@ -195,8 +261,19 @@ class TrainDir:
     def done_path(self, step: int) -> Path:
         return self.root / "done" / f"step_{step}.json"
 
+    @property
+    def batch_bell(self) -> Path:
+        """The :class:`Doorbell` the orchestrator rings after writing a batch file (trainer rank 0 waits on it)."""
+        return self.root / "batch.bell"
+
+    @property
+    def done_bell(self) -> Path:
+        """The :class:`Doorbell` trainer rank 0 rings after writing a done marker (the orchestrator waits on it)."""
+        return self.root / "done.bell"
+
     def write_batch(self, batch: StepBatch) -> None:
         write_bytes_atomic(self.batch_path(batch.step), encode_batch(batch))
+        Doorbell(self.batch_bell).ring()
 
     def has_batch(self, step: int) -> bool:
         return self.batch_path(step).is_file() or self.legacy_batch_path(step).is_file()
@@ -221,6 +298,7 @@ class TrainDir:
 
     def write_done(self, step: int, metrics: dict[str, Any]) -> None:
         write_json_atomic(self.done_path(step), metrics)
+        Doorbell(self.done_bell).ring()
 
     def read_done(self, step: int) -> dict[str, Any] | None:
         return read_json_object(self.done_path(step))

@@ -9,6 +9,7 @@ from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from environments.config import EnvironmentConfig
+from protocol.schemas import LONG_POLL_S, MAX_LONG_POLL_S
 from runtime.config import RoleConfig
 from runtime.p2p.config import P2PConfig
 from toploc.config import ToplocConfig
@@ -39,7 +40,10 @@ class ValidatorConfig(RoleConfig):
     summary_interval_s: float = Field(default=10.0, gt=0)
     """How often a progress summary is logged."""
     poll_interval_s: float = Field(default=1.0, gt=0)
-    """How often to ask the ledger for pending submissions when idle."""
+    """How often to ask the ledger for pending submissions when idle and it does not long-poll."""
+    long_poll_s: float = Field(default=LONG_POLL_S, ge=0, le=MAX_LONG_POLL_S)
+    """How long a request for pending submissions, when there are none, waits at the ledger for one (a long-poll:
+    a submission is audited when it arrives, not at the next poll); 0 asks every `poll_interval_s`."""
     environment: EnvironmentConfig | None = None
     """The environment whose rewards this validator recomputes; unset: the one the run spec names. Either way
     it must match the run spec (kind, arguments, package version), or the validator refuses to start."""

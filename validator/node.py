@@ -1,18 +1,19 @@
 """`prime-validator run`: pull pending submissions, audit each against its policy version, post verdicts.
 
-The validator registers with its node key (the ledger only accepts operator-approved keys
-unless the run is open), learns and pins the coordinator's id like a worker does, downloads
-each policy version it needs through SHARDCAST (verified against the signed manifest), keeps
-an HF prefill engine per version for the few versions async_level keeps alive, audits the
-pending submissions of each version together (one prefill batch across them, only the samples
-the ledger picked) and posts a verdict per submission, with the rewards recomputed by the run's
-environment. Before it registers it fetches the run spec the coordinator signed and loads that
-environment (:func:`environments.pinning.run_environment`); one it cannot load identically stops
-it with the reason and what to install. Progress
-(:mod:`validator.progress`): one log line per verdict and a periodic summary (verified
-samples/s and submissions/s, accepted, rejected and the most common rejection reasons).
-Each version with a loaded engine, and each version being audited, is pinned in the weights
-cache, so pruning never removes it from under an audit.
+The validator registers with its node key (the ledger only accepts operator-approved keys unless
+the run is open), learns and pins the coordinator's id like a worker does, downloads each policy
+version it needs through SHARDCAST (verified against the signed manifest), keeps an HF prefill
+engine per version for the few versions async_level keeps alive, audits the pending submissions
+of each version together (one prefill batch across them, only the samples the ledger picked) and
+posts a verdict per submission, with the rewards recomputed by the run's environment. Its
+requests for pending submissions are long-polls (``long_poll_s``): with nothing to audit the
+ledger holds the request until a submission arrives. Before it registers it fetches the run spec
+the coordinator signed and loads that environment
+(:func:`environments.pinning.run_environment`); one it cannot load identically stops it with the
+reason and what to install. Progress (:mod:`validator.progress`): one log line per verdict and a
+periodic summary (verified samples/s and submissions/s, accepted, rejected and the most common
+rejection reasons). Each version with a loaded engine, and each version being audited, is pinned
+in the weights cache, so pruning never removes it from under an audit.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from engines.base import PrefillEngine
 from environments.base import Environment
 from environments.pinning import run_environment
 from node.gossip import run_node_gossip
-from node.retry import sleep_unless_stopped, with_retries
+from node.retry import sleep_unless_stopped, unless_stopped, with_retries
 from node.startup import eos_token_ids, software_version, trusted_coordinator_id
 from protocol.errors import ForbiddenError, ProtocolError, RequestRefused
 from protocol.identity import load_or_create_identity
@@ -178,13 +179,17 @@ async def run_validator(config: ValidatorConfig, stop: asyncio.Event, state: Val
         last_summary = time.monotonic()
         try:
             while not stop.is_set():
-                pending = (
-                    await with_retries("pending", lambda: ledger.pending(limit=config.max_submissions_per_batch), stop)
-                ).submissions
-                if pending:
-                    await audit_pending(ledger, engines, state, pending, stop, config.toploc)
-                else:
-                    await sleep_unless_stopped(stop, config.poll_interval_s)
+                asked = time.monotonic()
+                call = functools.partial(
+                    ledger.pending, limit=config.max_submissions_per_batch, wait_s=config.long_poll_s
+                )
+                answer = await unless_stopped(stop, with_retries("pending", call, stop))
+                if answer is None:  # stopped during a long-poll
+                    break
+                if answer.submissions:
+                    await audit_pending(ledger, engines, state, answer.submissions, stop, config.toploc)
+                else:  # a long-poll waited already; a ledger that answered at once is asked again later
+                    await sleep_unless_stopped(stop, config.poll_interval_s - (time.monotonic() - asked))
                 if time.monotonic() - last_summary > config.summary_interval_s:
                     log.info("%s", state.summary(), extra=state.figures())
                     last_summary = time.monotonic()

@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
+from protocol.schemas import LONG_POLL_S, MAX_LONG_POLL_S
 from runtime.config import RoleConfig
 from runtime.p2p.config import P2PConfig
 
@@ -35,6 +36,9 @@ class WorkerConfig(RoleConfig):
     """How long to keep trying a coordinator that does not answer at start before exiting with an error."""
     max_batch_size: int = Field(default=64, ge=1, le=4096)
     """Most sequences generated at once per engine."""
+    long_poll_s: float = Field(default=LONG_POLL_S, ge=0, le=MAX_LONG_POLL_S)
+    """How long a lease request with nothing to lease waits at the ledger for a task (a long-poll: the worker
+    hears of a new policy version when it is published, not at its next retry); 0 asks and retries later."""
     p2p: P2PConfig = P2PConfig()
     """The libp2p gossip network: announced policy versions are fetched at once (polling stays the fallback)."""
 

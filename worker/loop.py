@@ -1,16 +1,18 @@
 """The worker's task loop: lease, make sure the weights are there, generate, prove, submit.
 
 One :class:`TaskRunner` per engine (one engine per GPU) shares one ledger client, one weights
-cache and one :class:`WorkerState`. For each leased task the runner downloads the task's
-policy version if needed (prefetching the next one while it generates), reloads the engine's
-weights in place when the version changes, generates every sample with the ledger's sampling
-seed, builds a TOPLOC proof from each sample's hidden states, and submits the group. While
-it generates, the lease is renewed at a third of its remaining time. Failures of the ledger
-or the relays are retried with capped exponential backoff; a refusal (4xx) of a task's
-submission is logged and the task is dropped (its lease will expire and be re-issued); a 403
-(banned, or not allowed) ends the worker with that ForbiddenError. The version an engine serves
-and the version of the task being generated are pinned in the weights cache, so newer versions
-fetched meanwhile never prune them.
+cache and one :class:`WorkerState`. Its lease requests are long-polls (``long_poll_s``): with
+nothing to lease the ledger holds the request until a task can be leased (a new policy, a
+re-opened task), so the runner starts the moment it can rather than at its next retry. For each
+leased task the runner downloads the task's policy version if needed (prefetching the next one
+while it generates), reloads the engine's weights in place when the version changes, generates
+every sample with the ledger's sampling seed, builds a TOPLOC proof from each sample's hidden
+states, and submits the group. While it generates, the lease is renewed at a third of its
+remaining time. Failures of the ledger or the relays are retried with capped exponential
+backoff; a refusal (4xx) of a task's submission is logged and the task is dropped (its lease
+will expire and be re-issued); a 403 (banned, or not allowed) ends the worker with that
+ForbiddenError. The version an engine serves and the version of the task being generated are
+pinned in the weights cache, so newer versions fetched meanwhile never prune them.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from typing import Any, TypeVar
 from pydantic import ValidationError
 
 from engines.base import Engine, GenerationRequest, GenerationResult
-from node.retry import sleep_unless_stopped, sleep_until_work, with_retries
+from node.retry import sleep_unless_stopped, sleep_until_work, unless_stopped, with_retries
 from protocol.errors import (
     ForbiddenError,
     PrimeError,
@@ -36,13 +38,15 @@ from protocol.errors import (
     RequestRefused,
 )
 from protocol.ledger_client import LedgerClient
-from protocol.schemas import MAX_TOKENS_PER_S, HeartbeatRequest, LeaseRequest, Rollout, SubmitRequest, Task
+from protocol.schemas import LONG_POLL_S, MAX_TOKENS_PER_S, HeartbeatRequest, LeaseRequest, Rollout, SubmitRequest, Task
 from shardcast.cache import WeightsCache
 from toploc.proof import build_proofs
 from toploc.sampling import sample_stream
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+MIN_LEASE_INTERVAL_S = 0.2
+"""Lease requests that come back empty are at least this far apart, whatever retry delay the ledger names."""
 
 
 @dataclass
@@ -119,7 +123,9 @@ class TaskRunner:
         state: WorkerState,
         eos_token_ids: tuple[int, ...],
         loaded_version: int | None = None,
+        long_poll_s: float = LONG_POLL_S,
     ) -> None:
+        self.long_poll_s = long_poll_s
         self.ledger = ledger
         self.engine = engine
         self.weights = weights
@@ -136,9 +142,17 @@ class TaskRunner:
             while not stop.is_set():
                 request = LeaseRequest(max_tasks=1, policy_versions_held=self.weights.held_versions()[-16:])
                 self.state.work_available.clear()
-                leased = await with_retries("lease", functools.partial(self.ledger.lease, request), stop)
+                asked = time.monotonic()
+                call = functools.partial(self.ledger.lease, request, self.long_poll_s)
+                leased = await unless_stopped(stop, with_retries("lease", call, stop))
+                if leased is None:  # stopped during a long-poll
+                    break
                 if not leased.tasks:
-                    await sleep_until_work(stop, self.state.work_available, max(leased.retry_after_s, 0.2))
+                    # A long-poll that waited its time out says 0: ask again at once. A ledger that answered at
+                    # once (no long-polls there, or this node has its most waiting) is asked again later.
+                    pause = max(leased.retry_after_s, MIN_LEASE_INTERVAL_S) - (time.monotonic() - asked)
+                    if pause > 0:
+                        await sleep_until_work(stop, self.state.work_available, pause)
                     continue
                 for task in leased.tasks:
                     if stop.is_set():

@@ -125,7 +125,7 @@ async def run_worker(
             state.policy_version = start_version
             log.info("%d %s engine(s) ready on policy v%d", len(engines), kind, start_version)
             runners = [
-                TaskRunner(ledger, engine, weights, state, eos, loaded_version=start_version) for engine in engines
+                TaskRunner(ledger, engine, weights, state, eos, start_version, config.long_poll_s) for engine in engines
             ]
         jobs = [asyncio.create_task(heartbeat_forever(ledger, weights, state, kind, stop))]
         jobs += [asyncio.create_task(runner.run(stop)) for runner in runners]

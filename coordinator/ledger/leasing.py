@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import secrets
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -34,6 +35,7 @@ from typing import Any
 from sqlalchemy import Connection, Row, bindparam, func, insert, select, update
 
 from coordinator.config import CoordinatorConfig
+from coordinator.ledger.changes import NODE_SCOPED_KINDS, LedgerChanges, node_kind
 from coordinator.ledger.replay import NonceClaim, claim_nonce
 from coordinator.ledger.reputation import BanPolicy, ProbationPolicy, lease_allowance, on_probation
 from coordinator.ledger.scheduling import choose_policy_version, grant_count, lease_room, oldest_allowed_version
@@ -147,6 +149,9 @@ class LeasingLedger(LedgerViews):
         self._secret = self._load_or_create_run()
         self._next_expiry_check = 0.0
         self._live_sources = (float("-inf"), 0)
+        self.changes = LedgerChanges()
+        """Told the event kinds of each committed write (see :mod:`coordinator.ledger.changes`)."""
+        self._transaction = threading.local()  # .kinds: the event kinds of this thread's open write
 
     def _load_or_create_run(self) -> str:
         with self.db.write() as conn:
@@ -180,16 +185,28 @@ class LeasingLedger(LedgerViews):
         One transaction per request instead of two; a request refused by the ledger rolls back its
         nonce with everything else, which is harmless: replaying it changes nothing either.
         """
-        with self.db.write(durable) as conn:
-            if nonce is not None and not claim_nonce(conn, nonce, self.clock()):
-                raise ReplayedNonceError(
-                    f"nonce {nonce.nonce} was already used by node {nonce.node_id}; requests cannot be replayed"
-                )
-            yield conn
+        kinds: set[str] = set()
+        outer = getattr(self._transaction, "kinds", None)
+        self._transaction.kinds = kinds
+        try:
+            with self.db.write(durable) as conn:
+                if nonce is not None and not claim_nonce(conn, nonce, self.clock()):
+                    raise ReplayedNonceError(
+                        f"nonce {nonce.nonce} was already used by node {nonce.node_id}; requests cannot be replayed"
+                    )
+                yield conn
+        finally:
+            self._transaction.kinds = outer
+        self.changes.committed(kinds)  # only after the commit: a rolled-back write changed nothing
 
     def _event(self, conn: Connection, kind: str, node_id: str | None, subject: str | None, **data: Any) -> None:
         values = {"at": self.clock(), "kind": kind, "node_id": node_id, "subject": subject, "data_json": _dumps(data)}
         conn.execute(INSERT_EVENT, values)
+        kinds = getattr(self._transaction, "kinds", None)
+        if kinds is not None:
+            kinds.add(kind)
+            if kind in NODE_SCOPED_KINDS and node_id is not None:
+                kinds.add(node_kind(kind, node_id))
 
     def _node(self, conn: Connection, node_id: str, role: Role | None, lock: bool = False) -> Row[Any]:
         """The node's row, or a 403 saying why it may not act in ``role`` (None: in any role)."""
@@ -504,5 +521,5 @@ class LeasingLedger(LedgerViews):
 
     def expire_overdue(self) -> int:
         """Re-queue the tasks of leases whose deadline passed (the background maintenance calls this)."""
-        with self.db.write() as conn:
+        with self._write(None) as conn:
             return self._expire_overdue(conn, self.clock())

@@ -1,8 +1,9 @@
 """The validators' side of the ledger: what each one must audit, and turning their verdicts into decisions.
 
 :class:`ValidationLedger` lists pending submissions to a validator (never one it already
-judged), each with the samples it must re-check (:mod:`coordinator.ledger.audit_choice`), and
-records each validator's verdict as a vote of its own (table ``verdict_votes``). When
+judged), each with the samples it must re-check (:mod:`coordinator.ledger.audit_choice`), logging
+a ``hand_out`` event of what it handed to whom (when each audit began, for whoever measures the
+loop), and records each validator's verdict as a vote of its own (table ``verdict_votes``). When
 ``validation.validators_per_submission`` votes agree (:mod:`coordinator.ledger.quorum`), the
 submission is decided in the same transaction: accepted groups enter ``accepted_groups`` (what
 training batches are built from) with the agreeing validators' rewards; rejected ones re-open
@@ -119,6 +120,10 @@ class ValidationLedger(LeasingLedger):
                 )
         for submission_id in unreadable:
             self._reject_unreadable(submission_id)
+        if found:  # when each validator began on what: the start of its audit, for whoever measures the loop
+            with self._write(None, durable=False) as conn:
+                ids = [item.submission_id for item in found]
+                self._event(conn, "hand_out", validator_id, ids[0], submission_ids=ids)
         return PendingSubmissions(submissions=found)
 
     def _reject_unreadable(self, submission_id: str) -> None:

@@ -4,14 +4,15 @@ For step s (1-based; step s turns policy v(s-1) into v(s)) the loop:
 
 1. records the batch in the ledger (:meth:`TrainSteps.record_batch`: ``groups_per_step``
    accepted submissions not used before, made with a policy no older than s - 1 - k), or
-   finds the one recorded before a restart; it waits while too few are accepted;
+   finds the one recorded before a restart; it waits while too few are accepted, woken by each
+   verdict the ledger commits (:mod:`coordinator.ledger.changes`);
 2. builds the samples (task prompt tokens, completion tokens, the worker's validated logprobs,
    the validator's rewards, group advantages) and writes them as the step's batch file for
    the trainer service (:mod:`trainer.transport`), unless the trainer already finished it;
-3. waits for the trainer's done marker, records the step as trained with its metrics, and
-   publishes ``policies/step_s`` as version s through :func:`coordinator.loop.policies.publish_policy`
-   (origin store, then ledger; idempotent; the origin store is then pruned), records it as
-   published and removes the step files that published steps no longer need
+3. waits for the trainer's done marker (woken by the trainer's doorbell), records the step as
+   trained with its metrics, and publishes ``policies/step_s`` as version s through
+   :func:`coordinator.loop.policies.publish_policy` (origin store, then ledger; idempotent; the
+   origin store is then pruned), records it as published and removes the step files that published steps no longer need
    (:meth:`TrainDir.prune_published`, keeping ``orchestrator.keep_step_files``).
 
 Generation never waits for this loop: leasing goes on at the current version while the
@@ -38,9 +39,11 @@ from coordinator.processes.trainer_process import TrainerProcess
 from protocol.identity import NodeIdentity
 from runtime.memory import release_free_memory
 from shardcast.store import VersionStore
-from trainer.transport import StepBatch, TrainDir
+from trainer.transport import Doorbell, StepBatch, TrainDir
 
 log = logging.getLogger("coordinator.loop.orchestrator")
+BATCH_WAKE_KINDS = ("verdict",)
+"""Ledger events after which a step's batch may be complete: a submission accepted."""
 
 T = TypeVar("T")
 
@@ -61,11 +64,17 @@ class Orchestrator:
     tick: Callable[[], None] = lambda: None
     """Called while waiting (progress lines, child-process checks); may raise to end the run."""
     steps: TrainSteps = field(init=False)
+    _done_bell: Doorbell = field(init=False)
 
     def __post_init__(self) -> None:
         self.steps = TrainSteps(self.ledger)
+        self._done_bell = Doorbell(self.train_dir.done_bell)
+        self._done_bell.listen()  # before the trainer can ring it
 
-    def _wait(self, ready: Callable[[], T | None]) -> T:
+    def _wait(self, ready: Callable[[], T | None], wake: Callable[[float], object]) -> T:
+        """``ready()`` once it is not None. In between, ``wake(timeout_s)`` blocks until what ``ready`` looks for
+        may have changed (a ledger event, the trainer's doorbell) or at most ``poll_interval_s``, when the
+        trainer's liveness, the stop flag and the progress line are looked at again."""
         while True:
             value = ready()
             if value is not None:
@@ -76,8 +85,25 @@ class Orchestrator:
                     return value
                 self.trainer.check()
             self.tick()
-            if self.stop.wait(self.config.orchestrator.poll_interval_s):
+            if self.stop.is_set():
                 raise StoppedError
+            wake(self.config.orchestrator.poll_interval_s)
+            if self.stop.is_set():
+                raise StoppedError
+
+    def _on_ledger(
+        self, look: Callable[[], T | None], kinds: tuple[str, ...]
+    ) -> tuple[Callable[[], T | None], Callable[[float], object]]:
+        """``look`` and the wake for :meth:`_wait` that ends at the commit of an event of ``kinds``; the mark is
+        taken before each look, so an event committed between the look and the wait is not missed."""
+        changes = self.ledger.changes
+        mark = [changes.mark(kinds)]
+
+        def ready() -> T | None:
+            mark[0] = changes.mark(kinds)
+            return look()
+
+        return ready, lambda timeout_s: changes.wait(kinds, mark[0], timeout_s)
 
     def run(self) -> list[StepRecord]:
         """Train and publish the remaining steps; return every step's record."""
@@ -86,15 +112,22 @@ class Orchestrator:
         if first > 1:
             log.info("resuming the RL loop at step %d of %d", first, settings.num_steps)
             self._retain(first - 1)  # a crash may have come between publishing and pruning
-        for step in range(first, settings.num_steps + 1):
-            self.run_step(step)
+        try:
+            for step in range(first, settings.num_steps + 1):
+                self.run_step(step)
+        finally:
+            self._done_bell.close()
         return self.steps.steps()
 
     def run_step(self, step: int) -> None:
         settings = self.config.orchestrator
         min_version = min_policy_version(step, self.config.scheduling.async_level)
         waiting_since = time.monotonic()
-        record = self._wait(lambda: self.steps.record_batch(step, settings.groups_per_step, min_version))
+        record = self._wait(
+            *self._on_ledger(
+                lambda: self.steps.record_batch(step, settings.groups_per_step, min_version), BATCH_WAKE_KINDS
+            )
+        )
         if record.state == "published":
             return
         groups = self.steps.groups(step)
@@ -111,7 +144,7 @@ class Orchestrator:
                 summary["staleness_mean"],
                 time.monotonic() - waiting_since,
             )
-        done = self._wait(lambda: self.train_dir.read_done(step))
+        done = self._wait(lambda: self.train_dir.read_done(step), self._done_bell.wait)
         if record.state == "recorded":
             metrics: dict[str, Any] = {**done, **{f"batch_{k}": v for k, v in summary.items()}}
             metrics["wait_s"] = time.monotonic() - waiting_since

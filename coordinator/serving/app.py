@@ -37,6 +37,7 @@ from coordinator.serving.auth import SignedCaller, SignedRequest
 from coordinator.serving.dashboard import dashboard_router
 from coordinator.serving.dashboard.relays import RelayWatch
 from coordinator.serving.errors import install_error_handlers
+from coordinator.serving.longpoll import PENDING_WAKE_KINDS, LongPolls, lease_wake_kinds
 from coordinator.serving.metrics import LedgerMetrics
 from coordinator.serving.middleware import BodySizeLimit, IpRateLimit, SourceConcurrency
 from coordinator.serving.ratelimit import RateLimiter, RegistrationLimit
@@ -44,6 +45,7 @@ from protocol import routes
 from protocol.errors import ForbiddenError, NotFoundError, RateLimitedError
 from protocol.ledger_client import HEADER_SUBMISSION_SIGNATURE
 from protocol.schemas import (
+    MAX_LONG_POLL_S,
     MAX_POLICY_VERSION,
     ErrorBody,
     EventPage,
@@ -161,10 +163,25 @@ def create_app(
         """Report liveness, engine and policy versions held."""
         return await in_thread(ledger.heartbeat, caller.node_id, body, caller.nonce)
 
+    long_polls = LongPolls(ledger.changes, api.max_long_polls_per_node)
+    app.state.long_polls = long_polls  # the service tells it when the server is closing
+    WaitS = Annotated[  # noqa: N806 - a type alias, named like one
+        float,
+        Query(ge=0, le=MAX_LONG_POLL_S, description="Long-poll: when nothing is there yet, wait up to this long."),
+    ]
+
     @app.post(routes.LEASES, tags=["leases"])
-    async def lease(body: LeaseRequest, caller: Caller) -> LeaseResponse:
-        """Lease up to max_tasks tasks (fewer, or none with a retry delay, when caps or fair share bind)."""
-        return await in_thread(ledger.lease, caller.node_id, body, caller.nonce)
+    async def lease(body: LeaseRequest, caller: Caller, request: Request, wait_s: WaitS = 0.0) -> LeaseResponse:
+        """Lease up to max_tasks tasks (fewer, or none with a retry delay, when caps or fair share bind); with
+        wait_s, an empty answer waits until tasks can be leased (see coordinator/serving/longpoll.py)."""
+
+        async def attempt(first: bool) -> LeaseResponse:
+            return await in_thread(ledger.lease, caller.node_id, body, caller.nonce if first else None)
+
+        leased, waited_out = await long_polls.answer(
+            request, caller.node_id, wait_s, lease_wake_kinds(caller.node_id), attempt, lambda r: bool(r.tasks)
+        )
+        return leased.model_copy(update={"retry_after_s": 0.0}) if waited_out else leased
 
     @app.post(routes.LEASES_RENEW, tags=["leases"])
     async def renew(body: LeaseRenewal, caller: Caller) -> LeaseState:
@@ -186,9 +203,19 @@ def create_app(
         return await in_thread(ledger.submit, caller.node_id, body, submission_signature, caller.nonce)
 
     @app.get(routes.SUBMISSIONS_PENDING, tags=["validation"])
-    async def pending(caller: Caller, limit: Annotated[int, Query(ge=1, le=256)] = 16) -> PendingSubmissions:
-        """Submissions awaiting a verdict, oldest first (approved validators only)."""
-        return await in_thread(ledger.pending, caller.node_id, limit, caller.nonce)
+    async def pending(
+        caller: Caller, request: Request, limit: Annotated[int, Query(ge=1, le=256)] = 16, wait_s: WaitS = 0.0
+    ) -> PendingSubmissions:
+        """Submissions awaiting a verdict, oldest first (approved validators only); with wait_s, an empty answer
+        waits until one is submitted."""
+
+        async def attempt(first: bool) -> PendingSubmissions:
+            return await in_thread(ledger.pending, caller.node_id, limit, caller.nonce if first else None)
+
+        found, _waited_out = await long_polls.answer(
+            request, caller.node_id, wait_s, PENDING_WAKE_KINDS, attempt, lambda r: bool(r.submissions)
+        )
+        return found
 
     @app.post(routes.VERDICTS, tags=["validation"])
     async def verdict(body: Verdict, caller: Caller) -> VerdictResponse:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import AsyncIterator
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -95,10 +96,36 @@ class IpRateLimit:
         await self.app(scope, receive, send)
 
 
+SLOT_SCOPE_KEY = "prime.source_slot"
+"""Where :class:`SourceConcurrency` leaves the request's :class:`SourceSlot` in the ASGI scope."""
+
+
+class SourceSlot:
+    """The per-source slot a request holds inside the app; a long-poll gives it up while it waits."""
+
+    def __init__(self, owner: SourceConcurrency, source: str) -> None:
+        self.owner = owner
+        self.source = source
+        self.held = True
+
+    @contextlib.asynccontextmanager
+    async def released(self) -> AsyncIterator[None]:
+        """Let the source's other requests in (and not count this one) for the block; take the slot back after."""
+        self.owner._leave(self.source)
+        self.held = False
+        try:
+            yield
+        finally:
+            await self.owner._enter(self.source)
+            self.held = True
+
+
 class SourceConcurrency:
     """At most ``max_in_flight`` ledger calls (paths under ``/v1/``) of one source inside the app at once; up to
     ``max_waiting`` more wait their turn and further ones are refused with 429. Allow-listed addresses are not
-    limited, nor is anything outside ``/v1/`` (policy shards streamed from ``/shardcast``, the dashboard)."""
+    limited, nor is anything outside ``/v1/`` (policy shards streamed from ``/shardcast``, the dashboard).
+    A request's :class:`SourceSlot` is in its scope under :data:`SLOT_SCOPE_KEY`: a long-poll releases it
+    while it waits, so waiting neither blocks the source's other calls nor counts against ``max_waiting``."""
 
     def __init__(self, app: ASGIApp, sources: SourcePolicy, max_in_flight: int, max_waiting: int) -> None:
         self.app = app
@@ -115,16 +142,37 @@ class SourceConcurrency:
             await self.app(scope, receive, send)
             return
         source = self.sources.prefix(address)
-        slots, users = self._slots.setdefault(source, (asyncio.Semaphore(self.max_in_flight), [0]))
-        if users[0] >= self.max_in_flight + self.max_waiting:
+        entry = self._slots.get(source)
+        if entry is not None and entry[1][0] >= self.max_in_flight + self.max_waiting:
             exc = RateLimitedError(f"too many concurrent requests from {source}; retry in 1 s", 1.0)
             await prime_error_response(exc)(scope, receive, send)
             return
+        await self._enter(source)
+        slot = SourceSlot(self, source)
+        scope[SLOT_SCOPE_KEY] = slot
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            if slot.held:
+                self._leave(source)
+
+    async def _enter(self, source: str) -> None:
+        """Count a request of ``source`` and wait for one of its slots."""
+        slots, users = self._slots.setdefault(source, (asyncio.Semaphore(self.max_in_flight), [0]))
         users[0] += 1
         try:
-            async with slots:
-                await self.app(scope, receive, send)
-        finally:
-            users[0] -= 1
-            if users[0] == 0:
-                del self._slots[source]
+            await slots.acquire()
+        except BaseException:  # cancelled while waiting: it holds nothing
+            self._uncount(source)
+            raise
+
+    def _leave(self, source: str) -> None:
+        """Give a slot of ``source`` back and stop counting its request."""
+        self._slots[source][0].release()
+        self._uncount(source)
+
+    def _uncount(self, source: str) -> None:
+        users = self._slots[source][1]
+        users[0] -= 1
+        if users[0] == 0:
+            del self._slots[source]

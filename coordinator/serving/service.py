@@ -159,6 +159,7 @@ def run(config: CoordinatorConfig) -> None:
                 proxy_headers=False,  # X-Forwarded-For only from sources.trusted_proxies (see coordinator.serving.app)
             )
         )
+        app.state.long_polls.closing = lambda: bool(server.should_exit)  # waiting long-polls end at shutdown
         if config.validation.builtin_enabled:
             builtin_validator.start(local_url(host, port))
         runner = None

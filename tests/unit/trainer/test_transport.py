@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
+import threading
+import time
 from dataclasses import asdict
 from pathlib import Path
 
 import pytest
 
 from trainer.packing import TrainSample
-from trainer.transport import StepBatch, TrainDir, encode_batch
+from trainer.transport import Doorbell, StepBatch, TrainDir, encode_batch
 
 
 def sample(n: int, logprobs: bool = True) -> TrainSample:
@@ -94,3 +96,35 @@ def test_prune_published_keeps_what_a_restart_needs(tmp_path: Path) -> None:
     assert names(kept, "batches") == [f"step_{s}.safetensors" for s in (3, 4, 5, 6)]
     assert names(kept, "done") == [f"step_{s}.json" for s in (3, 4, 5, 6)]
     assert TrainDir(tmp_path / "nothing").prune_published(3) == []
+
+
+def test_a_doorbell_wakes_its_listener_and_a_lost_ring_costs_one_timeout(tmp_path: Path) -> None:
+    bell_path = tmp_path / "train" / "batch.bell"
+    Doorbell(bell_path).ring()  # nobody listens yet (no pipe even): nothing happens, nothing blocks
+    listener = Doorbell(bell_path)
+    assert listener.listen()
+    started = time.monotonic()
+    assert not listener.wait(0.05)
+    assert time.monotonic() - started >= 0.05
+    threading.Timer(0.1, Doorbell(bell_path).ring).start()
+    started = time.monotonic()
+    assert listener.wait(10.0)
+    assert time.monotonic() - started < 5.0
+    for _ in range(3):
+        Doorbell(bell_path).ring()
+    assert listener.wait(0)  # rings pile up as one
+    assert not listener.wait(0)
+    listener.close()
+    Doorbell(bell_path).ring()  # the pipe stays, its reader is gone: still no block, no error
+
+
+def test_writing_a_batch_or_a_done_marker_rings_its_doorbell(tmp_path: Path) -> None:
+    train_dir = TrainDir(tmp_path)
+    batch_bell, done_bell = Doorbell(train_dir.batch_bell), Doorbell(train_dir.done_bell)
+    assert batch_bell.listen() and done_bell.listen()
+    train_dir.write_batch(StepBatch(1, [], 1.0, []))
+    assert batch_bell.wait(0) and not done_bell.wait(0)
+    train_dir.write_done(1, {"loss": 0.0})
+    assert done_bell.wait(0) and not batch_bell.wait(0)
+    batch_bell.close()
+    done_bell.close()

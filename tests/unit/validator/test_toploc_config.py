@@ -73,7 +73,7 @@ class FakeLedger:
     async def register(self, _request: object) -> None:
         return None
 
-    async def pending(self, limit: int) -> Any:
+    async def pending(self, limit: int, wait_s: float = 0.0) -> Any:
         items = [] if self.handed_out else [pending_item(0)]
         self.handed_out = True
         return SimpleNamespace(submissions=items)

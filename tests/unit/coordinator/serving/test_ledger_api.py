@@ -41,7 +41,7 @@ async def test_worker_and_validator_loop(harness: LedgerHarness, worker: LedgerC
     status = await worker.status()
     assert (status.num_submissions_accepted, status.num_submissions_pending, status.num_workers_live) == (1, 0, 1)
     kinds = [event.kind for event in (await worker.events()).events]
-    assert kinds == ["register", "lease", "submit", "register", "vote", "verdict"]
+    assert kinds == ["register", "lease", "submit", "register", "hand_out", "vote", "verdict"]
     stats = await worker.stats()
     assert {node.node_id: node.num_accepted for node in stats.nodes}[worker.identity.node_id] == 1
     await validator.aclose()
