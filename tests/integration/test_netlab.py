@@ -11,6 +11,8 @@ no namespace behind. With CI=true a host that cannot make namespaces fails the t
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -80,3 +82,39 @@ def test_a_nat_refuses_inbound_connections_and_lets_outbound_ones_through(
     assert outbound.returncode == 0, outbound.stderr
     assert inbound.returncode != 0
     assert lab_namespaces(prefix) == []
+
+
+LAB_UNTIL_SIGNALLED = r"""
+import sys, time
+from pathlib import Path
+from tests.support.netlab import Lab
+
+with Lab(Path(sys.argv[1])) as lab:
+    router = lab.router("router")
+    leaf = lab.namespace("leaf")
+    lab.link(leaf, router, rate_mbit=100.0)
+    sleeper = lab.start(leaf, "sleeper", [sys.executable, "-c", "import time; time.sleep(600)"])
+    print(lab.prefix, sleeper.pid, flush=True)
+    time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signalled_lab_removes_its_namespaces_and_processes(
+    tmp_path: Path, can_make_namespaces: None, signum: int
+) -> None:
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", LAB_UNTIL_SIGNALLED, str(tmp_path)], stdout=subprocess.PIPE, env=env, text=True
+    )
+    try:
+        assert proc.stdout is not None
+        prefix, pid = proc.stdout.readline().split()
+        assert len(lab_namespaces(prefix)) == 2
+        os.kill(proc.pid, signum)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert lab_namespaces(prefix) == []
+    assert not Path(f"/proc/{pid}").exists(), "the process started inside the lab outlived it"
