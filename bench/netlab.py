@@ -289,7 +289,7 @@ def main() -> None:
     reason = namespaces_unavailable()
     if reason is not None:
         raise SystemExit(f"bench.netlab: {reason}")
-    warmup, steps = (2, 6) if args.quick else (3, 15)
+    warmup, steps = (2, 5) if args.quick else (3, 10)
     size = (104 if args.quick else 160) * MIB
     root = args.dir.resolve()
     shutil.rmtree(root, ignore_errors=True)
