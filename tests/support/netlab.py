@@ -24,6 +24,7 @@ import os
 import shutil
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -107,8 +108,9 @@ class Lab:
         self._old_handlers: dict[int, object] = {}
 
     def __enter__(self) -> Lab:
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            self._old_handlers[signum] = signal.signal(signum, self._on_signal)
+        if threading.current_thread() is threading.main_thread():  # signal handlers live in the main thread only
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                self._old_handlers[signum] = signal.signal(signum, self._on_signal)
         atexit.register(self.close)
         return self
 
