@@ -7,7 +7,9 @@ loop. A new policy version starts downloading through the worker's
 it), so the engine can switch as soon as the first task of that version is leased; a relay's
 address (authentic but untrusted: every shard is still checked against the signed manifest)
 joins the relays downloads are spread over, up to a cap; task availability wakes an idle task
-loop. Nothing here replaces polling: leases still carry the version each task needs.
+loop. A version older than one the node holds or fetches is not prefetched: a (re)joining node
+hears the last minute of announcements again. Nothing here replaces polling: leases still carry
+the version each task needs.
 """
 
 from __future__ import annotations
@@ -64,7 +66,14 @@ class WorkerGossipHandler:
 
     def fetch_announced(self, announcement: PolicyAnnouncement) -> None:
         version = announcement.version
-        if version in self.weights.held_versions() or version in self.fetches:
+        known = [*self.weights.held_versions(), *self.fetches]
+        if version in known:
+            return
+        if known and version < max(known):
+            # A node that (re)joins hears the announcements of the last minute again, oldest among them:
+            # prefetching those would race the pruning of old versions for nothing (a lease that needs an
+            # older version fetches it then).
+            log.debug("ignoring announced policy v%d: v%d is newer", version, max(known))
             return
         log.info(
             "policy v%d announced by gossip; fetching it now",

@@ -17,6 +17,9 @@ cut off and its source demoted (outcome ``slow``). And a fetch still running aft
 ``hedge_after_s`` (or ``hedge_factor`` times what the fastest measured source would need)
 is hedged: the same shard is asked of another source, the first verified copy wins, the
 other request is cancelled, and a primary that lost to its hedge is demoted the same way.
+A fetch is hedged only while it drags behind the fetches from other sources in flight
+(:func:`is_dragging`): when every fetch is slow alike, the bottleneck is this machine's own
+link, and a second copy would only take bandwidth from the first.
 
 A failure on this machine (no space, permissions, a read-only disk) is not a source's fault:
 it stops the transfer at once with :class:`~protocol.errors.LocalFaultError`.
@@ -47,6 +50,10 @@ EventSink = Callable[[dict[str, Any]], None]
 FailureKind = Literal["network", "slow", "not_ready", "integrity", "missing"]
 _HEDGE_RETRY_S = 0.25
 """How soon a dragging fetch asks again for a hedge when none could be started."""
+DRAG_RATIO = 2.0
+"""A fetch drags when fetches from other sources in flight receive, at the median, this many times its rate."""
+_MIN_PEER_AGE_S = 0.2
+"""Fetches younger than this say nothing yet about their source's rate."""
 
 
 def no_events(_event: dict[str, Any]) -> None:
@@ -134,7 +141,7 @@ def shard_url(source: str, version: int, index: int) -> str:
     return f"{source.rstrip('/')}/v/{version}/shards/{index}"
 
 
-@dataclass
+@dataclass(eq=False)
 class _Attempt:
     """One fetch of one shard from one source (the primary, or a hedge of it)."""
 
@@ -143,6 +150,18 @@ class _Attempt:
     started: float = field(default_factory=time.monotonic)
     received: int = 0
     task: asyncio.Task[None] | None = None
+
+
+def is_dragging(attempt: _Attempt, in_flight: Sequence[_Attempt], now: float) -> bool:
+    """Whether ``attempt`` is slow next to the fetches from other sources in flight (each rate: bytes received
+    over its age). With no such fetch to compare with, any fetch past its hedge delay counts as dragging."""
+    peers = [a for a in in_flight if a.source != attempt.source and now - a.started >= _MIN_PEER_AGE_S]
+    if not peers:
+        return True
+    rates = sorted(a.received / (now - a.started) for a in peers)
+    median = rates[len(rates) // 2] if len(rates) % 2 else (rates[len(rates) // 2 - 1] + rates[len(rates) // 2]) / 2
+    own = attempt.received / max(now - attempt.started, 1e-9)
+    return own * DRAG_RATIO < median
 
 
 async def fetch_shard(
@@ -251,6 +270,7 @@ async def fetch_shards(
     kinds_seen: dict[int, set[FailureKind]] = {shard.index: set() for shard in pending}
     remaining = len(pending)
     hedges_in_flight = 0
+    in_flight: set[_Attempt] = set()
     finished = loop.create_future()
 
     def requeue(index: int, delay_s: float) -> None:
@@ -270,6 +290,7 @@ async def fetch_shards(
 
     def start(attempt: _Attempt, shard: ShardEntry) -> None:
         scoreboard.started(attempt.source)
+        in_flight.add(attempt)
         attempt.task = asyncio.create_task(
             fetch_shard(fetcher, attempt.source, manifest, shard, sink, deadline, attempt)
         )
@@ -287,6 +308,10 @@ async def fetch_shards(
                 timeout = max(0.0, hedge_at - time.monotonic()) if may_hedge else None
                 tasks = {attempt.task for attempt in running if attempt.task is not None}
                 done, _ = await asyncio.wait(tasks, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+                if not done and not is_dragging(running[0], list(in_flight), time.monotonic()):
+                    # slow, but no slower than the other sources: the shared link is the limit, not the source
+                    hedge_at = time.monotonic() + hedge_delay(shard)
+                    continue
                 if not done:  # the primary drags: ask another source too
                     busy = {attempt.source for attempt in running}
                     other = scoreboard.choose(exclude=excluded[shard.index] | busy)
@@ -312,6 +337,7 @@ async def fetch_shards(
                     continue
                 for attempt in [a for a in running if a.task in done]:
                     running.remove(attempt)
+                    in_flight.discard(attempt)
                     if attempt.hedge:
                         hedges_in_flight -= 1
                     assert attempt.task is not None
@@ -343,6 +369,7 @@ async def fetch_shards(
             return None, failures
         finally:
             for attempt in running:
+                in_flight.discard(attempt)
                 if attempt.task is not None and not attempt.task.done():
                     attempt.task.cancel()
                 if attempt.hedge:

@@ -18,7 +18,7 @@ import logging
 import threading
 import time
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from sqlalchemy import func, select
 
 from coordinator.config import CoordinatorConfig
@@ -135,13 +135,15 @@ class CoordinatorGossip:
 
 
 def mount_p2p_info(app: FastAPI, gossip: CoordinatorGossip | None) -> None:
-    """``GET /v1/p2p``: the coordinator's peer id and multiaddrs, or 404 when p2p is disabled."""
+    """``GET /v1/p2p``: the coordinator's peer id and multiaddrs (a wildcard bind host replaced by the host the
+    asker reached the API by), or 404 when p2p is disabled."""
 
     @app.get(routes.P2P, tags=["public"])
-    def p2p_info() -> P2PInfo:
+    def p2p_info(request: Request) -> P2PInfo:
         if gossip is None:
             raise NotFoundError("p2p is disabled on this coordinator ([p2p] enabled = false); poll the ledger")
-        return gossip.gossip.info()
+        # Bound to 0.0.0.0 without a public_host: the asker can dial us where it reached the API.
+        return gossip.gossip.info(reached_as=request.url.hostname)
 
 
 def start_coordinator_gossip(

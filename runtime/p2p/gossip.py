@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import ipaddress
 import logging
+import re
 from collections.abc import Callable
 
 import httpx
@@ -95,9 +96,11 @@ class Gossip:
         self.node.publish(TOPICS[announcement.kind], encode_announcement(announcement))
         return announcement
 
-    def info(self) -> P2PInfo:
-        """What ``GET /v1/p2p`` answers: this node's peer id and dialable multiaddrs."""
-        addrs = [advertised_addr(addr, self.config.public_host) for addr in self.node.addrs[:16]]
+    def info(self, reached_as: str | None = None) -> P2PInfo:
+        """What ``GET /v1/p2p`` answers: this node's peer id and dialable multiaddrs. ``reached_as``, the host a
+        client reached the API by, stands in for a wildcard bind address (0.0.0.0) when no public_host is set."""
+        public_host = self.config.public_host
+        addrs = [advertised_addr(addr, public_host, reached_as) for addr in self.node.addrs[:16]]
         return P2PInfo(peer_id=self.identity.node_id, addrs=addrs, topics=list(TOPICS.values()))
 
     def join(self, info: P2PInfo) -> None:
@@ -123,16 +126,33 @@ class Gossip:
         self.node.stop()
 
 
-def advertised_addr(addr: str, public_host: str | None) -> str:
-    """``addr`` with its bind host replaced by ``public_host`` (an IPv4/IPv6 address or a DNS name)."""
+def advertised_addr(addr: str, public_host: str | None, reached_as: str | None = None) -> str:
+    """``addr`` with its bind host replaced by ``public_host`` (an IPv4/IPv6 address or a DNS name); without one, a
+    wildcard bind host (0.0.0.0, ::), which no other machine can dial, by ``reached_as`` (how the asker reached us)."""
+    _empty, _family, host, rest = addr.split("/", 3)
     if public_host is None:
-        return addr
-    _empty, _family, _host, rest = addr.split("/", 3)
+        if host not in WILDCARD_HOSTS or not reached_as or not is_host_name(reached_as):
+            return addr
+        public_host = reached_as
     try:
         family = "ip6" if ipaddress.ip_address(public_host).version == 6 else "ip4"
     except ValueError:
         family = "dns"
     return f"/{family}/{public_host}/{rest}"
+
+
+WILDCARD_HOSTS = ("0.0.0.0", "::")
+_LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+_HOST_NAME = re.compile(rf"^(?=.{{1,253}}$){_LABEL}(\.{_LABEL})*$")
+
+
+def is_host_name(text: str) -> bool:
+    """An IP address or a DNS name (what may go into a multiaddr's host part)."""
+    try:
+        ipaddress.ip_address(text)
+        return True
+    except ValueError:
+        return bool(_HOST_NAME.match(text))
 
 
 async def fetch_p2p_info(coordinator_url: str, timeout_s: float = 5.0) -> P2PInfo:

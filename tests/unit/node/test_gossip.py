@@ -101,3 +101,15 @@ async def test_the_real_weights_cache_fits_the_handler(tmp_path: Path) -> None:
     handler = WorkerGossipHandler(asyncio.get_running_loop(), cache, asyncio.Event())
     handler.handle(accepted(RelayAnnouncement(url="http://relay-b:8100")))
     assert cache.relays == ["http://127.0.0.1:9", "http://relay-b:8100"]
+
+
+async def test_a_restarted_worker_does_not_prefetch_the_replayed_older_versions() -> None:
+    """Restarted with v23 on disk, a worker heard v10..v15 and v1..v9 again (the last minute of gossip) and
+    fetched them all at once, racing the pruning of old versions ("v1 is not a directory"); only newer count."""
+    weights = StubWeights(held=[23], failures=[])
+    handler = handler_with(weights)
+    for version in [*range(10, 16), *range(1, 10), 24]:
+        handler.handle(accepted(policy(version)))
+    await asyncio.wait_for(handler.fetches[24], timeout=5)
+    handler.handle(accepted(policy(22)))  # older than a version being fetched or held: ignored too
+    assert weights.asked == [24] and list(handler.fetches) == [24]

@@ -188,3 +188,21 @@ def test_advertised_addrs_name_the_public_host() -> None:
     assert advertised_addr(bound, "203.0.113.7") == f"/ip4/203.0.113.7/tcp/4001/p2p/{COORDINATOR.node_id}"
     assert advertised_addr(bound, "2001:db8::1") == f"/ip6/2001:db8::1/tcp/4001/p2p/{COORDINATOR.node_id}"
     assert advertised_addr(bound, "coord.example.org") == f"/dns/coord.example.org/tcp/4001/p2p/{COORDINATOR.node_id}"
+
+
+def test_a_wildcard_bind_is_advertised_as_the_host_the_asker_reached() -> None:
+    """Bound to 0.0.0.0 with no public_host, the coordinator named 0.0.0.0, which every other machine dials as
+    itself; it now names the host the asker reached the API by (an explicit public_host still wins)."""
+    from runtime.p2p.gossip import advertised_addr
+
+    bound = f"/ip4/0.0.0.0/tcp/4001/p2p/{COORDINATOR.node_id}"
+    assert advertised_addr(bound, None, "10.200.1.2") == f"/ip4/10.200.1.2/tcp/4001/p2p/{COORDINATOR.node_id}"
+    named = advertised_addr(bound, None, "coord.example.org")
+    assert named == f"/dns/coord.example.org/tcp/4001/p2p/{COORDINATOR.node_id}"
+    bound6 = f"/ip6/::/tcp/4001/p2p/{COORDINATOR.node_id}"
+    assert advertised_addr(bound6, None, "2001:db8::1") == f"/ip6/2001:db8::1/tcp/4001/p2p/{COORDINATOR.node_id}"
+    assert advertised_addr(bound, "203.0.113.7", "10.200.1.2") == f"/ip4/203.0.113.7/tcp/4001/p2p/{COORDINATOR.node_id}"
+    specific = f"/ip4/10.0.0.5/tcp/4001/p2p/{COORDINATOR.node_id}"
+    assert advertised_addr(specific, None, "10.200.1.2") == specific  # a real bind address is kept
+    for junk in ("", "bad host/../x", "a" * 300, None):
+        assert advertised_addr(bound, None, junk) == bound  # a Host header that is no host name changes nothing
