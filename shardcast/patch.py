@@ -255,10 +255,16 @@ def _binary_entropy(p: float) -> float:
     return -(p * math.log2(p) + (1 - p) * math.log2(1 - p))
 
 
-def _compressor(level: int) -> zstandard.ZstdCompressor:
-    """Frames without magic, checksum or content size: the header already says what each holds."""
+def _compressor(level: int, checksum: bool = False) -> zstandard.ZstdCompressor:
+    """Frames without magic or content size: the header already says what each holds.
+
+    Body frames carry no checksum either (every output file is checked against the blake3 the
+    header names). The header's own frame does (``checksum``): nothing else covers the paths it
+    names, so without one a flipped bit in a file name would write the right bytes under a wrong
+    name. Decoders read the flag from the frame, so patches written either way decode.
+    """
     params = zstandard.ZstdCompressionParameters.from_level(
-        level, format=zstandard.FORMAT_ZSTD1_MAGICLESS, write_checksum=False, write_content_size=False
+        level, format=zstandard.FORMAT_ZSTD1_MAGICLESS, write_checksum=checksum, write_content_size=False
     )
     return zstandard.ZstdCompressor(compression_params=params)
 
@@ -470,7 +476,7 @@ def encode_patch(base_dir: Path, new_dir: Path, patch_path: Path, level: int = 3
         raw = json.dumps(header, separators=(",", ":"), sort_keys=True).encode()
         if len(raw) > MAX_HEADER_BYTES:
             raise ProtocolError(f"patch header of {len(raw)} bytes is over the {MAX_HEADER_BYTES} limit")
-        packed = _compressor(max(level, 3)).compress(raw)
+        packed = _compressor(max(level, 3), checksum=True).compress(raw)
         with tmp_path.open("wb") as out, spool_path.open("rb") as spool:
             out.write(MAGIC + len(packed).to_bytes(8, "little") + len(raw).to_bytes(8, "little") + packed)
             shutil.copyfileobj(spool, out, _CHUNK)

@@ -374,3 +374,15 @@ def test_one_ulp_steps_code_near_the_entropy_bound(tmp_path: Path) -> None:
     new = write_checkpoint(tmp_path / "new", {"w": one_ulp_steps(state["w"], 0.01, seed=1)}, {})
     stats = round_trip(tmp_path, base, new)
     assert stats.entropy_bound_bytes / stats.patch_bytes > 0.9
+
+
+def test_every_bit_flip_in_the_header_is_caught(small_patch: Fixture) -> None:
+    # The header names the output paths and nothing else hashes them: a flip there must be caught
+    # by the header frame's checksum, not written out as the right bytes under a wrong name.
+    root, base, new, data = small_patch
+    header_end = 24 + int.from_bytes(data[8:16], "little")
+    for position in range(header_end):
+        for bit in range(8):
+            corrupt = bytearray(data)
+            corrupt[position] ^= 1 << bit
+            check_corrupt(root, base, new, bytes(corrupt))
