@@ -1,7 +1,7 @@
 """The ``[toploc]`` section of a validator's config: proof layout and acceptance thresholds.
 
 Defaults are the thresholds calibrated for float32 runs by ``bench/toploc_calibrate.py``, whose
-data is kept in ``toploc/calibration/float32_cpu.json`` (a unit test keeps the two in step).
+data is kept in ``toploc/calibration/float32_hf_hf.json`` (a unit test keeps the two in step).
 Honest work under every variation calibrated there (batch sizes 1 to 64, left padding, 1 or 2
 torch threads, states captured during generation vs recomputed by prefill) stays far inside
 them; the attacks of ``tests/support/adversary.py`` land far outside. A bfloat16 run needs its own
