@@ -367,8 +367,10 @@ def main() -> None:
         batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
     key = CalibrationKey(args.dtype, args.engine, "hf")
     spec = MODELS[args.model or ("tiny-heads32" if args.engine == "vllm" else "tiny")]
-    # vLLM on CPU has its own thread pool: torch's thread count varies only the HF engine's numbers.
-    gen_threads = [1, 2] if args.engine == "hf" else [2]
+    # vLLM on CPU binds its threads and makes torch.set_num_threads a no-op in its process from then on, so
+    # with vLLM generating neither its nor the HF prefill's thread count can be varied.
+    gen_threads = [1, 2] if args.engine == "hf" else [torch.get_num_threads()]
+    prefill_threads = [1, 2] if args.engine == "hf" else [torch.get_num_threads()]
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         model_dir = save_tiny_qwen2(work / "policy", seed=0, spec=spec)
@@ -376,7 +378,7 @@ def main() -> None:
         verifier = HFEngine(model_dir, dtype=args.dtype)
         generator: Engine = verifier if args.engine == "hf" else _generator(args.engine, model_dir, args.dtype)
         tasks = make_tasks(num_prompts, 2, max_tokens, verifier.vocab_size, seed=1)
-        honest = _honest(generator, verifier, tasks, batch_sizes, gen_threads, threads=[1, 2])
+        honest = _honest(generator, verifier, tasks, batch_sizes, gen_threads, prefill_threads)
         thresholds = thresholds_from(honest, args.safety, args.replay_safety)
         config = ToplocConfig(**thresholds)
         holdout: dict[str, Any] | None = None
@@ -412,8 +414,8 @@ def main() -> None:
         "model": f"tests.support.tiny_model.save_tiny_qwen2(seed=0, {spec}), {args.dtype}, sdpa attention",
         "variations": {
             "generation_batch_sizes": batch_sizes,
-            "generation_torch_threads": gen_threads,
-            "torch_threads": [1, 2],
+            "generation_torch_threads": gen_threads if args.engine == "hf" else "vLLM's own",
+            "prefill_torch_threads": prefill_threads if args.engine == "hf" else "as vLLM bound them",
             "prefill_batch_sizes": [1, 64],
             "temperatures": list(TEMPERATURES),
             "prompt_tokens": [1, 48],
