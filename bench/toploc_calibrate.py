@@ -20,8 +20,9 @@ exactly), and the logprob tolerance from the largest honest |claimed - recompute
 worker does) and verifies them against those thresholds through ``verify_claims``: the
 false rejections out of sample. Then every attack of tests.support.adversary runs against the
 thresholds; the JSON says how many trials each attack had, how many were rejected, by which
-checks, and how far the closest one was from passing. The "lower precision" attack is the policy
-in bf16 for a float32 run and the policy with int8 weights for a bf16 or float16 one.
+checks, and how far the closest one was from passing; a token-substituting trial that drew exactly the
+policy's own tokens is the honest claim and not counted as a cheat. The "lower precision" attack is the policy
+in bf16 for a float32 run and the policy with int4 weights for a bf16 or float16 one (int8 weights as a probe).
 
 ``--write`` stores the JSON as toploc/calibration/<dtype>_<engine>_hf.json, where validators find
 it (toploc.calibrations); a unit test holds toploc.config.ToplocConfig's defaults to the
@@ -78,6 +79,8 @@ FLOORS = {
     "logprob_tolerance": 1e-4,
 }
 TEMPERATURES = (0.7, 1.0, 1.3)
+TOKEN_SUBSTITUTIONS = {"cheap_model_tokens_policy_proofs", "greedy_as_sampling", "other_temperature_half"}
+"""Attacks whose claims are the policy's honest claim whenever their tokens happen to be the policy's draws."""
 MODELS = {
     "tiny": TinyModelSpec(),
     # The tiny model with 32-wide attention heads: vLLM's CPU attention has no kernel for 16-wide ones.
@@ -298,7 +301,8 @@ def _attacks(
             quantize_checkpoint(model_dir, work / "int8", bits=8),
             dtype=dtype,  # type: ignore[arg-type]
         )
-    honest_tokens = [c.completion_ids for c in honest_claims(policy, tasks)]
+    honest_claims_of = {id(c.task): c.completion_ids for c in honest_claims(policy, tasks)}
+    honest_tokens = list(honest_claims_of.values())
     attacks = attack_suite(policy, random_init, noisy, low_precision, low_name)
     for probe_name, probe in probes.items():
         attacks[probe_name] = lambda t, engine=probe: other_model(policy, engine, t)  # type: ignore[misc]
@@ -313,9 +317,18 @@ def _attacks(
         checks = Counter(reason.split(":")[0] for v in verdicts for reason in v.reasons)
         worst_chunk_means = [max((c.mant_err_mean for c in v.chunks), default=math.nan) for v in verdicts]
         same_tokens = sum(c.completion_ids in honest_tokens for c in claims)
+        # A token-substituting attack whose tokens are exactly the policy's own draws for that task (e.g. a lone
+        # EOS both drew), with the policy's proof and logprobs, *is* the honest claim: not a cheat to catch.
+        cheats = [
+            v
+            for c, v in zip(claims, verdicts, strict=True)
+            if name not in TOKEN_SUBSTITUTIONS or c.completion_ids != honest_claims_of.get(id(c.task))
+        ]
         report[name] = {
             "trials": len(verdicts),
             "rejected": sum(not v.accepted for v in verdicts),
+            "cheating_trials": len(cheats),
+            "cheating_trials_rejected": sum(not v.accepted for v in cheats),
             "trials_with_the_honest_tokens": same_tokens,
             "rejections_by_check": dict(checks),
             "closest_worst_chunk_mant_err_mean": _finite_min(worst_chunk_means),
@@ -398,9 +411,9 @@ def main() -> None:
         "thresholds": thresholds,
         "honest_rollouts": honest["num_rollouts"],
         "honest_verifications": honest["num_verifications"],
-        "attacks_all_detected": all(a["rejected"] == a["trials"] for a in scored.values()),
-        "attacks_detected": sum(a["rejected"] for a in scored.values()),
-        "attack_trials": sum(a["trials"] for a in scored.values()),
+        "attacks_all_detected": all(a["cheating_trials_rejected"] == a["cheating_trials"] for a in scored.values()),
+        "attacks_detected": sum(a["cheating_trials_rejected"] for a in scored.values()),
+        "attack_trials": sum(a["cheating_trials"] for a in scored.values()),
     }
     if holdout is not None:
         summary["holdout_honest_rollouts"] = holdout["rollouts"]
