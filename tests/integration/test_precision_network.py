@@ -44,5 +44,8 @@ def test_a_bf16_run_accepts_the_honest_work_of_both_engines(tmp_path: Path) -> N
         wait_until(both_judged_twice, 420, "two verdicts on each engine's submissions")
         verdicts = list(net.verdicts().values())
         assert all(v["accepted"] for v in verdicts), [v["reasons"] for v in verdicts if not v["accepted"]]
-        assert "precision bfloat16" in net.worker_log("worker-vllm")
-        assert "recomputing in bfloat16" in net.worker_log("validator")
+        whole_log = {
+            name: (net.root / f"{name}.log").read_text(errors="replace") for name in ("worker-vllm", "validator")
+        }
+        assert "precision bfloat16" in whole_log["worker-vllm"]
+        assert "recomputing in bfloat16" in whole_log["validator"]
