@@ -179,7 +179,7 @@ def main() -> None:
         coordinator, url = start_coordinator(Path(tmp), checkpoint, max_tokens)
         try:
             for name in ("hf", "vllm"):  # as `prime-worker join --gpu none` builds them
-                engine: Engine = create_engine(name, checkpoint, cpu, PROMPTS_PER_TASK * GROUP_SIZE)
+                engine: Engine = create_engine(name, checkpoint, cpu, PROMPTS_PER_TASK * GROUP_SIZE, "float32")
                 if name == "hf":
                     hf_engine_threads = torch.get_num_threads()
                 # Alternate the two measurements and keep the median of each: this machine is shared.

@@ -296,6 +296,12 @@ class CoordinatorConfig(RoleConfig):
     versions, logs. The demo (configs/demo.toml) sets `runs/demo`; give every run a directory of its own."""
     environment: EnvironmentConfig = BuiltinEnvConfig()
     """Where prompts and rewards come from (see environments.config); pinned in the signed run spec."""
+    precision: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """The dtype the run computes in, signed into the run spec: workers' engines generate in it, validators
+    recompute in it (auditing with its TOPLOC calibration, toploc/calibration/), and the trainer publishes its
+    policies in it (orchestrator.trainer.checkpoint.export_dtype, unless set) from float32 master weights.
+    `auto`: bfloat16 where the coordinator sees a CUDA GPU, else float32. A precision without a calibration for
+    every generating engine is refused at start-up."""
     api: ApiConfig = ApiConfig()
     """The ledger API (HTTP): bind address and port, body size limit, per-node and per-IP rate limits, threads."""
     ledger: LedgerConfig = LedgerConfig()

@@ -11,9 +11,9 @@ under ``log_softmax(logits / T)``. A row stops at one of its EOS ids (kept in th
 finish reason "stop") or at ``max_tokens`` ("length"); finished rows leave the batch and the
 KV cache. ``prefill`` recomputes the same rows for prompt + completion in one forward pass,
 as a validator does. Hidden states come back as float32 whatever the model dtype (exact for
-bf16). Runs on CPU in float32 by default; ``dtype="bfloat16"`` exists for GPU-like runs and
-tests. Weights reload in place from an HF safetensors directory (any layout ``transformers`` loads:
-tied heads, Qwen3-MoE's per-expert files).
+bf16). Runs in float32 by default; workers and validators pass the run's precision (bfloat16
+by default on GPUs). Weights reload in place from an HF safetensors directory (any layout
+``transformers`` loads: tied heads, Qwen3-MoE's per-expert files).
 """
 
 from __future__ import annotations

@@ -59,6 +59,8 @@ Logprob = Annotated[float, Field(ge=-MAX_ABS_LOGPROB, le=MAX_ABS_LOGPROB)]
 Reward = Annotated[float, Field(ge=-MAX_ABS_REWARD, le=MAX_ABS_REWARD)]
 Role = Literal["worker", "validator"]
 EngineName = Literal["vllm", "hf"]
+Precision = Literal["float32", "bfloat16", "float16"]
+"""The dtype a run computes in: the trainer's published weights, workers' engines and validators' prefill."""
 MAX_NAMED_REWARDS = 16
 RewardName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.\-]+$")]
 
@@ -228,6 +230,8 @@ class RunSpec(WireModel):
 
     run_name: str = Field(max_length=128)
     environment: EnvironmentIdentity
+    precision: Precision = "float32"
+    """The dtype workers generate in and validators recompute in; validators audit with its TOPLOC calibration."""
 
 
 class SignedRunSpec(WireModel):

@@ -1,12 +1,16 @@
 """The ``[toploc]`` section of a validator's config: proof layout and acceptance thresholds.
 
-Defaults are the thresholds calibrated for float32 runs by ``bench/toploc_calibrate.py``, whose
-data is kept in ``toploc/calibration/float32_cpu.json`` (a unit test keeps the two in step).
-Honest work under every variation calibrated there (batch sizes 1 to 64, left padding, 1 or 2
-torch threads, states captured during generation vs recomputed by prefill) stays far inside
-them; the attacks of ``tests/support/adversary.py`` land far outside. A bfloat16 run needs its own
-calibration on its hardware (the TOPLOC paper's bf16 thresholds are mean 10, median 8 and 38
-exponent mismatches, far looser than these float32 ones).
+A validator audits with the calibration that matches the run (toploc.calibrations): one per
+(dtype, generating engine, verifying engine), measured by ``bench/toploc_calibrate.py`` and kept
+in ``toploc/calibration/<dtype>_<engine>_hf.json``; thresholds set explicitly in this section
+override the calibration's. The defaults below are the float32 HF calibration
+(``toploc/calibration/float32_hf_hf.json``; a unit test keeps the two in step). Honest float32
+work under every variation calibrated there (batch sizes 1 to 64, left padding, 1 or 2 torch
+threads, states captured during generation vs recomputed by prefill) stays far inside them; the
+attacks of ``tests/support/adversary.py`` land far outside. bfloat16 rounds far more: its own
+calibrations (``bfloat16_hf_hf.json``, ``bfloat16_vllm_hf.json``, on a ~50M-parameter model) allow
+several times the mantissa error and logprob difference, and a run declaring a precision with no
+calibration is refused at start-up.
 """
 
 from __future__ import annotations

@@ -106,7 +106,8 @@ class TrainerSection(Section):
     model: str = "builtin:tiny-qwen2"
     """A local HF checkpoint directory, or `builtin:tiny-qwen2` (made by our code, no download)."""
     dtype: Literal["float32", "bfloat16"] = "float32"
-    """float32 on CPUs (bf16 is 20-30x slower there); bfloat16 on GPUs."""
+    """Dtype of the master weights and optimizer state: keep float32 (bf16 compute on GPUs is
+    `parallel.param_dtype`, which a coordinator's bfloat16 run sets); bf16 on CPUs is 20-30x slower."""
     seed: int = 0
     """Seeds torch and python RNGs (and the data order)."""
     optimizer: OptimizerConfig = OptimizerConfig()
@@ -116,7 +117,8 @@ class TrainerSection(Section):
     packing: PackingConfig = PackingConfig()
     """How samples are packed into rows and micro-batches (tokens per micro-batch, row width)."""
     checkpoint: CheckpointConfig = CheckpointConfig()
-    """How often the full trainer state is saved, how many saves are kept, the exported weights' dtype."""
+    """How often the full trainer state is saved, how many saves are kept, the exported weights' dtype (in a
+    coordinator's run: the run's precision, unless set)."""
 
 
 class SftConfig(RoleConfig):

@@ -12,7 +12,9 @@ for several submissions of one policy version with a single prefill batch across
 failure becomes a reason naming the rollout; one failed rollout rejects the whole group. The rewards of an accepted
 group are recomputed with the run's environment (never taken from the worker) when a reward
 function is given; when they cannot be (a prompt without its example index, a scorer that
-fails) the audit raises :class:`RewardsUnavailable` and no verdict is given.
+fails) the audit raises :class:`RewardsUnavailable` and no verdict is given. The thresholds come
+from :class:`Thresholds`: the TOPLOC calibration of the run's precision and the engine each
+submission names (toploc.calibrations), with the operator's ``[toploc]`` settings on top.
 """
 
 from __future__ import annotations
@@ -26,11 +28,27 @@ from environments.base import Environment, Scores
 from protocol.errors import BadSignatureError, ProofError
 from protocol.schemas import PendingSubmission, Verdict
 from protocol.signing import verify_document
+from toploc.calibrations import toploc_config
 from toploc.config import ToplocConfig
 from toploc.sampling import sample_stream
 from toploc.verify import Claim, RolloutVerdict, SampleTask, decode_proof_b64, precheck_claim, verify_claims
 
 MAX_VERDICT_REASONS = 64
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """What a validator audits with: the calibration of (``precision``, the submission's engine, its own engine)."""
+
+    precision: str = "float32"
+    """The run's precision (the run spec's): the dtype rollouts were generated and are recomputed in."""
+    own: ToplocConfig = field(default_factory=ToplocConfig)
+    """The validator's ``[toploc]`` section: the thresholds it sets explicitly override the calibration's."""
+    verifying_engine: str = "hf"
+
+    def for_engine(self, generating_engine: str) -> ToplocConfig:
+        """The thresholds for rollouts ``generating_engine`` made (ConfigError when no calibration is kept)."""
+        return toploc_config(self.precision, generating_engine, self.verifying_engine, self.own)
 
 
 def claims_of(item: PendingSubmission, eos_token_ids: Sequence[int]) -> tuple[list[Claim], list[str]]:

@@ -26,7 +26,7 @@ class ValidatorConfig(RoleConfig):
     """Extra SHARDCAST relay URLs for policy weights."""
     engine: Literal["hf"] = "hf"
     """Engine of the prefill re-computation: HF transformers, the only one a validator runs (rollouts that vLLM
-    workers generated verify by an HF prefill)."""
+    workers generated verify by an HF prefill), in the run's precision."""
     data_dir: Path = Path.home() / ".prime-network" / "validator"
     """Node key and downloaded policy versions."""
     first_contact_timeout_s: float = Field(default=60.0, ge=0)
@@ -50,8 +50,9 @@ class ValidatorConfig(RoleConfig):
     p2p: P2PConfig = P2PConfig()
     """The libp2p gossip network: announced policy versions are downloaded before the first submission needs them."""
     toploc: ToplocConfig = ToplocConfig()
-    """When a rollout's TOPLOC proof, sampled tokens and logprobs pass (docs/toploc.md); the defaults are
-    calibrated for float32 runs. Its proof layout (chunk_size, topk) must stay the one workers build."""
+    """When a rollout's TOPLOC proof, sampled tokens and logprobs pass (docs/toploc.md). Unset thresholds come
+    from the calibration of the run's precision and the submission's engine (toploc/calibration/); the ones set
+    here override it. Its proof layout (chunk_size, topk) must stay the one workers build."""
 
     @model_validator(mode="after")
     def _check_proof_layout(self) -> ValidatorConfig:

@@ -1,19 +1,23 @@
 """`prime-validator run`: pull pending submissions, audit each against its policy version, post verdicts.
 
-The validator registers with its node key (the ledger only accepts operator-approved keys unless
-the run is open), learns and pins the coordinator's id like a worker does, downloads each policy
-version it needs through SHARDCAST (verified against the signed manifest), keeps an HF prefill
-engine per version for the few versions async_level keeps alive, audits the pending submissions
-of each version together (one prefill batch across them, only the samples the ledger picked) and
-posts a verdict per submission, with the rewards recomputed by the run's environment. Its
-requests for pending submissions are long-polls (``long_poll_s``): with nothing to audit the
-ledger holds the request until a submission arrives. Before it registers it fetches the run spec
-the coordinator signed and loads that environment
+The validator registers with its node key (the ledger only accepts operator-approved keys
+unless the run is open), learns and pins the coordinator's id like a worker does, downloads
+each policy version it needs through SHARDCAST (verified against the signed manifest), keeps
+an HF prefill engine per version for the few versions async_level keeps alive, audits the
+pending submissions of each version together (one prefill batch across them, only the samples
+the ledger picked) and posts a verdict per submission, with the rewards recomputed by the run's
+environment. Its requests for pending submissions are long-polls (``long_poll_s``): with
+nothing to audit the ledger holds the request until a submission arrives. Before it registers it
+fetches the run spec the coordinator signed and loads that environment
 (:func:`environments.pinning.run_environment`); one it cannot load identically stops it with the
-reason and what to install. Progress (:mod:`validator.progress`): one log line per verdict and a
-periodic summary (verified samples/s and submissions/s, accepted, rejected and the most common
-rejection reasons). Each version with a loaded engine, and each version being audited, is pinned
-in the weights cache, so pruning never removes it from under an audit.
+reason and what to install. It recomputes in the run spec's precision and audits each
+submission with the TOPLOC calibration of that precision and the engine the submission names
+(:class:`validator.audit.Thresholds`); a precision with no calibration for some generating engine
+stops it at start-up with the command that makes one. Progress
+(:mod:`validator.progress`): one log line per verdict and a periodic summary (verified
+samples/s and submissions/s, accepted, rejected and the most common rejection reasons).
+Each version with a loaded engine, and each version being audited, is pinned in the weights
+cache, so pruning never removes it from under an audit.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import logging
 import time
 from collections import OrderedDict
 from pathlib import Path
+from typing import Any
 
 from engines.base import PrefillEngine
 from environments.base import Environment
@@ -38,8 +43,15 @@ from protocol.ledger_client import LedgerClient
 from protocol.schemas import Hardware, PendingSubmission, RegisterRequest
 from runtime.first_contact import check_coordinator, check_relays
 from shardcast.cache import WeightsCache
+from toploc.calibrations import require_calibrated
 from toploc.config import ToplocConfig
-from validator.audit import RewardFn, RewardsUnavailable, audit_submissions_safely, environment_reward_fn
+from validator.audit import (
+    RewardFn,
+    RewardsUnavailable,
+    Thresholds,
+    audit_submissions_safely,
+    environment_reward_fn,
+)
 from validator.config import ValidatorConfig
 from validator.progress import ValidatorState
 
@@ -47,10 +59,19 @@ log = logging.getLogger("validator")
 
 
 class PolicyEngines:
-    """One prefill engine per policy version, the least recently used dropped beyond ``max_loaded``."""
+    """One prefill engine per policy version (in the run's ``dtype``), the least recently used dropped beyond
+    ``max_loaded``."""
 
-    def __init__(self, weights: WeightsCache, max_loaded: int, max_batch_size: int, environment: Environment) -> None:
+    def __init__(
+        self,
+        weights: WeightsCache,
+        max_loaded: int,
+        max_batch_size: int,
+        environment: Environment,
+        dtype: str = "float32",
+    ) -> None:
         self.weights = weights
+        self.dtype = dtype
         self.environment = environment
         self.max_loaded = max_loaded
         self.max_batch_size = max_batch_size
@@ -78,7 +99,12 @@ class PolicyEngines:
 
         from engines.hf import HFEngine
 
-        engine = await asyncio.to_thread(HFEngine, path, max_batch_size=self.max_batch_size)
+        engine = await asyncio.to_thread(
+            HFEngine,
+            path,
+            max_batch_size=self.max_batch_size,
+            dtype=self.dtype,  # type: ignore[arg-type]  # a calibrated precision, checked at start-up
+        )
         eos = eos_token_ids(path)
         tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, str(path))
         return engine, eos, environment_reward_fn(self.environment, tokenizer, eos)
@@ -96,11 +122,12 @@ async def audit_pending(
     state: ValidatorState,
     pending: list[PendingSubmission],
     stop: asyncio.Event,
-    toploc: ToplocConfig | None = None,
+    toploc: Thresholds | ToplocConfig | None = None,
 ) -> None:
     """Audit pending submissions, one prefill batch per policy version, and post each verdict.
 
-    ``toploc`` holds the proof thresholds (the validator's ``[toploc]`` section; None: the defaults)."""
+    ``toploc`` holds the proof thresholds: the run's calibrations (:class:`Thresholds`), or one
+    :class:`ToplocConfig` for every submission; None: the float32 calibrations."""
     by_version: dict[int, list[PendingSubmission]] = {}
     for item in pending:
         by_version.setdefault(item.task.policy_version, []).append(item)
@@ -116,13 +143,24 @@ async def _audit_version(
     version: int,
     items: list[PendingSubmission],
     stop: asyncio.Event,
-    toploc: ToplocConfig | None,
+    toploc: Thresholds | ToplocConfig | None,
 ) -> None:
-    """Audit the pending submissions of one policy version in one prefill batch and post each verdict."""
+    """Audit the pending submissions of one policy version, one prefill batch per generating engine (each has
+    its own calibration), and post each verdict."""
     engine, eos, reward_fn = await engines.get(version)
     state.policy_version = version
     started = time.monotonic()
-    audited = await asyncio.to_thread(audit_submissions_safely, items, engine, eos, toploc, reward_fn)
+    thresholds = toploc if toploc is not None else Thresholds()
+    by_engine: dict[str, list[int]] = {}
+    for position, item in enumerate(items):
+        by_engine.setdefault(item.submission.engine, []).append(position)
+    audited: list[Any] = [None] * len(items)
+    for generating_engine, positions in sorted(by_engine.items()):
+        config = thresholds.for_engine(generating_engine) if isinstance(thresholds, Thresholds) else thresholds
+        group = [items[p] for p in positions]
+        results = await asyncio.to_thread(audit_submissions_safely, group, engine, eos, config, reward_fn)
+        for position, result in zip(positions, results, strict=True):
+            audited[position] = result
     state.audit_s += time.monotonic() - started
     for item, result in zip(items, audited, strict=True):
         if isinstance(result, RewardsUnavailable):
@@ -157,6 +195,7 @@ async def run_validator(config: ValidatorConfig, stop: asyncio.Event, state: Val
     async with LedgerClient(config.coordinator_url, identity) as ledger:
         coordinator_id = await trusted_coordinator_id(ledger, config.data_dir, config.coordinator_id, stop)
         spec = await with_retries("run spec", lambda: ledger.run_spec(coordinator_id), stop)
+        require_calibrated(spec.precision)  # a ConfigError naming the precision and the command that calibrates it
         environment = await asyncio.to_thread(run_environment, spec, config.environment)
         log.info(
             "environment %s %r (hash %s) loaded and checked",
@@ -175,7 +214,9 @@ async def run_validator(config: ValidatorConfig, stop: asyncio.Event, state: Val
         p2p = asyncio.create_task(
             run_node_gossip(config.p2p, config.coordinator_url, identity, coordinator_id, weights, stop)
         )
-        engines = PolicyEngines(weights, config.max_versions, config.max_batch_size, environment)
+        engines = PolicyEngines(weights, config.max_versions, config.max_batch_size, environment, spec.precision)
+        thresholds = Thresholds(spec.precision, config.toploc)
+        log.info("recomputing in %s, with its TOPLOC calibrations", spec.precision)
         last_summary = time.monotonic()
         try:
             while not stop.is_set():
@@ -187,7 +228,7 @@ async def run_validator(config: ValidatorConfig, stop: asyncio.Event, state: Val
                 if answer is None:  # stopped during a long-poll
                     break
                 if answer.submissions:
-                    await audit_pending(ledger, engines, state, answer.submissions, stop, config.toploc)
+                    await audit_pending(ledger, engines, state, answer.submissions, stop, thresholds)
                 else:  # a long-poll waited already; a ledger that answered at once is asked again later
                     await sleep_unless_stopped(stop, config.poll_interval_s - (time.monotonic() - asked))
                 if time.monotonic() - last_summary > config.summary_interval_s:

@@ -31,7 +31,8 @@ from worker.loop import TaskRunner, WorkerState, heartbeat_forever
 
 log = logging.getLogger(__name__)
 PINNED_COORDINATOR_FILE = "coordinator_id"
-EngineFactory = Callable[[str, Path, DeviceInfo, int], Engine]
+EngineFactory = Callable[[str, Path, DeviceInfo, int, str], Engine]
+"""(engine kind, checkpoint, device, max batch size, the run's precision) -> a started engine."""
 
 
 def resolve_engine_kind(kind: str) -> str:
@@ -57,16 +58,24 @@ def require_vllm() -> None:
         raise StartupError(f"--engine vllm needs vLLM, which cannot be imported ({exc})", VLLM_MISSING_FIX) from exc
 
 
-def create_engine(kind: str, checkpoint_dir: Path, device: DeviceInfo, max_batch_size: int) -> Engine:
+def create_engine(kind: str, checkpoint_dir: Path, device: DeviceInfo, max_batch_size: int, dtype: str) -> Engine:
+    """An engine of ``kind`` computing in ``dtype``, the run's precision (validators recompute in it too)."""
     if kind == "vllm":
         from engines.vllm import VllmEngine
 
-        dtype = "float32" if device.device == "cpu" else "bfloat16"
         return VllmEngine(checkpoint_dir, max_batch_size=max_batch_size, dtype=dtype, device=device.device)
-    from engines.hf import HFEngine
+    from engines.hf import DTYPES, HFEngine
 
+    if dtype not in DTYPES:
+        raise ConfigError(f"the run's precision {dtype!r} is not one the HF engine runs in ({', '.join(DTYPES)})")
     threads = cpu_engine_threads() if device.device == "cpu" else None
-    return HFEngine(checkpoint_dir, device=device.device, max_batch_size=max_batch_size, num_threads=threads)
+    return HFEngine(
+        checkpoint_dir,
+        dtype=dtype,  # type: ignore[arg-type]  # checked above
+        device=device.device,
+        max_batch_size=max_batch_size,
+        num_threads=threads,
+    )
 
 
 async def run_worker(
@@ -85,14 +94,16 @@ async def run_worker(
     await check_relays(config.relays)
     async with LedgerClient(config.coordinator_url, identity) as ledger:
         coordinator_id = await trusted_coordinator_id(ledger, config.data_dir, config.coordinator_id, stop)
-        spec = (await with_retries("run spec", lambda: ledger.run_spec(coordinator_id), stop)).environment
+        run = await with_retries("run spec", lambda: ledger.run_spec(coordinator_id), stop)
+        spec = run.environment
         log.info(
-            "run environment: %s %r from %s %s (hash %s)",
+            "run environment: %s %r from %s %s (hash %s); precision %s",
             spec.kind,
             spec.name,
             spec.package,
             spec.package_version,
             spec.config_hash[:12],
+            run.precision,
         )
         hardware = Hardware(
             accelerator=devices[0].name, num_devices=len(devices), memory_bytes=sum(d.memory_bytes for d in devices)
@@ -120,7 +131,8 @@ async def run_worker(
             )
             eos = eos_token_ids(checkpoint)
             engines = [
-                await asyncio.to_thread(engine_factory, kind, checkpoint, d, config.max_batch_size) for d in devices
+                await asyncio.to_thread(engine_factory, kind, checkpoint, d, config.max_batch_size, run.precision)
+                for d in devices
             ]
             state.policy_version = start_version
             log.info("%d %s engine(s) ready on policy v%d", len(engines), kind, start_version)

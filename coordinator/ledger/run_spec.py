@@ -3,8 +3,10 @@
 At start-up the coordinator loads the ``[environment]`` (refusing, with one line, one it cannot
 serve or whose rewards are not deterministic), renders its prompts with the start checkpoint's
 tokenizer for the ledger, and signs a :class:`protocol.schemas.RunSpec` naming the environment's
-identity. ``GET /v1/run-spec`` serves it; validators refuse to judge a run whose environment
-they cannot load identically, and workers show it.
+identity and the run's precision (:func:`run_precision`). ``GET /v1/run-spec`` serves it;
+validators refuse to judge a run whose environment they cannot load identically, workers and
+validators compute in its precision, and workers show it. A precision the validators have no
+TOPLOC calibration for is refused before anything starts (:func:`check_precision`).
 """
 
 from __future__ import annotations
@@ -14,12 +16,52 @@ from environments.loader import environment_identity, load_checked_environment
 from environments.prompts import EnvironmentPrompts
 from protocol.errors import ConfigError
 from protocol.identity import NodeIdentity
-from protocol.schemas import RunSpec, SignedRunSpec
+from protocol.schemas import Precision, RunSpec, SignedRunSpec
 from protocol.signing import sign_document
+from toploc.calibrations import require_calibrated
+from trainer.config import TrainerSection
+
+
+def run_precision(config: CoordinatorConfig) -> Precision:
+    """The run's precision: the configured one, or for `auto` bfloat16 with a CUDA GPU here and float32 without."""
+    if config.precision != "auto":
+        return config.precision
+    import torch
+
+    return "bfloat16" if torch.cuda.is_available() else "float32"
+
+
+def check_precision(config: CoordinatorConfig) -> Precision:
+    """The run's precision; ConfigError (one line, with the fix) when validators have no calibration for it."""
+    precision = run_precision(config)
+    require_calibrated(precision)
+    return precision
+
+
+def trainer_section(config: CoordinatorConfig, model: str) -> TrainerSection:
+    """``orchestrator.trainer`` for the run: from ``model``, publishing in the run's precision.
+
+    The master weights stay in the section's dtype (float32 by default); the exported policies take the
+    run's precision unless ``checkpoint.export_dtype`` is set, and a bfloat16 run on a CUDA machine computes
+    in bf16 under FSDP2 (``parallel.param_dtype``) unless that is set."""
+    import torch
+
+    section = config.orchestrator.trainer
+    precision = run_precision(config)
+    checkpoint, parallel = section.checkpoint, section.parallel
+    if "export_dtype" not in checkpoint.model_fields_set and precision in ("float32", "bfloat16"):
+        checkpoint = checkpoint.model_copy(update={"export_dtype": precision})
+    if precision == "bfloat16" and "param_dtype" not in parallel.model_fields_set and torch.cuda.is_available():
+        parallel = parallel.model_copy(update={"param_dtype": "bfloat16"})
+    return section.model_copy(update={"model": model, "checkpoint": checkpoint, "parallel": parallel})
 
 
 def run_spec(config: CoordinatorConfig) -> RunSpec:
-    return RunSpec(run_name=config.run_name, environment=environment_identity(config.environment))
+    return RunSpec(
+        run_name=config.run_name,
+        environment=environment_identity(config.environment),
+        precision=run_precision(config),
+    )
 
 
 def signed_run_spec(config: CoordinatorConfig, identity: NodeIdentity) -> SignedRunSpec:

@@ -21,6 +21,7 @@ from sqlalchemy import func, select
 
 from coordinator.config import CoordinatorConfig
 from coordinator.ledger.ledger import Ledger
+from coordinator.ledger.run_spec import trainer_section
 from coordinator.ledger.storage.tables import nodes
 from coordinator.loop.orchestrator import Orchestrator, StoppedError
 from coordinator.loop.train_steps import StepRecord, TrainSteps
@@ -137,9 +138,7 @@ class RunThread(threading.Thread):
     def _train(self) -> list[StepRecord]:
         config = self.config
         train_dir = TrainDir(config.data_dir / "train")
-        section = config.orchestrator.trainer.model_copy(
-            update={"model": str(resolve_model_path(config.policy.start_checkpoint))}
-        )
+        section = trainer_section(config, str(resolve_model_path(config.policy.start_checkpoint)))
         spec = ServiceSpec(trainer=section, loss=config.orchestrator.loss, num_steps=config.orchestrator.num_steps)
         self.trainer = TrainerProcess(
             train_dir,

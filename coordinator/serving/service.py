@@ -92,7 +92,7 @@ def run(config: CoordinatorConfig) -> None:
     import uvicorn
 
     from coordinator.ledger.replay import DatabaseReplayCache
-    from coordinator.ledger.run_spec import environment_prompts, signed_run_spec
+    from coordinator.ledger.run_spec import check_precision, environment_prompts, signed_run_spec
     from coordinator.loop.policies import policy_store, publish_policy, published_version, with_vocab_size
     from coordinator.processes.builtin_validator import BuiltinValidator, approve_builtin_validator, local_url
     from coordinator.serving.app import create_app
@@ -103,8 +103,10 @@ def run(config: CoordinatorConfig) -> None:
     from shardcast.server import create_app as create_shardcast_app
     from trainer.resolve import resolve_model_path
 
+    precision = check_precision(config)  # before anything is created: a run its validators cannot audit stops here
     identity = load_or_create_identity(config.data_dir)
     log.info("coordinator node id %s (key %s)", identity.node_id, key_path(config.data_dir))
+    log.info("run precision %s (workers generate and validators recompute in it)", precision)
     config = approve_builtin_validator(config)
     start = resolve_model_path(config.policy.start_checkpoint)
     config = with_vocab_size(config, start)

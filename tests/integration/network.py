@@ -121,11 +121,13 @@ def running_network(
     pythonpath: Sequence[Path] = (),
     sections: dict[str, dict[str, Any]] | None = None,
     start_timeout_s: float = 120,
+    precision: str | None = None,
 ) -> Iterator[Network]:
     """Coordinator (2 prompts x 4 samples, 48 tokens, async level 1, open validators) on a free port,
     serving ``environment`` (default: the built-in reverse_text) with ``checkpoints[0]`` published as policy
     v0; ``sections`` update the config's sections (e.g. ``trust={"ban_after_rejections": 5}``); ``pythonpath``
-    adds directories to every process's PYTHONPATH (where a test's environment module lives)."""
+    adds directories to every process's PYTHONPATH (where a test's environment module lives); ``precision``
+    sets the run's (default: the coordinator's `auto`)."""
     if checkpoints is None:
         checkpoints = [tiny_policy(tmp_path / f"policy-{v}", seed=v) for v in range(2)]
     port = free_port()
@@ -142,6 +144,8 @@ def running_network(
     }
     for name, values in (sections or {}).items():
         config[name] = {**config.get(name, {}), **values}
+    if precision is not None:
+        config["precision"] = precision
     config_path = tmp_path / "run.toml"
     config_path.write_text(tomli_w.dumps(config))
     path = os.pathsep.join([str(REPO_ROOT), *map(str, pythonpath)])

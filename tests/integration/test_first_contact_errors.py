@@ -133,6 +133,17 @@ def test_coordinator_with_an_environment_package_not_installed(tmp_path: Path) -
     expect(argv, EXIT_BAD_CONFIG, "no_such_environment", "install its module")
 
 
+def test_coordinator_with_a_precision_its_validators_have_no_calibration_for(tmp_path: Path) -> None:
+    expect(
+        coordinator_argv(tmp_path, "--set", "precision='float16'"),
+        EXIT_BAD_CONFIG,
+        "precision float16",
+        "no TOPLOC calibration",
+        "python -m bench.toploc_calibrate --dtype float16 --engine hf --write",
+    )
+    assert not (tmp_path / "run").exists(), "refused before anything of the run was created"
+
+
 @pytest.mark.parametrize(
     ("assignment", "words"),
     [

@@ -7,7 +7,7 @@ attack on the proof and sampling checks is a function with the same shape, and e
 attacker can cheaply make it: wherever the attack does not need them wrong, it repairs the
 proof and the logprobs with a prefill of the right model, so only the cheat itself remains.
 Attacks that need a second model (another random init, the policy with 1% weight noise, the
-policy in bf16) take it as an engine.
+policy in a lower precision than the run's) take it as an engine.
 """
 
 from __future__ import annotations
@@ -148,16 +148,23 @@ Attack = Callable[[Sequence[SampleTask]], list[Claim]]
 
 
 def attack_suite(
-    policy: HFEngine, random_init: HFEngine, noisy: HFEngine, low_precision: HFEngine
+    policy: HFEngine,
+    random_init: HFEngine,
+    noisy: HFEngine,
+    low_precision: HFEngine,
+    low_precision_name: str = "lower_precision_bf16",
 ) -> dict[str, Attack]:
-    """Every attack on the proof and sampling checks, by name, as a function of the tasks."""
+    """Every attack on the proof and sampling checks, by name, as a function of the tasks.
+
+    ``low_precision`` is the policy run cheaper than the run's precision (bf16 for a float32 run,
+    int8 weights for a bf16 one); ``low_precision_name`` names that attack."""
     return {
         "other_model_random_init": lambda tasks: other_model(policy, random_init, tasks),
         "other_model_weight_noise_1pct": lambda tasks: other_model(policy, noisy, tasks),
         "altered_prompt_token": lambda tasks: altered_prompt(policy, tasks),
         "altered_completion_token": lambda tasks: altered_token(policy, tasks),
         "flipped_signs": lambda tasks: flipped_signs(policy, tasks),
-        "lower_precision_bf16": lambda tasks: other_model(policy, low_precision, tasks),
+        low_precision_name: lambda tasks: other_model(policy, low_precision, tasks),
         "greedy_as_sampling": lambda tasks: other_temperature(policy, tasks, 1e-4),
         "other_temperature_half": lambda tasks: other_temperature(policy, tasks, 0.5),
         "cheap_model_tokens_policy_proofs": lambda tasks: other_model_tokens_proven_by_policy(

@@ -174,3 +174,22 @@ def perturb_checkpoint(source: Path, target: Path, relative_noise: float, seed: 
     target.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(target, safe_serialization=True)
     return target
+
+
+def quantize_checkpoint(source: Path, target: Path, bits: int = 8) -> Path:
+    """Copy a checkpoint with every matrix fake-quantized to ``bits``-bit integers per output row (weight-only).
+
+    What a worker serving a cheaper int8 build of the policy computes with: each row scaled so its
+    largest magnitude is the largest integer, rounded, and scaled back (vectors such as norms stay)."""
+    from transformers import AutoModelForCausalLM
+
+    model: Any = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
+    levels = (1 << (bits - 1)) - 1
+    with torch.no_grad():
+        for parameter in model.parameters():
+            if parameter.dim() == 2:
+                scale = parameter.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / levels
+                parameter.copy_((parameter / scale).round() * scale)
+    target.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(target, safe_serialization=True)
+    return target

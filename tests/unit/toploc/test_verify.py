@@ -27,7 +27,7 @@ from toploc.verify import (
     verify_rollout,
 )
 
-CALIBRATION = Path(__file__).resolve().parents[3] / "toploc" / "calibration" / "float32_cpu.json"
+CALIBRATION = Path(__file__).resolve().parents[3] / "toploc" / "calibration" / "float32_hf_hf.json"
 
 
 @pytest.fixture(scope="module")

@@ -1,9 +1,11 @@
-"""The validator's ``[toploc]`` section: read from TOML, strict, and handed to every audit it runs.
+"""The validator's thresholds: the run precision's calibrations, with the ``[toploc]`` section on top.
 
 The thresholds a TOML file sets reach the audit call of a running validator (:func:`run_validator`
 with the network calls faked, the audit replaced by a probe that records what it was given and
-stops the validator). An unknown key is refused like any other, and so is a proof layout other
-than the one workers build, which would reject every honest proof.
+stops the validator), on top of the calibration of the run spec's precision and each submission's
+engine. A run spec declaring a precision with no calibration stops the validator at start-up. An
+unknown key is refused like any other, and so is a proof layout other than the one workers build,
+which would reject every honest proof.
 """
 
 from __future__ import annotations
@@ -18,10 +20,13 @@ import pytest
 from protocol.errors import ConfigError
 from protocol.schemas import Verdict
 from runtime.config import load_config
+from tests.support.ledger_helpers import submission_for
 from tests.unit.validator.test_refusals import pending_item
+from toploc.calibrations import CalibrationKey, thresholds
 from toploc.config import ToplocConfig
 from toploc.proof import DEFAULT_CHUNK_SIZE, DEFAULT_TOPK
 from validator import node
+from validator.audit import Thresholds
 from validator.config import ValidatorConfig
 from validator.progress import ValidatorState
 
@@ -58,6 +63,8 @@ def test_the_default_layout_is_the_one_workers_build() -> None:
 class FakeLedger:
     """The ledger calls a validator makes before and while it audits; one pending submission."""
 
+    precision = "bfloat16"
+
     def __init__(self, *_args: object) -> None:
         self.handed_out = False
 
@@ -68,7 +75,8 @@ class FakeLedger:
         return None
 
     async def run_spec(self, _coordinator_id: str) -> Any:
-        return SimpleNamespace(environment=SimpleNamespace(kind="builtin", name="reverse_text", config_hash="0" * 64))
+        environment = SimpleNamespace(kind="builtin", name="reverse_text", config_hash="0" * 64)
+        return SimpleNamespace(environment=environment, precision=self.precision)
 
     async def register(self, _request: object) -> None:
         return None
@@ -79,11 +87,11 @@ class FakeLedger:
         return SimpleNamespace(submissions=items)
 
 
-def test_a_running_validator_audits_with_the_configured_thresholds(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    config = load_config(ValidatorConfig, validator_toml(tmp_path, "max_mant_err_median = 0.25"))
-    seen: list[ToplocConfig | None] = []
+def start_validator(
+    config: ValidatorConfig, monkeypatch: pytest.MonkeyPatch, ledger: type[FakeLedger] = FakeLedger
+) -> list[Thresholds]:
+    """Run the validator with the network faked until its first audit; what that audit was handed."""
+    seen: list[Thresholds] = []
     stop = asyncio.Event()
 
     async def nothing(*_args: object, **_kwargs: object) -> None:
@@ -98,14 +106,72 @@ def test_a_running_validator_audits_with_the_configured_thresholds(
 
     monkeypatch.setattr(node, "check_coordinator", nothing)
     monkeypatch.setattr(node, "check_relays", nothing)
-    monkeypatch.setattr(node, "LedgerClient", FakeLedger)
+    monkeypatch.setattr(node, "LedgerClient", ledger)
     monkeypatch.setattr(node, "trusted_coordinator_id", coordinator_id)
     monkeypatch.setattr(node, "run_environment", lambda *_args: None)
     monkeypatch.setattr(node, "run_node_gossip", nothing)
     monkeypatch.setattr(node, "audit_pending", audit)
     asyncio.run(asyncio.wait_for(node.run_validator(config, stop), timeout=30))
-    assert seen == [config.toploc]
-    assert seen[0] is not None and seen[0].max_mant_err_median == 0.25
+    return seen
+
+
+def test_a_running_validator_audits_with_the_run_precisions_calibration_and_its_own_thresholds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = load_config(ValidatorConfig, validator_toml(tmp_path, "max_mant_err_median = 0.25"))
+    seen = start_validator(config, monkeypatch)
+    assert seen == [Thresholds("bfloat16", config.toploc)]
+    for engine in ("hf", "vllm"):
+        chosen = seen[0].for_engine(engine)
+        assert chosen.max_mant_err_median == 0.25, "the operator's setting wins"
+        calibrated = thresholds(CalibrationKey("bfloat16", engine))
+        assert chosen.max_mant_err_mean == calibrated["max_mant_err_mean"]
+        assert chosen.sampling_tolerance == calibrated["sampling_tolerance"]
+
+
+def test_a_run_with_an_uncalibrated_precision_stops_the_validator(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    class Float16Run(FakeLedger):
+        precision = "float16"
+
+    config = load_config(ValidatorConfig, validator_toml(tmp_path, ""))
+    with pytest.raises(ConfigError) as refused:
+        start_validator(config, monkeypatch, Float16Run)
+    assert "precision float16" in refused.value.message
+    assert "python -m bench.toploc_calibrate --dtype float16 --engine hf --write" in refused.value.message
+
+
+def test_each_submission_is_audited_with_its_engines_calibration(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.unit.validator.test_refusals import OneEngine, RefusingLedger
+
+    given: dict[str, ToplocConfig] = {}
+
+    def audited(items: list[Any], _engine: object, _eos: object, toploc: ToplocConfig, _reward: object) -> list[Any]:
+        for item in items:
+            given[item.submission_id] = toploc
+        return [(Verdict(submission_id=item.submission_id, accepted=True), []) for item in items]
+
+    monkeypatch.setattr(node, "audit_submissions_safely", audited)
+    items = [pending_item(i) for i in range(3)]
+    items[1] = items[1].model_copy(update={"submission": submission_for(items[1].task, engine="vllm")})
+    ledger = RefusingLedger([None] * 3)
+    thresholds_of_run = Thresholds("bfloat16", ToplocConfig())
+    coroutine = node.audit_pending(
+        ledger,  # type: ignore[arg-type]
+        OneEngine(tmp_path / "weights"),  # type: ignore[arg-type]
+        ValidatorState(),
+        items,
+        asyncio.Event(),
+        thresholds_of_run,
+    )
+    asyncio.run(asyncio.wait_for(coroutine, timeout=30))
+    assert ledger.posted == ["s-0", "s-1", "s-2"], "verdicts go out in the order the ledger handed them"
+    assert given["s-0"] == given["s-2"] == thresholds_of_run.for_engine("hf")
+    assert given["s-1"] == thresholds_of_run.for_engine("vllm")
+    assert given["s-0"] != given["s-1"]
 
 
 def test_audit_pending_hands_the_thresholds_to_the_audit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
