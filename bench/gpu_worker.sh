@@ -4,8 +4,8 @@
 #   1. the vLLM engine on the GPU, its rollouts audited by the CPU validator (bench/gpu_worker.py);
 #   2. the architecture-matrix tests (tests/integration/architectures/ and any test_*matrix*.py);
 #   3. bench/model_scale.py in bf16 on CUDA: the Qwen3-0.6B-shaped model through vLLM (GPU), the HF
-#      engine and the validator. TOPLOC_THRESHOLDS may name a JSON of the validator's [toploc]
-#      thresholds for bf16 (the float32 defaults are far tighter than bf16 rounding).
+#      engine and the validator, audited with the kept bf16 calibrations (toploc/calibration/);
+#      TOPLOC_THRESHOLDS may name a JSON of [toploc] fields to set over them.
 # Each prints its own output; the JSON objects of 1 and 3 are also kept under $OUT (default gpu-results/).
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -56,6 +56,7 @@ from engines.base import GenerationRequest, GenerationResult
 from protocol.identity import NodeIdentity
 from protocol.schemas import PendingSubmission, SamplingParams, Task
 from protocol.signing import sign_document
+from toploc.calibrations import toploc_config
 from toploc.config import ToplocConfig
 from toploc.proof import build_proofs
 from worker.loop import build_submission, generation_requests
@@ -415,7 +416,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     task = bench_task(0, args.sequences, args.prompt_tokens, args.new_tokens, args.vocab_size)
     attack_task = bench_task(1, args.attack_sequences, args.prompt_tokens, args.new_tokens, args.vocab_size)
     max_model_len = 16 * math.ceil((args.prompt_tokens + args.new_tokens + 1) / 16)
-    config = ToplocConfig.model_validate(json.loads(Path(args.toploc).read_text())) if args.toploc else ToplocConfig()
+    own = ToplocConfig.model_validate(json.loads(Path(args.toploc).read_text())) if args.toploc else None
+    # As a validator audits: the calibration of (dtype, generating engine), with --toploc's fields on top.
+    configs = {engine: toploc_config(args.dtype, engine, own=own) for engine in ("vllm", "hf")}
 
     progress(f"checkpoints ready in {build_s:.0f} s; vLLM generation")
     vllm = vllm_phase(paths["policy"], task, args.dtype, args.device, args.repeats, max_model_len)
@@ -440,10 +443,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     progress("validator audits")
     honest, reasons = {}, {}
     for name, item in honest_items.items():
-        honest[name], reasons[f"honest-{name}"] = audit(engine, item, config, repeats=1)
+        honest[name], reasons[f"honest-{name}"] = audit(engine, item, configs[name], repeats=1)
     attacks = {}
     for name, item in attack_items.items():
-        attacks[name], reasons[f"attack-{name}"] = audit(engine, item, config, repeats=1)
+        attacks[name], reasons[f"attack-{name}"] = audit(engine, item, configs["hf"], repeats=1)  # HF-generated
     micro = sampler_micro(engine, task, honest_items["vllm"].submission, repeats=5)
     figures: dict[str, Any] = {
         "params": params,
@@ -469,8 +472,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "device": args.device,
         "repeats": args.repeats,
         "torch_threads": torch.get_num_threads(),
-        "toploc": config.model_dump(),
-        "toploc_source": args.toploc or "ToplocConfig() defaults: the float32 calibration",
+        "toploc": {engine: config.model_dump() for engine, config in configs.items()},
+        "toploc_source": f"toploc/calibration/ for {args.dtype}" + (f", {args.toploc} on top" if args.toploc else ""),
         "checkpoint_build_s": round(build_s, 1),
         "total_s": round(time.perf_counter() - started, 1),
         "quick": args.quick,
@@ -498,7 +501,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--attack-sequences", type=int, default=None, help="samples per attack (default 4; quick 2)")
     parser.add_argument("--repeats", type=int, default=None, help="vLLM rounds of each sampling (default 2; quick 1)")
     parser.add_argument("--threads", type=int, default=None, help="HF torch threads (default: the worker's choice)")
-    parser.add_argument("--toploc", default=None, help="JSON of the validator's [toploc] thresholds (default: fp32's)")
+    parser.add_argument("--toploc", default=None, help="JSON of [toploc] fields set over the calibration of --dtype")
     args = parser.parse_args(argv)
     quick = args.quick
     args.layers = args.layers or (2 if quick else QWEN3_0_6B_SHAPE["num_hidden_layers"])
