@@ -117,7 +117,8 @@ def trained_policies(trainer_starts: dict[str, Path], tmp_path_factory: pytest.T
     out = tmp_path_factory.mktemp("trained")
     probe = Path(__file__).with_name("train_probe.py")
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(probe)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    # The probe imports tests.*: the repository goes on its path, as pytest's rootdir is on ours.
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3]), "OMP_NUM_THREADS": "1"}
     done = subprocess.run(
         [*command, str(out), *map(str, trainer_starts.values())], capture_output=True, text=True, timeout=600, env=env
     )
