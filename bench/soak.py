@@ -31,7 +31,6 @@ import os
 import platform
 import random
 import re
-import sqlite3
 import statistics
 import subprocess
 import sys
@@ -43,6 +42,7 @@ from typing import Any
 from coordinator.config import ChildLogsConfig
 from runtime.ports import free_port
 from tests.support.coordinator_process import CoordinatorProcess
+from tests.support.ledger_helpers import read_ledger
 from trainer.packing import TrainSample
 from trainer.transport import StepBatch, TrainDir, write_json_atomic
 
@@ -140,16 +140,7 @@ def watched_dirs(run_dir: Path) -> dict[str, Path]:
 
 
 def ledger_query(run_dir: Path, statement: str) -> list[tuple[Any, ...]]:
-    path = run_dir / "ledger.db"
-    if not path.is_file():
-        return []
-    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)
-    try:
-        return list(conn.execute(statement).fetchall())
-    except sqlite3.OperationalError:
-        return []
-    finally:
-        conn.close()
+    return read_ledger(run_dir / "ledger.db", statement)
 
 
 def published_steps(run_dir: Path) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import secrets
+import sqlite3
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -143,3 +144,20 @@ def new_postgres_schema(database_url: str) -> str:
         conn.execute(text(f'CREATE SCHEMA "{schema}"'))
     engine.dispose()
     return make_url(database_url).update_query_dict({"options": f"-csearch_path={schema}"}).render_as_string(False)
+
+
+def read_ledger(path: Path, statement: str) -> list[tuple[Any, ...]]:
+    """The rows of ``statement`` on a running node's SQLite ledger at ``path``, opened read-only.
+
+    Empty while the file does not exist yet or its tables are not made yet, so a harness can ask
+    a ledger whose coordinator is still starting.
+    """
+    if not path.is_file():
+        return []
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)
+    try:
+        return list(conn.execute(statement).fetchall())
+    except sqlite3.OperationalError:
+        return []
+    finally:
+        conn.close()

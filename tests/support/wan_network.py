@@ -15,7 +15,6 @@ puts every node in one namespace on 127.0.0.1: the same workload without the lin
 from __future__ import annotations
 
 import json
-import sqlite3
 import subprocess
 import sys
 import time
@@ -26,6 +25,7 @@ from typing import Any
 
 import tomli_w
 
+from tests.support.ledger_helpers import read_ledger
 from tests.support.netlab import Lab, Link, Namespace
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -241,7 +241,7 @@ class WanNetwork:
                 raise RuntimeError(f"{name} exited with {proc.returncode}:\n{tail}")
 
     def ledger(self, statement: str) -> list[tuple[Any, ...]]:
-        return ledger_rows(self.root / "run" / "ledger.db", statement)
+        return read_ledger(self.root / "run" / "ledger.db", statement)
 
     def latest_step(self) -> int:
         rows = self.ledger("SELECT MAX(step) FROM train_steps WHERE published_at IS NOT NULL")
@@ -291,44 +291,32 @@ class WanNetwork:
                 self.lab.stop(proc, timeout_s=30)
 
 
-def ledger_rows(path: Path, statement: str) -> list[tuple[Any, ...]]:
-    if not path.is_file():
-        return []
-    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)
-    try:
-        return list(conn.execute(statement).fetchall())
-    except sqlite3.OperationalError:
-        return []
-    finally:
-        conn.close()
-
-
 def ledger_audit(path: Path) -> dict[str, Any]:
     """What the ledger says about accepted work: lost (an accepted verdict whose submission is no longer accepted,
     or an accepted task without its group), reused (a task accepted twice, or trained on in two steps), and
     accepted submissions per node id."""
     accepted_events = {
         subject
-        for subject, data in ledger_rows(path, "SELECT subject, data_json FROM events WHERE kind = 'verdict'")
+        for subject, data in read_ledger(path, "SELECT subject, data_json FROM events WHERE kind = 'verdict'")
         if json.loads(data).get("accepted")
     }
-    status = dict(ledger_rows(path, "SELECT submission_id, status FROM submissions"))
+    status = dict(read_ledger(path, "SELECT submission_id, status FROM submissions"))
     lost = sorted(s for s in accepted_events if status.get(s) != "accepted")
-    groupless = ledger_rows(
+    groupless = read_ledger(
         path,
         "SELECT t.task_id FROM tasks t LEFT JOIN accepted_groups g ON g.task_id = t.task_id "
         "WHERE t.state = 'accepted' AND g.task_id IS NULL",
     )
-    twice_accepted = ledger_rows(
+    twice_accepted = read_ledger(
         path, "SELECT task_id FROM submissions WHERE status = 'accepted' GROUP BY task_id HAVING COUNT(*) > 1"
     )
-    twice_trained = ledger_rows(
+    twice_trained = read_ledger(
         path,
         "SELECT s.task_id FROM step_submissions ss JOIN submissions s ON s.submission_id = ss.submission_id "
         "GROUP BY s.task_id HAVING COUNT(*) > 1",
     )
     by_node = dict(
-        ledger_rows(path, "SELECT node_id, COUNT(*) FROM submissions WHERE status = 'accepted' GROUP BY node_id")
+        read_ledger(path, "SELECT node_id, COUNT(*) FROM submissions WHERE status = 'accepted' GROUP BY node_id")
     )
     return {
         "accepted": sum(by_node.values()),
