@@ -53,6 +53,7 @@ from typing import Any
 import torch
 
 from engines.base import GenerationRequest, GenerationResult
+from engines.random_model import random_causal_lm
 from protocol.identity import NodeIdentity
 from protocol.schemas import PendingSubmission, SamplingParams, Task
 from protocol.signing import sign_document
@@ -98,16 +99,9 @@ def _done(path: Path) -> bool:
 
 def build_random_checkpoint(path: Path, config: Any, seed: int, dtype: torch.dtype) -> Path:
     """A random init of ``config`` from ``seed`` (global torch RNG left as it was), saved once under ``path``."""
-    from transformers import AutoModelForCausalLM
-
     if _done(path):
         return path
-    state = torch.random.get_rng_state()
-    torch.manual_seed(seed)
-    try:
-        model: Any = AutoModelForCausalLM.from_config(config).to(torch.float32)
-    finally:
-        torch.random.set_rng_state(state)
+    model = random_causal_lm(config, seed)
     with torch.no_grad():
         model.model.norm.weight.mul_(NORM_SCALE)
     staging = path.with_name(path.name + ".partial")
