@@ -12,7 +12,9 @@ through its nested sections (the config reference and its tests read it), and
 
 from __future__ import annotations
 
+import difflib
 import json
+import os
 import re
 import tomllib
 import types
@@ -109,9 +111,54 @@ def _describe(error: Mapping[str, Any]) -> str:
     return f"key '{key}': {error['msg']} (got {error.get('input')!r})"
 
 
+NOT_SETTINGS_ENV = frozenset({"PRIME_TRAINER_FAILPOINT"})
+"""Variables under a role's prefix that are not settings (the trainer's crash-test failpoint)."""
+
+
+def _configs_sharing_prefix(prefix: str) -> list[type[RoleConfig]]:
+    """Every role config read from ``prefix``* variables (the trainer's commands share one prefix)."""
+    found: list[type[RoleConfig]] = []
+    pending: list[type[RoleConfig]] = [RoleConfig]
+    while pending:
+        cls = pending.pop()
+        pending.extend(cls.__subclasses__())
+        if cls.model_config.get("env_prefix") == prefix:
+            found.append(cls)
+    return found
+
+
+def unknown_environment_keys(cls: type[RoleConfig], environ: Mapping[str, str]) -> list[str]:
+    """The ``PRIME_<ROLE>_*`` variables in ``environ`` that name no setting, each with a suggestion.
+
+    pydantic-settings ignores a variable whose name matches no field, so a typo such as
+    ``PRIME_WORKER_GPUS`` would silently leave the default in place. Nested keys (``API__PORTT``)
+    are already refused by the sections' ``extra="forbid"``; this checks the top-level name.
+    """
+    prefix = str(cls.model_config.get("env_prefix", ""))
+    if not prefix:
+        return []
+    known: set[str] = set()
+    for config in _configs_sharing_prefix(prefix) or [cls]:
+        known.update(name.lower() for name in config.model_fields)
+    problems = []
+    for variable in sorted(environ):
+        if not variable.upper().startswith(prefix.upper()) or variable.upper() in NOT_SETTINGS_ENV:
+            continue
+        name = variable[len(prefix) :].lower().split("__", 1)[0]
+        if name in known:
+            continue
+        close = difflib.get_close_matches(name, sorted(known), n=1)
+        hint = f"; did you mean {prefix}{close[0].upper()}?" if close else ""
+        problems.append(f"environment variable {variable} names no setting of this config{hint}")
+    return problems
+
+
 def load_config(cls: type[ConfigT], path: Path | None = None, overrides: Mapping[str, Any] | None = None) -> ConfigT:
     """Read, merge and validate a role config; ConfigError names each bad key and the file."""
     source = str(path) if path is not None else "defaults"
+    unknown = unknown_environment_keys(cls, os.environ)
+    if unknown:
+        raise ConfigError("; ".join(unknown) + " (unset it, or fix its spelling)")
     if path is not None:
         if not path.is_file():
             raise ConfigError(f"config file {path} does not exist")

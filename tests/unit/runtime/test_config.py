@@ -140,3 +140,20 @@ def test_the_validator_refuses_an_engine_it_would_not_run() -> None:
     assert load_config(ValidatorConfig).engine == "hf"
     with pytest.raises(ConfigError, match=r"key 'engine'"):
         load_config(ValidatorConfig, None, {"engine": "vllm"})
+
+
+def test_a_misspelt_environment_variable_is_refused_with_a_suggestion(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PRIME_WORKER_GPUS", "all")
+    with pytest.raises(ConfigError, match="PRIME_WORKER_GPUS names no setting.*did you mean PRIME_WORKER_GPU"):
+        load_config(WorkerConfig)
+
+
+def test_environment_variables_of_a_sibling_trainer_command_are_not_typos(monkeypatch: pytest.MonkeyPatch) -> None:
+    # sft, rl and eval share PRIME_TRAINER_: a setting of one is no typo when another command runs
+    assert "num_steps" in RlConfig.model_fields and "num_steps" not in EvalConfig.model_fields
+    monkeypatch.setenv("PRIME_TRAINER_NUM_STEPS", "3")
+    monkeypatch.setenv("PRIME_TRAINER_FAILPOINT", "batch:1")
+    load_config(EvalConfig)
+    monkeypatch.setenv("PRIME_TRAINER_NUM_STEP", "3")
+    with pytest.raises(ConfigError, match="PRIME_TRAINER_NUM_STEP names no setting"):
+        load_config(EvalConfig)
