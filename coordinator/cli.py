@@ -12,15 +12,17 @@ from runtime.cli import (
     JsonLogsOption,
     LogLevelOption,
     PrimeTyper,
-    SetOption,
     fail,
     load_role_config,
     make_config_app,
     make_keys_app,
     run_or_exit,
+    set_option,
     start_logging,
 )
 from runtime.slurm import DryRunOption, GpusPerNodeOption, PartitionOption, SbatchArgOption, TimeOption
+
+SetOption = set_option("api.port=8001")
 
 app = PrimeTyper(
     help=(
@@ -29,7 +31,7 @@ app = PrimeTyper(
     ),
     no_args_is_help=True,
 )
-app.add_typer(make_keys_app(CoordinatorConfig.model_fields["data_dir"].default), name="keys")
+app.add_typer(make_keys_app(CoordinatorConfig, "prime-coordinator", "data_dir=runs/my-run"), name="keys")
 app.add_typer(make_config_app("prime-coordinator", {"start": CoordinatorConfig}, "api.port=8001"), name="config")
 
 DataDirOption = typer.Option(None, "--data-dir", help="Run directory (data_dir).")

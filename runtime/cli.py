@@ -35,9 +35,15 @@ EXIT_INTERRUPTED = 130
 err_console = Console(stderr=True)
 
 ConfigOption = typer.Option(None, "--config", "-c", help="TOML config file (see configs/).", exists=False)
-SetOption = typer.Option(
-    None, "--set", help="Override any config key, e.g. --set api.port=8000 (repeatable; value read as TOML)."
-)
+
+
+def set_option(example: str) -> Any:
+    """The ``--set`` option, its help showing ``example``: a key of the command's own config."""
+    return typer.Option(
+        None, "--set", help=f"Override any config key, e.g. --set {example} (repeatable; value read as TOML)."
+    )
+
+
 LogLevelOption = typer.Option("info", "--log-level", help="debug, info, warning or error.", envvar="PRIME_LOG_LEVEL")
 JsonLogsOption = typer.Option(False, "--json-logs", help="One JSON object per log line, for machines.")
 NoP2POption = typer.Option(
@@ -149,23 +155,64 @@ def run_or_exit(label: str, func: Any, *args: Any) -> None:
         exit_on_error(exc, label)
 
 
-def make_keys_app(default_data_dir: Path) -> typer.Typer:
-    """``<cmd> keys show``: create (on first use) and print the node's identity."""
+def make_keys_app(config_cls: type[RoleConfig], script: str, example: str) -> typer.Typer:
+    """``<cmd> keys show`` and ``keys create``: the node's identity, found where the role's config puts it.
+
+    The data dir comes from ``--data-dir``, else from the config (``-c``, environment, ``--set``), so
+    ``keys show -c run.toml`` names the same key the command started with ``-c run.toml`` uses. ``show``
+    never creates a key: a wrong directory would otherwise print a fresh, meaningless id.
+    """
     keys_app = PrimeTyper(help="The node's Ed25519 identity (node id = libp2p peer id).")
+    set_keys = set_option(example)
+    data_dir_option = typer.Option(
+        None, "--data-dir", help="Where the node key lives (default: the config's data_dir)."
+    )
+
+    def resolve(data_dir: Path | None, config: Path | None, sets: list[str] | None) -> Path:
+        if data_dir is not None:
+            return data_dir
+        resolved: Path = load_role_config(config_cls, config, sets).data_dir  # type: ignore[attr-defined]
+        return resolved
 
     @keys_app.command("show")
     def show(
-        data_dir: Path = typer.Option(default_data_dir, "--data-dir", help="Where the node key lives."),
+        data_dir: Path | None = data_dir_option,
+        config: Path | None = ConfigOption,
+        sets: list[str] | None = set_keys,
     ) -> None:
-        """Print the node id and key file, creating the key (0600) on first use."""
-        from protocol.identity import key_path, load_or_create_identity
+        """Print the node id and key file of an existing key (exit 1 when there is none)."""
+        from protocol.identity import key_path, load_identity
 
+        directory = resolve(data_dir, config, sets)
+        path = key_path(directory)
+        if not path.exists():
+            fail(
+                f"no node key in {directory}; `{script} keys create --data-dir {directory}` makes one "
+                "(the node's first start does too), or point --data-dir / -c at the node's data dir"
+            )
         try:
-            identity = load_or_create_identity(data_dir)
+            identity = load_identity(path)
         except PrimeError as exc:
             fail(exc.message)
         typer.echo(f"node id:  {identity.node_id}")
-        typer.echo(f"key file: {key_path(data_dir)}")
+        typer.echo(f"key file: {path}")
+
+    @keys_app.command("create")
+    def create(
+        data_dir: Path | None = data_dir_option,
+        config: Path | None = ConfigOption,
+        sets: list[str] | None = set_keys,
+    ) -> None:
+        """Create the node key (0600) if there is none, and print the node id and key file."""
+        from protocol.identity import key_path, load_or_create_identity
+
+        directory = resolve(data_dir, config, sets)
+        try:
+            identity = load_or_create_identity(directory)
+        except PrimeError as exc:
+            fail(exc.message)
+        typer.echo(f"node id:  {identity.node_id}")
+        typer.echo(f"key file: {key_path(directory)}")
 
     return keys_app
 
@@ -185,6 +232,7 @@ def make_config_app(script: str, configs: Mapping[str, type[RoleConfig]], exampl
     """``<cmd> config show``: the resolved config as TOML. ``configs`` maps the commands that read a config to
     its class; with several (the trainer's sft, rl, eval), ``show`` takes the command's name first."""
     config_app = PrimeTyper(help="Inspect the config the commands would run with.")
+    set_config = set_option(example)
     classes = list(configs.values())
     prefix = str(classes[0].model_config.get("env_prefix", ""))
 
@@ -197,7 +245,7 @@ def make_config_app(script: str, configs: Mapping[str, type[RoleConfig]], exampl
     if len(configs) == 1:
         (command_name,) = configs
 
-        def show_one(config: Path | None = ConfigOption, sets: list[str] | None = SetOption) -> None:
+        def show_one(config: Path | None = ConfigOption, sets: list[str] | None = set_config) -> None:
             show_config(classes[0], config, sets)
 
         show_one.__doc__ = CONFIG_SHOW_HELP.format(
@@ -211,7 +259,7 @@ def make_config_app(script: str, configs: Mapping[str, type[RoleConfig]], exampl
     def show_of(
         command: str = typer.Argument(..., metavar="COMMAND", help=f"The command whose config to show: {names}."),
         config: Path | None = ConfigOption,
-        sets: list[str] | None = SetOption,
+        sets: list[str] | None = set_config,
     ) -> None:
         if command not in configs:
             fail(f"no command {command!r} reads a config; choose one of {names}", EXIT_BAD_CONFIG)

@@ -15,14 +15,16 @@ from runtime.cli import (
     LogLevelOption,
     NoP2POption,
     PrimeTyper,
-    SetOption,
     fail,
     load_role_config,
     make_config_app,
     run_or_exit,
+    set_option,
     start_logging,
 )
 from shardcast.config import RelayConfig
+
+SetOption = set_option("port=8101")
 
 app = PrimeTyper(help="SHARDCAST relays: mirror signed policy versions over HTTP.", no_args_is_help=True)
 app.add_typer(make_config_app("prime-relay", {"serve": RelayConfig}, "port=8101"), name="config")

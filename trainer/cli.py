@@ -18,14 +18,16 @@ from runtime.cli import (
     JsonLogsOption,
     LogLevelOption,
     PrimeTyper,
-    SetOption,
     fail,
     load_role_config,
     make_config_app,
     run_or_exit,
+    set_option,
     start_logging,
 )
 from trainer.config import EvalConfig, RlConfig, SftConfig
+
+SetOption = set_option("num_steps=20")
 
 app = PrimeTyper(help="Train and evaluate policies locally (SFT, RL, eval).", no_args_is_help=True)
 app.add_typer(

@@ -12,16 +12,18 @@ from runtime.cli import (
     LogLevelOption,
     NoP2POption,
     PrimeTyper,
-    SetOption,
     load_role_config,
     make_config_app,
     make_keys_app,
+    set_option,
     start_logging,
 )
 from validator.config import ValidatorConfig
 
+SetOption = set_option("toploc.max_exp_mismatches=6")
+
 app = PrimeTyper(help="Audit submitted rollouts: recompute, check proofs, post verdicts.", no_args_is_help=True)
-app.add_typer(make_keys_app(ValidatorConfig.model_fields["data_dir"].default), name="keys")
+app.add_typer(make_keys_app(ValidatorConfig, "prime-validator", "data_dir=/srv/validator"), name="keys")
 app.add_typer(
     make_config_app("prime-validator", {"run": ValidatorConfig}, "toploc.max_exp_mismatches=6"), name="config"
 )

@@ -12,14 +12,16 @@ from runtime.cli import (
     LogLevelOption,
     NoP2POption,
     PrimeTyper,
-    SetOption,
     load_role_config,
     make_config_app,
     make_keys_app,
+    set_option,
     start_logging,
 )
 from runtime.slurm import DryRunOption, GpusPerNodeOption, PartitionOption, SbatchArgOption, TimeOption
 from worker.config import WorkerConfig
+
+SetOption = set_option("gpu=none")
 
 
 def run_join(settings: WorkerConfig, show_live_status: bool) -> int:
@@ -69,7 +71,7 @@ app = PrimeTyper(
     help="Contribute GPUs (or a CPU) to a prime-network run: generate rollouts, prove them, get credit.",
     no_args_is_help=True,
 )
-app.add_typer(make_keys_app(WorkerConfig.model_fields["data_dir"].default), name="keys")
+app.add_typer(make_keys_app(WorkerConfig, "prime-worker", "data_dir=/srv/worker"), name="keys")
 app.add_typer(make_config_app("prime-worker", {"join": WorkerConfig}, "gpu=none"), name="config")
 
 

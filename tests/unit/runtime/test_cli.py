@@ -57,15 +57,59 @@ def test_bad_config_key_exits_2_naming_key_and_file(tmp_path: Path) -> None:
     assert "api.prot" in result.output and "run.toml" in result.output
 
 
-def test_keys_show_creates_a_0600_key(tmp_path: Path) -> None:
+def test_keys_create_makes_a_0600_key_that_show_prints(tmp_path: Path) -> None:
     from worker.cli import app
 
-    first = CliRunner().invoke(app, ["keys", "show", "--data-dir", str(tmp_path)])
-    second = CliRunner().invoke(app, ["keys", "show", "--data-dir", str(tmp_path)])
-    assert first.exit_code == 0, first.output
-    assert "12D3KooW" in first.output
-    assert first.output == second.output
+    created = CliRunner().invoke(app, ["keys", "create", "--data-dir", str(tmp_path)])
+    shown = CliRunner().invoke(app, ["keys", "show", "--data-dir", str(tmp_path)])
+    again = CliRunner().invoke(app, ["keys", "create", "--data-dir", str(tmp_path)])
+    assert created.exit_code == 0 and shown.exit_code == 0, created.output + shown.output
+    assert "12D3KooW" in created.output
+    assert created.output == shown.output == again.output
     assert (tmp_path / "node_key.pem").stat().st_mode & 0o777 == 0o600
+
+
+def test_keys_show_creates_nothing_and_names_the_command_that_does(tmp_path: Path) -> None:
+    from validator.cli import app
+
+    result = CliRunner().invoke(app, ["keys", "show", "--data-dir", str(tmp_path / "node")])
+    assert result.exit_code == 1
+    assert "no node key in" in result.output and "prime-validator keys create" in result.output
+    assert not (tmp_path / "node").exists()
+
+
+def test_keys_show_finds_the_key_through_the_config(tmp_path: Path) -> None:
+    from coordinator.cli import app
+
+    run_dir = tmp_path / "my-run"
+    config = tmp_path / "run.toml"
+    config.write_text(f'data_dir = "{run_dir}"\n')
+    created = CliRunner().invoke(app, ["keys", "create", "--data-dir", str(run_dir)])
+    by_file = CliRunner().invoke(app, ["keys", "show", "-c", str(config)])
+    by_set = CliRunner().invoke(app, ["keys", "show", "--set", f'data_dir="{run_dir}"'])
+    assert created.exit_code == by_file.exit_code == by_set.exit_code == 0, by_file.output + by_set.output
+    assert created.output == by_file.output == by_set.output
+
+
+@pytest.mark.parametrize("script", ["coordinator", "worker", "validator", "trainer", "shardcast"])
+def test_each_help_shows_a_set_example_its_own_config_accepts(script: str) -> None:
+    import importlib
+    import re
+
+    app = importlib.import_module(f"{script}.cli").app
+    commands = {
+        "coordinator": ["start"],
+        "worker": ["join"],
+        "validator": ["run"],
+        "trainer": ["rl"],
+        "shardcast": ["serve"],
+    }[script]
+    result = CliRunner().invoke(app, [*commands, "--help"])
+    text = " ".join(result.output.replace("│", " ").split())  # rich's help box, unwrapped
+    example = re.search(r"--set ([a-z_.]+=\S+?)[ )]", text)
+    assert example, result.output
+    shown = CliRunner().invoke(app, ["config", "show", *(["rl"] if script == "trainer" else []), "--set", example[1]])
+    assert shown.exit_code == 0, (example[1], shown.output)
 
 
 def failing_app(error: BaseException) -> typer.Typer:

@@ -133,7 +133,8 @@ def test_the_coordinator_defaults_to_an_operator_run_dir_and_the_demo_names_its_
     assert default == Path("runs/coordinator")
     assert load_config(CoordinatorConfig, CONFIGS_DIR / "demo.toml").data_dir == Path("runs/demo")
     keys = get_command(app).commands["keys"].commands["show"]  # type: ignore[attr-defined]
-    assert next(p.default for p in keys.params if p.name == "data_dir") == default
+    # no default of its own: without --data-dir, keys show reads data_dir from the config
+    assert next(p.default for p in keys.params if p.name == "data_dir") is None
 
 
 def test_the_validator_refuses_an_engine_it_would_not_run() -> None:
