@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
+from protocol.errors import IdentityError
+from protocol.identity import public_key_from_node_id
 from runtime.config import RoleConfig
 from runtime.p2p.config import P2PConfig
 
@@ -48,3 +50,18 @@ class RelayConfig(RoleConfig):
     """The relay's URL as announced on gossip; unset: http://host:port (nothing is announced for 0.0.0.0 or port 0)."""
     p2p: P2PConfig = P2PConfig()
     """The libp2p gossip network: mirror announced versions at once and announce this relay's address."""
+
+    @field_validator("coordinator_id")
+    @classmethod
+    def _a_real_node_id(cls, value: str | None) -> str | None:
+        """An empty or placeholder id would start a relay that refuses every manifest while it looks healthy."""
+        if value is None:
+            return None
+        try:
+            public_key_from_node_id(value.strip())
+        except IdentityError as exc:
+            raise ValueError(
+                f"{value!r} is not a coordinator node id ({exc.message}); copy the id the coordinator prints at "
+                "start, or `prime-coordinator keys show -c RUN.toml` on the coordinator"
+            ) from None
+        return value.strip()

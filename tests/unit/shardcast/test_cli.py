@@ -44,3 +44,13 @@ def test_serve_without_upstream_or_coordinator_says_what_is_missing(tmp_path: Pa
     assert result.exit_code == EXIT_BAD_CONFIG and "upstream" in result.output
     result = CliRunner().invoke(app, ["serve", "--upstream", "http://127.0.0.1:9", "--data-dir", str(tmp_path)])
     assert result.exit_code == EXIT_BAD_CONFIG and "coordinator" in result.output
+
+
+def test_serve_refuses_an_empty_or_placeholder_coordinator_id(tmp_path: Path) -> None:
+    # an empty id (docker-compose's unset ${COORDINATOR_ID:-}) or the docs' placeholder used to start a relay
+    # that refused every manifest forever while /healthz said OK
+    for bad in ["", "12D3KooW..."]:
+        args = ["serve", "--upstream", "http://127.0.0.1:9/shardcast", "--coordinator-id", bad]
+        result = CliRunner().invoke(app, [*args, "--set", f'data_dir="{tmp_path}"'])
+        assert result.exit_code == EXIT_BAD_CONFIG, result.output
+        assert "is not a coordinator node id" in result.output and "keys show" in result.output
