@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 import time
 from collections.abc import Sequence
 
@@ -33,6 +34,20 @@ RELAY_FIX = (
     "check --relay (relays): a relay URL is what `prime-relay serve` listens on, e.g. http://HOST:8100, "
     "or a coordinator's origin, http://HOST:8000/shardcast"
 )
+
+
+PLAIN_HTTP_SIGNS = ("WRONG_VERSION_NUMBER", "RECORD_LAYER_FAILURE", "PACKET_LENGTH_TOO_LONG", "HTTP_REQUEST")
+"""OpenSSL's reasons when the server's first bytes are an HTTP response instead of a TLS handshake."""
+
+
+def _speaks_plain_http(exc: BaseException) -> bool:
+    """Whether a failed TLS connection failed because the server answered in plain HTTP (a retry cannot help)."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, ssl.SSLError) and any(sign in str(seen).upper() for sign in PLAIN_HTTP_SIGNS):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return any(sign in str(exc).upper() for sign in PLAIN_HTTP_SIGNS)
 
 
 def _what_answered(response: httpx.Response) -> str:
@@ -59,6 +74,12 @@ async def check_coordinator(url: str, timeout_s: float, stop: asyncio.Event | No
             try:
                 response = await http.get(routes.STATUS)
             except httpx.TransportError as exc:
+                if url.startswith("https://") and _speaks_plain_http(exc):
+                    plain = "http://" + url.removeprefix("https://")
+                    raise StartupError(
+                        f"the coordinator at {url} answers plain HTTP, not HTTPS (TLS handshake: {exc})",
+                        f"use {plain}, or put a TLS proxy in front of the coordinator",
+                    ) from exc
                 if time.monotonic() >= deadline or (stop is not None and stop.is_set()):
                     raise StartupError(
                         f"cannot reach the coordinator at {url} ({type(exc).__name__}: {exc or 'no answer'}) "

@@ -145,7 +145,7 @@ def test_the_validator_refuses_an_engine_it_would_not_run() -> None:
 
 def test_a_misspelt_environment_variable_is_refused_with_a_suggestion(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PRIME_WORKER_GPUS", "all")
-    with pytest.raises(ConfigError, match="PRIME_WORKER_GPUS names no setting.*did you mean PRIME_WORKER_GPU"):
+    with pytest.raises(ConfigError, match=r"PRIME_WORKER_GPUS names no setting.*did you mean PRIME_WORKER_GPU"):
         load_config(WorkerConfig)
 
 

@@ -52,3 +52,24 @@ def test_a_trickling_relay_is_logged_as_slow_within_the_bound(trickling_url: str
     elapsed = time.monotonic() - started
     assert answers == [False, False]
     assert elapsed < 3.0, f"two slow relays held the check for {elapsed:.1f} s (checked at once, 1 s bound each)"
+
+
+def test_https_to_a_plain_http_coordinator_is_named_at_once() -> None:
+    """A TLS handshake answered in plain HTTP cannot succeed by retrying: one line, no 60 s of retries."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from protocol.errors import StartupError
+    from runtime.first_contact import check_coordinator
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), BaseHTTPRequestHandler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        started = time.monotonic()
+        with pytest.raises(StartupError, match="answers plain HTTP, not HTTPS") as raised:
+            asyncio.run(check_coordinator(f"https://127.0.0.1:{server.server_port}", timeout_s=60))
+        assert time.monotonic() - started < 10
+        assert f"http://127.0.0.1:{server.server_port}" in str(raised.value.fix)
+    finally:
+        server.shutdown()
+        server.server_close()
