@@ -16,6 +16,7 @@ import typer
 from pydantic import Field
 from typer.testing import CliRunner
 
+from protocol.identity import NodeIdentity
 from runtime.cli import EXIT_BAD_CONFIG
 from runtime.config import Section, config_to_toml, load_config, mask_secrets
 from tests.support.cli_parse import cli_app
@@ -53,7 +54,8 @@ def body(output: str) -> dict[str, object]:
 def test_every_role_shows_its_config_with_file_and_set_values(script: str, tmp_path: Path) -> None:
     path = tmp_path / "role.toml"
     path.write_text('data_dir = "/srv/from-file"\n' if script != "prime-trainer" else 'output_dir = "/srv/from-file"\n')
-    key = "num_steps=7" if script == "prime-trainer" else "coordinator_id='abc'"
+    node_id = NodeIdentity.generate().node_id
+    key = "num_steps=7" if script == "prime-trainer" else f"coordinator_id='{node_id}'"
     if script == "prime-coordinator":
         key = "api.port=8123"
     code, out, err = show([script, *SHOW[script], "-c", str(path), "--set", key])
@@ -66,7 +68,7 @@ def test_every_role_shows_its_config_with_file_and_set_values(script: str, tmp_p
     elif script == "prime-trainer":
         assert shown["num_steps"] == 7
     else:
-        assert shown["coordinator_id"] == "abc"
+        assert shown["coordinator_id"] == node_id
 
 
 def test_the_environment_sits_between_the_file_and_set(tmp_path: Path) -> None:
