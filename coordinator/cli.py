@@ -79,6 +79,26 @@ def publish(
 
 
 @app.command()
+def reset(
+    config: Path | None = ConfigOption,
+    sets: list[str] | None = SetOption,
+    data_dir: Path | None = DataDirOption,
+    ledger_url: str | None = LedgerUrlOption,
+    yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
+    log_level: str = LogLevelOption,
+    json_logs: bool = JsonLogsOption,
+) -> None:
+    """Start the run over: delete its ledger tables (SQLite or PostgreSQL) and its data dir (node key, policies,
+    trainer checkpoints, logs). The next `start` with the same config begins a fresh run at step 0 with a new
+    coordinator key: workers and relays must be given the new id. Refused while a coordinator runs the run."""
+    start_logging(log_level, json_logs)
+    loaded = load_role_config(CoordinatorConfig, config, sets, {"data_dir": data_dir, "ledger.url": ledger_url})
+    from coordinator.serving.service import reset_run
+
+    run_or_exit("coordinator", reset_run, loaded, yes)
+
+
+@app.command()
 def export(
     steps: str = typer.Option(..., help="Training steps to export: A:B (inclusive), A: (to the newest) or N."),
     out: Path = typer.Option(..., help="File to write (replaced whole once complete)."),

@@ -41,6 +41,7 @@ from protocol.errors import ForbiddenError, ProtocolError, RequestRefused
 from protocol.identity import load_or_create_identity
 from protocol.ledger_client import LedgerClient
 from protocol.schemas import Hardware, PendingSubmission, RegisterRequest
+from runtime.data_dir_lock import hold_data_dir
 from runtime.first_contact import check_coordinator, check_relays
 from shardcast.cache import WeightsCache
 from toploc.calibrations import require_calibrated
@@ -189,6 +190,11 @@ async def _audit_version(
 async def run_validator(config: ValidatorConfig, stop: asyncio.Event, state: ValidatorState | None = None) -> None:
     """Audit the run at ``config.coordinator_url`` until ``stop`` is set."""
     state = state or ValidatorState()
+    with hold_data_dir(config.data_dir, "prime-validator"):  # one node per data dir: one id, one weights folder
+        await _validator(config, stop, state)
+
+
+async def _validator(config: ValidatorConfig, stop: asyncio.Event, state: ValidatorState) -> None:
     identity = load_or_create_identity(config.data_dir)
     await check_coordinator(config.coordinator_url, config.first_contact_timeout_s, stop)
     await check_relays(config.relays)

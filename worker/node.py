@@ -23,6 +23,7 @@ from protocol.errors import ConfigError, IdentityError, StartupError
 from protocol.identity import load_or_create_identity, public_key_from_node_id
 from protocol.ledger_client import LedgerClient
 from protocol.schemas import Hardware, RegisterRequest
+from runtime.data_dir_lock import hold_data_dir
 from runtime.first_contact import check_coordinator, check_relays
 from shardcast.cache import WeightsCache
 from worker.config import WorkerConfig
@@ -86,6 +87,11 @@ async def run_worker(
 ) -> None:
     """Join the run described by ``config`` and work until ``stop`` is set."""
     state = state or WorkerState()
+    with hold_data_dir(config.data_dir, "prime-worker"):  # one node per data dir: one id, one weights folder
+        await _worker(config, stop, state, engine_factory)
+
+
+async def _worker(config: WorkerConfig, stop: asyncio.Event, state: WorkerState, engine_factory: EngineFactory) -> None:
     identity = load_or_create_identity(config.data_dir)
     kind = resolve_engine_kind(config.engine)
     devices = detect_devices(config.gpu)

@@ -128,7 +128,7 @@ class RunThread(threading.Thread):
             records = self._train()
         else:
             records = steps.steps()
-            print("this run has already trained all its steps (delete its data_dir to run it again)")
+            print("this run has already trained all its steps (`prime-coordinator reset -c CONFIG` starts it over)")
         print(f"\nreward per step (validator-recomputed reward of each step's batch):\n{reward_curve(records)}")
         where = config.data_dir.resolve()
         print(f"run files: ledger, policies, trainer checkpoints and logs are in {where}", flush=True)

@@ -23,6 +23,7 @@ from protocol.errors import StartupError
 
 if TYPE_CHECKING:
     from coordinator.ledger.ledger import Ledger
+    from coordinator.ledger.ownership import LedgerLock
     from coordinator.ledger.storage.engine import Database
     from environments.prompts import PromptSource
 
@@ -89,10 +90,21 @@ def bind_api_socket(family: socket.AddressFamily, host: str, port: int) -> socke
 
 
 def run(config: CoordinatorConfig) -> None:
+    from coordinator.ledger.run_spec import check_precision
+    from runtime.data_dir_lock import hold_data_dir
+
+    precision = check_precision(config)  # before anything is created: a run its validators cannot audit stops here
+    with hold_data_dir(config.data_dir, "prime-coordinator"):  # one coordinator per run directory
+        serve_run(config, precision)
+
+
+def serve_run(config: CoordinatorConfig, precision: str) -> None:
+    """Open the run's ledger, publish v0 on the first start, and serve until the run ends or is stopped."""
     import uvicorn
 
+    from coordinator.ledger.ownership import check_owner, hold_ledger
     from coordinator.ledger.replay import DatabaseReplayCache
-    from coordinator.ledger.run_spec import check_precision, environment_prompts, signed_run_spec
+    from coordinator.ledger.run_spec import environment_prompts, signed_run_spec
     from coordinator.loop.policies import policy_store, publish_policy, published_version, with_vocab_size
     from coordinator.processes.builtin_validator import BuiltinValidator, approve_builtin_validator, local_url
     from coordinator.serving.app import create_app
@@ -103,7 +115,6 @@ def run(config: CoordinatorConfig) -> None:
     from shardcast.server import create_app as create_shardcast_app
     from trainer.resolve import resolve_model_path
 
-    precision = check_precision(config)  # before anything is created: a run its validators cannot audit stops here
     identity = load_or_create_identity(config.data_dir)
     log.info("coordinator node id %s (key %s)", identity.node_id, key_path(config.data_dir))
     log.info("run precision %s (workers generate and validators recompute in it)", precision)
@@ -123,7 +134,10 @@ def run(config: CoordinatorConfig) -> None:
         environment.config_hash[:12],
     )
     database, ledger = open_ledger(config, prompts, identity.node_id)
+    ledger_lock: LedgerLock | None = None
     try:
+        ledger_lock = hold_ledger(database)  # one coordinator per run, whatever data dir the other one has
+        check_owner(ledger, identity.node_id, config.data_dir)
         status = ledger.status()
         log.info(
             "ledger %s: run %r, policy version %d, %d submission(s) accepted",
@@ -180,6 +194,8 @@ def run(config: CoordinatorConfig) -> None:
             relays.stop()
     finally:
         builtin_validator.stop()
+        if ledger_lock is not None:
+            ledger_lock.release()
         database.dispose()
 
 
@@ -198,3 +214,42 @@ def publish_from_cli(config: CoordinatorConfig, checkpoint: Path, version: int |
         print(f"published policy v{signed.manifest.version} from {checkpoint}")
     finally:
         database.dispose()
+
+
+def reset_run(config: CoordinatorConfig, assume_yes: bool) -> None:
+    """`prime-coordinator reset`: drop the run's ledger tables and delete its data dir, after saying what goes."""
+    import shutil
+
+    import typer
+    from sqlalchemy.exc import DBAPIError
+
+    from coordinator.ledger.ownership import drop_ledger, hold_ledger, ledger_tables, shown_url
+    from coordinator.ledger.storage.engine import Database
+    from runtime.data_dir_lock import hold_data_dir
+
+    data_dir = config.data_dir
+    with hold_data_dir(data_dir, "prime-coordinator reset"):  # refused while a coordinator runs on it
+        try:
+            database = Database(config.ledger_url, config.ledger.sqlite_synchronous, config.ledger.pool_size)
+        except Exception as exc:
+            raise StartupError(f"cannot open the ledger database {config.ledger_url!r}: {exc}", LEDGER_URL_FIX) from exc
+        try:
+            with hold_ledger(database):
+                tables = ledger_tables(database)
+                print(f"ledger {shown_url(database)}: " + (f"{len(tables)} table(s) to drop" if tables else "empty"))
+                print(f"data dir {data_dir.resolve()}: to delete")
+                if not assume_yes and not typer.confirm("delete the run and start over?", default=False):
+                    print("nothing deleted")
+                    return
+                drop_ledger(database)
+        except DBAPIError as exc:
+            reason = str(exc.orig).strip().splitlines()[0] if exc.orig is not None else str(exc)
+            raise StartupError(f"cannot reset the ledger at {shown_url(database)}: {reason}", LEDGER_URL_FIX) from exc
+        finally:
+            database.dispose()
+        for child in data_dir.iterdir():  # the directory itself holds our lock until we are done
+            if child.is_dir() and not child.is_symlink():
+                shutil.rmtree(child)
+            else:
+                child.unlink()
+    print(f"the run is reset: `prime-coordinator start` with the same config begins again at step 0 in {data_dir}")
