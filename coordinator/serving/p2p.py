@@ -26,7 +26,7 @@ from coordinator.ledger.storage.tables import policy_versions, run_state, tasks
 from coordinator.ledger.views import LedgerViews
 from protocol import routes
 from protocol.announcements import policy_announcement
-from protocol.errors import NotFoundError, PrimeError
+from protocol.errors import NotFoundError, PrimeError, StartupError
 from protocol.identity import NodeIdentity
 from protocol.schemas import P2PInfo, TaskAnnouncement
 from runtime.p2p.gossip import Gossip, Listener
@@ -165,6 +165,9 @@ def start_coordinator_gossip(
         gossip = CoordinatorGossip(identity, config, ledger, origin_url, on_relay)
         try:
             gossip.start()
+        except StartupError:  # a port another node holds: the operator must choose, not run half-deaf
+            gossip.stop()
+            raise
         except Exception as exc:  # the run goes on: nodes learn new versions by polling
             log.error("the p2p node could not start (%r); gossip is off for this run", exc)
             gossip.stop()

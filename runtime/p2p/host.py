@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import socket
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
-from protocol.errors import RemoteUnavailableError
+from protocol.errors import RemoteUnavailableError, StartupError
 from protocol.identity import NodeIdentity
 
 log = logging.getLogger("runtime.p2p")
@@ -37,6 +38,25 @@ class TopicSpec:
     validator: Validator
     handler: Handler | None = None
     """None: relay the topic (validate and forward) without delivering it to the node."""
+
+
+def check_port_free(host: str, port: int) -> None:
+    """A StartupError when another process listens on ``host:port``.
+
+    py-libp2p binds its listener with SO_REUSEPORT (for hole punching), so a second node on a
+    taken port would listen beside the first without an error, and peers would reach one or the
+    other at random. A plain bind, without SO_REUSEPORT, fails while anyone listens there.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise StartupError(
+                f"cannot listen on {host}:{port} for gossip: {exc.strerror} (another node, perhaps another "
+                "coordinator, uses that port)",
+                "stop it, or pick another port with --set p2p.port=N (0 picks a free one)",
+            ) from exc
 
 
 class P2PNode:
@@ -59,6 +79,8 @@ class P2PNode:
 
     def start(self, topics: Sequence[TopicSpec], timeout_s: float = 30.0) -> list[str]:
         """Listen, subscribe to ``topics`` and return the listen multiaddrs (with /p2p/<peer id>)."""
+        if self.listen_port:
+            check_port_free(self.listen_host, self.listen_port)
         ready: Future[list[str]] = Future()
         self._thread = threading.Thread(target=self._run, args=(list(topics), ready), name="libp2p", daemon=True)
         self._thread.start()

@@ -142,3 +142,19 @@ def test_a_peer_offering_only_plaintext_cannot_connect(nodes: tuple[Gossip, Goss
     trio.run(main)
     assert outcome["default host"] == "connected", outcome  # the control: plaintext works where it is offered
     assert outcome["coordinator"].startswith("refused"), outcome
+
+
+def test_a_second_node_on_a_taken_gossip_port_is_refused() -> None:
+    """py-libp2p listens with SO_REUSEPORT: without the check a second node would share the port silently."""
+    from protocol.errors import StartupError
+    from runtime.p2p.host import P2PNode
+
+    first = P2PNode(NodeIdentity.generate())
+    first.start([])
+    try:
+        port = int(first.addrs[0].split("/tcp/")[1].split("/")[0])
+        second = P2PNode(NodeIdentity.generate(), port=port)
+        with pytest.raises(StartupError, match=f"cannot listen on 127.0.0.1:{port} for gossip"):
+            second.start([])
+    finally:
+        first.stop()
