@@ -28,6 +28,7 @@ from runtime.cli import (
 from trainer.config import EvalConfig, RlConfig, SftConfig
 
 SetOption = set_option("num_steps=20")
+EvalSetOption = set_option("num_examples=64")
 
 app = PrimeTyper(help="Train and evaluate policies locally (SFT, RL, eval).", no_args_is_help=True)
 app.add_typer(
@@ -89,7 +90,7 @@ def rl(
 @app.command("eval")
 def evaluate(
     config: Path | None = ConfigOption,
-    sets: list[str] | None = SetOption,
+    sets: list[str] | None = EvalSetOption,
     model: str | None = typer.Option(None, help="HF checkpoint directory or built-in name to evaluate."),
     task: str | None = typer.Option(
         None, help="Built-in environment whose eval set is run (reverse_text, arithmetic)."

@@ -91,24 +91,26 @@ def test_keys_show_finds_the_key_through_the_config(tmp_path: Path) -> None:
     assert created.output == by_file.output == by_set.output
 
 
-@pytest.mark.parametrize("script", ["coordinator", "worker", "validator", "trainer", "shardcast"])
+@pytest.mark.parametrize("script", ["coordinator", "worker", "validator", "trainer", "trainer-eval", "shardcast"])
 def test_each_help_shows_a_set_example_its_own_config_accepts(script: str) -> None:
     import importlib
     import re
 
-    app = importlib.import_module(f"{script}.cli").app
+    app = importlib.import_module(f"{script.split('-')[0]}.cli").app
     commands = {
         "coordinator": ["start"],
         "worker": ["join"],
         "validator": ["run"],
         "trainer": ["rl"],
+        "trainer-eval": ["eval"],
         "shardcast": ["serve"],
     }[script]
     result = CliRunner().invoke(app, [*commands, "--help"])
     text = " ".join(result.output.replace("│", " ").split())  # rich's help box, unwrapped
     example = re.search(r"--set ([a-z_.]+=\S+?)[ )]", text)
     assert example, result.output
-    shown = CliRunner().invoke(app, ["config", "show", *(["rl"] if script == "trainer" else []), "--set", example[1]])
+    which = {"trainer": ["rl"], "trainer-eval": ["eval"]}.get(script, [])
+    shown = CliRunner().invoke(app, ["config", "show", *which, "--set", example[1]])
     assert shown.exit_code == 0, (example[1], shown.output)
 
 
