@@ -356,3 +356,8 @@ class CoordinatorConfig(RoleConfig):
     @property
     def ledger_url(self) -> str:
         return self.ledger.url or f"sqlite:///{self.data_dir / 'ledger.db'}"
+
+    @property
+    def final_policy_dir(self) -> Path:
+        """The last step's policy as a full HF checkpoint (whatever ``policy.full_every`` published it as)."""
+        return self.data_dir / "final-policy"

@@ -324,6 +324,29 @@ class TrainDir:
         self.staging_policy_dir(step).replace(target)
         return target
 
+    def keep_policy(self, step: int, target: Path) -> Path:
+        """Put step ``step``'s exported policy at ``target`` too, whole or not at all (hard links where possible).
+
+        Pruning removes the exported policies of published steps; the run's last one is its result, so it
+        is kept apart from them. A kept copy already there is replaced only once the new one is complete.
+        """
+        source = self.policy_dir(step)
+        staging = target.with_name(f".{target.name}.partial")
+        _remove(staging)
+
+        def link_or_copy(src: str, dst: str) -> object:
+            try:
+                os.link(src, dst)
+                return dst
+            except OSError:
+                return shutil.copy2(src, dst)
+
+        shutil.copytree(source, staging, copy_function=link_or_copy)
+        if target.exists():
+            shutil.rmtree(target)
+        staging.replace(target)
+        return target
+
     def prune_published(self, published: int, keep_steps: int = 0) -> list[Path]:
         """Remove what steps up to ``published`` (trained, and published by the coordinator) no longer need.
 

@@ -150,6 +150,8 @@ class Orchestrator:
             metrics["wait_s"] = time.monotonic() - waiting_since
             self.steps.mark_trained(step, metrics)
         publish_policy(self.train_dir.policy_dir(step), step, self.identity, self.store, self.ledger, self.config)
+        if step == settings.num_steps:  # the run's result: kept whole, apart from the step files pruning removes
+            self.train_dir.keep_policy(step, self.config.final_policy_dir)
         self.steps.mark_published(step)
         self._retain(step)
         release_free_memory()  # the step's batch and groups are garbage now: keep a long run's RSS flat

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import func, select
@@ -55,6 +56,22 @@ def progress_line(config: CoordinatorConfig, ledger: Ledger, elapsed_s: float) -
         f"  reward {reward}  accepted {status.num_submissions_accepted}  rejected {status.num_submissions_rejected}"
         f"  pending {status.num_submissions_pending}  tokens/s {tokens_per_s:.0f}  staleness {staleness}"
     )
+
+
+def write_final_eval_config(config: CoordinatorConfig) -> Path:
+    """An eval config of the final policy on this run's environment, sampling and budget, beside the policy."""
+    from runtime.config import config_to_toml
+    from trainer.config import EvalConfig
+
+    evaluation = EvalConfig(
+        model=str(config.final_policy_dir.resolve()),
+        environment=config.environment,
+        max_tokens=config.scheduling.max_tokens,
+        temperature=config.scheduling.temperature,
+    )
+    path = config.data_dir / "final-eval.toml"
+    path.write_text(config_to_toml(evaluation))
+    return path.resolve()
 
 
 def reward_curve(steps: list[StepRecord]) -> str:
@@ -132,6 +149,14 @@ class RunThread(threading.Thread):
         print(f"\nreward per step (validator-recomputed reward of each step's batch):\n{reward_curve(records)}")
         where = config.data_dir.resolve()
         print(f"run files: ledger, policies, trainer checkpoints and logs are in {where}", flush=True)
+        if config.final_policy_dir.is_dir():
+            eval_config = write_final_eval_config(config)
+            final = config.final_policy_dir.resolve()
+            print(
+                f"final policy (v{config.orchestrator.num_steps}), an HF checkpoint: {final}"
+                f"\nevaluate it on the environment's held-out examples: prime-trainer eval -c {eval_config}",
+                flush=True,
+            )
         if not config.orchestrator.exit_when_done:
             self._idle()
 

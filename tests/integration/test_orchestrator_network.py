@@ -161,7 +161,26 @@ def check_completed_run(root: Path, stdout: str) -> dict[int, list[str]]:
     assert sorted(p.name for p in (train / "done").iterdir()) == [f"step_{NUM_STEPS}.json"]
     assert (root / "run" / "policies" / f"v{NUM_STEPS}" / "manifest.json").is_file()
     assert "reward per step" in stdout and re.search(rf"^\s+{NUM_STEPS}\s+\d\.\d{{3}}", stdout, re.MULTILINE)
+    check_final_policy(root, stdout)
     return published
+
+
+def check_final_policy(root: Path, stdout: str) -> None:
+    """The last step's policy is kept whole, printed with an eval command whose config loads it."""
+    from transformers import AutoModelForCausalLM
+
+    from runtime.config import load_config
+    from trainer.config import EvalConfig
+
+    final = (root / "run" / "final-policy").resolve()
+    assert f"final policy (v{NUM_STEPS}), an HF checkpoint: {final}" in stdout
+    eval_config = (root / "run" / "final-eval.toml").resolve()
+    assert f"prime-trainer eval -c {eval_config}" in stdout
+    loaded = load_config(EvalConfig, eval_config)
+    assert loaded.model == str(final)
+    model = AutoModelForCausalLM.from_pretrained(final)
+    published = root / "run" / "policies" / f"v{NUM_STEPS}"
+    assert (published / "manifest.json").is_file() and model.config.vocab_size > 0
 
 
 def start(root: Path, config_path: Path, url: str, name: str) -> CoordinatorProcess:

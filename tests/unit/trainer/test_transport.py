@@ -98,6 +98,23 @@ def test_prune_published_keeps_what_a_restart_needs(tmp_path: Path) -> None:
     assert TrainDir(tmp_path / "nothing").prune_published(3) == []
 
 
+def test_the_final_policy_is_kept_whole_and_outlives_pruning(tmp_path: Path) -> None:
+    train_dir = TrainDir(tmp_path / "train")
+    populate(train_dir, range(1, 4))
+    (train_dir.policy_dir(3) / "model.safetensors").write_bytes(b"weights of step 3")
+    final = tmp_path / "final-policy"
+    train_dir.keep_policy(3, final)
+    train_dir.prune_published(3)
+    assert names(train_dir, "policies") == []
+    assert (final / "model.safetensors").read_bytes() == b"weights of step 3"
+    assert not list(tmp_path.glob(".final-policy.partial*"))
+    (train_dir.root / "policies" / "step_4").mkdir(parents=True)
+    (train_dir.policy_dir(4) / "model.safetensors").write_bytes(b"weights of step 4")
+    train_dir.keep_policy(4, final)  # kept again (a longer run): replaced whole
+    assert sorted(p.name for p in final.iterdir()) == ["model.safetensors"]
+    assert (final / "model.safetensors").read_bytes() == b"weights of step 4"
+
+
 def test_a_doorbell_wakes_its_listener_and_a_lost_ring_costs_one_timeout(tmp_path: Path) -> None:
     bell_path = tmp_path / "train" / "batch.bell"
     Doorbell(bell_path).ring()  # nobody listens yet (no pipe even): nothing happens, nothing blocks
