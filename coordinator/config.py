@@ -254,6 +254,9 @@ class OrchestratorConfig(Section):
     """How often a progress line (step, reward, accepted/rejected, tokens/s, staleness) is printed."""
     exit_when_done: bool = True
     """Stop the coordinator (and its local network) once `num_steps` are trained and published."""
+    end_grace_s: float = Field(default=30.0, ge=0, le=3600)
+    """After the last step, how long the API keeps answering so live workers and validators hear that the run
+    ended (they submit or audit what they hold, then exit 0); it stops sooner once every live node has heard."""
     keep_step_files: int = Field(default=0, ge=0, le=1_000_000)
     """Published steps whose batch file, exported policy, done marker and metrics stay in `data_dir/train`
     (0: removed as soon as the step is published; the ledger keeps each step's submissions and metrics, the

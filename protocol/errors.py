@@ -19,6 +19,7 @@ answers with, so a client can map a response back to the same class.
     │   ├── NotFoundError      404  the task, lease or version does not exist
     │   ├── ConflictError      409  the request contradicts the ledger's state
     │   │   └── StalePolicyError    the policy version is older than current - async_level
+    │   ├── RunEndedError      410  the run has trained its last step: nothing more to lease or audit
     │   ├── PayloadTooLargeError 413 the request body is over the configured limit
     │   └── RateLimitedError   429  too many requests; retry after the given delay
     ├── IntegrityError              downloaded bytes or a manifest fail verification
@@ -119,6 +120,13 @@ class ConflictError(RequestRefused):
 
 class StalePolicyError(ConflictError):
     code = "stale_policy"
+
+
+class RunEndedError(RequestRefused):
+    """The run has trained and published its last step: a worker or validator has nothing left to do."""
+
+    status_code = 410
+    code = "run_ended"
 
 
 class PayloadTooLargeError(RequestRefused):

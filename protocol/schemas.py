@@ -402,6 +402,7 @@ class RunStatus(WireModel):
         max_length=MAX_NAMED_REWARDS,
         description="Each named reward's batch mean in the newest trained step (the environment's rewards).",
     )
+    run_ended: bool = Field(default=False, description="The RL loop has published its last step: nothing to do.")
 
 
 # Ledger API responses and read-only views.

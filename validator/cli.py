@@ -49,10 +49,11 @@ def run(
 def run_audit(settings: ValidatorConfig, show_live_status: bool = False) -> int:
     """Run the validator until Ctrl-C; the exit code says how it ended."""
     import asyncio
+    import logging
     import signal
 
-    from protocol.errors import ForbiddenError, PrimeError
-    from runtime.cli import EXIT_BANNED, EXIT_INTERRUPTED, exit_on_error, fail
+    from protocol.errors import ForbiddenError, PrimeError, RunEndedError
+    from runtime.cli import EXIT_BANNED, EXIT_INTERRUPTED, EXIT_OK, exit_on_error, fail
     from validator.node import run_validator
     from validator.progress import ValidatorState, show_status
 
@@ -73,6 +74,9 @@ def run_audit(settings: ValidatorConfig, show_live_status: bool = False) -> int:
 
     try:
         return asyncio.run(main())
+    except RunEndedError as exc:  # handed out only once every pending submission was audited
+        logging.getLogger("validator").info("%s; stopping", exc.message)
+        return EXIT_OK
     except ForbiddenError as exc:
         fail(f"the coordinator refuses this validator: {exc.message}", EXIT_BANNED)
     except PrimeError as exc:

@@ -27,9 +27,10 @@ SetOption = set_option("gpu=none")
 def run_join(settings: WorkerConfig, show_live_status: bool) -> int:
     """Run the worker until Ctrl-C or a ban; the exit code tells which."""
     import asyncio
+    import logging
     import signal
 
-    from protocol.errors import ForbiddenError, PrimeError, RequestRefused
+    from protocol.errors import ForbiddenError, PrimeError, RequestRefused, RunEndedError
     from runtime.cli import EXIT_BANNED, EXIT_INTERRUPTED, EXIT_OK, EXIT_REFUSED, exit_on_error, fail
     from worker.loop import WorkerState
     from worker.node import check_config, run_worker
@@ -59,6 +60,9 @@ def run_join(settings: WorkerConfig, show_live_status: bool) -> int:
 
     try:
         return asyncio.run(main())
+    except RunEndedError as exc:  # the work in flight was submitted first (worker.loop finishes it)
+        logging.getLogger("worker").info("%s; stopping", exc.message)
+        return EXIT_OK
     except ForbiddenError as exc:
         fail(f"the coordinator refuses this node: {exc.message}", EXIT_BANNED)
     except RequestRefused as exc:

@@ -13,9 +13,10 @@ from __future__ import annotations
 import hashlib
 import json
 import secrets
+import time
 from typing import Any
 
-from sqlalchemy import Row, bindparam, insert, select, update
+from sqlalchemy import Row, bindparam, func, insert, select, update
 
 from coordinator.ledger.replay import NonceClaim
 from coordinator.ledger.scheduling import rollout_problems, staleness_problem
@@ -25,6 +26,7 @@ from coordinator.ledger.storage.tables import (
     run_state,
     submissions,
     tasks,
+    train_steps,
 )
 from coordinator.ledger.validation import ValidationLedger, Violation
 from coordinator.ledger.views import RUN_ROW_ID
@@ -32,6 +34,7 @@ from protocol.errors import (
     ConflictError,
     ForbiddenError,
     ProtocolError,
+    RunEndedError,
     StalePolicyError,
 )
 from protocol.schemas import (
@@ -53,6 +56,32 @@ _MARK_TASK_SUBMITTED = update(tasks).where(tasks.c.task_id == bindparam("b_task_
 
 class Ledger(ValidationLedger):
     """The run's single source of truth, over one :class:`~coordinator.ledger.storage.engine.Database`."""
+
+    _run_over = False
+    _next_end_check = 0.0
+    told_run_end: frozenset[str] = frozenset()
+    """Nodes answered that the run has ended (the coordinator waits a while for the live ones to hear it)."""
+
+    def run_over(self) -> bool:
+        """Whether the RL loop has published its last step (checked at most once a second, latched once true)."""
+        orchestrator = self.config.orchestrator
+        if self._run_over or not orchestrator.enabled:
+            return self._run_over
+        now = time.monotonic()
+        if now >= self._next_end_check:
+            self._next_end_check = now + 1.0
+            with self.db.read() as conn:
+                done = conn.execute(select(func.count()).where(train_steps.c.state == "published")).scalar_one()
+            self._run_over = done >= orchestrator.num_steps
+        return self._run_over
+
+    def refuse_after_end(self, node_id: str) -> RunEndedError:
+        """The refusal a node gets once the run is over; remembered, so the coordinator knows who heard it."""
+        self.told_run_end = self.told_run_end | {node_id}
+        return RunEndedError(
+            f"the run {self.config.run_name!r} has ended: its {self.config.orchestrator.num_steps} steps are trained; "
+            "thank you, nothing is left to do"
+        )
 
     @property
     def vocab_size(self) -> int | None:

@@ -100,6 +100,18 @@ class LedgerViews:
             step_rewards=named_rewards(json.loads(newest_metrics) if newest_metrics else {}),
         )
 
+    def live_node_ids(self) -> set[str]:
+        """The workers and validators seen within ``scheduling.worker_live_s`` and not banned."""
+        with self.db.read() as conn:
+            rows = conn.execute(
+                select(nodes.c.node_id).where(
+                    nodes.c.last_seen >= self.clock() - self._live_s,
+                    nodes.c.banned.is_(False),
+                    nodes.c.role.in_(("worker", "validator")),
+                )
+            ).all()
+        return {row.node_id for row in rows}
+
     def stats(self, limit: int) -> RunStats:
         with self.db.read() as conn:
             rows = conn.execute(select(nodes).order_by(nodes.c.last_seen.desc()).limit(limit)).all()

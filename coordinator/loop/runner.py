@@ -143,6 +143,7 @@ class RunThread(threading.Thread):
             return
         if training:
             records = self._train()
+            self._let_nodes_hear_the_end()
         else:
             records = steps.steps()
             print("this run has already trained all its steps (`prime-coordinator reset -c CONFIG` starts it over)")
@@ -184,6 +185,17 @@ class RunThread(threading.Thread):
             config, self.ledger, self.identity, self.store, train_dir, self.trainer, self.stop_event, self._tick
         )
         return orchestrator.run()
+
+    def _let_nodes_hear_the_end(self) -> None:
+        """Keep serving a while after the last step: live workers and validators are told the run ended on their
+        next lease or pending call (a long-poll at most away), finish what they hold and exit 0 by themselves."""
+        deadline = time.monotonic() + self.config.orchestrator.end_grace_s
+        print("the last step is published; telling the live workers and validators that the run has ended", flush=True)
+        unheard = self.ledger.live_node_ids() - self.ledger.told_run_end
+        while unheard and time.monotonic() < deadline and not self.stop_event.wait(0.5):
+            unheard = self.ledger.live_node_ids() - self.ledger.told_run_end
+        if unheard:
+            log.info("%d live node(s) did not ask again before the end grace passed", len(unheard))
 
     def _idle(self) -> None:
         while not self.stop_event.wait(self.config.orchestrator.poll_interval_s):

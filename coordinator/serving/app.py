@@ -176,6 +176,8 @@ def create_app(
         wait_s, an empty answer waits until tasks can be leased (see coordinator/serving/longpoll.py)."""
 
         async def attempt(first: bool) -> LeaseResponse:
+            if ledger.run_over():
+                raise ledger.refuse_after_end(caller.node_id)
             return await in_thread(ledger.lease, caller.node_id, body, caller.nonce if first else None)
 
         leased, waited_out = await long_polls.answer(
@@ -210,7 +212,11 @@ def create_app(
         waits until one is submitted."""
 
         async def attempt(first: bool) -> PendingSubmissions:
-            return await in_thread(ledger.pending, caller.node_id, limit, caller.nonce if first else None)
+            over = ledger.run_over()  # read first: a submission made before the end is still handed out below
+            found = await in_thread(ledger.pending, caller.node_id, limit, caller.nonce if first else None)
+            if over and not found.submissions:  # the validator has audited everything there is
+                raise ledger.refuse_after_end(caller.node_id)
+            return found
 
         found, _waited_out = await long_polls.answer(
             request, caller.node_id, wait_s, PENDING_WAKE_KINDS, attempt, lambda r: bool(r.submissions)
@@ -249,7 +255,7 @@ def create_app(
     @app.get(routes.STATUS, tags=["public"])
     def status() -> RunStatus:
         """The run at a glance."""
-        return ledger.status()
+        return ledger.status().model_copy(update={"run_ended": ledger.run_over()})
 
     @app.get(routes.STATS, tags=["public"])
     def stats(limit: Annotated[int, Query(ge=1, le=10_000)] = 100) -> RunStats:
