@@ -146,7 +146,9 @@ class ValidationConfig(Section):
 
 class PolicyConfig(Section):
     start_checkpoint: str = "builtin:tiny-qwen2-reverse-start"
-    """Published as policy version 0 on the first start: a local HF checkpoint directory or a `builtin:` name."""
+    """Published as policy version 0 on the first start: a local HF checkpoint directory, a Hugging Face hub id
+    (`ORG/NAME`, or `ORG/NAME@REVISION` to pin one; resolved through the Hugging Face cache, `HF_HUB_OFFLINE`
+    honoured) or a `builtin:` name. The run's one model setting: the trainer starts from it too."""
     store_dir: Path | None = None
     """The SHARDCAST origin store; empty means `policies/` in the data dir."""
     shard_size_bytes: int = Field(default=32 * 1024 * 1024, ge=4096)
@@ -242,8 +244,8 @@ class OrchestratorConfig(Section):
     trainer_launch: TrainerLaunchConfig = TrainerLaunchConfig()
     """How the trainer job is launched: ranks per machine, pinned CPUs, machines, torchrun's rendezvous."""
     trainer: TrainerSection = TrainerSection()
-    """Optimizer, parallelism, packing, checkpoint settings; its `model` is replaced by policy.start_checkpoint
-    so the trainer starts from exactly the weights published as v0."""
+    """Optimizer, parallelism, packing, checkpoint settings; its `model` is policy.start_checkpoint (anything else
+    is refused) so the trainer starts from exactly the weights published as v0."""
     loss: LossConfig = LossConfig()
     """The GRPO-family policy loss of every step: how off-policy tokens are masked or clipped, KL weight."""
     normalize_std: bool = False
@@ -342,6 +344,14 @@ class CoordinatorConfig(RoleConfig):
             )
         if self.local_network.enabled and self.api.host not in ("127.0.0.1", "localhost", "::1"):
             raise ValueError("local_network runs on loopback: set api.host to 127.0.0.1")
+        trainer = self.orchestrator.trainer
+        if "model" in trainer.model_fields_set and trainer.model != self.policy.start_checkpoint:
+            raise ValueError(
+                f"orchestrator.trainer.model ({trainer.model!r}) is not a setting of a run: the trainer starts from "
+                "the weights published as v0; set policy.start_checkpoint instead"
+            )
+        # one model setting per run: what `config show` prints for the trainer is what it trains
+        self.orchestrator.trainer.model = self.policy.start_checkpoint
         return self
 
     @property

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Callable, Mapping
@@ -120,19 +121,60 @@ UNTRAINED_BUILDERS: Mapping[str, Builder] = {TINY_QWEN2: build_random_qwen2}
 """What this module builds itself; the trained start is built by :mod:`trainer.resolve` (it needs SFT)."""
 
 
+HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}(@[A-Za-z0-9._/-]{1,255})?$")
+"""A Hugging Face hub model id, ``ORG/NAME``, with an optional ``@REVISION`` (branch, tag or commit)."""
+
+
+def is_hub_id(name: str) -> bool:
+    return bool(HUB_ID.match(name)) and ".." not in name
+
+
+def hub_snapshot(name: str) -> Path:
+    """The local snapshot directory of hub model ``ORG/NAME[@REVISION]``, downloaded into the Hugging Face cache.
+
+    The cache (``HF_HUB_CACHE`` / ``HF_HOME``), ``HF_HUB_OFFLINE`` and the token are huggingface_hub's own
+    settings: offline, only what the cache holds is used. A cached snapshot's files are symlinks into the cache's
+    blobs; whatever reads them (publishing as v0, the trainer) follows the links.
+    """
+    try:
+        from huggingface_hub import snapshot_download
+        from huggingface_hub.errors import LocalEntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError
+    except ModuleNotFoundError as exc:  # pragma: no cover - transformers depends on huggingface_hub
+        raise ConfigError(f"model {name!r} is a hub id, but huggingface_hub is not installed") from exc
+    repo_id, _, revision = name.partition("@")
+    offline = os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+    try:
+        log.info("resolving %s on the Hugging Face hub%s", name, " (offline: the local cache only)" if offline else "")
+        path = Path(snapshot_download(repo_id, revision=revision or None, local_files_only=offline))
+    except LocalEntryNotFoundError as exc:
+        raise ConfigError(
+            f"model {name!r} is not in the Hugging Face cache and the hub cannot be asked "
+            f"({'HF_HUB_OFFLINE is set' if offline else 'no connection'}); download it once where there is a "
+            f"network (`huggingface-cli download {repo_id}`) into the cache, or give a local checkpoint directory"
+        ) from exc
+    except (RepositoryNotFoundError, RevisionNotFoundError) as exc:
+        raise ConfigError(f"model {name!r}: the hub has no such model or revision ({type(exc).__name__})") from exc
+    if not (path / "config.json").is_file():
+        raise ConfigError(f"model {name!r} resolved to {path}, which is not an HF checkpoint (no config.json)")
+    return path
+
+
 def resolve_model_path(name: str, cache_dir: Path | None = None, builders: Mapping[str, Builder] | None = None) -> Path:
     """The local checkpoint directory of ``name``: a path as given, or a built-in (built on first use by ``builders``,
     default :data:`UNTRAINED_BUILDERS`; :func:`trainer.resolve.resolve_model_path` builds every built-in)."""
     builders = UNTRAINED_BUILDERS if builders is None else builders
     if not is_builtin(name):
         path = Path(name)
-        if not (path / "config.json").is_file():
-            what = "does not exist" if not path.exists() else "is not an HF checkpoint directory (no config.json)"
-            raise ConfigError(
-                f"model {str(path)!r} {what}; give the path of a local HF checkpoint directory or a built-in model "
-                f"({', '.join(BUILTIN_PREFIX + b for b in KNOWN_BUILTINS)})"
-            )
-        return path
+        if (path / "config.json").is_file():
+            return path
+        if not path.exists() and is_hub_id(name):
+            return hub_snapshot(name)
+        what = "does not exist" if not path.exists() else "is not an HF checkpoint directory (no config.json)"
+        builtins = ", ".join(BUILTIN_PREFIX + b for b in KNOWN_BUILTINS)
+        raise ConfigError(
+            f"model {str(path)!r} {what}; give the path of a local HF checkpoint directory, a Hugging Face hub id "
+            f"(ORG/NAME, or ORG/NAME@REVISION) or a built-in model ({builtins})"
+        )
     builtin = name.removeprefix(BUILTIN_PREFIX)
     if builtin not in KNOWN_BUILTINS:
         known = ", ".join(BUILTIN_PREFIX + b for b in KNOWN_BUILTINS)

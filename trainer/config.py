@@ -104,7 +104,8 @@ class TrainerSection(Section):
     """What a trainer needs, whatever drives it (SFT loop, RL loop, the coordinator)."""
 
     model: str = "builtin:tiny-qwen2"
-    """A local HF checkpoint directory, or `builtin:tiny-qwen2` (made by our code, no download)."""
+    """A local HF checkpoint directory, a Hugging Face hub id (`ORG/NAME[@REVISION]`, through the HF cache), or
+    `builtin:tiny-qwen2` (made by our code, no download)."""
     dtype: Literal["float32", "bfloat16"] = "float32"
     """Dtype of the master weights and optimizer state: keep float32 (bf16 compute on GPUs is
     `parallel.param_dtype`, which a coordinator's bfloat16 run sets); bf16 on CPUs is 20-30x slower."""
@@ -125,7 +126,8 @@ class SftConfig(RoleConfig):
     model_config = SettingsConfigDict(env_prefix="PRIME_TRAINER_")
 
     model: str = "builtin:tiny-qwen2"
-    """A local HF checkpoint directory, or `builtin:tiny-qwen2` (made by our code, no download)."""
+    """A local HF checkpoint directory, a Hugging Face hub id (`ORG/NAME[@REVISION]`, through the HF cache), or
+    `builtin:tiny-qwen2` (made by our code, no download)."""
     environment: EnvironmentConfig = BuiltinEnvConfig()
     """The SFT data: the environment's prompts and reference answers (the [environment] section)."""
     output_dir: Path = Path("runs/sft")

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import shutil
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -54,6 +56,29 @@ def with_vocab_size(config: CoordinatorConfig, checkpoint_dir: Path) -> Coordina
         log.warning("%s names no valid vocab_size; token ids are not checked at the door", checkpoint_dir)
         return config
     return config.model_copy(update={"policy": config.policy.model_copy(update={"vocab_size": value})})
+
+
+def without_links(checkpoint_dir: Path, target: Path) -> Path:
+    """``checkpoint_dir`` itself, or, when it holds symlinks (a Hugging Face cache snapshot links into its blobs),
+    the same files as regular files under ``target`` (hard links to the linked-to bytes where possible, so
+    nothing is copied): the origin publishes regular files only."""
+    if not any(path.is_symlink() for path in checkpoint_dir.rglob("*")):
+        return checkpoint_dir
+    staging = target.with_name(f".{target.name}.partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    for path in sorted(checkpoint_dir.rglob("*")):
+        if path.is_dir():
+            continue
+        placed = staging / path.relative_to(checkpoint_dir)
+        placed.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(path.resolve(), placed)
+        except OSError:
+            shutil.copy2(path.resolve(), placed)
+    shutil.rmtree(target, ignore_errors=True)
+    staging.replace(target)
+    log.info("start checkpoint %s holds links; publishing its files as %s", checkpoint_dir, target)
+    return target
 
 
 def published_version(ledger: Ledger) -> int | None:

@@ -105,7 +105,13 @@ def serve_run(config: CoordinatorConfig, precision: str) -> None:
     from coordinator.ledger.ownership import check_owner, hold_ledger
     from coordinator.ledger.replay import DatabaseReplayCache
     from coordinator.ledger.run_spec import environment_prompts, signed_run_spec
-    from coordinator.loop.policies import policy_store, publish_policy, published_version, with_vocab_size
+    from coordinator.loop.policies import (
+        policy_store,
+        publish_policy,
+        published_version,
+        with_vocab_size,
+        without_links,
+    )
     from coordinator.processes.builtin_validator import BuiltinValidator, approve_builtin_validator, local_url
     from coordinator.serving.app import create_app
     from coordinator.serving.dashboard.relays import RelayWatch
@@ -153,7 +159,8 @@ def serve_run(config: CoordinatorConfig, precision: str) -> None:
             log.debug("origin store %s: leftovers of interrupted publishes cleared", store.root)
         if published_version(ledger) is None:
             log.info("publishing the start checkpoint %s as policy v0", start)
-            publish_policy(start, 0, identity, store, ledger, config)
+            published = without_links(start, config.data_dir / "start-checkpoint")
+            publish_policy(published, 0, identity, store, ledger, config)
         app.mount("/shardcast", create_shardcast_app(OriginSource(store)))
         family = socket.AF_INET6 if ":" in config.api.host else socket.AF_INET
         sock = bind_api_socket(family, config.api.host, config.api.port)

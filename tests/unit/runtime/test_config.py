@@ -158,3 +158,13 @@ def test_environment_variables_of_a_sibling_trainer_command_are_not_typos(monkey
     monkeypatch.setenv("PRIME_TRAINER_NUM_STEP", "3")
     with pytest.raises(ConfigError, match="PRIME_TRAINER_NUM_STEP names no setting"):
         load_config(EvalConfig)
+
+
+def test_a_run_has_one_model_setting() -> None:
+    config = load_config(CoordinatorConfig, None, {"policy.start_checkpoint": "Qwen/Qwen3-0.6B"})
+    assert config.orchestrator.trainer.model == "Qwen/Qwen3-0.6B"  # what `config show` prints is what is trained
+    with pytest.raises(ConfigError, match=r"orchestrator.trainer.model .* set policy.start_checkpoint instead"):
+        load_config(CoordinatorConfig, None, {"orchestrator.trainer.model": "/data/my-qwen3-8b"})
+    # a resolved config written back (config show > run.toml) reads back the same
+    both = {"policy.start_checkpoint": "Qwen/Qwen3-0.6B", "orchestrator.trainer.model": "Qwen/Qwen3-0.6B"}
+    assert load_config(CoordinatorConfig, None, both).orchestrator.trainer.model == "Qwen/Qwen3-0.6B"
