@@ -89,6 +89,28 @@ def bind_api_socket(family: socket.AddressFamily, host: str, port: int) -> socke
     return sock
 
 
+def reachable_url(host: str, port: int, public_host: str | None) -> str:
+    """The API's URL as another machine would dial it: the public host if set, this machine's name for a
+    wildcard bind (0.0.0.0 is no address to dial), else the bound address."""
+    if public_host:
+        name = public_host
+    elif host in ("0.0.0.0", "::", ""):
+        name = socket.getfqdn()
+    else:
+        name = host
+    return f"http://[{name}]:{port}" if ":" in name else f"http://{name}:{port}"
+
+
+def join_commands(url: str, coordinator_id: str) -> list[str]:
+    """What the operator hands out: the commands that join this run, with its URL and the id to pin."""
+    return [
+        f"dashboard: {url}/dashboard",
+        f"workers join with:    prime-worker join --coordinator {url} --gpu all",
+        f"validators run:       prime-validator run --coordinator {url}  (approve their node ids first)",
+        f"relays mirror it:     prime-relay serve --upstream {url}/shardcast --coordinator-id {coordinator_id}",
+    ]
+
+
 def run(config: CoordinatorConfig) -> None:
     from coordinator.ledger.run_spec import check_precision
     from runtime.data_dir_lock import hold_data_dir
@@ -167,6 +189,9 @@ def serve_run(config: CoordinatorConfig, precision: str) -> None:
         host, port = sock.getsockname()[:2]
         log.info("ledger API listening on http://%s:%d (OpenAPI at /docs)", host, port)
         url_host = f"[{host}]" if family == socket.AF_INET6 else host
+        if not config.local_network.enabled:  # the demo's nodes are its own children
+            for line in join_commands(reachable_url(host, port, config.p2p.public_host), identity.node_id):
+                log.info("%s", line)
         gossip = start_coordinator_gossip(
             identity, config, ledger, app, f"http://{url_host}:{port}", relays.on_announcement
         )
