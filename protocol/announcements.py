@@ -67,6 +67,10 @@ MAX_FUTURE_SKEW_S = 10.0
 HOSTILE_CODES = frozenset({"malformed", "forbidden", "bad_signature", "unsigned"})
 
 
+HISTORY_NOTE = "heard again: history older than the allowed age"
+"""The note on the refusal of an old announcement: a (re)joining node hears such history as a matter of course."""
+
+
 @dataclass(frozen=True)
 class Accepted:
     """An announcement that passed every rule, with its body parsed."""
@@ -157,8 +161,14 @@ class AnnouncementFilter:
         verify_document(announcement.signer, signed_part(announcement), announcement.signature_b64)
         now = self.clock()
         age = now - announcement.sent_at
-        if age > self.max_age_s or age < -MAX_FUTURE_SKEW_S:
-            raise StaleTimestampError(f"announcement sent {age:+.1f} s ago (allowed: up to {self.max_age_s:.0f} s)")
+        if age > self.max_age_s:
+            old = StaleTimestampError(f"announcement sent {age:.1f} s ago (allowed: up to {self.max_age_s:.0f} s)")
+            old.add_note(HISTORY_NOTE)
+            raise old
+        if age < -MAX_FUTURE_SKEW_S:
+            raise StaleTimestampError(
+                f"announcement dated {-age:.1f} s ahead (allowed: up to {MAX_FUTURE_SKEW_S:.0f} s of clock skew)"
+            )
         with self._lock:
             signature_id = hashlib.sha256(announcement.signature_b64.encode()).hexdigest()
             if not self._replays.remember(announcement.signer, signature_id, announcement.sent_at + self.max_age_s):
@@ -179,7 +189,9 @@ class AnnouncementFilter:
                 self.num_dropped[exc.code] += 1
                 if exc.code in HOSTILE_CODES:
                     self.num_hostile_by_sender[sender] += 1
-            level = logging.DEBUG if isinstance(exc, ConflictError | ReplayedNonceError) else logging.WARNING
+            # history a (re)joining node hears again, and duplicates, are the normal life of gossip: debug only
+            history = HISTORY_NOTE in getattr(exc, "__notes__", ())
+            level = logging.DEBUG if history or isinstance(exc, ConflictError | ReplayedNonceError) else logging.WARNING
             log.log(level, "dropped gossip from %s on %s (%s): %s", sender, topic, exc.code, exc.message)
             return None
         except Exception as exc:  # never let one message take the node down

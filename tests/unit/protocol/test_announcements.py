@@ -206,3 +206,16 @@ def test_a_wildcard_bind_is_advertised_as_the_host_the_asker_reached() -> None:
     assert advertised_addr(specific, None, "10.200.1.2") == specific  # a real bind address is kept
     for junk in ("", "bad host/../x", "a" * 300, None):
         assert advertised_addr(bound, None, junk) == bound  # a Host header that is no host name changes nothing
+
+
+def test_replayed_history_is_logged_at_debug_and_future_dates_warn(caplog: pytest.LogCaptureFixture) -> None:
+    """A (re)joining node hears the last minutes of announcements again: that is no warning, a future date is."""
+    import logging
+
+    filter_ = gate()
+    with caplog.at_level(logging.DEBUG, logger="runtime.p2p"):
+        assert filter_.accept(POLICY_TOPIC, signed(COORDINATOR, policy(3), sent_at=NOW - 3600), sender="p") is None
+        assert filter_.accept(POLICY_TOPIC, signed(COORDINATOR, policy(4), sent_at=NOW + 3600), sender="p") is None
+    levels = [(record.levelno, "ahead" in record.getMessage()) for record in caplog.records]
+    assert levels == [(logging.DEBUG, False), (logging.WARNING, True)]
+    assert filter_.num_dropped == {"stale_timestamp": 2}
