@@ -79,6 +79,25 @@ def publish(
 
 
 @app.command()
+def status(
+    coordinator: str | None = typer.Option(None, help="The coordinator's URL (default: from the config's api)."),
+    config: Path | None = ConfigOption,
+    sets: list[str] | None = SetOption,
+    log_level: str = LogLevelOption,
+    json_logs: bool = JsonLogsOption,
+) -> None:
+    """Show a running run: step and ETA, live workers and validators, accepted and rejected submissions."""
+    start_logging(log_level, json_logs)
+    from coordinator.processes.builtin_validator import local_url
+    from coordinator.serving.run_status import show_status
+
+    if coordinator is None:
+        loaded = load_role_config(CoordinatorConfig, config, sets)
+        coordinator = local_url(loaded.api.host, loaded.api.port)
+    run_or_exit("coordinator", show_status, coordinator)
+
+
+@app.command()
 def reset(
     config: Path | None = ConfigOption,
     sets: list[str] | None = SetOption,

@@ -403,6 +403,10 @@ class RunStatus(WireModel):
         description="Each named reward's batch mean in the newest trained step (the environment's rewards).",
     )
     run_ended: bool = Field(default=False, description="The RL loop has published its last step: nothing to do.")
+    num_train_steps: int = Field(default=0, ge=0, description="The run's training steps in all (0: no RL loop).")
+    step_s: float | None = Field(
+        default=None, ge=0, description="Mean wall time between the newest published steps (None before two)."
+    )
 
 
 # Ledger API responses and read-only views.

@@ -30,6 +30,10 @@ def _no_constant(_name: str) -> None:
     return None
 
 
+RECENT_STEPS = 10
+"""How many of the newest steps the status's step time is the mean of."""
+
+
 class LedgerViews:
     def __init__(
         self, database: Database, scheduling: SchedulingConfig, clock: Callable[[], float] = time.time
@@ -80,6 +84,13 @@ class LedgerViews:
                 conn.execute(select(submissions.c.status, func.count()).group_by(submissions.c.status)).all()
             )
             steps_done = conn.execute(select(func.count()).where(train_steps.c.state == "published")).scalar_one()
+            published_at = conn.execute(
+                select(train_steps.c.published_at)
+                .where(train_steps.c.state == "published", train_steps.c.published_at.is_not(None))
+                .order_by(train_steps.c.step.desc())
+                .limit(RECENT_STEPS + 1)
+            ).scalars()
+            times = sorted(float(t) for t in published_at)
             newest_metrics = conn.execute(
                 select(train_steps.c.metrics_json)
                 .where(train_steps.c.metrics_json.is_not(None))
@@ -97,6 +108,7 @@ class LedgerViews:
             num_submissions_accepted=sub_counts.get("accepted", 0),
             num_submissions_rejected=sub_counts.get("rejected", 0),
             num_train_steps_done=steps_done,
+            step_s=(times[-1] - times[0]) / (len(times) - 1) if len(times) > 1 else None,
             step_rewards=named_rewards(json.loads(newest_metrics) if newest_metrics else {}),
         )
 

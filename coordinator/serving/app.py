@@ -255,7 +255,8 @@ def create_app(
     @app.get(routes.STATUS, tags=["public"])
     def status() -> RunStatus:
         """The run at a glance."""
-        return ledger.status().model_copy(update={"run_ended": ledger.run_over()})
+        steps = config.orchestrator.num_steps if config.orchestrator.enabled else 0
+        return ledger.status().model_copy(update={"run_ended": ledger.run_over(), "num_train_steps": steps})
 
     @app.get(routes.STATS, tags=["public"])
     def stats(limit: Annotated[int, Query(ge=1, le=10_000)] = 100) -> RunStats:

@@ -102,6 +102,14 @@ def test_one_coordinator_per_run_and_starting_over(tmp_path: Path, ledger_url: s
         latest = httpx.get(f"{url}/v1/policy-versions/latest", timeout=5).json()
         assert latest["signer"] != signer and latest["manifest"]["version"] == 0
         assert httpx.get(f"{url}/v1/status", timeout=5).json()["num_submissions_accepted"] == 0
+        shown = subprocess.run(
+            [str(BIN / "prime-coordinator"), "status", "-c", str(config)],
+            capture_output=True,
+            text=True,
+            env=ENV,
+            timeout=120,
+        )
+        assert shown.returncode == 0 and "run 'owned': no RL loop" in shown.stdout, shown.stderr
         # reset refuses while the run is served
         busy = subprocess.run(
             [str(BIN / "prime-coordinator"), "reset", "-c", str(config), "--yes"],
