@@ -259,8 +259,8 @@ class OrchestratorConfig(Section):
     (0: removed as soon as the step is published; the ledger keeps each step's submissions and metrics, the
     origin store the policy). Files of steps not yet published are never removed."""
     eval_every_steps: int = Field(default=0, ge=0, le=1_000_000)
-    """Evaluate the published policy on the environment's eval split every this many steps, and the start
-    policy (v0) before the first (0: off). Each eval runs `prime-trainer eval` in a child process on a copy of
+    """Evaluate the published policy on the environment's eval split every this many steps, the start policy
+    (v0) and the last one too (0: off). Each eval runs `prime-trainer eval` in a child process on a copy of
     the step's policy while the loop goes on; its accuracy, reward, stop fraction and length are recorded with
     the step (console, dashboard, /metrics, `data_dir/metrics.jsonl`)."""
     eval_num_examples: int = Field(default=32, ge=1, le=100_000)

@@ -13,7 +13,9 @@ For step s (1-based; step s turns policy v(s-1) into v(s)) the loop:
    trained with its metrics, and publishes ``policies/step_s`` as version s through
    :func:`coordinator.loop.policies.publish_policy` (origin store, then ledger; idempotent; the
    origin store is then pruned), records it as published and removes the step files that published steps no longer need
-   (:meth:`TrainDir.prune_published`, keeping ``orchestrator.keep_step_files``).
+   (:meth:`TrainDir.prune_published`, keeping ``orchestrator.keep_step_files``). The step's metrics also go
+   to the run's metrics file (:mod:`coordinator.loop.run_metrics`), and a policy due an eval is queued
+   (:mod:`coordinator.loop.evals`) before its files can be pruned.
 
 Generation never waits for this loop: leasing goes on at the current version while the
 trainer works (with k = 0 the ledger caps what is leased, see

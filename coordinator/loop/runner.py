@@ -2,11 +2,13 @@
 
 :class:`RunThread` runs in a thread of `prime-coordinator start` once uvicorn serves: it starts
 the `[local_network]` children (if enabled), the trainer service and the
-:class:`~coordinator.loop.orchestrator.Orchestrator` (if `[orchestrator]` is enabled), prints a
-progress line every few seconds and, when the last step is published, the reward curve and
-where the run's files are. Then it stops every child it started and asks the server to exit
-(``orchestrator.exit_when_done``). The children are started from this thread and it stops
-them before it ends, so their parent-death signal fires only when the coordinator dies.
+:class:`~coordinator.loop.orchestrator.Orchestrator` (if `[orchestrator]` is enabled) with the
+run's metrics file (:mod:`coordinator.loop.run_metrics`) and its evals during training
+(:mod:`coordinator.loop.evals`), prints a progress line every few seconds and, when the last step
+is published and the last evals are in, the reward curve and where the run's files are. Then it
+stops every child it started and asks the server to exit (``orchestrator.exit_when_done``). The
+children are started from this thread and it stops them before it ends, so their parent-death
+signal fires only when the coordinator dies.
 A failure (a child exited) ends the run too; :meth:`RunThread.finish` re-raises it.
 """
 
