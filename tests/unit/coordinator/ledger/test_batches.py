@@ -119,7 +119,7 @@ def finished_group(endings: list[tuple[int, str]]) -> AcceptedGroup:
             sample_index=i,
             completion_ids=[7] * num_tokens,
             logprobs=[-0.5] * num_tokens,
-            finish_reason=reason,  # type: ignore[arg-type]
+            finish_reason=reason,
             proof_b64="AAAA",
         )
         for i, (num_tokens, reason) in enumerate(endings)
