@@ -23,10 +23,18 @@ from protocol.schemas import Event, EventPage, NodeStats, RunStats, RunStatus, S
 RUN_ROW_ID = 1
 _RUN_ROW = select(run_state).where(run_state.c.id == RUN_ROW_ID)  # built once: nearly every request reads it
 _RUN_ROW_LOCKED = _RUN_ROW.with_for_update()
-_NEWEST_EVAL = (  # a LIKE over the one-row-per-step table; evals are merged into their step's metrics
+EVAL_SCAN_STEPS = 1000
+"""How many of the newest steps are searched for the newest eval (each status read; evals come every few steps)."""
+_NEWEST_STEPS = (
     select(train_steps.c.step, train_steps.c.metrics_json)
-    .where(train_steps.c.metrics_json.like(f'%"{EVAL_ACCURACY}"%'))
     .order_by(train_steps.c.step.desc())
+    .limit(EVAL_SCAN_STEPS)
+    .subquery()
+)
+_NEWEST_EVAL = (  # evals are merged into their step's metrics: a LIKE over a bounded number of rows
+    select(_NEWEST_STEPS.c.step, _NEWEST_STEPS.c.metrics_json)
+    .where(_NEWEST_STEPS.c.metrics_json.like(f'%"{EVAL_ACCURACY}"%'))
+    .order_by(_NEWEST_STEPS.c.step.desc())
     .limit(1)
 )
 
@@ -69,7 +77,7 @@ class LedgerViews:
     # ---- read-only views -----------------------------------------------------------------------
 
     def newest_eval(self) -> tuple[int, dict[str, Any]] | None:
-        """The newest trained step whose policy was evaluated, and its metrics (``eval_*`` among them)."""
+        """The newest trained step (of the last EVAL_SCAN_STEPS) whose policy was evaluated, and its metrics."""
         with self.db.read() as conn:
             row = conn.execute(_NEWEST_EVAL).first()
         return None if row is None else (int(row.step), json.loads(row.metrics_json))
