@@ -161,6 +161,7 @@ class RunThread(threading.Thread):
             records = self._train()
         else:
             records = steps.steps()
+            self.metrics_file.sync(records, self.ledger.clock())  # a run trained before the file existed
             print("this run has already trained all its steps (delete its data_dir to run it again)")
         print(f"\nreward per step (validator-recomputed reward of each step's batch):\n{reward_curve(records)}")
         where = config.data_dir.resolve()
