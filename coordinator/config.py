@@ -253,7 +253,8 @@ class OrchestratorConfig(Section):
     poll_interval_s: float = Field(default=0.5, gt=0)
     """How often the loop looks at the ledger and the trainer's files while it waits."""
     progress_interval_s: float = Field(default=5.0, gt=0)
-    """How often a progress line (step, reward, accepted/rejected, tokens/s, staleness) is printed."""
+    """How often a progress line (step, reward, accepted/rejected, tokens/s, staleness, the batch's mean length
+    and stop/truncated fractions, the newest eval) is printed."""
     exit_when_done: bool = True
     """Stop the coordinator (and its local network) once `num_steps` are trained and published."""
     end_grace_s: float = Field(default=30.0, ge=0, le=3600)
@@ -263,6 +264,13 @@ class OrchestratorConfig(Section):
     """Published steps whose batch file, exported policy, done marker and metrics stay in `data_dir/train`
     (0: removed as soon as the step is published; the ledger keeps each step's submissions and metrics, the
     origin store the policy). Files of steps not yet published are never removed."""
+    eval_every_steps: int = Field(default=0, ge=0, le=1_000_000)
+    """Evaluate the published policy on the environment's eval split every this many steps, the start policy
+    (v0) and the last one too (0: off). Each eval runs `prime-trainer eval` in a child process on a copy of
+    the step's policy while the loop goes on; its accuracy, reward, stop fraction and length are recorded with
+    the step (console, dashboard, /metrics, `data_dir/metrics.jsonl`)."""
+    eval_num_examples: int = Field(default=32, ge=1, le=100_000)
+    """Eval split examples of each eval, one sample each at the run's temperature and max_tokens."""
 
     @model_validator(mode="before")
     @classmethod

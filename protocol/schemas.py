@@ -407,6 +407,20 @@ class RunStatus(WireModel):
     step_s: float | None = Field(
         default=None, ge=0, description="Mean wall time between the newest published steps (None before two)."
     )
+    step_completion_tokens_mean: float | None = Field(
+        default=None, description="Mean completion length (tokens) of the newest trained step's batch."
+    )
+    step_stop_fraction: float | None = Field(
+        default=None, description="Fraction of the newest trained step's rollouts that ended with EOS."
+    )
+    step_truncated_fraction: float | None = Field(
+        default=None, description="Fraction of the newest trained step's rollouts cut at max_tokens without EOS."
+    )
+    eval_step: int | None = Field(default=None, description="The newest trained step whose policy was evaluated.")
+    eval_accuracy: float | None = Field(default=None, description="Its eval: fraction of exactly right answers.")
+    eval_reward_mean: float | None = Field(default=None, description="Its eval: mean reward.")
+    eval_stop_fraction: float | None = Field(default=None, description="Its eval: fraction ended with EOS.")
+    eval_completion_tokens_mean: float | None = Field(default=None, description="Its eval: mean length (tokens).")
 
 
 # Ledger API responses and read-only views.
@@ -569,6 +583,22 @@ class DashboardTrainStep(WireModel):
     rewards: dict[RewardName, float] = Field(
         default_factory=dict, max_length=MAX_NAMED_REWARDS, description="Each named reward's batch mean."
     )
+    completion_tokens_mean: float | None = Field(default=None, description="Mean completion length (tokens).")
+    stop_fraction: float | None = Field(default=None, description="Fraction of the rollouts that ended with EOS.")
+    truncated_fraction: float | None = Field(
+        default=None, description="Fraction of the rollouts cut at max_tokens without EOS."
+    )
+
+
+class DashboardEval(WireModel):
+    """The eval of one policy on the environment's eval split (its ``train_step`` event, state ``evaluated``)."""
+
+    step: int = Field(ge=0, description="The policy version evaluated (0: the start policy).")
+    at: float = Field(description="When the eval was recorded.")
+    accuracy: float = Field(description="Fraction of samples with an exactly right answer.")
+    reward_mean: float
+    stop_fraction: float | None = None
+    completion_tokens_mean: float | None = None
 
 
 class DashboardTraining(WireModel):
@@ -577,6 +607,7 @@ class DashboardTraining(WireModel):
     current_step: int | None = Field(description="The newest step recorded but not yet published, if any.")
     num_steps_done: int = Field(ge=0, description="The newest step published.")
     steps: list[DashboardTrainStep] = Field(description="Trained steps, oldest first (the last few hundred).")
+    evals: list[DashboardEval] = Field(default_factory=list, description="Evals of policies, oldest step first.")
 
 
 class SeriesPoint(WireModel):

@@ -96,6 +96,7 @@ def evaluate(
         None, help="Built-in environment whose eval set is run (reverse_text, arithmetic)."
     ),
     num_examples: int | None = typer.Option(None, help="Eval set size."),
+    output: Path | None = typer.Option(None, help="Also write the JSON report to this file (atomically)."),
     log_level: str = LogLevelOption,
     json_logs: bool = JsonLogsOption,
 ) -> None:
@@ -115,7 +116,12 @@ def evaluate(
     tokenizer = load_tokenizer(str(model_dir))
     sampler = RolloutSampler(engine, request_type, environment, tokenizer, loaded.temperature, loaded.max_tokens)
     report = sampler.evaluate(loaded.num_examples, loaded.num_samples, loaded.seed)
-    typer.echo(json.dumps({"model": str(model_dir), **report.as_dict()}))
+    found = {"model": str(model_dir), **report.as_dict()}
+    if output is not None:
+        from trainer.transport import write_json_atomic
+
+        write_json_atomic(output, found)
+    typer.echo(json.dumps(found))
 
 
 @app.command("start-checkpoint")

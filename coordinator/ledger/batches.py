@@ -113,6 +113,20 @@ def named_rewards(step_metrics: object) -> dict[str, float]:
     return dict(sorted(found.items())[:16])
 
 
+EVAL_ACCURACY = "eval_accuracy"
+"""The key that marks a step's metrics as holding the eval of its policy (``eval_*``, merged in after it)."""
+
+
+def step_figure(step_metrics: object, key: str) -> float | None:
+    """One number of a step's metrics, read defensively (junk and non-finite values count as absent)."""
+    if not isinstance(step_metrics, dict):
+        return None
+    value = step_metrics.get(key)
+    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return None
+
+
 def named_reward_means(groups: list[AcceptedGroup]) -> dict[str, float]:
     """The mean of each named reward over the groups' rollouts that carry it."""
     values: dict[str, list[float]] = defaultdict(list)
@@ -122,12 +136,30 @@ def named_reward_means(groups: list[AcceptedGroup]) -> dict[str, float]:
     return {f"{NAMED_REWARD_PREFIX}{name}": sum(v) / len(v) for name, v in sorted(values.items()) if v}
 
 
+def rollout_stats(groups: list[AcceptedGroup]) -> dict[str, float]:
+    """How the batch's rollouts ended: mean completion length (tokens), and the fractions that stopped (ended
+    with EOS) and were truncated (cut at ``max_tokens`` without EOS). Every rollout of an accepted submission
+    passed the validators' termination check (``stop`` ends with an EOS id, ``length`` has exactly
+    ``max_tokens`` tokens), so its finish reason is the ledger's word, not the worker's."""
+    rollouts = [rollout for group in groups for rollout in group.submission.rollouts]
+    count = len(rollouts)
+    if not count:
+        return {"completion_tokens_mean": 0.0, "stop_fraction": 0.0, "truncated_fraction": 0.0}
+    return {
+        "completion_tokens_mean": sum(len(r.completion_ids) for r in rollouts) / count,
+        "stop_fraction": sum(r.finish_reason == "stop" for r in rollouts) / count,
+        "truncated_fraction": sum(r.finish_reason == "length" for r in rollouts) / count,
+    }
+
+
 def batch_summary(groups: list[AcceptedGroup], trained_version: int) -> dict[str, float]:
-    """Reward, size and staleness (versions behind the policy being trained) of a step's batch."""
+    """Reward, size, staleness (versions behind the policy being trained) and how the rollouts ended
+    (:func:`rollout_stats`) of a step's batch."""
     rewards = [reward for group in groups for reward in group.rewards]
     lags = [trained_version - group.policy_version for group in groups]
     return {
         **named_reward_means(groups),
+        **rollout_stats(groups),
         "reward_mean": sum(rewards) / len(rewards) if rewards else 0.0,
         "num_samples": float(len(rewards)),
         "num_completion_tokens": float(

@@ -14,7 +14,7 @@ from typing import Any
 from sqlalchemy import Connection, Row, func, select
 
 from coordinator.config import SchedulingConfig
-from coordinator.ledger.batches import named_rewards
+from coordinator.ledger.batches import EVAL_ACCURACY, named_rewards, step_figure
 from coordinator.ledger.storage.engine import Database
 from coordinator.ledger.storage.tables import events, nodes, policy_versions, run_state, submissions, tasks, train_steps
 from protocol.errors import NotFoundError
@@ -23,6 +23,20 @@ from protocol.schemas import Event, EventPage, NodeStats, RunStats, RunStatus, S
 RUN_ROW_ID = 1
 _RUN_ROW = select(run_state).where(run_state.c.id == RUN_ROW_ID)  # built once: nearly every request reads it
 _RUN_ROW_LOCKED = _RUN_ROW.with_for_update()
+EVAL_SCAN_STEPS = 1000
+"""How many of the newest steps are searched for the newest eval (each status read; evals come every few steps)."""
+_NEWEST_STEPS = (
+    select(train_steps.c.step, train_steps.c.metrics_json)
+    .order_by(train_steps.c.step.desc())
+    .limit(EVAL_SCAN_STEPS)
+    .subquery()
+)
+_NEWEST_EVAL = (  # evals are merged into their step's metrics: a LIKE over a bounded number of rows
+    select(_NEWEST_STEPS.c.step, _NEWEST_STEPS.c.metrics_json)
+    .where(_NEWEST_STEPS.c.metrics_json.like(f'%"{EVAL_ACCURACY}"%'))
+    .order_by(_NEWEST_STEPS.c.step.desc())
+    .limit(1)
+)
 
 
 def _no_constant(_name: str) -> None:
@@ -66,6 +80,12 @@ class LedgerViews:
 
     # ---- read-only views -----------------------------------------------------------------------
 
+    def newest_eval(self) -> tuple[int, dict[str, Any]] | None:
+        """The newest trained step (of the last EVAL_SCAN_STEPS) whose policy was evaluated, and its metrics."""
+        with self.db.read() as conn:
+            row = conn.execute(_NEWEST_EVAL).first()
+        return None if row is None else (int(row.step), json.loads(row.metrics_json))
+
     def status(self) -> RunStatus:
         now = self.clock()
         with self.db.read() as conn:
@@ -97,6 +117,9 @@ class LedgerViews:
                 .order_by(train_steps.c.step.desc())
                 .limit(1)
             ).scalar()
+            evaluated = conn.execute(_NEWEST_EVAL).first()
+        step_metrics = json.loads(newest_metrics) if newest_metrics else {}
+        eval_metrics = json.loads(evaluated.metrics_json) if evaluated is not None else {}
         return RunStatus(
             run_name=run.run_name,
             current_policy_version=run.current_policy_version,
@@ -109,7 +132,15 @@ class LedgerViews:
             num_submissions_rejected=sub_counts.get("rejected", 0),
             num_train_steps_done=steps_done,
             step_s=(times[-1] - times[0]) / (len(times) - 1) if len(times) > 1 else None,
-            step_rewards=named_rewards(json.loads(newest_metrics) if newest_metrics else {}),
+            step_rewards=named_rewards(step_metrics),
+            step_completion_tokens_mean=step_figure(step_metrics, "batch_completion_tokens_mean"),
+            step_stop_fraction=step_figure(step_metrics, "batch_stop_fraction"),
+            step_truncated_fraction=step_figure(step_metrics, "batch_truncated_fraction"),
+            eval_step=None if evaluated is None else int(evaluated.step),
+            eval_accuracy=step_figure(eval_metrics, "eval_accuracy"),
+            eval_reward_mean=step_figure(eval_metrics, "eval_reward_mean"),
+            eval_stop_fraction=step_figure(eval_metrics, "eval_stop_fraction"),
+            eval_completion_tokens_mean=step_figure(eval_metrics, "eval_completion_tokens_mean"),
         )
 
     def live_node_ids(self) -> set[str]:

@@ -13,7 +13,9 @@ For step s (1-based; step s turns policy v(s-1) into v(s)) the loop:
    trained with its metrics, and publishes ``policies/step_s`` as version s through
    :func:`coordinator.loop.policies.publish_policy` (origin store, then ledger; idempotent; the
    origin store is then pruned), records it as published and removes the step files that published steps no longer need
-   (:meth:`TrainDir.prune_published`, keeping ``orchestrator.keep_step_files``).
+   (:meth:`TrainDir.prune_published`, keeping ``orchestrator.keep_step_files``). The step's metrics also go
+   to the run's metrics file (:mod:`coordinator.loop.run_metrics`), and a policy due an eval is queued
+   (:mod:`coordinator.loop.evals`) before its files can be pruned.
 
 Generation never waits for this loop: leasing goes on at the current version while the
 trainer works (with k = 0 the ledger caps what is leased, see
@@ -33,12 +35,15 @@ from typing import Any, TypeVar
 from coordinator.config import CoordinatorConfig
 from coordinator.ledger.batches import batch_summary, train_samples
 from coordinator.ledger.ledger import Ledger
+from coordinator.loop.evals import PolicyEvals
 from coordinator.loop.policies import publish_policy
+from coordinator.loop.run_metrics import RunMetricsFile
 from coordinator.loop.train_steps import StepRecord, TrainSteps, min_policy_version
 from coordinator.processes.trainer_process import TrainerProcess
 from protocol.identity import NodeIdentity
 from runtime.memory import release_free_memory
 from shardcast.store import VersionStore
+from trainer.resolve import resolve_model_path
 from trainer.transport import Doorbell, StepBatch, TrainDir
 
 log = logging.getLogger("coordinator.loop.orchestrator")
@@ -63,6 +68,10 @@ class Orchestrator:
     stop: threading.Event
     tick: Callable[[], None] = lambda: None
     """Called while waiting (progress lines, child-process checks); may raise to end the run."""
+    metrics_file: RunMetricsFile | None = None
+    """The run-long metrics file: a row per trained step (and the ledger's rows it lacks, at start)."""
+    evals: PolicyEvals | None = None
+    """Where the policies due an eval are queued as they are published."""
     steps: TrainSteps = field(init=False)
     _done_bell: Doorbell = field(init=False)
 
@@ -112,6 +121,10 @@ class Orchestrator:
         if first > 1:
             log.info("resuming the RL loop at step %d of %d", first, settings.num_steps)
             self._retain(first - 1)  # a crash may have come between publishing and pruning
+        if self.metrics_file is not None:
+            self.metrics_file.sync(self.steps.steps(), self.ledger.clock())
+        if first == 1 and self.evals is not None and self.evals.due(0):
+            self.evals.submit(0, resolve_model_path(self.config.policy.start_checkpoint), copy=False)
         try:
             for step in range(first, settings.num_steps + 1):
                 self.run_step(step)
@@ -149,10 +162,14 @@ class Orchestrator:
             metrics: dict[str, Any] = {**done, **{f"batch_{k}": v for k, v in summary.items()}}
             metrics["wait_s"] = time.monotonic() - waiting_since
             self.steps.mark_trained(step, metrics)
+            if self.metrics_file is not None:
+                self.metrics_file.append("step", step, self.ledger.clock(), metrics)
         publish_policy(self.train_dir.policy_dir(step), step, self.identity, self.store, self.ledger, self.config)
         if step == settings.num_steps:  # the run's result: kept whole, apart from the step files pruning removes
             self.train_dir.keep_policy(step, self.config.final_policy_dir)
         self.steps.mark_published(step)
+        if self.evals is not None and self.evals.due(step):
+            self.evals.submit(step, self.train_dir.policy_dir(step))
         self._retain(step)
         release_free_memory()  # the step's batch and groups are garbage now: keep a long run's RSS flat
         log.info("step %d trained and published as policy v%d", step, step)

@@ -2,11 +2,13 @@
 
 :class:`RunThread` runs in a thread of `prime-coordinator start` once uvicorn serves: it starts
 the `[local_network]` children (if enabled), the trainer service and the
-:class:`~coordinator.loop.orchestrator.Orchestrator` (if `[orchestrator]` is enabled), prints a
-progress line every few seconds and, when the last step is published, the reward curve and
-where the run's files are. Then it stops every child it started and asks the server to exit
-(``orchestrator.exit_when_done``). The children are started from this thread and it stops
-them before it ends, so their parent-death signal fires only when the coordinator dies.
+:class:`~coordinator.loop.orchestrator.Orchestrator` (if `[orchestrator]` is enabled) with the
+run's metrics file (:mod:`coordinator.loop.run_metrics`) and its evals during training
+(:mod:`coordinator.loop.evals`), prints a progress line every few seconds and, when the last step
+is published and the last evals are in, the reward curve and where the run's files are. Then it
+stops every child it started and asks the server to exit (``orchestrator.exit_when_done``). The
+children are started from this thread and it stops them before it ends, so their parent-death
+signal fires only when the coordinator dies.
 A failure (a child exited) ends the run too; :meth:`RunThread.finish` re-raises it.
 """
 
@@ -24,7 +26,9 @@ from coordinator.config import CoordinatorConfig
 from coordinator.ledger.ledger import Ledger
 from coordinator.ledger.run_spec import trainer_section
 from coordinator.ledger.storage.tables import nodes
+from coordinator.loop.evals import PolicyEvals
 from coordinator.loop.orchestrator import Orchestrator, StoppedError
+from coordinator.loop.run_metrics import METRICS_FILE, RunMetricsFile
 from coordinator.loop.train_steps import StepRecord, TrainSteps
 from coordinator.processes.local_network import Processes, start_local_network
 from coordinator.processes.trainer_process import TrainerProcess, trainer_node
@@ -37,8 +41,32 @@ from trainer.transport import TrainDir
 log = logging.getLogger("coordinator.loop.runner")
 
 
-def progress_line(config: CoordinatorConfig, ledger: Ledger, elapsed_s: float) -> str:
-    """Step, last batch reward, accepted/rejected, generation tokens/s and batch staleness, on one line."""
+def _figure(metrics: dict[str, Any], key: str, spec: str) -> str:
+    value = metrics.get(key)
+    return format(value, spec) if isinstance(value, int | float) and not isinstance(value, bool) else "-"
+
+
+def rollout_fields(last: dict[str, Any], newest_eval: tuple[int, dict[str, Any]] | None) -> str:
+    """How the newest step's rollouts ended (mean length, stop and truncated fractions) and the newest eval."""
+    fields = (
+        f"len {_figure(last, 'batch_completion_tokens_mean', '.1f')}"
+        f"  stop {_figure(last, 'batch_stop_fraction', '.2f')}"
+        f"  trunc {_figure(last, 'batch_truncated_fraction', '.2f')}"
+    )
+    if newest_eval is not None:
+        step, metrics = newest_eval
+        fields += (
+            f"  eval v{step} acc {_figure(metrics, 'eval_accuracy', '.3f')}"
+            f" reward {_figure(metrics, 'eval_reward_mean', '.3f')}"
+        )
+    return fields
+
+
+def progress_line(
+    config: CoordinatorConfig, ledger: Ledger, elapsed_s: float, newest_eval: tuple[int, dict[str, Any]] | None = None
+) -> str:
+    """Step, last batch reward, accepted/rejected, generation tokens/s, batch staleness, how the last batch's
+    rollouts ended and the newest eval (when known), on one line."""
     status = ledger.status()
     live_after = time.time() - config.scheduling.worker_live_s
     with ledger.db.read() as conn:
@@ -55,6 +83,7 @@ def progress_line(config: CoordinatorConfig, ledger: Ledger, elapsed_s: float) -
         f"  policy v{status.current_policy_version}"
         f"  reward {reward}  accepted {status.num_submissions_accepted}  rejected {status.num_submissions_rejected}"
         f"  pending {status.num_submissions_pending}  tokens/s {tokens_per_s:.0f}  staleness {staleness}"
+        f"  {rollout_fields(last, newest_eval)}"
     )
 
 
@@ -75,7 +104,7 @@ def write_final_eval_config(config: CoordinatorConfig) -> Path:
 
 
 def reward_curve(steps: list[StepRecord]) -> str:
-    lines = ["step  reward  staleness  samples  loss"]
+    lines = ["step  reward  staleness  samples  loss    length  stop  eval acc"]
     for record in steps:
         m = record.metrics
         if not m:
@@ -83,7 +112,8 @@ def reward_curve(steps: list[StepRecord]) -> str:
         lines.append(
             f"{record.step:4d}  {m.get('batch_reward_mean', float('nan')):6.3f}  "
             f"{m.get('batch_staleness_mean', float('nan')):9.2f}  {int(m.get('batch_num_samples', 0)):7d}  "
-            f"{m.get('loss', float('nan')):.4f}"
+            f"{m.get('loss', float('nan')):.4f}  {_figure(m, 'batch_completion_tokens_mean', '6.1f'):>6}  "
+            f"{_figure(m, 'batch_stop_fraction', '.2f'):>4}  {_figure(m, 'eval_accuracy', '.3f'):>8}"
         )
     return "\n".join(lines)
 
@@ -109,6 +139,9 @@ class RunThread(threading.Thread):
         self.error: BaseException | None = None
         self.network: Processes | None = None
         self.trainer: TrainerProcess | None = None
+        self.evals: PolicyEvals | None = None
+        self.metrics_file = RunMetricsFile(config.data_dir / METRICS_FILE)
+        self.newest_eval: tuple[int, dict[str, Any]] | None = ledger.newest_eval()
         self.started_at = time.monotonic()
         self._next_progress = 0.0
 
@@ -146,10 +179,12 @@ class RunThread(threading.Thread):
             self._let_nodes_hear_the_end()
         else:
             records = steps.steps()
+            self.metrics_file.sync(records, self.ledger.clock())  # a run trained before the file existed
             print("this run has already trained all its steps (`prime-coordinator reset -c CONFIG` starts it over)")
         print(f"\nreward per step (validator-recomputed reward of each step's batch):\n{reward_curve(records)}")
         where = config.data_dir.resolve()
         print(f"run files: ledger, policies, trainer checkpoints and logs are in {where}", flush=True)
+        print(f"metrics of every step and eval (JSON lines): {self.metrics_file.path.resolve()}", flush=True)
         if config.final_policy_dir.is_dir():
             eval_config = write_final_eval_config(config)
             final = config.final_policy_dir.resolve()
@@ -181,10 +216,47 @@ class RunThread(threading.Thread):
             self.trainer.node.nnodes,
             train_dir.log_path,
         )
+        if config.orchestrator.eval_every_steps > 0:
+            self.evals = PolicyEvals(config, self._record_eval, config.child_logs.limits())
         orchestrator = Orchestrator(
-            config, self.ledger, self.identity, self.store, train_dir, self.trainer, self.stop_event, self._tick
+            config,
+            self.ledger,
+            self.identity,
+            self.store,
+            train_dir,
+            self.trainer,
+            self.stop_event,
+            self._tick,
+            metrics_file=self.metrics_file,
+            evals=self.evals,
         )
-        return orchestrator.run()
+        orchestrator.run()
+        self._finish_evals()
+        return TrainSteps(self.ledger).steps()
+
+    def _record_eval(self, step: int, figures: dict[str, float]) -> None:
+        """An eval's figures into the ledger (with its step), the metrics file and the console."""
+        TrainSteps(self.ledger).record_eval(step, figures)
+        self.metrics_file.append("eval", step, self.ledger.clock(), figures)
+        self.newest_eval = (step, figures)
+        log.info(
+            "eval of policy v%d: accuracy %.3f, reward %.3f, stop fraction %.2f, %.1f tokens",
+            step,
+            figures["eval_accuracy"],
+            figures["eval_reward_mean"],
+            figures["eval_stop_fraction"],
+            figures["eval_completion_tokens_mean"],
+        )
+
+    def _finish_evals(self) -> None:
+        """Wait for the evals still queued or running (the last policy's among them): the loop is done."""
+        if self.evals is None or self.evals.idle:
+            return
+        print("waiting for the last evals to finish", flush=True)
+        while not self.evals.idle:
+            self._tick()
+            if self.stop_event.wait(self.config.orchestrator.poll_interval_s):
+                raise StoppedError
 
     def _let_nodes_hear_the_end(self) -> None:
         """Keep serving a while after the last step: live workers and validators are told the run ended on their
@@ -202,14 +274,18 @@ class RunThread(threading.Thread):
             self._tick()
 
     def _tick(self) -> None:
-        if self.network is not None:
+        if self.network is not None and not self.ledger.run_over():  # once over, its nodes stop by themselves
             self.network.check()
+        if self.evals is not None:
+            self.evals.poll()
         now = time.monotonic()
         if now >= self._next_progress:
             self._next_progress = now + self.config.orchestrator.progress_interval_s
-            print(progress_line(self.config, self.ledger, now - self.started_at), flush=True)
+            print(progress_line(self.config, self.ledger, now - self.started_at, self.newest_eval), flush=True)
 
     def _stop_children(self) -> None:
+        if self.evals is not None:
+            self.evals.stop()
         if self.network is not None:
             self.network.stop_all()
         if self.trainer is not None:

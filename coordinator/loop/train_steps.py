@@ -146,6 +146,22 @@ class TrainSteps:
     def mark_published(self, step: int) -> None:
         self._advance(step, "published")
 
+    def record_eval(self, step: int, values: dict[str, float]) -> None:
+        """The eval of policy v``step``: merged into step ``step``'s metrics (v0, the start policy, has no step
+        row) and logged as a ``train_step`` event in state ``evaluated``, in one transaction."""
+        with self.ledger._write(None) as conn:
+            row = conn.execute(select(train_steps.c.metrics_json).where(train_steps.c.step == step)).first()
+            if row is not None:
+                merged = {**(json.loads(row.metrics_json) if row.metrics_json else {}), **values}
+                conn.execute(
+                    update(train_steps)
+                    .where(train_steps.c.step == step)
+                    .values(metrics_json=json.dumps(merged, sort_keys=True))
+                )
+            self.ledger._event(
+                conn, "train_step", self.ledger.coordinator_id, str(step), state="evaluated", metrics=values
+            )
+
     def num_published(self) -> int:
         with self.db.read() as conn:
             found = conn.execute(

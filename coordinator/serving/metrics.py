@@ -1,8 +1,9 @@
 """Prometheus metrics of the ledger (`GET /metrics`), in a registry owned by one app instance.
 
 Request counts and latencies are recorded by the API middleware (:mod:`runtime.http_metrics`);
-run-level gauges (policy version, live nodes, open tasks, submissions by status) are read from
-the ledger when Prometheus scrapes, so they are right after a restart and across replicas.
+run-level gauges (policy version, live nodes, open tasks, submissions by status, how the newest
+step's rollouts ended, the newest eval of a policy) are read from the ledger when Prometheus
+scrapes, so they are right after a restart and across replicas.
 """
 
 from __future__ import annotations
@@ -46,6 +47,31 @@ class _RunCollector(Collector):
         for reward_name, mean in status.step_rewards.items():
             rewards.add_metric([reward_name], mean)
         yield rewards
+        known = {
+            "prime_train_step_completion_tokens": (
+                "Mean completion length (tokens) in the newest trained step's batch.",
+                status.step_completion_tokens_mean,
+            ),
+            "prime_train_step_stop_fraction": (
+                "Fraction of the newest trained step's rollouts that ended with EOS.",
+                status.step_stop_fraction,
+            ),
+            "prime_train_step_truncated_fraction": (
+                "Fraction of the newest trained step's rollouts cut at max_tokens without EOS.",
+                status.step_truncated_fraction,
+            ),
+            "prime_train_eval_step": ("The newest step whose policy was evaluated.", status.eval_step),
+            "prime_train_eval_accuracy": ("Exact-answer accuracy of the newest eval.", status.eval_accuracy),
+            "prime_train_eval_reward": ("Mean reward of the newest eval.", status.eval_reward_mean),
+            "prime_train_eval_stop_fraction": ("Stop fraction of the newest eval.", status.eval_stop_fraction),
+            "prime_train_eval_completion_tokens": (
+                "Mean completion length (tokens) of the newest eval.",
+                status.eval_completion_tokens_mean,
+            ),
+        }
+        for name, (documentation, figure) in known.items():
+            if figure is not None:  # absent until known, rather than a misleading 0
+                yield GaugeMetricFamily(name, documentation, value=figure)
 
 
 class LedgerMetrics:

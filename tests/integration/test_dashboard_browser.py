@@ -197,6 +197,10 @@ def test_dashboard_shows_the_live_worker_and_the_runs_rewards(tmp_path: Path, br
         assert text_of(browser, "#relays img, #relays b") is None  # shown as text, never parsed as markup
         assert text_of(browser, "#stat-relays") == "1 of 2"
         assert text_of(browser, "#step-chart text.no-data") == "no training steps yet"
+        for chart in ("length", "finish"):
+            assert text_of(browser, f"#{chart}-chart text.no-data") == "no training steps yet"
+        assert text_of(browser, "#component-chart text.no-data") == "no named rewards yet"
+        assert text_of(browser, "#eval-chart text.no-data") == "no eval yet (orchestrator.eval_every_steps)"
         assert text_of(browser, "#stat-steps-done") == "-"
         logged = browser.get_log("browser")  # type: ignore[no-untyped-call]
         assert [entry for entry in logged if entry["level"] == "SEVERE"] == []  # no script error, no CSP violation

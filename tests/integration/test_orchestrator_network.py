@@ -162,6 +162,13 @@ def check_completed_run(root: Path, stdout: str) -> dict[int, list[str]]:
     assert (root / "run" / "policies" / f"v{NUM_STEPS}" / "manifest.json").is_file()
     assert "reward per step" in stdout and re.search(rf"^\s+{NUM_STEPS}\s+\d\.\d{{3}}", stdout, re.MULTILINE)
     check_final_policy(root, stdout)
+    # The run's metrics file keeps every step once (a resumed run writes what the crash left out), with how
+    # the batch's rollouts ended, though train/ keeps no published step's metrics.
+    rows = [json.loads(line) for line in (root / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in rows if row["kind"] == "step"] == list(range(1, NUM_STEPS + 1)), rows
+    for row in rows:
+        assert row["batch_stop_fraction"] + row["batch_truncated_fraction"] == pytest.approx(1.0)
+        assert 0 < row["batch_completion_tokens_mean"] <= 16 and "loss" in row and "grad_norm" in row
     return published
 
 

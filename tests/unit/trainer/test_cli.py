@@ -22,9 +22,12 @@ def test_sft_then_eval(tiny_model_dir: Path, tmp_path: Path) -> None:
     assert [r["step"] for r in records if "loss" in r] == [1, 2, 3]
     assert "eval_completion_loss" in records[-1]
 
-    result = CliRunner().invoke(app, ["eval", "--model", str(out / "policy"), "--num-examples", "6"])
+    report_path = tmp_path / "eval" / "report.json"
+    argv = ["eval", "--model", str(out / "policy"), "--num-examples", "6", "--output", str(report_path)]
+    result = CliRunner().invoke(app, argv)
     assert result.exit_code == 0, result.output
     report = json.loads(next(line for line in result.output.splitlines() if line.startswith("{")))
+    assert json.loads(report_path.read_text()) == report  # the same report, in the file the coordinator reads
     assert report["num_examples"] == 6
     assert 0.0 <= report["accuracy"] <= report["reward_mean"] + 1e-9 <= 1.0 + 1e-9
     assert report["mean_completion_tokens"] > 0

@@ -192,8 +192,8 @@ function niceTicks(lo, hi, count) {
 }
 
 // Draws an empty frame with axes and returns scale functions; null when there is nothing to draw.
-// The x axis is time unless xLabel says how to label it.
-function frame(svg, xs, ys, yDigits, xLabel = clock, emptyText = "no data yet") {
+// The x axis is time unless xLabel says how to label it; integerX puts its labels on whole numbers (steps).
+function frame(svg, xs, ys, yDigits, xLabel = clock, emptyText = "no data yet", integerX = false) {
   svg.replaceChildren();
   if (!xs.length) {
     svg.append(svgEl("text", { x: CHART.width / 2, y: CHART.height / 2, "text-anchor": "middle", class: "no-data" },
@@ -215,9 +215,12 @@ function frame(svg, xs, ys, yDigits, xLabel = clock, emptyText = "no data yet") 
     svg.append(svgEl("text", { x: CHART.left - 6, y: sy(t) + 4, "text-anchor": "end", class: "tick" },
       t.toFixed(yDigits)));
   }
-  for (let i = 0; i <= 3; i++) {
-    const x = x0 + ((x1 - x0) * i) / 3;
-    const anchor = i === 0 ? "start" : i === 3 ? "end" : "middle";  // the outer labels stay inside the frame
+  const xTicks = integerX
+    ? niceTicks(x0, x1, 3).filter((x) => Number.isInteger(x) && x >= x0 && x <= x1)
+    : [0, 1, 2, 3].map((i) => x0 + ((x1 - x0) * i) / 3);
+  for (const x of xTicks) {
+    const edge = (x - x0) / (x1 - x0);
+    const anchor = edge < 0.05 ? "start" : edge > 0.95 ? "end" : "middle";  // the outer labels stay inside
     svg.append(svgEl("text", { x: sx(x), y: CHART.height - 8, "text-anchor": anchor, class: "tick" }, xLabel(x)));
   }
   svg.append(svgEl("line", { x1: CHART.left, x2: CHART.left, y1: CHART.top, y2: CHART.top + h, class: "axis" }));
@@ -271,12 +274,13 @@ function drawSeriesChart(id, series, digits, cls) {
   }
 }
 
+const stepLabel = (x) => `step ${x}`;
+
 function drawStepChart(data) {
   const svg = document.getElementById("step-chart");
   const steps = data.training ? data.training.steps : [];
-  const stepLabel = (x) => `step ${Number.isInteger(x) ? x : x.toFixed(1)}`;
   const scale = frame(svg, steps.map((s) => s.step), steps.map((s) => s.reward_mean), 2, stepLabel,
-    "no training steps yet");
+    "no training steps yet", true);
   if (!scale) return;
   polyline(svg, steps.map((s) => [s.step, s.reward_mean]), scale.sx, scale.sy, "series-line");
   for (const s of steps) {
@@ -286,6 +290,45 @@ function drawStepChart(data) {
     dot.append(svgEl("title", {}, `step ${s.step}: mean reward ${fmt(s.reward_mean, 3)}${named ? ` (${named})` : ""} (trained ${clock(s.at)})`));
     svg.append(dot);
   }
+}
+
+// Lines over integer steps: each series is [label, cls, [[step, value], ...]]; a dot per point, titled.
+function drawStepLines(id, series, digits, emptyText) {
+  const svg = document.getElementById(id);
+  const points = series.flatMap(([, , pts]) => pts);
+  const scale = frame(svg, points.map(([x]) => x), points.map(([, y]) => y), digits, stepLabel, emptyText, true);
+  if (!scale) return;
+  for (const [label, cls, pts] of series) {
+    polyline(svg, pts, scale.sx, scale.sy, `series-line ${cls}`);
+    for (const [x, y] of pts) {
+      const dot = svgEl("circle", { cx: scale.sx(x), cy: scale.sy(y), r: 3, class: `point ${cls || "accepted"}`, "data-step": x });
+      dot.append(svgEl("title", {}, `step ${x}: ${label} ${fmt(y, digits + 1)}`));
+      svg.append(dot);
+    }
+  }
+  series.forEach(([label, cls], i) => {  // a legend, top right
+    svg.append(svgEl("text", { x: CHART.width - CHART.right, y: CHART.top + 12 + 14 * i, "text-anchor": "end",
+      class: `legend ${cls}` }, label));
+  });
+}
+
+const known = (steps, key) => steps.filter((s) => s[key] !== null && s[key] !== undefined).map((s) => [s.step, s[key]]);
+const SERIES_CLASSES = ["", "alt", "c3", "c4", "c5", "c6"];
+
+function drawRolloutCharts(data) {
+  const steps = data.training ? data.training.steps : [];
+  const evals = data.training ? data.training.evals : [];
+  drawStepLines("length-chart", [["batch", "", known(steps, "completion_tokens_mean")],
+    ["eval", "alt", known(evals, "completion_tokens_mean")]], 1, "no training steps yet");
+  drawStepLines("finish-chart", [["stop", "", known(steps, "stop_fraction")],
+    ["truncated", "alt", known(steps, "truncated_fraction")]], 2, "no training steps yet");
+  const names = [...new Set(steps.flatMap((s) => Object.keys(s.rewards || {})))].sort();
+  drawStepLines("component-chart", names.map((name, i) => [name, SERIES_CLASSES[i % SERIES_CLASSES.length],
+    steps.filter((s) => s.rewards && name in s.rewards).map((s) => [s.step, s.rewards[name]])]), 2,
+    "no named rewards yet");
+  drawStepLines("eval-chart", [["accuracy", "", known(evals, "accuracy")],
+    ["reward", "alt", known(evals, "reward_mean")], ["stop", "c3", known(evals, "stop_fraction")]], 2,
+    "no eval yet (orchestrator.eval_every_steps)");
 }
 
 // ---- polling ------------------------------------------------------------------------------------
@@ -301,6 +344,7 @@ function render(data) {
   drawSeriesChart("throughput-chart", data.accepted_samples_per_s, 2, "series-line");
   drawSeriesChart("tokens-chart", data.tokens_per_s, 1, "series-line alt");
   drawStepChart(data);
+  drawRolloutCharts(data);
   document.body.dataset.updatedAt = String(data.generated_at);
 }
 

@@ -7,7 +7,16 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.ledger.batches import accepted_group, batch_summary, named_rewards, train_samples, verdict_rewards
+from coordinator.ledger.batches import (
+    AcceptedGroup,
+    accepted_group,
+    batch_summary,
+    named_rewards,
+    rollout_stats,
+    step_figure,
+    train_samples,
+    verdict_rewards,
+)
 from coordinator.ledger.scheduling import lease_room
 from coordinator.loop.train_steps import min_policy_version
 from protocol.schemas import Rollout, SubmitRequest, Verdict
@@ -100,3 +109,47 @@ def test_batch_files_round_trip_and_appear_whole(tmp_path: Path) -> None:
     assert [p.name for p in (tmp_path / "batches").iterdir()] == ["step_1.safetensors"]  # no temporary left behind
     train_dir.write_done(1, {"loss": 0.1})
     assert train_dir.read_done(1) == {"loss": 0.1}
+
+
+def finished_group(endings: list[tuple[int, str]]) -> AcceptedGroup:
+    """One accepted group whose rollouts have the given (number of tokens, finish reason)."""
+    rollouts = [
+        Rollout(
+            prompt_index=0,
+            sample_index=i,
+            completion_ids=[7] * num_tokens,
+            logprobs=[-0.5] * num_tokens,
+            finish_reason=reason,
+            proof_b64="AAAA",
+        )
+        for i, (num_tokens, reason) in enumerate(endings)
+    ]
+    body = SubmitRequest(lease_id="l", task_id="t", policy_version=0, engine="hf", rollouts=rollouts)
+    verdict = Verdict(submission_id="s", accepted=True, rewards=[0.5] * len(rollouts))
+    prompts = json.dumps([{"prompt_index": 0, "token_ids": [1]}])
+    return accepted_group("s", 0, prompts, body.model_dump_json(), verdict.model_dump_json())
+
+
+def test_rollout_stats_say_how_long_the_completions_are_and_how_they_ended() -> None:
+    stopped = finished_group([(3, "stop"), (5, "stop"), (16, "length")])
+    cut = finished_group([(16, "length")])
+    stats = rollout_stats([stopped, cut])
+    assert stats["completion_tokens_mean"] == pytest.approx((3 + 5 + 16 + 16) / 4)
+    assert stats["stop_fraction"] == pytest.approx(0.5)
+    assert stats["truncated_fraction"] == pytest.approx(0.5)
+    assert rollout_stats([]) == {"completion_tokens_mean": 0.0, "stop_fraction": 0.0, "truncated_fraction": 0.0}
+    summary = batch_summary([stopped, cut], trained_version=0)
+    assert {k: summary[k] for k in stats} == stats  # the step's metrics carry them (as batch_*)
+
+
+def test_a_policy_that_never_emits_eos_shows_as_truncated() -> None:
+    # what a reward-hacking policy that pads to the budget produces: every rollout cut at max_tokens
+    padding = [finished_group([(16, "length")] * 8) for _ in range(4)]
+    stats = rollout_stats(padding)
+    assert stats == {"completion_tokens_mean": 16.0, "stop_fraction": 0.0, "truncated_fraction": 1.0}
+
+
+def test_step_figures_are_read_defensively() -> None:
+    metrics = {"a": 1, "b": True, "c": "1", "d": float("nan"), "e": 0.25}
+    assert [step_figure(metrics, k) for k in "abcdef"] == [1.0, None, None, None, 0.25, None]
+    assert step_figure(["a"], "a") is None

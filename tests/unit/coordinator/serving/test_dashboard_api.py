@@ -212,3 +212,53 @@ def test_training_history_reads_odd_train_step_events_as_absent() -> None:
     training = history.training.summary()
     assert training is not None and [(s.step, s.reward_mean) for s in training.steps] == [(1, 0.5)]
     assert (training.current_step, training.num_steps_done) == (3, 0)
+
+
+async def test_rollout_endings_and_evals_show_on_the_dashboard_metrics_and_status(harness: LedgerHarness) -> None:
+    async with public_client(harness) as http:
+        worker, validator = await harness.worker(), await harness.validator()
+        steps = TrainSteps(harness.ledger)
+        figures = {"eval_accuracy": 0.25, "eval_reward_mean": 0.5, "eval_stop_fraction": 0.75}
+        steps.record_eval(0, {**figures, "eval_completion_tokens_mean": 4.0})  # the start policy: no step row
+        assert harness.ledger.newest_eval() is None
+        for step in (1, 2):
+            await judged(harness, worker, validator)
+            assert steps.record_batch(step, groups_per_step=1, min_version=0) is not None
+            summary = batch_summary(steps.groups(step), trained_version=step - 1)
+            steps.mark_trained(step, {"loss": 0.1, **{f"batch_{k}": v for k, v in summary.items()}})
+            steps.mark_published(step)
+        steps.record_eval(1, {**figures, "eval_accuracy": 0.5, "eval_completion_tokens_mean": 6.0})
+        training = Dashboard.model_validate_json((await http.get("/v1/dashboard")).content).training
+        metrics = (await http.get("/metrics")).text
+    assert training is not None
+    # submission_for's rollouts: 3 tokens each, all ended with EOS
+    assert [(s.step, s.completion_tokens_mean, s.stop_fraction, s.truncated_fraction) for s in training.steps] == [
+        (1, 3.0, 1.0, 0.0),
+        (2, 3.0, 1.0, 0.0),
+    ]
+    assert [(e.step, e.accuracy, e.reward_mean, e.completion_tokens_mean) for e in training.evals] == [
+        (0, 0.25, 0.5, 4.0),
+        (1, 0.5, 0.5, 6.0),
+    ]
+    newest = harness.ledger.newest_eval()
+    assert newest is not None and newest[0] == 1 and newest[1]["eval_accuracy"] == 0.5 and newest[1]["loss"] == 0.1
+    status = harness.ledger.status()
+    assert (status.step_stop_fraction, status.step_truncated_fraction, status.eval_step) == (1.0, 0.0, 1)
+    for line in (
+        "prime_train_step_completion_tokens 3.0",
+        "prime_train_step_stop_fraction 1.0",
+        "prime_train_step_truncated_fraction 0.0",
+        "prime_train_eval_step 1.0",
+        "prime_train_eval_accuracy 0.5",
+        "prime_train_eval_reward 0.5",
+        "prime_train_eval_completion_tokens 6.0",
+    ):
+        assert line in metrics.splitlines()
+    await worker.aclose()
+    await validator.aclose()
+
+
+async def test_no_eval_gauge_before_an_eval(harness: LedgerHarness) -> None:
+    async with public_client(harness) as http:
+        metrics = (await http.get("/metrics")).text
+    assert "prime_train_eval_accuracy" not in metrics and "prime_train_step_stop_fraction" not in metrics

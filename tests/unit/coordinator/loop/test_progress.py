@@ -1,0 +1,33 @@
+"""The coordinator's console: how the newest batch's rollouts ended and the newest eval, on the progress line."""
+
+from __future__ import annotations
+
+from coordinator.loop.runner import reward_curve, rollout_fields
+from coordinator.loop.train_steps import StepRecord
+
+
+def test_progress_shows_length_stop_truncation_and_the_newest_eval() -> None:
+    last = {"batch_completion_tokens_mean": 15.94, "batch_stop_fraction": 0.0, "batch_truncated_fraction": 1.0}
+    assert rollout_fields(last, None) == "len 15.9  stop 0.00  trunc 1.00"
+    newest_eval = (8, {"eval_accuracy": 0.125, "eval_reward_mean": 0.6})
+    assert rollout_fields(last, newest_eval) == "len 15.9  stop 0.00  trunc 1.00  eval v8 acc 0.125 reward 0.600"
+    assert rollout_fields({}, None) == "len -  stop -  trunc -"  # before the first step
+
+
+def test_the_reward_curve_has_length_stop_and_eval_columns() -> None:
+    metrics = {
+        "batch_reward_mean": 0.5,
+        "batch_staleness_mean": 1.0,
+        "batch_num_samples": 16,
+        "loss": 0.01,
+        "batch_completion_tokens_mean": 12.0,
+        "batch_stop_fraction": 0.25,
+    }
+    records = [
+        StepRecord(1, "published", 0, [], metrics),
+        StepRecord(2, "published", 0, [], {**metrics, "eval_accuracy": 0.375}),
+    ]
+    header, one, two = reward_curve(records).splitlines()
+    assert header.split()[-4:] == ["length", "stop", "eval", "acc"]
+    assert one.split()[-3:] == ["12.0", "0.25", "-"]
+    assert two.split()[-3:] == ["12.0", "0.25", "0.375"]
