@@ -63,7 +63,7 @@ def test_one_coordinator_per_run_and_starting_over(tmp_path: Path, ledger_url: s
     config = write_config(tmp_path, "run", run_dir, ledger_url, port)
     first = CoordinatorProcess(config, tmp_path / "first.log", {"PYTHONPATH": str(REPO_ROOT)})
     try:
-        first.start(url)
+        first.start(url, timeout_s=180)
         signer = httpx.get(f"{url}/v1/policy-versions/latest", timeout=5).json()["signer"]
 
         # the same data dir on another port: the data dir lock names the holder
@@ -98,7 +98,7 @@ def test_one_coordinator_per_run_and_starting_over(tmp_path: Path, ledger_url: s
     assert reset.returncode == 0, reset.stderr
     again = CoordinatorProcess(config, tmp_path / "again.log", {"PYTHONPATH": str(REPO_ROOT)})
     try:
-        again.start(url)
+        again.start(url, timeout_s=180)
         latest = httpx.get(f"{url}/v1/policy-versions/latest", timeout=5).json()
         assert latest["signer"] != signer and latest["manifest"]["version"] == 0
         assert httpx.get(f"{url}/v1/status", timeout=5).json()["num_submissions_accepted"] == 0
