@@ -179,6 +179,7 @@ def make_keys_app(config_cls: type[RoleConfig], script: str, example: str) -> ty
         data_dir: Path | None = data_dir_option,
         config: Path | None = ConfigOption,
         sets: list[str] | None = set_keys,
+        id_only: bool = typer.Option(False, "--id-only", help="Print the node id alone (for scripts)."),
     ) -> None:
         """Print the node id and key file of an existing key (exit 1 when there is none)."""
         from protocol.identity import key_path, load_identity
@@ -194,6 +195,9 @@ def make_keys_app(config_cls: type[RoleConfig], script: str, example: str) -> ty
             identity = load_identity(path)
         except PrimeError as exc:
             fail(exc.message)
+        if id_only:
+            typer.echo(identity.node_id)
+            return
         typer.echo(f"node id:  {identity.node_id}")
         typer.echo(f"key file: {path}")
 

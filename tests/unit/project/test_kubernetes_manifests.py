@@ -85,9 +85,12 @@ def test_every_role_runs_with_probes_volumes_and_gpus_where_needed() -> None:
         (container,) = containers(found[name])
         for probe in ("readinessProbe", "livenessProbe"):
             assert container[probe]["httpGet"]["path"] == "/healthz", (name, probe)
-    for name in ("StatefulSet/prime-worker", "Deployment/prime-validator"):
-        (container,) = containers(found[name])
-        assert int(container["resources"]["limits"]["nvidia.com/gpu"]) >= 1
+    (worker,) = containers(found["StatefulSet/prime-worker"])
+    assert int(worker["resources"]["limits"]["nvidia.com/gpu"]) >= 1
+    for name in ("StatefulSet/prime-coordinator", "Deployment/prime-relay", "Deployment/prime-validator"):
+        for container in containers(found[name]):
+            assert "nvidia.com/gpu" not in container.get("resources", {}).get("limits", {}), name
+            assert container["image"] == "prime-network", f"{name} runs the GPU image without a GPU"
     secrets = {
         volume["secret"]["secretName"]
         for doc in found.values()
@@ -118,3 +121,51 @@ def test_every_command_parses_with_our_cli_and_every_config_loads(tmp_path: Path
         path.write_text(configs[name])
         loaded = load_config(model, path, {})
         assert str(getattr(loaded, "data_dir", "")).startswith("/data/"), name  # on the pod's volume, not the image
+
+
+def env_from_config_map(doc: dict[str, Any], variable: str) -> tuple[str, str]:
+    (container,) = containers(doc)
+    (entry,) = [env for env in container.get("env", []) if env["name"] == variable]
+    ref = entry["valueFrom"]["configMapKeyRef"]
+    return ref["name"], ref["key"]
+
+
+def test_the_base_trains_and_its_ids_come_from_the_keys(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The documented commands, run for real, write the ids; the workloads read them through prime-ids."""
+    import subprocess
+    import sys
+
+    found = kinds()
+    coordinator_toml = tmp_path / "coordinator.toml"
+    coordinator_toml.write_text(found["ConfigMap/prime-config"]["data"]["coordinator.toml"])
+    assert load_config(CoordinatorConfig, coordinator_toml, {}).orchestrator.enabled, "the base must train"
+    generator = yaml.safe_load((BASE / "kustomization.yaml").read_text())["configMapGenerator"]
+    (ids,) = [entry for entry in generator if entry["name"] == "prime-ids"]
+    files = dict(item.split("=", 1) for item in ids["files"])
+    assert env_from_config_map(found["Deployment/prime-relay"], "PRIME_RELAY_COORDINATOR_ID") == (
+        "prime-ids",
+        "coordinator-id",
+    )
+    variable = "PRIME_COORDINATOR_TRUST__APPROVED_VALIDATORS"
+    assert env_from_config_map(found["StatefulSet/prime-coordinator"], variable) == ("prime-ids", "approved-validators")
+
+    bin_dir = Path(sys.executable).parent
+    for script, key_dir in (("prime-coordinator", "coordinator"), ("prime-validator", "validator")):
+        subprocess.run([bin_dir / script, "keys", "create", "--data-dir", tmp_path / key_dir], check=True)
+    (tmp_path / "ids").mkdir()
+    shown = "keys show --data-dir {}/{} --id-only"
+    commands = [
+        f"{bin_dir}/prime-coordinator {shown.format(tmp_path, 'coordinator')} > {tmp_path}/{files['coordinator-id']}",
+        f'printf \'["%s"]\' "$({bin_dir}/prime-validator {shown.format(tmp_path, "validator")})" '
+        f"> {tmp_path}/{files['approved-validators']}",
+    ]
+    for command in commands:
+        subprocess.run(["sh", "-c", command], check=True)
+    coordinator_id = (tmp_path / files["coordinator-id"]).read_text().strip()
+    monkeypatch.setenv(variable, (tmp_path / files["approved-validators"]).read_text())
+    config = load_config(CoordinatorConfig, coordinator_toml, {})
+    assert len(config.trust.approved_validators) == 1 and config.trust.approved_validators[0].startswith("12D3KooW")
+    relay_toml = tmp_path / "relay.toml"
+    relay_toml.write_text(found["ConfigMap/prime-config"]["data"]["relay.toml"])
+    monkeypatch.setenv("PRIME_RELAY_COORDINATOR_ID", coordinator_id)
+    assert load_config(RelayConfig, relay_toml, {}).coordinator_id == coordinator_id

@@ -89,6 +89,8 @@ def test_keys_show_finds_the_key_through_the_config(tmp_path: Path) -> None:
     by_set = CliRunner().invoke(app, ["keys", "show", "--set", f'data_dir="{run_dir}"'])
     assert created.exit_code == by_file.exit_code == by_set.exit_code == 0, by_file.output + by_set.output
     assert created.output == by_file.output == by_set.output
+    bare = CliRunner().invoke(app, ["keys", "show", "-c", str(config), "--id-only"])
+    assert bare.output.strip() == created.output.split()[2] and bare.output.startswith("12D3KooW")
 
 
 @pytest.mark.parametrize("script", ["coordinator", "worker", "validator", "trainer", "trainer-eval", "shardcast"])
