@@ -120,7 +120,7 @@ _SOURCE_FORFEITED_SINCE = select(
         leases.c.deadline >= bindparam("b_since"),
     )
 )
-_LIVE_WORKERS = select(nodes.c.node_id, nodes.c.ip).where(
+_LIVE_WORKERS = select(nodes.c.node_id, nodes.c.ip, nodes.c.num_accepted, nodes.c.num_rejected).where(
     nodes.c.role == "worker", nodes.c.banned.is_(False), nodes.c.last_seen >= bindparam("b_live_after")
 )
 _HELD_BEFORE = exists().where(leases.c.task_id == tasks.c.task_id, leases.c.node_id == bindparam("b_node_id"))
@@ -174,7 +174,7 @@ class LeasingLedger(LedgerViews):
         migrate(self.db)
         self._secret = self._load_or_create_run()
         self._next_expiry_check = 0.0
-        self._live_sources = (float("-inf"), 0)
+        self._live_sources = (float("-inf"), 0, 0)
         self.changes = LedgerChanges()
         """Told the event kinds of each committed write (see :mod:`coordinator.ledger.changes`)."""
         self._transaction = threading.local()  # .kinds: the event kinds of this thread's open write
@@ -376,7 +376,7 @@ class LeasingLedger(LedgerViews):
                 self._node_cap(node, trusted),
                 open_total,
                 self.scheduling.max_open_leases,
-                self._num_live_sources(conn, now),
+                self._num_live_sources(conn, now, proven=not probation),
                 held if trusted else conn.execute(_ACTIVE_LEASES_OF_SOURCE, {"b_source": source}).scalar_one(),
                 self._probation_room(conn, source, now) if probation else None,
             )
@@ -434,20 +434,31 @@ class LeasingLedger(LedgerViews):
         pool_room = probation_pool_room(
             probation_pool_size(self.scheduling.max_open_leases, sources.probation_share),
             conn.execute(_PROBATION_LEASES).scalar_one(),
-            self._num_live_sources(conn, now),
+            self._num_live_sources(conn, now, proven=False),
             held_by_source,
             bool(forfeited.scalar_one()),
         )
         return int(min(sources.probation_budget - unverified, pool_room))
 
-    def _num_live_sources(self, conn: Connection, now: float) -> int:
-        """Sources with a live worker, counted at most once a second (the fair share needs a rough figure, fast)."""
-        counted_at, count = self._live_sources
+    def _num_live_sources(self, conn: Connection, now: float, proven: bool) -> int:
+        """Sources with a live worker (``proven``: with a live worker off probation, i.e. with verified work or
+        allow-listed), counted at most once a second (the fair share needs a rough figure, fast). A proven worker's
+        fair share of the cap is divided among proven sources only: fresh keys from many networks cannot dilute it
+        (they draw from the probation pool)."""
+        counted_at, num_all, num_proven = self._live_sources
         if now - counted_at >= 1.0 or now < counted_at:
             live = conn.execute(_LIVE_WORKERS, {"b_live_after": now - self._live_s}).all()
-            count = len({self.sources.source_of(node_id, ip) for node_id, ip in live})
-            self._live_sources = (now, count)
-        return count
+            num_all = len({self.sources.source_of(row.node_id, row.ip) for row in live})
+            num_proven = len(
+                {
+                    self.sources.source_of(row.node_id, row.ip)
+                    for row in live
+                    if self.sources.is_allowed(row.ip)
+                    or not on_probation(self.probation, row.num_accepted, row.num_rejected)
+                }
+            )
+            self._live_sources = (now, num_all, num_proven)
+        return num_proven if proven else num_all
 
     def _next_group_index(self, conn: Connection) -> int:
         """The next prompt group to draw from the source.
