@@ -162,7 +162,8 @@ class SimulatedWorker:
         result: dict[str, Any] = json.loads(answer)
         return result
 
-    async def submit(self, task: dict[str, Any]) -> None:
+    async def submit(self, task: dict[str, Any]) -> str | None:
+        """Submit a made-up group for ``task``; its submission id, or None when it was refused (counted)."""
         rollouts = [
             {
                 "v": 1,  # the submission signature covers the full wire form, defaults included
@@ -185,7 +186,8 @@ class SimulatedWorker:
             "rollouts": rollouts,
         }
         signature = sign_document(self.identity, document)
-        await self.call("submit", routes.SUBMISSIONS, document, {HEADER_SUBMISSION_SIGNATURE: signature})
+        answer = await self.call("submit", routes.SUBMISSIONS, document, {HEADER_SUBMISSION_SIGNATURE: signature})
+        return str(answer["submission_id"]) if answer is not None else None
 
     async def run(self, stop_at: float, period_s: float, rng: random.Random) -> None:
         loop = asyncio.get_running_loop()

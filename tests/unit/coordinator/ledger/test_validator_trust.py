@@ -22,7 +22,7 @@ from tests.unit.coordinator.conftest import LedgerHarness, MakeHarness
 pytestmark = pytest.mark.anyio
 
 SECRET_REASON = "toploc: chunk 3 mismatch (do-not-leak-7f3a)"
-SECRET_REWARDS = [0.125, 0.875, 0.375, 0.625]
+SECRET_REWARDS = [0.123456789, 0.987654321, 0.192837465, 0.918273645]
 
 
 async def submitted(worker: LedgerClient) -> str:
