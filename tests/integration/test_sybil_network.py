@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import httpx
@@ -43,7 +43,7 @@ def client_from(url: str, address: str, headers: dict[str, str] | None = None) -
     return LedgerClient(url, NodeIdentity.generate(), client=http)
 
 
-def start_coordinator(tmp_path: Path, sources: dict[str, object], **sections: dict[str, object]) -> Iterator[str]:
+def start_coordinator(tmp_path: Path, sources: Mapping[str, object], **sections: Mapping[str, object]) -> Iterator[str]:
     """A `prime-coordinator start` on a free port with a small config; its URL while it runs."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -53,8 +53,8 @@ def start_coordinator(tmp_path: Path, sources: dict[str, object], **sections: di
         "api": {"host": "127.0.0.1", "port": port, "maintenance_interval_s": 0.5},
         "scheduling": {"prompts_per_task": 2, "group_size": 2, "max_tokens": 8, "max_open_leases": 32},
         "trust": {"validators_open": True},
-        "sources": sources,
-        **sections,
+        "sources": dict(sources),
+        **{name: dict(values) for name, values in sections.items()},
     }  # sources: the defaults (no allow-list, no trusted proxy) unless given
     config_path = tmp_path / "sybil.toml"
     config_path.write_text(tomli_w.dumps(config))
