@@ -94,12 +94,24 @@ class Pool:
     async def request(
         self, method: str, path: str, body: bytes, headers: Callable[[], dict[str, str]]
     ) -> tuple[int, bytes]:
-        """Send on the next free connection; ``headers`` is called then (signatures carry a timestamp)."""
+        """Send on the next free connection; ``headers`` is called then (signatures carry a timestamp).
+
+        A kept-alive connection the server closed while it was idle (uvicorn does after 5 s) fails on its
+        next request before anything was answered: that request is sent once more on a new connection.
+        """
         conn = await self.idle.get()
         try:
+            reused = conn is not None
             if conn is None:
-                conn = Connection(*await asyncio.open_connection(self.host, self.port, local_addr=self.local_addr))
-            result = await conn.request(method, path, body, headers())
+                conn = await self._connect()
+            try:
+                result = await conn.request(method, path, body, headers())
+            except (IndexError, ConnectionError, asyncio.IncompleteReadError):
+                if not reused:
+                    raise
+                conn.writer.close()
+                conn = await self._connect()
+                result = await conn.request(method, path, body, headers())
         except BaseException:
             if conn is not None:
                 conn.writer.close()
@@ -107,6 +119,9 @@ class Pool:
             raise
         self.idle.put_nowait(conn)
         return result
+
+    async def _connect(self) -> Connection:
+        return Connection(*await asyncio.open_connection(self.host, self.port, local_addr=self.local_addr))
 
 
 class Recorder:
@@ -162,7 +177,8 @@ class SimulatedWorker:
         result: dict[str, Any] = json.loads(answer)
         return result
 
-    async def submit(self, task: dict[str, Any]) -> None:
+    async def submit(self, task: dict[str, Any]) -> str | None:
+        """Submit a made-up group for ``task``; its submission id, or None when it was refused (counted)."""
         rollouts = [
             {
                 "v": 1,  # the submission signature covers the full wire form, defaults included
@@ -185,7 +201,8 @@ class SimulatedWorker:
             "rollouts": rollouts,
         }
         signature = sign_document(self.identity, document)
-        await self.call("submit", routes.SUBMISSIONS, document, {HEADER_SUBMISSION_SIGNATURE: signature})
+        answer = await self.call("submit", routes.SUBMISSIONS, document, {HEADER_SUBMISSION_SIGNATURE: signature})
+        return str(answer["submission_id"]) if answer is not None else None
 
     async def run(self, stop_at: float, period_s: float, rng: random.Random) -> None:
         loop = asyncio.get_running_loop()

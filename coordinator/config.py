@@ -100,7 +100,7 @@ class SourcesConfig(Section):
     new_identity_leases: int = Field(default=1, ge=1)
     """Open leases a new identity may hold; each accepted submission adds one and each rejected one takes one away,
     between 1 and scheduling.max_leases_per_node."""
-    proven_after_accepted: int = Field(default=2, ge=0)
+    proven_after_accepted: int = Field(default=1, ge=0)
     """An identity is on probation until its accepted submissions exceed its rejected ones by this many."""
     probation_budget: int = Field(default=4, ge=1)
     """Unverified work (open leases plus submissions awaiting a verdict) that all identities on probation from one
@@ -110,6 +110,15 @@ class SourcesConfig(Section):
     so a flood from one source cannot occupy the ledger's threads (api.num_threads) while other sources wait."""
     max_requests_waiting: int = Field(default=256, ge=0, le=100_000)
     """Requests of one source that may wait for their turn; beyond that they are refused with 429."""
+    probation_share: float = Field(default=0.5, gt=0, le=1)
+    """Share of scheduling.max_open_leases that all identities on probation, from every source together, may
+    hold; the rest is for identities with accepted work. Each source gets at most an equal part of this pool."""
+    probation_lease_max_s: float = Field(default=30.0, gt=0)
+    """A lease of an identity on probation ends this many seconds after it was issued, renewed or not (at most
+    scheduling.lease_ttl_s), so leases hoarded in the probation pool turn over for newcomers."""
+    forfeit_memory_s: float = Field(default=600.0, ge=0)
+    """For this long after one of its probation leases expired unsubmitted or was abandoned, a source may use only
+    half of the probation pool (sources without such a record may use all of it)."""
 
     @field_validator("allow", "trusted_proxies")
     @classmethod
@@ -142,6 +151,17 @@ class ValidationConfig(Section):
     builtin_enabled: bool = False
     """Run a validator next to the coordinator (single-machine runs): its key is created in the data dir
     and approved automatically; it logs to `builtin-validator.log` in the data dir."""
+    hand_out_ttl_s: float = Field(default=900.0, gt=0, le=7 * 86400.0)
+    """A validator's verdict counts only on a submission the ledger handed to it (its pending list) within this
+    many seconds; a verdict on any other submission is refused (docs/trust-model.md)."""
+    flag_after_outvoted: int = Field(default=3, ge=1)
+    """A validator is flagged once this many of its votes disagreed with the decision and they are more than
+    max_outvoted_fraction of its decided votes; a flagged validator is handed flagged_hand_outs submissions at
+    a time."""
+    max_outvoted_fraction: float = Field(default=0.2, ge=0, le=1)
+    """Share of a validator's decided votes that may disagree with the decision before it is flagged."""
+    flagged_hand_outs: int = Field(default=1, ge=0, le=256)
+    """Submissions a flagged validator is handed per pending list (0: none until the operator looks)."""
 
 
 class PolicyConfig(Section):

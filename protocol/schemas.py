@@ -468,6 +468,11 @@ class NodeStats(WireModel):
     num_accepted: int
     num_rejected: int
     last_seen: float
+    num_votes_agreed: int = Field(default=0, description="A validator's votes that went with the decision.")
+    num_votes_outvoted: int = Field(default=0, description="A validator's votes that the decision went against.")
+    flagged: bool = Field(
+        default=False, description="A validator that keeps voting against the decisions (handed fewer submissions)."
+    )
 
 
 class RunStats(WireModel):
@@ -523,6 +528,11 @@ class DashboardNode(WireModel):
     live: bool = Field(description="Heard from within scheduling.worker_live_s and not banned.")
     banned: bool
     ban_reason: str | None
+    num_votes_agreed: int = Field(default=0, description="A validator's votes that went with the decision.")
+    num_votes_outvoted: int = Field(default=0, description="A validator's votes that the decision went against.")
+    flagged: bool = Field(
+        default=False, description="A validator that keeps voting against the decisions (handed fewer submissions)."
+    )
 
 
 class DashboardVerdict(WireModel):

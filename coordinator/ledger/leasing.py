@@ -17,8 +17,14 @@ Sybil limits: a lease counts against its node's *source* (:mod:`coordinator.ledg
 each live source gets a fair share of the network-wide cap, not each key; a node on probation
 (:mod:`coordinator.ledger.reputation`) holds only what it has earned, and all probationary nodes of
 one source share one budget of unverified work (open leases plus submissions awaiting a
-verdict). On PostgreSQL these per-source counts are, like the network-wide cap, approximate
-by at most the number of concurrent lease calls from that source.
+verdict). All probationary leases of every source together fit in the probation pool
+(``sources.probation_share`` of the cap, an equal part per source; a source that recently hoarded or
+abandoned a probation lease may only use half of it) and live at most ``sources.probation_lease_max_s``,
+so the pool turns over to newcomers (:func:`coordinator.ledger.scheduling.probation_pool_room`); a
+node's leases that expire unsubmitted or are abandoned cost it allowance. A task never goes back to a
+node that held it before, so a rejected or abandoned task is not handed straight back. On PostgreSQL
+these per-source counts are, like the network-wide cap, approximate by at most the number of
+concurrent lease calls from that source.
 """
 
 from __future__ import annotations
@@ -32,13 +38,21 @@ from contextlib import contextmanager
 from types import SimpleNamespace
 from typing import Any
 
-from sqlalchemy import Connection, Row, bindparam, func, insert, select, update
+from sqlalchemy import Connection, Row, bindparam, exists, func, insert, select, update
 
 from coordinator.config import CoordinatorConfig
 from coordinator.ledger.changes import NODE_SCOPED_KINDS, LedgerChanges, node_kind
 from coordinator.ledger.replay import NonceClaim, claim_nonce
 from coordinator.ledger.reputation import BanPolicy, ProbationPolicy, lease_allowance, on_probation
-from coordinator.ledger.scheduling import choose_policy_version, grant_count, lease_room, oldest_allowed_version
+from coordinator.ledger.scheduling import (
+    choose_policy_version,
+    grant_count,
+    lease_room,
+    oldest_allowed_version,
+    probation_deadline,
+    probation_pool_room,
+    probation_pool_size,
+)
 from coordinator.ledger.seeds import new_run_secret, sampling_seed
 from coordinator.ledger.sources import SourcePolicy
 from coordinator.ledger.storage.engine import Database
@@ -95,12 +109,24 @@ _PROBATION_PENDING_OF_SOURCE = (
     .select_from(submissions.join(leases, submissions.c.lease_id == leases.c.lease_id))
     .where(submissions.c.status == "pending", leases.c.source == bindparam("b_source"), leases.c.probation.is_(True))
 )
-_LIVE_WORKERS = select(nodes.c.node_id, nodes.c.ip).where(
+_PROBATION_LEASES = _ACTIVE_LEASES.where(leases.c.probation.is_(True))
+FORFEIT_REASONS = ("deadline", "abandoned")
+"""Why a lease ends that costs its node allowance: it let the lease expire unsubmitted, or gave it back."""
+_SOURCE_FORFEITED_SINCE = select(
+    exists().where(
+        leases.c.source == bindparam("b_source"),
+        leases.c.probation.is_(True),
+        leases.c.end_reason.in_(FORFEIT_REASONS),
+        leases.c.deadline >= bindparam("b_since"),
+    )
+)
+_LIVE_WORKERS = select(nodes.c.node_id, nodes.c.ip, nodes.c.num_accepted, nodes.c.num_rejected).where(
     nodes.c.role == "worker", nodes.c.banned.is_(False), nodes.c.last_seen >= bindparam("b_live_after")
 )
+_HELD_BEFORE = exists().where(leases.c.task_id == tasks.c.task_id, leases.c.node_id == bindparam("b_node_id"))
 _OPEN_TASKS = (
     select(tasks)
-    .where(tasks.c.state == "open")
+    .where(tasks.c.state == "open", ~_HELD_BEFORE)  # never straight back to a node that rejected or dropped it
     .order_by(tasks.c.group_index)
     .limit(bindparam("b_limit"))
     .with_for_update(skip_locked=True)  # PostgreSQL: concurrent leases claim different tasks
@@ -148,7 +174,7 @@ class LeasingLedger(LedgerViews):
         migrate(self.db)
         self._secret = self._load_or_create_run()
         self._next_expiry_check = 0.0
-        self._live_sources = (float("-inf"), 0)
+        self._live_sources = (float("-inf"), 0, 0)
         self.changes = LedgerChanges()
         """Told the event kinds of each committed write (see :mod:`coordinator.ledger.changes`)."""
         self._transaction = threading.local()  # .kinds: the event kinds of this thread's open write
@@ -247,24 +273,33 @@ class LeasingLedger(LedgerViews):
         ).all()
         num_expired = 0
         for lease_id, task_id, node_id in overdue:
-            if self._end_lease(conn, lease_id, task_id, "expired"):
+            if self._end_lease(conn, lease_id, task_id, "expired", "deadline", node_id):
                 self._event(conn, "expire", node_id, lease_id, task_id=task_id, reason="deadline passed")
                 num_expired += 1
         return num_expired
 
-    def _end_lease(self, conn: Connection, lease_id: str, task_id: str, state: str) -> bool:
-        """End an active lease and re-queue its task; False when it was no longer active.
+    def _end_lease(
+        self, conn: Connection, lease_id: str, task_id: str, state: str, reason: str, node_id: str | None = None
+    ) -> bool:
+        """End an active lease for ``reason`` (``deadline``, ``abandoned``, ``policy``, ``banned``) and re-queue its
+        task; False when it was no longer active. A reason in :data:`FORFEIT_REASONS` costs ``node_id`` allowance.
 
         The ``state = 'active'`` condition matters on PostgreSQL: two transactions may both have
         seen the lease overdue; the second one's UPDATE waits for the first and then matches
         nothing, so it cannot re-open a task that was meanwhile leased to someone else.
         """
         ended = conn.execute(
-            update(leases).where(leases.c.lease_id == lease_id, leases.c.state == "active").values(state=state)
+            update(leases)
+            .where(leases.c.lease_id == lease_id, leases.c.state == "active")
+            .values(state=state, end_reason=reason)
         )
         if ended.rowcount != 1:
             return False
         conn.execute(update(tasks).where(tasks.c.task_id == task_id, tasks.c.state == "leased").values(state="open"))
+        if reason in FORFEIT_REASONS and node_id is not None:
+            conn.execute(
+                update(nodes).where(nodes.c.node_id == node_id).values(num_forfeited=nodes.c.num_forfeited + 1)
+            )
         return True
 
     # ---- nodes ---------------------------------------------------------------------------------
@@ -293,6 +328,7 @@ class LeasingLedger(LedgerViews):
                 raise ForbiddenError(f"node {node_id} is banned: {row.ban_reason}")
             if row is None:
                 new_node = {"versions_held_json": "[]", "tokens_per_s": 0.0, "num_accepted": 0, "num_rejected": 0}
+                new_node |= {"num_votes_agreed": 0, "num_votes_outvoted": 0, "num_forfeited": 0}
                 new_node |= {"node_id": node_id, "registered_at": now, "banned": False, **values}
                 conn.execute(_INSERT_NODE, new_node)
             else:
@@ -340,9 +376,9 @@ class LeasingLedger(LedgerViews):
                 self._node_cap(node, trusted),
                 open_total,
                 self.scheduling.max_open_leases,
-                self._num_live_sources(conn, now),
+                self._num_live_sources(conn, now, proven=not probation),
                 held if trusted else conn.execute(_ACTIVE_LEASES_OF_SOURCE, {"b_source": source}).scalar_one(),
-                self._probation_room(conn, source) if probation else None,
+                self._probation_room(conn, source, now) if probation else None,
             )
             room = self._lease_room(conn, run.current_policy_version)
             if room is not None:
@@ -350,7 +386,7 @@ class LeasingLedger(LedgerViews):
             self._touch(conn, node_id)
             if count == 0:
                 return LeaseResponse(tasks=[], retry_after_s=RETRY_EMPTY_S)
-            task_rows: list[Any] = list(conn.execute(_OPEN_TASKS, {"b_limit": count}).all())
+            task_rows: list[Any] = list(conn.execute(_OPEN_TASKS, {"b_limit": count, "b_node_id": node_id}).all())
             task_rows += self._new_tasks(conn, count - len(task_rows), now)
             if not task_rows:
                 return LeaseResponse(tasks=[], retry_after_s=RETRY_EMPTY_S)
@@ -385,23 +421,44 @@ class LeasingLedger(LedgerViews):
         """Open leases the node may hold: the per-node limit when allow-listed, else what it has earned."""
         if trusted:
             return self.scheduling.max_leases_per_node
-        return lease_allowance(self.probation, node.num_accepted, node.num_rejected)
+        return lease_allowance(self.probation, node.num_accepted, node.num_rejected, node.num_forfeited)
 
-    def _probation_room(self, conn: Connection, source: str) -> int:
-        """What is left of the source's probation budget: its probationary open leases and pending submissions."""
+    def _probation_room(self, conn: Connection, source: str, now: float) -> int:
+        """Probation leases the source may still take: what is left of its budget (its probationary open leases and
+        pending submissions) and of its part of the network-wide probation pool."""
+        sources = self.config.sources
         params = {"b_source": source}
-        unverified = conn.execute(_PROBATION_LEASES_OF_SOURCE, params).scalar_one()
-        unverified += conn.execute(_PROBATION_PENDING_OF_SOURCE, params).scalar_one()
-        return int(self.config.sources.probation_budget - unverified)
+        held_by_source = conn.execute(_PROBATION_LEASES_OF_SOURCE, params).scalar_one()
+        unverified = held_by_source + conn.execute(_PROBATION_PENDING_OF_SOURCE, params).scalar_one()
+        forfeited = conn.execute(_SOURCE_FORFEITED_SINCE, {**params, "b_since": now - sources.forfeit_memory_s})
+        pool_room = probation_pool_room(
+            probation_pool_size(self.scheduling.max_open_leases, sources.probation_share),
+            conn.execute(_PROBATION_LEASES).scalar_one(),
+            self._num_live_sources(conn, now, proven=False),
+            held_by_source,
+            bool(forfeited.scalar_one()),
+        )
+        return int(min(sources.probation_budget - unverified, pool_room))
 
-    def _num_live_sources(self, conn: Connection, now: float) -> int:
-        """Sources with a live worker, counted at most once a second (the fair share needs a rough figure, fast)."""
-        counted_at, count = self._live_sources
+    def _num_live_sources(self, conn: Connection, now: float, proven: bool) -> int:
+        """Sources with a live worker (``proven``: with a live worker off probation, i.e. with verified work or
+        allow-listed), counted at most once a second (the fair share needs a rough figure, fast). A proven worker's
+        fair share of the cap is divided among proven sources only: fresh keys from many networks cannot dilute it
+        (they draw from the probation pool)."""
+        counted_at, num_all, num_proven = self._live_sources
         if now - counted_at >= 1.0 or now < counted_at:
             live = conn.execute(_LIVE_WORKERS, {"b_live_after": now - self._live_s}).all()
-            count = len({self.sources.source_of(node_id, ip) for node_id, ip in live})
-            self._live_sources = (now, count)
-        return count
+            num_all = len({self.sources.source_of(row.node_id, row.ip) for row in live})
+            num_proven = len(
+                {
+                    self.sources.source_of(row.node_id, row.ip)
+                    for row in live
+                    if self.sources.is_allowed(row.ip)
+                    or not on_probation(self.probation, row.num_accepted, row.num_rejected)
+                }
+            )
+            self._live_sources = (now, num_all, num_proven)
+        return num_proven if proven else num_all
 
     def _next_group_index(self, conn: Connection) -> int:
         """The next prompt group to draw from the source.
@@ -458,6 +515,10 @@ class LeasingLedger(LedgerViews):
     ) -> Task:
         lease_id = f"l-{secrets.token_hex(12)}"
         seed = sampling_seed(self._secret, task_row.task_name, task_row.group_index)
+        deadline = now + self.scheduling.lease_ttl_s
+        if probation:
+            max_s = self.config.sources.probation_lease_max_s
+            deadline = probation_deadline(now, now, self.scheduling.lease_ttl_s, max_s)
         values = {
             "lease_id": lease_id,
             "task_id": task_row.task_id,
@@ -467,7 +528,7 @@ class LeasingLedger(LedgerViews):
             "group_size": self.scheduling.group_size,
             "sampling_json": sampling.model_dump_json(),
             "issued_at": now,
-            "deadline": now + self.scheduling.lease_ttl_s,
+            "deadline": deadline,
             "state": "active",
             "source": source,
             "probation": probation,
@@ -497,10 +558,16 @@ class LeasingLedger(LedgerViews):
             self._node(conn, node_id, "worker")
             row = self._own_lease(conn, node_id, lease_id)
             if row.state != "active" or row.deadline < now:
-                raise ConflictError(
-                    f"lease {lease_id} is {'expired' if row.state == 'active' else row.state} and cannot be renewed"
-                )
+                raise ConflictError(f"lease {lease_id} cannot be renewed: {lease_end_cause(row, now)}")
             deadline = now + self.scheduling.lease_ttl_s
+            if row.probation:
+                max_s = self.config.sources.probation_lease_max_s
+                deadline = probation_deadline(row.issued_at, now, self.scheduling.lease_ttl_s, max_s)
+                if deadline <= now:
+                    raise ConflictError(
+                        f"lease {lease_id} cannot be renewed: a lease of an identity on probation lives at most "
+                        f"{max_s:g} s (sources.probation_lease_max_s); submit it now, accepted work ends probation"
+                    )
             conn.execute(update(leases).where(leases.c.lease_id == lease_id).values(deadline=deadline))
             self._event(conn, "renew", node_id, lease_id, deadline=deadline)
         return LeaseState(lease_id=lease_id, task_id=row.task_id, state="active", deadline=deadline)
@@ -510,7 +577,7 @@ class LeasingLedger(LedgerViews):
             self._node(conn, node_id, "worker")
             row = self._own_lease(conn, node_id, lease_id)
             if row.state == "active":
-                self._end_lease(conn, lease_id, row.task_id, "abandoned")
+                self._end_lease(conn, lease_id, row.task_id, "abandoned", "abandoned", node_id)
                 self._event(conn, "abandon", node_id, lease_id, task_id=row.task_id)
                 state = "abandoned"
             elif row.state == "abandoned":
@@ -523,3 +590,21 @@ class LeasingLedger(LedgerViews):
         """Re-queue the tasks of leases whose deadline passed (the background maintenance calls this)."""
         with self._write(None) as conn:
             return self._expire_overdue(conn, self.clock())
+
+
+def lease_end_cause(lease: Row[Any], now: float) -> str:
+    """Why a lease is no longer active, in words its worker can act on (``end_reason``: see ``_end_lease``)."""
+    if lease.state == "active" and lease.deadline < now:
+        return "it expired: its deadline passed; renew leases before their deadline"
+    if lease.end_reason == "banned":
+        return "its node was banned"
+    if lease.state == "abandoned":
+        return "it was abandoned; lease a new task"
+    if lease.state == "expired" and lease.end_reason == "policy":
+        return (
+            f"it expired because the policy moved on: results made with version {lease.policy_version} are stale "
+            "now (not a late renewal); lease a new task"
+        )
+    if lease.state == "expired":
+        return "it expired: its deadline passed before it was renewed; renew leases before their deadline"
+    return f"it is {lease.state}"

@@ -186,10 +186,12 @@ class Ledger(ValidationLedger):
         if lease.state == "abandoned":
             raise ConflictError(f"lease {lease.lease_id} was abandoned; lease a new task")
         if lease.state == "expired" and task.state != "open":
-            raise ConflictError(
-                f"lease {lease.lease_id} expired and task {task.task_id} was re-issued; renew leases before "
-                "their deadline"
+            cause = (
+                f"the policy moved on while it was out (results of version {lease.policy_version} are stale now)"
+                if lease.end_reason == "policy"
+                else "its deadline passed before it was renewed (renew leases before their deadline)"
             )
+            raise ConflictError(f"lease {lease.lease_id} expired because {cause}; task {task.task_id} was re-issued")
 
     # ---- policy versions -----------------------------------------------------------------------
 
@@ -224,7 +226,7 @@ class Ledger(ValidationLedger):
                     leases.c.state == "active", leases.c.policy_version < oldest
                 )
             ).all():
-                if self._end_lease(conn, lease_id, task_id, "expired"):
+                if self._end_lease(conn, lease_id, task_id, "expired", "policy"):
                     self._event(conn, "expire", node_id, lease_id, task_id=task_id, reason=f"policy moved to {version}")
             manifest = signed.manifest
             self._event(

@@ -6,7 +6,9 @@ each. A submission is accepted when ``required`` validators accepted it with the
 reward lists agree when they have the same length and differ by at most
 :data:`REWARD_TOLERANCE` each), and rejected when ``required`` validators rejected it. Votes
 that agree with nobody leave the submission pending for further validators. An accepting vote
-whose rewards could not be read back (``readable`` false) agrees with nobody.
+whose rewards could not be read back (``readable`` false) agrees with nobody. Once decided,
+:func:`agrees_with` says which votes went with the decision and which were outvoted (each
+validator's record).
 """
 
 from __future__ import annotations
@@ -64,3 +66,10 @@ def decide(votes: Sequence[Vote], required: int) -> Decision | None:
         if len(agreeing) >= required:
             return Decision(True, tuple(agreeing[:required]))
     return None
+
+
+def agrees_with(vote: Vote, decision: Decision) -> bool:
+    """True when ``vote`` went with ``decision``: the same accept flag and, for an acceptance, rewards that agree."""
+    if vote.accepted != decision.accepted:
+        return False
+    return not decision.accepted or (vote.readable and rewards_agree(vote.rewards, decision.rewards))

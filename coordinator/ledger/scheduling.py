@@ -56,6 +56,30 @@ def grant_count(
     return max(0, min(rooms))
 
 
+def probation_pool_size(max_open_leases: int, probation_share: float) -> int:
+    """Open leases all identities on probation may hold together: ``probation_share`` of the cap, at least 1."""
+    return max(1, math.ceil(max_open_leases * probation_share))
+
+
+def probation_pool_room(
+    pool_size: int, held_in_pool: int, num_live_sources: int, held_by_source: int, forfeited_recently: bool
+) -> int:
+    """More probation leases one source may take now from the network-wide probation pool.
+
+    Each live source may hold an equal part of the pool (at least one lease). A source that recently let a
+    probation lease expire unsubmitted or abandoned it (hoarding) may take leases only while the pool is less
+    than half full, so the other half turns over to sources without that record, such as honest newcomers.
+    """
+    usable = pool_size // 2 if forfeited_recently else pool_size
+    return max(0, min(usable - held_in_pool, fair_share(pool_size, num_live_sources) - held_by_source))
+
+
+def probation_deadline(issued_at: float, now: float, lease_ttl_s: float, probation_lease_max_s: float) -> float:
+    """The deadline of a probation lease issued at ``issued_at`` and (re)newed at ``now``: a lease TTL from now,
+    but never later than ``probation_lease_max_s`` after it was issued."""
+    return min(now + lease_ttl_s, issued_at + probation_lease_max_s)
+
+
 def oldest_allowed_version(current_version: int, async_level: int) -> int:
     """The oldest policy version whose results are still accepted (current - k, floored at 0)."""
     return max(0, current_version - async_level)

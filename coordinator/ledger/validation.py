@@ -3,11 +3,18 @@
 :class:`ValidationLedger` lists pending submissions to a validator (never one it already
 judged), each with the samples it must re-check (:mod:`coordinator.ledger.audit_choice`), logging
 a ``hand_out`` event of what it handed to whom (when each audit began, for whoever measures the
-loop), and records each validator's verdict as a vote of its own (table ``verdict_votes``). When
+loop) and keeping each hand-out (table ``hand_outs``) for ``validation.hand_out_ttl_s``: a verdict
+counts only on a submission handed to its validator within that time (any other is refused, so
+public submission ids do not let a validator judge what it was never given). It records each
+validator's verdict as a vote of its own (table ``verdict_votes``); the public event log says only
+that the validator voted, never how or with which rewards, until the decision. When
 ``validation.validators_per_submission`` votes agree (:mod:`coordinator.ledger.quorum`), the
 submission is decided in the same transaction: accepted groups enter ``accepted_groups`` (what
 training batches are built from) with the agreeing validators' rewards; rejected ones re-open
-their task and count against the worker's reputation, which may ban it. Nothing about the
+their task and count against the worker's reputation, which may ban it; each voter's record
+(``num_votes_agreed``, ``num_votes_outvoted``) is updated, and a validator flagged by it
+(:func:`coordinator.ledger.reputation.validator_flagged`) is handed at most
+``validation.flagged_hand_outs`` submissions per pending list. Nothing about the
 worker or the accepted set changes before the decision. A vote locks the submission's row, so
 concurrent validators (and API replicas) decide each submission exactly once. Stored rows are
 read defensively: a vote or submission body that no longer parses (written before the wire
@@ -24,18 +31,47 @@ from typing import Any
 
 from pydantic import ValidationError
 from sqlalchemy import Connection, Row, exists, insert, select, update
+from sqlalchemy.dialects.postgresql import insert as postgresql_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from coordinator.ledger.audit_choice import audit_sample_indices
 from coordinator.ledger.leasing import LeasingLedger
-from coordinator.ledger.quorum import Decision, Vote, decide
+from coordinator.ledger.quorum import Decision, Vote, agrees_with, decide
 from coordinator.ledger.replay import NonceClaim
-from coordinator.ledger.reputation import ban_reason
-from coordinator.ledger.storage.tables import accepted_groups, leases, nodes, submissions, tasks, verdict_votes
-from protocol.errors import ConflictError, NotFoundError, PrimeError, ProtocolError, ReplayedNonceError
+from coordinator.ledger.reputation import ValidatorRecordPolicy, ban_reason, validator_flagged
+from coordinator.ledger.storage.tables import (
+    accepted_groups,
+    hand_outs,
+    leases,
+    nodes,
+    submissions,
+    tasks,
+    verdict_votes,
+)
+from protocol import routes
+from protocol.errors import (
+    ConflictError,
+    ForbiddenError,
+    NotFoundError,
+    PrimeError,
+    ProtocolError,
+    ReplayedNonceError,
+)
 from protocol.schemas import PendingSubmission, PendingSubmissions, SubmitRequest, Verdict, VerdictResponse
 
 log = logging.getLogger("coordinator.ledger.validation")
 UNREADABLE_SUBMISSION = "ledger: the stored submission no longer passes the wire schema; the task is re-issued"
+_HAND_OUT_COLUMNS = ("handed_at", "expires_at")
+_STORE_HAND_OUT = {  # a hand-out again (the same validator's next pending list) starts its validity anew
+    "sqlite": sqlite_insert(hand_outs).on_conflict_do_update(
+        index_elements=["submission_id", "validator_id"],
+        set_={name: sqlite_insert(hand_outs).excluded[name] for name in _HAND_OUT_COLUMNS},
+    ),
+    "postgresql": postgresql_insert(hand_outs).on_conflict_do_update(
+        index_elements=["submission_id", "validator_id"],
+        set_={name: postgresql_insert(hand_outs).excluded[name] for name in _HAND_OUT_COLUMNS},
+    ),
+}
 
 
 class Violation(Exception):  # noqa: N818 - carries a refusal, is not an error of its own
@@ -82,10 +118,24 @@ class ValidationLedger(LeasingLedger):
         """The rollout positions of a submission that validators must re-check (deterministic per run)."""
         return audit_sample_indices(self._secret, submission_id, num_rollouts, self.config.validation.audit_fraction)
 
+    @property
+    def validator_record(self) -> ValidatorRecordPolicy:
+        validation = self.config.validation
+        return ValidatorRecordPolicy(validation.flag_after_outvoted, validation.max_outvoted_fraction)
+
+    def flagged(self, node: Row[Any]) -> bool:
+        return node.role == "validator" and validator_flagged(
+            self.validator_record, node.num_votes_agreed, node.num_votes_outvoted
+        )
+
     def pending(self, validator_id: str, limit: int, nonce: NonceClaim | None = None) -> PendingSubmissions:
         with self._write(nonce) as conn:
-            self._node(conn, validator_id, "validator")
+            node = self._node(conn, validator_id, "validator")
             self._touch(conn, validator_id)
+        if self.flagged(node):
+            limit = min(limit, self.config.validation.flagged_hand_outs)
+            if limit == 0:
+                return PendingSubmissions(submissions=[])
         judged = exists().where(
             verdict_votes.c.submission_id == submissions.c.submission_id, verdict_votes.c.validator_id == validator_id
         )
@@ -121,8 +171,17 @@ class ValidationLedger(LeasingLedger):
         for submission_id in unreadable:
             self._reject_unreadable(submission_id)
         if found:  # when each validator began on what: the start of its audit, for whoever measures the loop
-            with self._write(None, durable=False) as conn:
+            with self._write(None) as conn:
                 ids = [item.submission_id for item in found]
+                now = self.clock()
+                expires_at = now + self.config.validation.hand_out_ttl_s
+                conn.execute(
+                    _STORE_HAND_OUT[conn.dialect.name],
+                    [
+                        {"submission_id": sid, "validator_id": validator_id, "handed_at": now, "expires_at": expires_at}
+                        for sid in ids
+                    ],
+                )
                 self._event(conn, "hand_out", validator_id, ids[0], submission_ids=ids)
         return PendingSubmissions(submissions=found)
 
@@ -176,6 +235,7 @@ class ValidationLedger(LeasingLedger):
                         "a vote cannot be changed"
                     )
                 return VerdictResponse(submission_id=sub.submission_id, status=sub.status, worker_banned=worker.banned)
+            self._check_hand_out(conn, sub, validator_id, now)
             if sub.status != "pending":  # decided before this vote arrived: it changes nothing
                 return VerdictResponse(submission_id=sub.submission_id, status=sub.status, worker_banned=worker.banned)
             conn.execute(
@@ -187,24 +247,34 @@ class ValidationLedger(LeasingLedger):
                     posted_at=now,
                 )
             )
-            self._event(
-                conn,
-                "vote",
-                validator_id,
-                sub.submission_id,
-                accepted=verdict.accepted,
-                worker_id=sub.node_id,
-                reasons=verdict.reasons,
-                rewards=verdict.rewards,
-            )
-            self._touch(conn, validator_id)
-            new_vote = vote_of(validator_id, verdict)
-            decision = decide([*votes, new_vote], self.config.validation.validators_per_submission)
+            # That it voted, never how: a vote (and its rewards) made public before the decision could be copied.
+            self._event(conn, "vote", validator_id, sub.submission_id, worker_id=sub.node_id)
+            all_votes = [*votes, vote_of(validator_id, verdict)]
+            decision = decide(all_votes, self.config.validation.validators_per_submission)
             if decision is None:
+                self._touch(conn, validator_id)
                 return VerdictResponse(submission_id=sub.submission_id, status="pending", worker_banned=worker.banned)
-            banned = self._decide(conn, sub, worker, decision, validator_id, now)
+            banned = self._decide(conn, sub, worker, decision, validator_id, now, all_votes)
         status = "accepted" if decision.accepted else "rejected"
         return VerdictResponse(submission_id=sub.submission_id, status=status, worker_banned=banned)
+
+    def _check_hand_out(self, conn: Connection, sub: Row[Any], validator_id: str, now: float) -> None:
+        """Refuse a first vote on a submission the ledger never handed to this validator, or whose hand-out lapsed."""
+        expires_at = conn.execute(
+            select(hand_outs.c.expires_at).where(
+                hand_outs.c.submission_id == sub.submission_id, hand_outs.c.validator_id == validator_id
+            )
+        ).scalar()
+        if expires_at is None:
+            raise ForbiddenError(
+                f"submission {sub.submission_id} was never handed to validator {validator_id}: a verdict counts only "
+                f"on a submission from the validator's own GET {routes.SUBMISSIONS_PENDING}"
+            )
+        if expires_at < now and sub.status == "pending":
+            raise ConflictError(
+                f"the hand-out of submission {sub.submission_id} to this validator lapsed {now - expires_at:.0f} s "
+                f"ago (validation.hand_out_ttl_s); take it from GET {routes.SUBMISSIONS_PENDING} again"
+            )
 
     def record_violation(self, node_id: str, reason: str, nonce: NonceClaim | None) -> None:
         """Count a refused cheat against the node (it may ban it), once per signed request (nonce)."""
@@ -255,9 +325,24 @@ class ValidationLedger(LeasingLedger):
         return votes
 
     def _decide(
-        self, conn: Connection, sub: Row[Any], worker: Row[Any], decision: Decision, validator_id: str, now: float
+        self,
+        conn: Connection,
+        sub: Row[Any],
+        worker: Row[Any],
+        decision: Decision,
+        validator_id: str,
+        now: float,
+        all_votes: list[Vote],
     ) -> bool:
-        """Apply the final decision on a submission; True when its worker is (now) banned."""
+        """Apply the final decision on a submission and each voter's record; True when its worker is (now) banned."""
+        outvoted = sorted({vote.validator_id for vote in all_votes if not agrees_with(vote, decision)})
+        # One order of row updates, so concurrent decisions on PostgreSQL never deadlock on each other's voters.
+        for voter in sorted({vote.validator_id for vote in all_votes}):
+            column = nodes.c.num_votes_outvoted if voter in outvoted else nodes.c.num_votes_agreed
+            values: dict[str, Any] = {column.name: column + 1}
+            if voter == validator_id:
+                values["last_seen"] = now
+            conn.execute(update(nodes).where(nodes.c.node_id == voter).values(**values))
         final = Verdict(
             submission_id=sub.submission_id,
             accepted=decision.accepted,
@@ -294,6 +379,7 @@ class ValidationLedger(LeasingLedger):
             reasons=final.reasons,
             rewards=final.rewards,
             validators=[vote.validator_id for vote in decision.votes],
+            outvoted=outvoted,
         )
         return banned
 
@@ -302,4 +388,4 @@ class ValidationLedger(LeasingLedger):
         for lease_id, task_id in conn.execute(
             select(leases.c.lease_id, leases.c.task_id).where(leases.c.node_id == node_id, leases.c.state == "active")
         ).all():
-            self._end_lease(conn, lease_id, task_id, "abandoned")
+            self._end_lease(conn, lease_id, task_id, "abandoned", "banned")

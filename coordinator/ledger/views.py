@@ -155,11 +155,18 @@ class LedgerViews:
             ).all()
         return {row.node_id for row in rows}
 
+    def flagged(self, node: Row[Any]) -> bool:
+        """Whether a node's row shows a validator that keeps voting against the decisions (no config: never)."""
+        return False
+
     def stats(self, limit: int) -> RunStats:
         with self.db.read() as conn:
             rows = conn.execute(select(nodes).order_by(nodes.c.last_seen.desc()).limit(limit)).all()
-        fields = [name for name in NodeStats.model_fields if name != "v"]  # all are columns of nodes
-        node_stats = [NodeStats.model_validate({name: row._mapping[name] for name in fields}) for row in rows]
+        fields = [name for name in NodeStats.model_fields if name not in ("v", "flagged")]  # columns of nodes
+        node_stats = [
+            NodeStats.model_validate({**{name: row._mapping[name] for name in fields}, "flagged": self.flagged(row)})
+            for row in rows
+        ]
         return RunStats(status=self.status(), nodes=node_stats)
 
     def events(self, after: int, limit: int) -> EventPage:

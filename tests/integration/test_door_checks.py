@@ -106,11 +106,13 @@ def test_a_nan_reward_verdict_is_refused_and_cannot_wedge_the_submission(net: Ne
         evil = NodeIdentity.generate()
         async with LedgerClient(net.url, evil) as ledger:
             await ledger.register(register_request("validator"))
+            await ledger.pending(limit=256)  # handed out: its verdicts count (as an approved validator's do)
         verdict: dict[str, object] = {"v": 1, "submission_id": submission_id, "accepted": True, "reasons": []}
         nan_rewards = {**verdict, "rewards": [math.nan] * num_rollouts}
         nan_verdict = await signed_post(net.url, evil, "/v1/verdicts", nan_rewards)
         async with LedgerClient(net.url, NodeIdentity.generate()) as honest:
             await honest.register(register_request("validator"))
+            await honest.pending(limit=256)
             decided = await honest.post_verdict(
                 Verdict(submission_id=submission_id, accepted=True, rewards=[0.5] * num_rollouts)
             )

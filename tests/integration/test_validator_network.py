@@ -7,7 +7,9 @@ authenticated ones count against the attacker, who is banned at ``ban_after_reje
 the node it impersonated loses nothing; none of its rollouts reaches the accepted set that
 training batches are built from, and every honest submission is accepted. A second test runs
 the coordinator's built-in validator (`validation.builtin_enabled`) as the only validator of a
-closed run and checks that the coordinator stops it.
+closed run and checks that the coordinator stops it. Against a real coordinator, an approved
+validator cannot vote on a submission it was never handed (its id is public), and nobody can
+read a vote before the quorum decides.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import asyncio
 import json
 import os
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,10 +27,13 @@ import pytest
 from sqlalchemy import select
 
 from coordinator.ledger.storage.tables import accepted_groups, submissions
+from protocol.errors import ForbiddenError
 from protocol.identity import load_or_create_identity
-from protocol.schemas import SubmitRequest
+from protocol.schemas import LeaseRequest, SubmitRequest, Verdict
 from tests.integration.malicious_worker import PROOF_ATTACKS, attack_until_banned
 from tests.integration.network import Network, ledger_rows, running_network
+from tests.integration.test_sybil_network import client_from, start_coordinator
+from tests.support.ledger_helpers import register_request, submission_for
 from tests.support.shardcast_nodes import wait_until
 
 pytestmark = pytest.mark.slow
@@ -156,3 +162,40 @@ def test_two_validators_must_agree_on_the_samples_the_ledger_picked(tmp_path: Pa
         lines = (net.root / f"{name}.log").read_text().splitlines()
         (last, *_) = [json.loads(line) for line in reversed(lines) if '"samples_per_s"' in line]
         assert last["num_samples_verified"] * 4 == 8 * (last["num_accepted"] + last["num_rejected"]), last
+
+
+@pytest.fixture
+def quorum_two_url(tmp_path: Path) -> Iterator[str]:
+    yield from start_coordinator(tmp_path, {"allow": ["127.0.0.0/8"]}, validation={"validators_per_submission": 2})
+
+
+def test_verdicts_count_only_on_hand_outs_and_stay_private_until_the_quorum(quorum_two_url: str) -> None:
+    async def scenario() -> None:
+        url = quorum_two_url
+        worker, intruder, first, second = (client_from(url, "127.0.0.1") for _ in range(4))
+        await worker.register(register_request())
+        for validator in (intruder, first, second):
+            await validator.register(register_request("validator"))
+        (task,) = (await worker.lease(LeaseRequest())).tasks
+        submission_id = (await worker.submit(submission_for(task))).submission_id
+        public = httpx.get(f"{url}/v1/events", params={"limit": 1000}, timeout=10).json()["events"]
+        assert submission_id in {event["subject"] for event in public}  # the id is public ...
+        copied = Verdict(submission_id=submission_id, accepted=False, reasons=["never audited"])
+        with pytest.raises(ForbiddenError, match="never handed to validator"):
+            await intruder.post_verdict(copied)  # ... but a verdict needs the ledger's hand-out
+        secret = "toploc: mismatch at chunk 2 (private-9c1e)"
+        for validator in (first, second):
+            await validator.pending()
+        vote = Verdict(submission_id=submission_id, accepted=True, rewards=[0.123456789] * 4, reasons=[secret])
+        assert (await first.post_verdict(vote)).status == "pending"
+        for path in ("/v1/events", "/v1/stats", "/v1/dashboard", "/v1/status"):
+            text = httpx.get(f"{url}{path}", params={"limit": 1000} if path != "/v1/dashboard" else {}, timeout=10).text
+            assert secret not in text and "0.123456789" not in text, f"{path} shows a vote before the quorum"
+        assert (await second.post_verdict(vote)).status == "accepted"
+        events = httpx.get(f"{url}/v1/events", params={"limit": 1000}, timeout=10).json()["events"]
+        (verdict,) = [event for event in events if event["kind"] == "verdict"]
+        assert verdict["data"]["rewards"] == [0.123456789] * 4 and secret in verdict["data"]["reasons"]
+        for client in (worker, intruder, first, second):
+            await client.aclose()
+
+    asyncio.run(scenario())

@@ -19,6 +19,10 @@ rather than misread.
 - v6: each lease records the source it counts against and whether its node was on probation
   (``leases.source``, ``leases.probation``), so per-source fair share and probation budgets are
   index counts (:mod:`coordinator.ledger.sources`).
+- v7: what the ledger handed to which validator and until when (``hand_outs``: only those verdicts
+  count), each validator's record against the decisions (``nodes.num_votes_agreed``,
+  ``nodes.num_votes_outvoted``), leases ended unsubmitted per node (``nodes.num_forfeited``), why a
+  lease ended (``leases.end_reason``), and an index to find a task's earlier leases by node.
 """
 
 from __future__ import annotations
@@ -114,6 +118,17 @@ _V6 = [
     "CREATE INDEX leases_source ON leases (source, state)",
 ]
 
+_V7 = [
+    """CREATE TABLE hand_outs (
+        submission_id TEXT NOT NULL REFERENCES submissions (submission_id), validator_id TEXT NOT NULL,
+        handed_at {float} NOT NULL, expires_at {float} NOT NULL, PRIMARY KEY (submission_id, validator_id))""",
+    "ALTER TABLE nodes ADD COLUMN num_votes_agreed INTEGER NOT NULL DEFAULT 0",
+    "ALTER TABLE nodes ADD COLUMN num_votes_outvoted INTEGER NOT NULL DEFAULT 0",
+    "ALTER TABLE nodes ADD COLUMN num_forfeited INTEGER NOT NULL DEFAULT 0",
+    "ALTER TABLE leases ADD COLUMN end_reason TEXT",
+    "CREATE INDEX leases_task ON leases (task_id, node_id)",
+]
+
 _SPELLING = {
     "sqlite": {"id": "INTEGER PRIMARY KEY AUTOINCREMENT", "float": "REAL", "bool": "BOOLEAN"},
     "postgresql": {"id": "BIGSERIAL PRIMARY KEY", "float": "DOUBLE PRECISION", "bool": "BOOLEAN"},
@@ -125,11 +140,11 @@ def steps(dialect: str) -> list[Sequence[str]]:
     v2_specific = _V2_SQLITE if dialect == "sqlite" else _V2_POSTGRESQL
     v3 = [] if dialect == "sqlite" else _V3_POSTGRESQL
     spelling = _SPELLING[dialect]
-    all_steps = (_V1, _V2_COMMON + v2_specific, v3, _V4, _V5, _V6)
+    all_steps = (_V1, _V2_COMMON + v2_specific, v3, _V4, _V5, _V6, _V7)
     return [[statement.format(**spelling) for statement in step] for step in all_steps]
 
 
-LATEST_VERSION = 6
+LATEST_VERSION = 7
 
 
 def events_guard(dialect: str) -> tuple[list[str], list[str]]:

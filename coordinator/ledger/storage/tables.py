@@ -49,6 +49,9 @@ nodes = Table(
     Column("num_rejected", Integer, nullable=False),
     Column("banned", Boolean, nullable=False),
     Column("ban_reason", Text),
+    Column("num_votes_agreed", Integer, nullable=False),
+    Column("num_votes_outvoted", Integer, nullable=False),
+    Column("num_forfeited", Integer, nullable=False),
 )
 
 tasks = Table(
@@ -78,6 +81,7 @@ leases = Table(
     Column("state", Text, nullable=False),
     Column("source", Text, nullable=False),
     Column("probation", Boolean, nullable=False),
+    Column("end_reason", Text),
 )
 
 submissions = Table(
@@ -163,4 +167,13 @@ step_submissions = Table(
     Column("submission_id", Text, primary_key=True),
     Column("step", Integer, nullable=False),
     Column("position", Integer, nullable=False),
+)
+
+hand_outs = Table(
+    "hand_outs",
+    metadata,
+    Column("submission_id", Text, primary_key=True),
+    Column("validator_id", Text, primary_key=True),
+    Column("handed_at", Float, nullable=False),
+    Column("expires_at", Float, nullable=False),
 )

@@ -105,6 +105,9 @@ class DashboardSource:
                     live=row.last_seen >= live_after and not row.banned,
                     banned=row.banned,
                     ban_reason=row.ban_reason,
+                    num_votes_agreed=row.num_votes_agreed,
+                    num_votes_outvoted=row.num_votes_outvoted,
+                    flagged=self.views.flagged(row),
                 )
             )
         return found

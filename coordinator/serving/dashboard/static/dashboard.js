@@ -108,10 +108,11 @@ function renderValidators(data) {
     "tr", { "data-node-id": n.node_id, class: n.live ? "live" : "stale" },
     el("td", { class: "id" }, n.node_id),
     el("td", {}, n.versions_held.map((v) => `v${v}`).join(" ") || "-"),
+    el("td", { class: n.flagged ? "bad" : "" }, `${n.num_votes_agreed} / ${n.num_votes_outvoted}${n.flagged ? " (flagged)" : ""}`),
     el("td", { title: clock(n.last_seen) }, ago(n.last_seen, now)),
     el("td", {}, nodeState(n)),
   ));
-  fillTable("validators", rows, 4, "no validator has registered yet");
+  fillTable("validators", rows, 5, "no validator has registered yet");
 }
 
 function holdersBar(count, total) {

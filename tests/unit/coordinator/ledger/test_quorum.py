@@ -65,6 +65,7 @@ async def test_two_agreeing_validators_accept_and_nothing_changes_before(make_ha
     first, second = await harness.validator(), await harness.validator()
     submission_id = await submitted(worker)
     rewards = [0.5, 1.0, 0.0, 0.25]
+    await first.pending()
     answer = await first.post_verdict(Verdict(submission_id=submission_id, accepted=True, rewards=rewards))
     assert answer.status == "pending"
     assert num_accepted_groups(harness) == 0 and (await worker.status()).num_submissions_pending == 1
@@ -95,6 +96,8 @@ async def test_disagreeing_rewards_are_not_agreement(make_harness: MakeHarness) 
     submission_id = await submitted(worker)
     honest = [1.0, 0.0, 1.0, 0.0]
     inflated = [1.0, 1.0, 1.0, 1.0]
+    for validator in validators:
+        await validator.pending()
     assert (
         await validators[0].post_verdict(Verdict(submission_id=submission_id, accepted=True, rewards=honest))
     ).status == "pending"
@@ -115,6 +118,8 @@ async def test_reputation_and_bans_change_only_on_the_final_rejection(make_harne
     worker = await harness.worker()
     first, second = await harness.validator(), await harness.validator()
     submission_id = await submitted(worker)
+    await first.pending()
+    await second.pending()
     one = await first.post_verdict(Verdict(submission_id=submission_id, accepted=False, reasons=["toploc: mismatch"]))
     assert (one.status, one.worker_banned) == ("pending", False)
     stats = {node.node_id: node for node in (await worker.stats()).nodes}
@@ -134,6 +139,8 @@ async def test_a_late_vote_after_the_decision_changes_nothing(make_harness: Make
     worker = await harness.worker()
     first, late = await harness.validator(), await harness.validator()
     submission_id = await submitted(worker)
+    await first.pending()
+    await late.pending()
     assert (await first.post_verdict(Verdict(submission_id=submission_id, accepted=True))).status == "accepted"
     answer = await late.post_verdict(Verdict(submission_id=submission_id, accepted=False, reasons=["late"]))
     assert (answer.status, answer.worker_banned) == ("accepted", False)
@@ -155,6 +162,11 @@ async def test_a_ledger_upgraded_from_v3_decides_its_pending_submissions(make_ha
             conn.exec_driver_sql(f"ALTER TABLE leases DROP COLUMN {column}")
         for table in ("step_submissions", "train_steps", "verdict_votes"):  # v5's, then v4's
             conn.exec_driver_sql(f"DROP TABLE {table}")
+        conn.exec_driver_sql("DROP INDEX leases_task")  # v7's
+        conn.exec_driver_sql("DROP TABLE hand_outs")
+        conn.exec_driver_sql("ALTER TABLE leases DROP COLUMN end_reason")
+        for column in ("num_votes_agreed", "num_votes_outvoted", "num_forfeited"):
+            conn.exec_driver_sql(f"ALTER TABLE nodes DROP COLUMN {column}")
         conn.execute(delete(schema_version).where(schema_version.c.version >= 4))
     upgraded = make_harness()  # opening the ledger migrates v3 -> latest
     with upgraded.database.read() as conn:
@@ -177,6 +189,7 @@ async def test_concurrent_votes_decide_once(make_harness: MakeHarness) -> None:
         identity = NodeIdentity.generate()
         harness.ledger.register(identity.node_id, "127.0.0.1", register_request("validator"))
         validator_ids.append(identity.node_id)
+        harness.ledger.pending(identity.node_id, 16)
     verdict = Verdict(submission_id=submission_id, accepted=True, rewards=[1.0] * 4)
     with ThreadPoolExecutor(max_workers=4) as pool:
         answers = list(pool.map(lambda node_id: harness.ledger.post_verdict(node_id, verdict), validator_ids))

@@ -14,7 +14,7 @@ import httpx
 import pytest
 from sqlalchemy import insert, select, update
 
-from coordinator.ledger.storage.tables import events, nodes, submissions, tasks, verdict_votes
+from coordinator.ledger.storage.tables import events, hand_outs, nodes, submissions, tasks, verdict_votes
 from coordinator.ledger.validation import UNREADABLE_SUBMISSION
 from protocol.ledger_client import LedgerClient
 from protocol.schemas import LeaseRequest, Verdict
@@ -46,6 +46,15 @@ async def test_a_stored_nan_vote_does_not_wedge_the_submission(harness: LedgerHa
             )
         )
     honest = Verdict(submission_id=submission_id, accepted=True, rewards=[0.5] * num_rollouts)
+    with harness.database.write() as conn:  # the old ledger had handed it over, too
+        conn.execute(
+            insert(hand_outs).values(
+                submission_id=submission_id,
+                validator_id=old_validator.identity.node_id,
+                handed_at=harness.clock(),
+                expires_at=harness.clock() + 60,
+            )
+        )
     again = await old_validator.post_verdict(honest)  # its vote stands; answered, not a 500
     assert again.status == "pending"
     assert (await new_validator.pending()).submissions[0].submission_id == submission_id

@@ -27,6 +27,7 @@ async def judged(
     answer = await worker.submit(submission_for(task))
     num_rollouts = len(task.prompts) * task.group_size
     rewards = [reward + 0.1 * i for i in range(num_rollouts)] if accepted else []
+    await validator.pending(limit=256)
     await validator.post_verdict(Verdict(submission_id=answer.submission_id, accepted=accepted, rewards=rewards))
     harness.clock.advance(1.0)
     return answer.submission_id
@@ -121,11 +122,14 @@ async def test_on_policy_leasing_stops_at_one_steps_worth_until_the_next_version
     assert (await worker.lease(LeaseRequest(max_tasks=5))).tasks == []
     # A rejected group frees its place; an accepted one keeps it.
     answers = [await worker.submit(submission_for(task)) for task in leased]
+    await validator.pending(limit=256)
     await validator.post_verdict(Verdict(submission_id=answers[0].submission_id, accepted=False, reasons=["bad"]))
     await validator.post_verdict(Verdict(submission_id=answers[1].submission_id, accepted=True, rewards=[1.0] * 4))
-    (retry,) = (await worker.lease(LeaseRequest(max_tasks=5))).tasks
+    other = await harness.worker()  # the rejected task goes to another worker, never straight back
+    (retry,) = (await other.lease(LeaseRequest(max_tasks=5))).tasks
     assert retry.task_id == leased[0].task_id
     assert (await worker.lease(LeaseRequest(max_tasks=5))).tasks == []
+    await other.aclose()
     # The next version opens the next step's worth.
     await coordinator.publish(signed_manifest(harness.coordinator, 1))
     fresh = (await worker.lease(LeaseRequest(max_tasks=5))).tasks
@@ -146,6 +150,7 @@ async def test_async_leasing_runs_ahead_of_training_by_k_plus_one_steps(make_har
     leased = (await worker.lease(LeaseRequest(max_tasks=10))).tasks
     assert len(leased) == 6  # (k + 1) steps' worth, whatever the trainer does meanwhile
     answers = [await worker.submit(submission_for(task)) for task in leased[:2]]
+    await validator.pending(limit=256)
     for answer in answers:
         await validator.post_verdict(Verdict(submission_id=answer.submission_id, accepted=True, rewards=[1.0] * 4))
     assert (await worker.lease(LeaseRequest(max_tasks=10))).tasks == []

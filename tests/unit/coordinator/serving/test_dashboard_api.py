@@ -32,6 +32,7 @@ async def test_dashboard_shows_workers_verdicts_rewards_and_versions(harness: Le
         answer = await client.submit(submission_for(task, engine="vllm" if client is other else "hf"))
         reasons = [] if accepted else ["token 3 differs from the replayed draw"]
         verdict = Verdict(submission_id=answer.submission_id, accepted=accepted, reasons=reasons, rewards=rewards)
+        await validator.pending(limit=256)
         await validator.post_verdict(verdict)
         if accepted:  # a rejection carries no rewards: they are never trained on
             expected_rewards[answer.submission_id] = sum(rewards) / len(rewards)
@@ -84,6 +85,7 @@ async def test_dashboard_reads_only_new_events_on_each_poll(harness: LedgerHarne
             (task,) = (await worker.lease(LeaseRequest(max_tasks=1))).tasks
             answer = await worker.submit(submission_for(task))
             verdict = Verdict(submission_id=answer.submission_id, accepted=True, rewards=[reward] * 4)
+            await validator.pending(limit=256)
             await validator.post_verdict(verdict)
             harness.clock.advance(3)
             later = Dashboard.model_validate_json((await http.get("/v1/dashboard")).content)

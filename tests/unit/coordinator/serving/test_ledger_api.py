@@ -57,6 +57,7 @@ async def test_duplicate_submission_is_idempotent_and_counted_once(
     with pytest.raises(ConflictError, match="other content"):
         await worker.submit(submission_for(task, engine="vllm"))
     validator = await harness.validator()
+    await validator.pending(limit=256)
     await validator.post_verdict(Verdict(submission_id=first.submission_id, accepted=True))
     repeat = await validator.post_verdict(Verdict(submission_id=first.submission_id, accepted=True))
     assert repeat.status == "accepted"
@@ -114,10 +115,15 @@ async def test_rejected_group_is_reissued(harness: LedgerHarness, worker: Ledger
     (task,) = (await worker.lease(LeaseRequest())).tasks
     answer = await worker.submit(submission_for(task))
     validator = await harness.validator()
+    await validator.pending(limit=256)
     await validator.post_verdict(Verdict(submission_id=answer.submission_id, accepted=False, reasons=["bad proof"]))
-    (again,) = (await worker.lease(LeaseRequest())).tasks
+    (fresh,) = (await worker.lease(LeaseRequest())).tasks
+    assert fresh.task_id != task.task_id  # never straight back to the worker it was rejected from
+    other = await harness.worker()
+    (again,) = (await other.lease(LeaseRequest())).tasks
     assert again.task_id == task.task_id
     await validator.aclose()
+    await other.aclose()
 
 
 async def test_per_node_cap_and_fair_share(make_harness: MakeHarness) -> None:
@@ -143,10 +149,11 @@ async def test_seeds_are_distinct_and_survive_reopening(harness: LedgerHarness, 
     reopened = make_harness()
     assert reopened.ledger._secret == harness.ledger._secret
     await worker.abandon(tasks[0].lease_id)
-    again_client = reopened.client(worker.identity)
+    again_client = await reopened.worker()  # another worker: a task never goes straight back to who dropped it
     (again,) = (await again_client.lease(LeaseRequest())).tasks
     assert (again.task_id, again.sampling_seed) == (tasks[0].task_id, tasks[0].sampling_seed)
     await worker.aclose()
+    await again_client.aclose()
 
 
 async def test_stale_policy_is_refused_with_reason(make_harness: MakeHarness) -> None:
@@ -211,6 +218,7 @@ async def test_repeated_rejections_ban_the_worker_with_a_reason(make_harness: Ma
         (task,) = (await worker.lease(LeaseRequest())).tasks
         answer = await worker.submit(submission_for(task))
         verdict = Verdict(submission_id=answer.submission_id, accepted=False, reasons=["proof mismatch"])
+        await validator.pending(limit=256)
         banned = (await validator.post_verdict(verdict)).worker_banned
     assert banned
     with pytest.raises(ForbiddenError, match=r"banned: 2 submissions rejected.*proof mismatch"):
