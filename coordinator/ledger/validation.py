@@ -12,7 +12,10 @@ worker or the accepted set changes before the decision. A vote locks the submiss
 concurrent validators (and API replicas) decide each submission exactly once. Stored rows are
 read defensively: a vote or submission body that no longer parses (written before the wire
 schema refused NaN, say) never fails a later request; see :meth:`ValidationLedger._votes`
-and :meth:`ValidationLedger.pending`.
+and :meth:`ValidationLedger.pending`. Submissions nobody can audit are closed without judging their
+worker (:mod:`coordinator.ledger.voiding`): an environment that cannot score them (a quorum of
+``environment_error`` verdicts), and pending ones whose policy version the origin no longer keeps
+(never handed out: expired before each pending list and at each publication).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from coordinator.ledger.quorum import Decision, Vote, decide
 from coordinator.ledger.replay import NonceClaim
 from coordinator.ledger.reputation import ban_reason
 from coordinator.ledger.storage.tables import accepted_groups, leases, nodes, submissions, tasks, verdict_votes
+from coordinator.ledger.voiding import close_submission, expire_unauditable
 from protocol.errors import ConflictError, NotFoundError, PrimeError, ProtocolError, ReplayedNonceError
 from protocol.schemas import PendingSubmission, PendingSubmissions, SubmitRequest, Verdict, VerdictResponse
 
@@ -66,12 +70,19 @@ def check_verdict_rewards(verdict: Verdict, num_rollouts: int) -> None:
             raise ProtocolError(f"{label}: every value must be a finite number")
     if verdict.reward_components and not verdict.rewards:
         raise ProtocolError("named rewards without their weighted total (rewards)")
+    if verdict.environment_error is not None and (verdict.accepted or verdict.rewards):
+        raise ProtocolError("a verdict that the environment could not score accepts nothing and carries no rewards")
 
 
 def vote_of(validator_id: str, verdict: Verdict) -> Vote:
     components = tuple((name, tuple(values)) for name, values in sorted(verdict.reward_components.items()))
     return Vote(
-        validator_id, verdict.accepted, tuple(verdict.rewards), tuple(verdict.reasons), reward_components=components
+        validator_id,
+        verdict.accepted,
+        tuple(verdict.rewards),
+        tuple(verdict.reasons),
+        reward_components=components,
+        environment_error=verdict.environment_error is not None,
     )
 
 
@@ -86,6 +97,7 @@ class ValidationLedger(LeasingLedger):
         with self._write(nonce) as conn:
             self._node(conn, validator_id, "validator")
             self._touch(conn, validator_id)
+            self.expire_unauditable(conn)  # never hand out a submission whose version no validator can fetch
         judged = exists().where(
             verdict_votes.c.submission_id == submissions.c.submission_id, verdict_votes.c.validator_id == validator_id
         )
@@ -125,6 +137,12 @@ class ValidationLedger(LeasingLedger):
                 ids = [item.submission_id for item in found]
                 self._event(conn, "hand_out", validator_id, ids[0], submission_ids=ids)
         return PendingSubmissions(submissions=found)
+
+    def expire_unauditable(self, conn: Connection) -> list[str]:
+        """Close the pending submissions whose policy version the origin no longer keeps (see
+        :mod:`coordinator.ledger.voiding`); their ids."""
+        current = self._run(conn).current_policy_version
+        return expire_unauditable(conn, current, self.config.policy_keep_versions, self.clock(), self._event)
 
     def _reject_unreadable(self, submission_id: str) -> None:
         """Reject a pending submission whose stored body fails today's schema (stored by an older ledger), so it
@@ -203,7 +221,7 @@ class ValidationLedger(LeasingLedger):
             if decision is None:
                 return VerdictResponse(submission_id=sub.submission_id, status="pending", worker_banned=worker.banned)
             banned = self._decide(conn, sub, worker, decision, validator_id, now)
-        status = "accepted" if decision.accepted else "rejected"
+        status = "environment_error" if decision.environment_error else "accepted" if decision.accepted else "rejected"
         return VerdictResponse(submission_id=sub.submission_id, status=status, worker_banned=banned)
 
     def record_violation(self, node_id: str, reason: str, nonce: NonceClaim | None) -> None:
@@ -258,6 +276,10 @@ class ValidationLedger(LeasingLedger):
         self, conn: Connection, sub: Row[Any], worker: Row[Any], decision: Decision, validator_id: str, now: float
     ) -> bool:
         """Apply the final decision on a submission; True when its worker is (now) banned."""
+        if decision.environment_error:  # not the worker's doing: neither counted nor trained on
+            voters = tuple(vote.validator_id for vote in decision.votes)
+            close_submission(conn, sub, "environment_error", decision.reasons, now, self._event, validator_id, voters)
+            return bool(worker.banned)
         final = Verdict(
             submission_id=sub.submission_id,
             accepted=decision.accepted,

@@ -98,6 +98,8 @@ class LedgerViews:
             num_submissions_rejected=sub_counts.get("rejected", 0),
             num_train_steps_done=steps_done,
             step_rewards=named_rewards(json.loads(newest_metrics) if newest_metrics else {}),
+            num_submissions_environment_error=sub_counts.get("environment_error", 0),
+            num_submissions_expired=sub_counts.get("expired", 0),
         )
 
     def stats(self, limit: int) -> RunStats:
