@@ -162,8 +162,6 @@ async def _audit_version(
     audited = await asyncio.to_thread(audit_submissions_safely, items, engine, eos, config, reward_fn)
     state.audit_s += time.monotonic() - started
     for item, (verdict, rollouts) in zip(items, audited, strict=True):
-        if verdict.environment_error is not None:
-            log.error("the environment cannot score %s: %s", item.submission_id, verdict.environment_error)
         state.record(verdict, len(item.submission.rollouts), len(rollouts))
         try:
             answer = await with_retries("verdict", functools.partial(ledger.post_verdict, verdict), stop)
@@ -172,13 +170,11 @@ async def _audit_version(
         except (RequestRefused, ProtocolError) as exc:  # a refusal (4xx): nothing a retry would change
             log.warning("verdict on %s refused: %s", item.submission_id, exc.message)
             continue
-        log.info(
+        unscored = verdict.environment_error is not None  # the run's environment failed: an operator's matter
+        log.log(
+            logging.WARNING if unscored else logging.INFO,
             "%s %s from %s (%s)%s%s",
-            "environment error on"
-            if verdict.environment_error is not None
-            else "accepted"
-            if verdict.accepted
-            else "REJECTED",
+            "environment error on" if unscored else "accepted" if verdict.accepted else "REJECTED",
             item.submission_id,
             item.worker_id[:16],
             answer.status,
