@@ -94,7 +94,7 @@ def test_an_environment_fault_is_an_environment_error_verdict_not_a_crash(policy
     make_result, summary = FAULTS[fault]
 
     def reward(example_index: int, _completion_ids: Sequence[int]) -> Scores:
-        return Scores.single("ratio", 0.25) if example_index == 0 else make_result()  # type: ignore[no-any-return]
+        return Scores.single("ratio", 0.25) if example_index == 0 else make_result()
 
     good, bad = pending(policy, make_task("good", 0)), pending(policy, make_task("bad", 1))
     results = audit_submissions_safely([good, bad], policy, EOS, reward_fn=reward)
