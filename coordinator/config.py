@@ -175,7 +175,9 @@ class PolicyConfig(Section):
     """Size of the shards a policy version is cut into."""
     keep_versions: int | None = Field(default=None, ge=1)
     """Versions kept in the origin store; empty means async_level + 2 (never fewer than async_level + 1). The
-    versions a kept value patch's chain stands on, down to a full version, are kept as well."""
+    versions a kept value patch's chain stands on, down to a full version, are kept as well. A submission still
+    pending when its version falls out of the newest this many is expired (no validator could fetch it) and its
+    task re-issued, at no cost to its worker."""
     patches_enabled: bool = True
     """Publish a version as a value patch against the previous one when the patch is smaller than the checkpoint
     (and the previous version is still in the origin store); off: every version is a full checkpoint."""

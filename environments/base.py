@@ -72,6 +72,26 @@ class Scores:
         return cls({name: float(value)}, {name: 1.0})
 
 
+def finite_scores(scores: object) -> Scores:
+    """``scores`` if it is :class:`Scores` of finite numbers with a finite total; ValueError naming what is wrong
+    otherwise (a scorer may return something else entirely, or change a :class:`Scores` after its checks)."""
+    if not isinstance(scores, Scores):
+        raise ValueError(f"score() returned {type(scores).__name__}, not Scores")
+    for name, value in [*scores.rewards.items(), *scores.weights.items()]:
+        if not isinstance(value, int | float) or not math.isfinite(value):
+            raise ValueError(f"reward {name!r} is {value!r}, not a finite number")
+    if not math.isfinite(scores.total):
+        raise ValueError(f"the weighted total {scores.total!r} is not a finite number")
+    return scores
+
+
+def failure_summary(exc: BaseException, limit: int = 200) -> str:
+    """How an environment's failure is reported: ``Type: message`` on one line, at most ``limit`` characters."""
+    message = " ".join(str(exc).split())
+    text = f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 class Environment(ABC):
     """A source of examples with a verifiable reward. Cheap to query; holds no per-request state."""
 

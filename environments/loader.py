@@ -5,7 +5,8 @@ a one-line :class:`protocol.errors.ConfigError` what this process cannot serve o
 package that is not installed, a dataset that does not exist, a reward that needs a sandbox).
 :func:`environment_identity` is what the coordinator signs into the run spec and what
 validators compare with their own. :func:`check_deterministic` scores a few examples twice and
-refuses an environment whose prompts or rewards differ between the two passes.
+refuses an environment whose prompts or rewards differ between the two passes, or that raises
+anything or scores with something other than finite numbers, in one line naming the exception.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import importlib.metadata
 import importlib.util
 from pathlib import Path
 
-from environments.base import Environment, Example
+from environments.base import Environment, Example, failure_summary, finite_scores
 from environments.builtin import builtin_environment
 from environments.config import (
     BuiltinEnvConfig,
@@ -157,14 +158,22 @@ def check_deterministic(environment: Environment, num_examples: int = DETERMINIS
         def fetch(split: str = split, i: int = i) -> Example:
             return environment.example(i) if split == "train" else environment.eval_example(i)
 
-        first, second = fetch(), fetch()
+        try:
+            first, second = fetch(), fetch()
+        except Exception as exc:  # the environment's own code: whatever it raises is its failure
+            raise ConfigError(
+                f"environment {environment.name!r} cannot build {split} example {i}: {failure_summary(exc)}"
+            ) from exc
         if first != second:
             raise ConfigError(f"environment {environment.name!r}: {split} example {i} differs between two reads")
         for completion in _probe_completions(first):
             try:
-                scores = [environment.score(first, completion) for _ in range(2)]
-            except ValueError as exc:
-                raise ConfigError(f"environment {environment.name!r} cannot score {split} example {i}: {exc}") from exc
+                scores = [finite_scores(environment.score(first, completion)) for _ in range(2)]
+            except Exception as exc:  # the environment's own code: whatever it raises is its failure
+                raise ConfigError(
+                    f"environment {environment.name!r} cannot score {split} example {i} "
+                    f"(completion {completion!r}): {failure_summary(exc)}"
+                ) from exc
             once, twice = scores
             if dict(once.rewards) != dict(twice.rewards) or dict(once.weights) != dict(twice.weights):
                 changed = sorted(

@@ -1,18 +1,22 @@
 """What every long-running node (worker, validator) settles at start: its version, the coordinator it trusts,
-and the end-of-sequence ids of the policy it serves or checks."""
+and the end tokens of the policy it serves or checks (every one the checkpoint's configs, tokenizer and chat
+template name: workers stop on the same set validators check termination against)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
+from typing import Any
 
 from node.retry import with_retries
 from protocol.errors import IdentityError
 from protocol.identity import public_key_from_node_id
 from protocol.ledger_client import LedgerClient
 
+log = logging.getLogger("node.startup")
 PINNED_COORDINATOR_FILE = "coordinator_id"
 
 
@@ -49,14 +53,50 @@ async def trusted_coordinator_id(
     return pin_coordinator_id(data_dir, configured)
 
 
+END_OF_TURN_PROBE = "end-of-turn-probe-7f3a"
+"""The assistant message the chat template renders to find the token it closes a turn with."""
+
+
+def _config_eos(path: Path) -> list[int]:
+    if not path.is_file():
+        return []
+    value = json.loads(path.read_text()).get("eos_token_id")
+    if isinstance(value, int) and not isinstance(value, bool):
+        return [value]
+    if isinstance(value, list):
+        return [int(item) for item in value if isinstance(item, int) and not isinstance(item, bool)]
+    return []
+
+
+def _end_of_turn(tokenizer: Any) -> list[int]:
+    """The special token the chat template puts right after an assistant message (none without a template)."""
+    messages = [{"role": "user", "content": "probe"}, {"role": "assistant", "content": END_OF_TURN_PROBE}]
+    try:
+        text = tokenizer.apply_chat_template(messages, tokenize=False)
+    except Exception as exc:  # no template, or one that cannot render a plain turn: it names none
+        log.debug("chat template names no end-of-turn token: %s", exc)
+        return []
+    _head, found, after = str(text).partition(END_OF_TURN_PROBE)
+    special = {int(token_id) for token_id, token in tokenizer.added_tokens_decoder.items() if token.special}
+    ids = tokenizer(after, add_special_tokens=False)["input_ids"] if found else []
+    return [int(ids[0])] if ids and int(ids[0]) in special else []
+
+
+def _tokenizer_end_tokens(checkpoint_dir: Path) -> list[int]:
+    """The tokenizer's EOS token and the chat template's end-of-turn token, when the checkpoint has a tokenizer."""
+    if not any((checkpoint_dir / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json")):
+        return []
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(checkpoint_dir))
+    found = [] if tokenizer.eos_token_id is None else [int(tokenizer.eos_token_id)]
+    return found + _end_of_turn(tokenizer)
+
+
 def eos_token_ids(checkpoint_dir: Path) -> tuple[int, ...]:
-    """The EOS ids of a checkpoint, from its generation or model config."""
-    for name in ("generation_config.json", "config.json"):
-        path = checkpoint_dir / name
-        if path.is_file():
-            value = json.loads(path.read_text()).get("eos_token_id")
-            if isinstance(value, int):
-                return (value,)
-            if isinstance(value, list) and value:
-                return tuple(int(item) for item in value)
-    return ()
+    """Every token that ends a completion of the checkpoint, as its own files name them: the EOS ids of its
+    generation and model configs, its tokenizer's EOS token and the token its chat template closes an assistant
+    turn with. Workers stop on each and validators' termination check knows each, so an end token can neither
+    sit unseen in the middle of a completion nor end an honest one that a validator would then refuse."""
+    found = _config_eos(checkpoint_dir / "generation_config.json") + _config_eos(checkpoint_dir / "config.json")
+    return tuple(dict.fromkeys(found + _tokenizer_end_tokens(checkpoint_dir)))

@@ -179,7 +179,7 @@ class SubmitRequest(WireModel):
 
 class SubmitResponse(WireModel):
     submission_id: str
-    status: Literal["pending", "accepted", "rejected"]
+    status: Literal["pending", "accepted", "rejected", "environment_error", "expired"]
     duplicate: bool = Field(description="True when this exact group was already submitted (idempotent).")
 
 
@@ -211,6 +211,12 @@ class Verdict(WireModel):
         default_factory=dict,
         max_length=MAX_NAMED_REWARDS,
         description="Each named reward of the environment, per rollout (unweighted); their weighted sum is rewards.",
+    )
+    environment_error: str | None = Field(
+        default=None,
+        max_length=512,
+        description="Set when the run's environment could not score the rollouts (a one-line summary of its "
+        "failure): not the worker's fault; such a verdict accepts nothing and carries no rewards.",
     )
 
 
@@ -421,6 +427,12 @@ class RunStatus(WireModel):
     eval_reward_mean: float | None = Field(default=None, description="Its eval: mean reward.")
     eval_stop_fraction: float | None = Field(default=None, description="Its eval: fraction ended with EOS.")
     eval_completion_tokens_mean: float | None = Field(default=None, description="Its eval: mean length (tokens).")
+    num_submissions_environment_error: int = Field(
+        default=0, description="Submissions the run's environment could not score (their tasks dropped)."
+    )
+    num_submissions_expired: int = Field(
+        default=0, description="Pending submissions voided because the origin no longer keeps their policy version."
+    )
 
 
 # Ledger API responses and read-only views.
@@ -448,7 +460,7 @@ class PendingSubmissions(WireModel):
 
 class VerdictResponse(WireModel):
     submission_id: str
-    status: Literal["pending", "accepted", "rejected"] = Field(
+    status: Literal["pending", "accepted", "rejected", "environment_error", "expired"] = Field(
         description="'pending' while fewer validators than the run requires agree."
     )
     worker_banned: bool
@@ -499,6 +511,7 @@ class Event(WireModel):
         "ban",
         "publish",
         "train_step",
+        "void",
     ]
     node_id: str | None
     subject: str | None = Field(description="What the event is about: a lease, task, submission or version.")

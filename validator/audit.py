@@ -12,9 +12,12 @@ for several submissions of one policy version with a single prefill batch across
 failure becomes a reason naming the rollout; one failed rollout rejects the whole group. The rewards of an accepted
 group are recomputed with the run's environment (never taken from the worker) when a reward
 function is given; when they cannot be (a prompt without its example index, a scorer that
-fails) the audit raises :class:`RewardsUnavailable` and no verdict is given. The thresholds come
-from :class:`Thresholds`: the TOPLOC calibration of the run's precision and the engine each
-submission names (toploc.calibrations), with the operator's ``[toploc]`` settings on top.
+raises anything or returns NaN, inf or a non-number) the audit raises :class:`RewardsUnavailable`, and
+:func:`audit_submissions_safely` turns it into an ``environment_error`` verdict: the environment's
+failure, in one line, recorded by the ledger without counting against the worker. The thresholds come
+from :class:`Thresholds`: one set per run, from the TOPLOC calibrations of the run's precision
+(for each threshold the loosest any engine a worker may claim needs, so the engine a submission
+names changes nothing; toploc.calibrations), with the operator's ``[toploc]`` settings on top.
 """
 
 from __future__ import annotations
@@ -24,11 +27,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engines.base import PrefillEngine
-from environments.base import Environment, Scores
+from environments.base import Environment, Scores, failure_summary, finite_scores
 from protocol.errors import BadSignatureError, ProofError
 from protocol.schemas import PendingSubmission, Verdict
 from protocol.signing import verify_document
-from toploc.calibrations import toploc_config
+from toploc.calibrations import run_toploc_config
 from toploc.config import ToplocConfig
 from toploc.sampling import sample_stream
 from toploc.verify import Claim, RolloutVerdict, SampleTask, decode_proof_b64, precheck_claim, verify_claims
@@ -38,7 +41,8 @@ MAX_VERDICT_REASONS = 64
 
 @dataclass(frozen=True)
 class Thresholds:
-    """What a validator audits with: the calibration of (``precision``, the submission's engine, its own engine)."""
+    """What a validator audits every submission of a run with, whatever engine the submission names:
+    :func:`toploc.calibrations.run_toploc_config` of ``precision``, its own prefill engine and ``own``."""
 
     precision: str = "float32"
     """The run's precision (the run spec's): the dtype rollouts were generated and are recomputed in."""
@@ -46,9 +50,9 @@ class Thresholds:
     """The validator's ``[toploc]`` section: the thresholds it sets explicitly override the calibration's."""
     verifying_engine: str = "hf"
 
-    def for_engine(self, generating_engine: str) -> ToplocConfig:
-        """The thresholds for rollouts ``generating_engine`` made (ConfigError when no calibration is kept)."""
-        return toploc_config(self.precision, generating_engine, self.verifying_engine, self.own)
+    def config(self) -> ToplocConfig:
+        """The run's thresholds (ConfigError when a generating engine has no calibration of the precision)."""
+        return run_toploc_config(self.precision, self.own, verifying_engine=self.verifying_engine)
 
 
 def claims_of(item: PendingSubmission, eos_token_ids: Sequence[int]) -> tuple[list[Claim], list[str]]:
@@ -126,10 +130,11 @@ def recompute_rewards(item: PendingSubmission, reward_fn: RewardFn) -> tuple[lis
         example_index = prompts[rollout.prompt_index].example_index
         if example_index is None:
             raise RewardsUnavailable(f"prompt {rollout.prompt_index} carries no example index")
-        try:
-            scores = reward_fn(example_index, rollout.completion_ids)
-        except (ValueError, TypeError, KeyError) as exc:
-            raise RewardsUnavailable(f"scoring rollout p{rollout.prompt_index}/s{rollout.sample_index}: {exc}") from exc
+        try:  # the environment is code the run chose, not the worker: whatever it raises is its own failure
+            scores = finite_scores(reward_fn(example_index, rollout.completion_ids))
+        except Exception as exc:
+            label = f"rollout p{rollout.prompt_index}/s{rollout.sample_index}"
+            raise RewardsUnavailable(f"environment: scoring {label} failed: {failure_summary(exc)}") from exc
         if position and set(scores.rewards) != set(components):
             raise RewardsUnavailable(f"rollout p{rollout.prompt_index}/s{rollout.sample_index} has other named rewards")
         totals.append(scores.total)
@@ -217,15 +222,16 @@ def audit_submissions_safely(
     eos_token_ids: Sequence[int],
     config: ToplocConfig | None = None,
     reward_fn: RewardFn | None = None,
-) -> list[tuple[Verdict, list[RolloutVerdict]] | RewardsUnavailable]:
+) -> list[tuple[Verdict, list[RolloutVerdict]]]:
     """:func:`audit_submissions`, but a submission the engine cannot recompute (e.g. longer than the model's
     positions) is rejected with the reason instead of failing the whole batch and the validator with it, and
-    a submission whose rewards cannot be recomputed gets no verdict: its :class:`RewardsUnavailable` instead."""
+    a submission whose rewards cannot be recomputed gets an ``environment_error`` verdict (accepting nothing,
+    with the failure in one line) instead of no verdict: it neither stays pending nor counts against the worker."""
     try:
         return list(audit_submissions(items, engine, eos_token_ids, config, reward_fn))
     except (ValueError, RewardsUnavailable):
         pass  # find the submission(s) at fault, one at a time
-    results: list[tuple[Verdict, list[RolloutVerdict]] | RewardsUnavailable] = []
+    results: list[tuple[Verdict, list[RolloutVerdict]]] = []
     for item in items:
         try:
             results += audit_submissions([item], engine, eos_token_ids, config, reward_fn)
@@ -233,7 +239,9 @@ def audit_submissions_safely(
             reason = f"audit: the rollouts cannot be recomputed: {exc}"[:512]
             results.append((Verdict(submission_id=item.submission_id, accepted=False, reasons=[reason]), []))
         except RewardsUnavailable as exc:
-            results.append(exc)
+            reason = str(exc)[:512]
+            unscored = Verdict(submission_id=item.submission_id, accepted=False, reasons=[reason])
+            results.append((unscored.model_copy(update={"environment_error": reason}), []))
     return results
 
 

@@ -10,10 +10,13 @@ environment. Its requests for pending submissions are long-polls (``long_poll_s`
 nothing to audit the ledger holds the request until a submission arrives. Before it registers it
 fetches the run spec the coordinator signed and loads that environment
 (:func:`environments.pinning.run_environment`); one it cannot load identically stops it with the
-reason and what to install. It recomputes in the run spec's precision and audits each
-submission with the TOPLOC calibration of that precision and the engine the submission names
-(:class:`validator.audit.Thresholds`); a precision with no calibration for some generating engine
-stops it at start-up with the command that makes one. Progress
+reason and what to install. It recomputes in the run spec's precision and audits every
+submission with one set of TOPLOC thresholds from that precision's calibrations, whatever engine
+the submission names (:class:`validator.audit.Thresholds`); a precision with no calibration for
+some generating engine stops it at start-up with the command that makes one. Nothing one
+submission brings stops it: an environment that cannot score a group yields an
+``environment_error`` verdict, and a policy version it cannot fetch leaves those submissions to the
+ledger (which expires submissions of versions the origin no longer keeps) while it audits the rest. Progress
 (:mod:`validator.progress`): one log line per verdict and a periodic summary (verified
 samples/s and submissions/s, accepted, rejected and the most common rejection reasons).
 Each version with a loaded engine, and each version being audited, is pinned in the weights
@@ -29,7 +32,6 @@ import logging
 import time
 from collections import OrderedDict
 from pathlib import Path
-from typing import Any
 
 from engines.base import PrefillEngine
 from environments.base import Environment
@@ -37,7 +39,7 @@ from environments.pinning import run_environment
 from node.gossip import run_node_gossip
 from node.retry import sleep_unless_stopped, unless_stopped, with_retries
 from node.startup import eos_token_ids, software_version, trusted_coordinator_id
-from protocol.errors import ForbiddenError, ProtocolError, RequestRefused
+from protocol.errors import ForbiddenError, PrimeError, ProtocolError, RequestRefused
 from protocol.identity import load_or_create_identity
 from protocol.ledger_client import LedgerClient
 from protocol.schemas import Hardware, PendingSubmission, RegisterRequest
@@ -46,13 +48,7 @@ from runtime.first_contact import check_coordinator, check_relays
 from shardcast.cache import WeightsCache
 from toploc.calibrations import require_calibrated
 from toploc.config import ToplocConfig
-from validator.audit import (
-    RewardFn,
-    RewardsUnavailable,
-    Thresholds,
-    audit_submissions_safely,
-    environment_reward_fn,
-)
+from validator.audit import RewardFn, Thresholds, audit_submissions_safely, environment_reward_fn
 from validator.config import ValidatorConfig
 from validator.progress import ValidatorState
 
@@ -127,13 +123,24 @@ async def audit_pending(
 ) -> None:
     """Audit pending submissions, one prefill batch per policy version, and post each verdict.
 
-    ``toploc`` holds the proof thresholds: the run's calibrations (:class:`Thresholds`), or one
-    :class:`ToplocConfig` for every submission; None: the float32 calibrations."""
+    ``toploc`` holds the proof thresholds: the run's (:class:`Thresholds`), or one :class:`ToplocConfig`;
+    None: the float32 run's. A version that cannot be fetched (no relay or origin holds it any more) is
+    skipped with a warning: its submissions stay the ledger's to close, the others are audited."""
     by_version: dict[int, list[PendingSubmission]] = {}
     for item in pending:
         by_version.setdefault(item.task.policy_version, []).append(item)
     with engines.weights.pinned(*by_version):  # being verified: kept until every verdict is posted
         for version, items in sorted(by_version.items()):
+            try:
+                await engines.get(version)
+            except ForbiddenError:
+                raise
+            except PrimeError as exc:  # e.g. no relay holds the version any more: one version, not the validator
+                state.num_unfetchable += len(items)
+                log.warning(
+                    "cannot audit %d submission(s) of policy v%d: %s; skipping them", len(items), version, exc.message
+                )
+                continue
             await _audit_version(ledger, engines, state, version, items, stop, toploc)
 
 
@@ -146,28 +153,16 @@ async def _audit_version(
     stop: asyncio.Event,
     toploc: Thresholds | ToplocConfig | None,
 ) -> None:
-    """Audit the pending submissions of one policy version, one prefill batch per generating engine (each has
-    its own calibration), and post each verdict."""
+    """Audit the pending submissions of one policy version in one prefill batch, with the run's thresholds
+    whatever engine each names, and post each verdict."""
     engine, eos, reward_fn = await engines.get(version)
     state.policy_version = version
     started = time.monotonic()
     thresholds = toploc if toploc is not None else Thresholds()
-    by_engine: dict[str, list[int]] = {}
-    for position, item in enumerate(items):
-        by_engine.setdefault(item.submission.engine, []).append(position)
-    audited: list[Any] = [None] * len(items)
-    for generating_engine, positions in sorted(by_engine.items()):
-        config = thresholds.for_engine(generating_engine) if isinstance(thresholds, Thresholds) else thresholds
-        group = [items[p] for p in positions]
-        results = await asyncio.to_thread(audit_submissions_safely, group, engine, eos, config, reward_fn)
-        for position, result in zip(positions, results, strict=True):
-            audited[position] = result
+    config = thresholds.config() if isinstance(thresholds, Thresholds) else thresholds
+    audited = await asyncio.to_thread(audit_submissions_safely, items, engine, eos, config, reward_fn)
     state.audit_s += time.monotonic() - started
-    for item, result in zip(items, audited, strict=True):
-        if isinstance(result, RewardsUnavailable):
-            log.error("no verdict on %s: its rewards cannot be recomputed (%s)", item.submission_id, result)
-            continue
-        verdict, rollouts = result
+    for item, (verdict, rollouts) in zip(items, audited, strict=True):
         state.record(verdict, len(item.submission.rollouts), len(rollouts))
         try:
             answer = await with_retries("verdict", functools.partial(ledger.post_verdict, verdict), stop)
@@ -176,9 +171,11 @@ async def _audit_version(
         except (RequestRefused, ProtocolError) as exc:  # a refusal (4xx): nothing a retry would change
             log.warning("verdict on %s refused: %s", item.submission_id, exc.message)
             continue
-        log.info(
+        unscored = verdict.environment_error is not None  # the run's environment failed: an operator's matter
+        log.log(
+            logging.WARNING if unscored else logging.INFO,
             "%s %s from %s (%s)%s%s",
-            "accepted" if verdict.accepted else "REJECTED",
+            "environment error on" if unscored else "accepted" if verdict.accepted else "REJECTED",
             item.submission_id,
             item.worker_id[:16],
             answer.status,
@@ -234,7 +231,10 @@ async def _validator(config: ValidatorConfig, stop: asyncio.Event, state: Valida
                 if answer is None:  # stopped during a long-poll
                     break
                 if answer.submissions:
+                    skipped = state.num_unfetchable
                     await audit_pending(ledger, engines, state, answer.submissions, stop, thresholds)
+                    if state.num_unfetchable > skipped:  # the same ones come back until the ledger closes them
+                        await sleep_unless_stopped(stop, config.poll_interval_s)
                 else:  # a long-poll waited already; a ledger that answered at once is asked again later
                     await sleep_unless_stopped(stop, config.poll_interval_s - (time.monotonic() - asked))
                 if time.monotonic() - last_summary > config.summary_interval_s:

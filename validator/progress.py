@@ -42,6 +42,10 @@ class ValidatorState:
     started_at: float = field(default_factory=time.monotonic)
     policy_version: int | None = None
     reasons: collections.Counter[str] = field(default_factory=collections.Counter)
+    num_environment_errors: int = 0
+    """Submissions the run's environment could not score (an ``environment_error`` verdict, not a rejection)."""
+    num_unfetchable: int = 0
+    """Submissions skipped because their policy version could not be fetched (left to the ledger to close)."""
 
     @property
     def num_submissions(self) -> int:
@@ -58,7 +62,9 @@ class ValidatorState:
     def record(self, verdict: Verdict, num_samples: int, num_verified: int) -> None:
         self.num_samples += num_samples
         self.num_samples_verified += num_verified
-        if verdict.accepted:
+        if verdict.environment_error is not None:
+            self.num_environment_errors += 1
+        elif verdict.accepted:
             self.num_accepted += 1
         else:
             self.num_rejected += 1
@@ -76,13 +82,18 @@ class ValidatorState:
             "num_rejected": self.num_rejected,
             "num_samples_verified": self.num_samples_verified,
             "top_reasons": dict(self.reasons.most_common(3)),
+            "num_environment_errors": self.num_environment_errors,
+            "num_unfetchable": self.num_unfetchable,
         }
 
     def summary(self) -> str:
         common = self.top_reasons()
         return (
             f"{self.num_accepted} accepted, {self.num_rejected} rejected, {self.samples_per_s:.1f} samples/s and "
-            f"{self.submissions_per_s:.2f} submissions/s verified" + (f"; top reasons: {common}" if common else "")
+            f"{self.submissions_per_s:.2f} submissions/s verified"
+            + (f", {self.num_environment_errors} environment errors" if self.num_environment_errors else "")
+            + (f", {self.num_unfetchable} skipped (version gone)" if self.num_unfetchable else "")
+            + (f"; top reasons: {common}" if common else "")
         )
 
 

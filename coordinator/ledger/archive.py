@@ -116,7 +116,7 @@ def archive_ledger(db: Database, config: CoordinatorConfig, now: float) -> Archi
             rows = conn.execute(
                 select(submissions)
                 .where(
-                    submissions.c.status.in_(("accepted", "rejected")),
+                    submissions.c.status.in_(("accepted", "rejected", "environment_error", "expired")),
                     submissions.c.body_json != ARCHIVED_BODY,
                     submissions.c.policy_version < version_cutoff,
                     submissions.c.submission_id.not_in(recent_steps),

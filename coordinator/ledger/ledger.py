@@ -228,6 +228,7 @@ class Ledger(ValidationLedger):
             ).all():
                 if self._end_lease(conn, lease_id, task_id, "expired", "policy"):
                     self._event(conn, "expire", node_id, lease_id, task_id=task_id, reason=f"policy moved to {version}")
+            self.expire_unauditable(conn)  # the origin prunes after this: what it drops can no longer be audited
             manifest = signed.manifest
             self._event(
                 conn,

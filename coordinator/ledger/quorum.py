@@ -6,9 +6,11 @@ each. A submission is accepted when ``required`` validators accepted it with the
 reward lists agree when they have the same length and differ by at most
 :data:`REWARD_TOLERANCE` each), and rejected when ``required`` validators rejected it. Votes
 that agree with nobody leave the submission pending for further validators. An accepting vote
-whose rewards could not be read back (``readable`` false) agrees with nobody. Once decided,
-:func:`agrees_with` says which votes went with the decision and which were outvoted (each
-validator's record).
+whose rewards could not be read back (``readable`` false) agrees with nobody. Votes that the run's
+environment could not score the rollouts (``environment_error``) are neither: ``required`` of them
+make an environment-error decision (the worker is not at fault), and they never count as rejections.
+Once decided, :func:`agrees_with` says which votes went with the decision and which were outvoted
+(each validator's record).
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ class Vote:
     """False for a stored vote whose rewards could not be read: as an acceptance it agrees with no vote."""
     reward_components: tuple[tuple[str, tuple[float, ...]], ...] = ()
     """(reward name, per-rollout values) of the environment's named rewards."""
+    environment_error: bool = False
+    """The validator's environment could not score the rollouts: a vote that the worker is not at fault."""
 
 
 @dataclass(frozen=True)
@@ -36,6 +40,8 @@ class Decision:
     accepted: bool
     votes: tuple[Vote, ...]
     """The agreeing votes that made the decision, oldest first."""
+    environment_error: bool = False
+    """The environment could not score the rollouts: nothing is accepted and the worker is not at fault."""
 
     @property
     def rewards(self) -> list[float]:
@@ -57,7 +63,10 @@ def rewards_agree(first: Sequence[float], second: Sequence[float]) -> bool:
 
 def decide(votes: Sequence[Vote], required: int) -> Decision | None:
     """The decision the votes (oldest first) make, or None while the submission stays pending."""
-    rejecting = [vote for vote in votes if not vote.accepted]
+    unscorable = [vote for vote in votes if vote.environment_error]
+    if len(unscorable) >= required:
+        return Decision(False, tuple(unscorable[:required]), environment_error=True)
+    rejecting = [vote for vote in votes if not vote.accepted and not vote.environment_error]
     if len(rejecting) >= required:
         return Decision(False, tuple(rejecting[:required]))
     accepting = [vote for vote in votes if vote.accepted and vote.readable]

@@ -19,7 +19,10 @@ worker or the accepted set changes before the decision. A vote locks the submiss
 concurrent validators (and API replicas) decide each submission exactly once. Stored rows are
 read defensively: a vote or submission body that no longer parses (written before the wire
 schema refused NaN, say) never fails a later request; see :meth:`ValidationLedger._votes`
-and :meth:`ValidationLedger.pending`.
+and :meth:`ValidationLedger.pending`. Submissions nobody can audit are closed without judging their
+worker (:mod:`coordinator.ledger.voiding`): an environment that cannot score them (a quorum of
+``environment_error`` verdicts), and pending ones whose policy version the origin no longer keeps
+(never handed out: expired before each pending list and at each publication).
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ from coordinator.ledger.storage.tables import (
     tasks,
     verdict_votes,
 )
+from coordinator.ledger.voiding import close_submission, expire_unauditable
 from protocol import routes
 from protocol.errors import (
     ConflictError,
@@ -102,12 +106,19 @@ def check_verdict_rewards(verdict: Verdict, num_rollouts: int) -> None:
             raise ProtocolError(f"{label}: every value must be a finite number")
     if verdict.reward_components and not verdict.rewards:
         raise ProtocolError("named rewards without their weighted total (rewards)")
+    if verdict.environment_error is not None and (verdict.accepted or verdict.rewards):
+        raise ProtocolError("a verdict that the environment could not score accepts nothing and carries no rewards")
 
 
 def vote_of(validator_id: str, verdict: Verdict) -> Vote:
     components = tuple((name, tuple(values)) for name, values in sorted(verdict.reward_components.items()))
     return Vote(
-        validator_id, verdict.accepted, tuple(verdict.rewards), tuple(verdict.reasons), reward_components=components
+        validator_id,
+        verdict.accepted,
+        tuple(verdict.rewards),
+        tuple(verdict.reasons),
+        reward_components=components,
+        environment_error=verdict.environment_error is not None,
     )
 
 
@@ -132,6 +143,7 @@ class ValidationLedger(LeasingLedger):
         with self._write(nonce) as conn:
             node = self._node(conn, validator_id, "validator")
             self._touch(conn, validator_id)
+            self.expire_unauditable(conn)  # never hand out a submission whose version no validator can fetch
         if self.flagged(node):
             limit = min(limit, self.config.validation.flagged_hand_outs)
             if limit == 0:
@@ -184,6 +196,12 @@ class ValidationLedger(LeasingLedger):
                 )
                 self._event(conn, "hand_out", validator_id, ids[0], submission_ids=ids)
         return PendingSubmissions(submissions=found)
+
+    def expire_unauditable(self, conn: Connection) -> list[str]:
+        """Close the pending submissions whose policy version the origin no longer keeps (see
+        :mod:`coordinator.ledger.voiding`); their ids."""
+        current = self._run(conn).current_policy_version
+        return expire_unauditable(conn, current, self.config.policy_keep_versions, self.clock(), self._event)
 
     def _reject_unreadable(self, submission_id: str) -> None:
         """Reject a pending submission whose stored body fails today's schema (stored by an older ledger), so it
@@ -255,7 +273,7 @@ class ValidationLedger(LeasingLedger):
                 self._touch(conn, validator_id)
                 return VerdictResponse(submission_id=sub.submission_id, status="pending", worker_banned=worker.banned)
             banned = self._decide(conn, sub, worker, decision, validator_id, now, all_votes)
-        status = "accepted" if decision.accepted else "rejected"
+        status = "environment_error" if decision.environment_error else "accepted" if decision.accepted else "rejected"
         return VerdictResponse(submission_id=sub.submission_id, status=status, worker_banned=banned)
 
     def _check_hand_out(self, conn: Connection, sub: Row[Any], validator_id: str, now: float) -> None:
@@ -343,6 +361,10 @@ class ValidationLedger(LeasingLedger):
             if voter == validator_id:
                 values["last_seen"] = now
             conn.execute(update(nodes).where(nodes.c.node_id == voter).values(**values))
+        if decision.environment_error:  # not the worker's doing: neither counted nor trained on
+            voters = tuple(vote.validator_id for vote in decision.votes)
+            close_submission(conn, sub, "environment_error", decision.reasons, now, self._event, validator_id, voters)
+            return bool(worker.banned)
         final = Verdict(
             submission_id=sub.submission_id,
             accepted=decision.accepted,

@@ -141,6 +141,8 @@ class LedgerViews:
             eval_reward_mean=step_figure(eval_metrics, "eval_reward_mean"),
             eval_stop_fraction=step_figure(eval_metrics, "eval_stop_fraction"),
             eval_completion_tokens_mean=step_figure(eval_metrics, "eval_completion_tokens_mean"),
+            num_submissions_environment_error=sub_counts.get("environment_error", 0),
+            num_submissions_expired=sub_counts.get("expired", 0),
         )
 
     def live_node_ids(self) -> set[str]:

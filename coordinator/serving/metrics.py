@@ -40,6 +40,8 @@ class _RunCollector(Collector):
         submissions.add_metric(["pending"], status.num_submissions_pending)
         submissions.add_metric(["accepted"], status.num_submissions_accepted)
         submissions.add_metric(["rejected"], status.num_submissions_rejected)
+        submissions.add_metric(["environment_error"], status.num_submissions_environment_error)
+        submissions.add_metric(["expired"], status.num_submissions_expired)
         yield submissions
         rewards = GaugeMetricFamily(
             "prime_train_step_reward", "Each named reward's batch mean in the newest trained step.", labels=["reward"]

@@ -326,3 +326,22 @@ def test_every_example_environment_section_parses(path: Path) -> None:
     assert parsed.type == kind
     if api:
         assert isinstance(parsed, VerifiersEnvConfig) and parsed.api == api
+
+
+@pytest.mark.parametrize(
+    ("fault", "summary"),
+    [
+        ("raise", "ZeroDivisionError: division by zero"),
+        ("nan", "reward 'ratio' is nan, not a finite number"),
+        ("inf", "reward 'ratio' is inf, not a finite number"),
+        ("text", "reward 'ratio' is 'many', not a finite number"),
+    ],
+)
+def test_a_reward_that_raises_anything_or_scores_a_non_number_is_refused_in_one_line(fault: str, summary: str) -> None:
+    section = {"type": "python", "target": "tests.envs.words:FaultyEnvironment", "args": {"fault": fault}}
+    faulty = load_environment(parse({**section, "args": {"fault": fault, "max_chars": -1}}))
+    with pytest.raises(ConfigError) as refused:
+        check_deterministic(faulty)
+    assert refused.value.message.startswith("environment 'faulty' cannot score train example 0")
+    assert refused.value.message.endswith(summary) and "\n" not in refused.value.message
+    check_deterministic(load_environment(parse(section)))  # failing only past the probes: passes at start-up

@@ -15,8 +15,11 @@ from toploc.calibrations import (
     THRESHOLD_KEYS,
     CalibrationKey,
     available,
+    honest_worst,
     missing,
     require_calibrated,
+    run_thresholds,
+    run_toploc_config,
     thresholds,
     toploc_config,
 )
@@ -90,3 +93,26 @@ def test_a_missing_calibration_names_the_precision_and_the_command(tmp_path: Pat
         require_calibrated("float16")
     with pytest.raises(ConfigError, match=r"no TOPLOC calibration for float16 \(hf generating, hf verifying\)"):
         toploc_config("float16", "hf")
+
+
+def test_a_run_audits_with_the_loosest_calibration_of_any_engine_a_worker_may_name() -> None:
+    for dtype in ("float32", "bfloat16"):
+        per_engine = [thresholds(CalibrationKey(dtype, engine)) for engine in GENERATING_ENGINES]
+        merged = run_thresholds(dtype)
+        assert merged == {key: max(found[key] for found in per_engine) for key in THRESHOLD_KEYS}
+        for found in per_engine:  # no label could loosen any threshold further
+            assert all(merged[key] >= found[key] for key in THRESHOLD_KEYS)
+        assert run_toploc_config(dtype).model_dump() == {**ToplocConfig().model_dump(), **merged}
+    # bf16: an HF worker naming vllm used to get a sampling tolerance five times its own; now every label gets it
+    assert (
+        run_thresholds("bfloat16")["sampling_tolerance"]
+        == thresholds(CalibrationKey("bfloat16", "vllm"))["sampling_tolerance"]
+    )
+    assert run_toploc_config("bfloat16", own=ToplocConfig(max_exp_mismatches=3)).max_exp_mismatches == 3
+
+
+def test_honest_work_of_every_engine_passes_the_run_thresholds_in_the_kept_calibration_data() -> None:
+    for key in SHIPPED:
+        worst, merged = honest_worst(key), run_thresholds(key.dtype)
+        over = {name: (worst[name], merged[name]) for name in THRESHOLD_KEYS if worst[name] > merged[name]}
+        assert not over, (key, over)

@@ -77,6 +77,8 @@ function renderSummary(data) {
   setText("stat-accepted", s.num_submissions_accepted);
   setText("stat-rejected", s.num_submissions_rejected);
   setText("stat-pending", s.num_submissions_pending);
+  setText("stat-environment-errors", s.num_submissions_environment_error);
+  setText("stat-expired", s.num_submissions_expired);
   setText("stat-tasks", s.num_tasks_open);
   const training = data.training;
   setText("stat-step", training && training.current_step !== null ? training.current_step : "-");
