@@ -42,7 +42,7 @@ from typing import Any
 
 from environments.base import ChatMessage, Environment, Example, Scores
 from environments.config import VerifiersEnvConfig
-from environments.verifiers_env import environment_name, split_train_eval
+from environments.verifiers_env import environment_name, held_out_split, split_train_eval
 from protocol.errors import ConfigError
 
 SCORE_PARAMETERS = frozenset({"prompt", "completion", "answer", "state", "task", "info"})
@@ -199,12 +199,10 @@ class VerifiersV0Environment(Environment):
             raise ConfigError(
                 f"verifiers v0 environment {config.taskset!r} cannot be scored offline by validators: {problems[0]}"
             )
-        if train and held_out:
-            self._train, self._eval = train, held_out
-        else:
-            self._train, self._eval = split_train_eval(rows, config.eval_fraction)
-        for split, split_rows in (("train", self._train), ("eval", self._eval)):
-            _messages(split_rows[0], f"verifiers v0 environment {config.taskset!r} {split} row 0")
+        where = f"verifiers v0 environment {config.taskset!r}"
+        if not (train and held_out):
+            train, held_out = split_train_eval(rows, config.eval_fraction)
+        self._train, self._eval = held_out_split(where, train, held_out, lambda row: _messages(row, where))
 
     def _rows(self, which: str) -> list[dict[str, Any]]:
         build = self.env.build_dataset if which == "dataset" else self.env.build_eval_dataset

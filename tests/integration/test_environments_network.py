@@ -138,7 +138,7 @@ def test_python_environment_rewards_are_recomputed_and_other_code_is_refused(tmp
 
 
 def test_verifiers_v1_rewards_are_recomputed_with_the_tasksets_own_code(tmp_path: Path) -> None:
-    section = {"type": "verifiers", "taskset": "vf_echo_taskset", "args": {"count": 8}}
+    section = {"type": "verifiers", "taskset": "vf_echo_taskset", "args": {"count": 8}, "eval_fraction": 0.25}
     with running_network(
         tmp_path, [start_model()], environment=section, pythonpath=[TASKSETS_DIR], start_timeout_s=START_TIMEOUT_S
     ) as net:
@@ -150,7 +150,7 @@ def test_verifiers_v1_rewards_are_recomputed_with_the_tasksets_own_code(tmp_path
 
 
 def test_verifiers_v0_rewards_are_recomputed_with_the_environments_rubric(tmp_path: Path) -> None:
-    section = {"type": "verifiers", "api": "v0", "taskset": "vf0-echo-env", "args": {"count": 8}}
+    section = {"type": "verifiers", "api": "v0", "taskset": "vf0-echo-env", "args": {"count": 6}}
     with running_network(
         tmp_path, [start_model()], environment=section, pythonpath=[TASKSETS_DIR], start_timeout_s=START_TIMEOUT_S
     ) as net:
