@@ -41,3 +41,12 @@ class FlakyEnvironment(KeywordEnvironment):
 
     def score(self, example: Example, completion: str) -> Scores:
         return Scores.single("luck", random.random())
+
+
+class LeakyEnvironment(KeywordEnvironment):
+    """Its eval set is its training set: the base class's eval stream of the same five words."""
+
+    name = "leaky"
+
+    def eval_example(self, number: int) -> Example:
+        return Environment.eval_example(self, number)
