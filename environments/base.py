@@ -124,13 +124,13 @@ class Environment(ABC):
 
     def corpus(self, num_examples: int) -> list[str]:
         """Text to train a tokenizer on: prompts and answers of the first examples."""
-        texts: list[str] = []
-        for i in range(num_examples):
-            ex = self.example(i)
-            texts.append(ex.prompt if isinstance(ex.prompt, str) else "\n".join(m.content for m in ex.prompt))
-            if ex.answer is not None:
-                texts.append(ex.answer)
-        return texts
+        return [text for i in range(num_examples) for text in _texts(self.example(i))]
+
+
+def _texts(example: Example) -> list[str]:
+    """An example's prompt text and reference answer (tokenizer training text)."""
+    prompt = example.prompt if isinstance(example.prompt, str) else "\n".join(m.content for m in example.prompt)
+    return [prompt] if example.answer is None else [prompt, example.answer]
 
 
 class SeededEnvironment(Environment):
@@ -166,3 +166,11 @@ class SeededEnvironment(Environment):
 
     def eval_example(self, number: int) -> Example:
         return self._first_draw(EVAL_STREAM_OFFSET + number, EVAL_STREAM_OFFSET + number, held_out=True)
+
+    def corpus(self, num_examples: int) -> list[str]:
+        """Text to train a tokenizer on: the first draw of each of the first indices, on either side of the split
+        (a vocabulary is not training data, and the built-in tokenizer stays independent of the split)."""
+        texts: list[str] = []
+        for i in range(num_examples):
+            texts += _texts(self.draw(i, self.rng(i)))
+        return texts
