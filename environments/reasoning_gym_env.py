@@ -69,7 +69,9 @@ class ReasoningGymEnvironment(Environment):
                 self._eval_rows.append(self._eval_scanned)
             self._eval_scanned += 1
         if not self._eval_rows:
-            raise ValueError(f"reasoning-gym dataset {self.name!r}: none of its {self.config.size} eval rows is held out")
+            raise ValueError(
+                f"reasoning-gym dataset {self.name!r}: none of its {self.config.size} eval rows is held out"
+            )
         return self._eval_rows[number % len(self._eval_rows)]
 
     def example(self, index: int) -> Example:

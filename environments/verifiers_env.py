@@ -52,9 +52,7 @@ def held_out_split(
     if not train:
         raise ConfigError(f"{name} has no training tasks left: raise limit or lower eval_fraction")
     if not held_out:
-        raise ConfigError(
-            f"{name} holds out no task whose prompt training never asks: raise eval_fraction or limit"
-        )
+        raise ConfigError(f"{name} holds out no task whose prompt training never asks: raise eval_fraction or limit")
     return train, held_out
 
 

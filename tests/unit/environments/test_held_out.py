@@ -61,7 +61,8 @@ def test_reasoning_gym_eval_questions_are_never_training_questions(
     assert not train & held_out
     assert len(held_out) > 10
     # eval example i used to be training example i + 1 (the eval split was seeded seed + 1)
-    assert [environment.eval_example(i).prompt for i in range(5)] != [environment.example(i).prompt for i in range(1, 6)]
+    shifted = [environment.example(i).prompt for i in range(1, 6)]
+    assert [environment.eval_example(i).prompt for i in range(5)] != shifted
 
 
 def test_verifiers_v1_eval_tasks_are_never_training_tasks(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -70,7 +70,10 @@ def test_the_validator_recomputes_rewards_under_the_rule() -> None:
 def test_the_rule_is_a_signed_environment_setting() -> None:
     section = {"type": "reasoning_gym", "dataset": "spell_backward"}
     assert parse(section).truncated == "minimum"
-    minimum, score = environment_identity(parse(section)), environment_identity(parse({**section, "truncated": "score"}))
+    minimum, score = (
+        environment_identity(parse(section)),
+        environment_identity(parse({**section, "truncated": "score"})),
+    )
     assert minimum.arguments["truncated"] == "minimum" and minimum.config_hash != score.config_hash
     with pytest.raises(ValidationError):
         parse({**section, "truncated": "maximum"})
