@@ -8,7 +8,7 @@ from environments.base import Environment, Example, Scores
 
 
 class KeywordEnvironment(Environment):
-    """Example i asks to reverse a word (eval: other words); rewards ``exact`` (0.75), ``short`` (0.25, len <= limit)."""
+    """Example i asks to reverse a word (eval: other words); rewards ``exact`` (0.75), ``short`` (0.25, short)."""
 
     name = "keyword"
     default_max_tokens = 16
