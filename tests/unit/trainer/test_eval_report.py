@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 from pydantic import TypeAdapter
@@ -64,9 +63,9 @@ def test_eval_report_counts_truncation_and_values_it_by_the_rule(rule: str, rewa
     environment = load_environment(TypeAdapter(EnvironmentConfig).validate_python(section))
     examples = environment.eval_examples(8)
     engine = ScriptedEngine({str(ex.prompt): ex.answer or "" for ex in examples})
-    sampler = RolloutSampler(engine, GenerationRequest, environment, CharTokenizer(), max_tokens=MAX_TOKENS)  # type: ignore[arg-type]
+    sampler = RolloutSampler(engine, GenerationRequest, environment, CharTokenizer(), max_tokens=MAX_TOKENS)
     report = sampler.evaluate(8).as_dict()
-    lengths: list[Any] = [len(ex.answer or "") + 1 for ex in examples[::2]] + [MAX_TOKENS] * 4
+    lengths = [len(ex.answer or "") + 1 for ex in examples[::2]] + [MAX_TOKENS] * 4
     assert report["stop_fraction"] == 0.5 and report["truncated_fraction"] == 0.5
     assert report["reward_mean"] == reward_mean and report["accuracy"] == reward_mean  # exact answers only
     assert report["mean_completion_tokens"] == pytest.approx(sum(lengths) / 8)
