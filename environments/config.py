@@ -75,7 +75,8 @@ class VerifiersEnvConfig(Section):
     """Tasks (v1) or dataset rows (v0) read (an infinite taskset is cut here); index ``i`` is task ``i % n``."""
     eval_fraction: float = Field(default=0.1, ge=0.0, lt=1.0)
     """The last this fraction of those tasks is the eval split, never trained on (v0: unless the
-    environment has an ``eval_dataset``, which is then the eval split)."""
+    environment has an ``eval_dataset``, which is then the eval split); eval tasks whose prompt a training task
+    asks are dropped, and a split left empty is refused."""
     truncated: TruncatedRule = "minimum"
     """A completion cut at max_tokens without EOS: ``minimum`` earns no credit (penalties kept), ``score`` is
     scored like any other."""

@@ -6,7 +6,8 @@ verifiers' own ``vf.load_environment`` does). The network is single-turn, so onl
 dataset (its ``prompt`` messages, which already carry the environment's system prompt and
 few-shot messages, its ``answer`` and ``info``), the first ``limit`` of them read once. When the
 environment has an ``eval_dataset`` it is the eval split and the whole dataset is trained on;
-otherwise the last ``eval_fraction`` of the dataset is held out as in v1.
+otherwise the last ``eval_fraction`` of the dataset is held out as in v1. Either way eval rows
+whose prompt a training row asks are dropped, and a split that holds nothing out is refused.
 
 A completion is scored as v0 scores a finished rollout: the rollout state is built from the row
 (as ``Environment.init_state`` builds it, without a client), the completion becomes the one
