@@ -6,7 +6,8 @@ verifiers has two APIs: v1 (``verifiers.v1``: a ``Taskset`` yielding ``Task`` s 
 ``api`` picks one. The network is single-turn: a worker answers the task's prompt once, and the
 validator scores the completion by building the trace the harness would have recorded (the
 prompt, then the completion as the sampled assistant message) and calling ``Task.score`` on it
-with no runtime.
+with no runtime. The eval split is the last ``eval_fraction`` of the tasks read, less any whose
+prompt a training task asks (:func:`held_out_split`); one that holds nothing out is refused.
 
 Only rewards that read the trace (and the task's data) can be scored that way, so a taskset is
 refused at start-up, naming the culprit, when a task needs a container, serves tools, plugs a
