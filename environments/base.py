@@ -1,9 +1,9 @@
 """The environment interface: example ``index`` -> prompt and scorer data; ``score`` -> named, weighted rewards.
 
 An :class:`Environment` is a deterministic generator of :class:`Example` s. Example ``index``
-of the training stream is a pure function of (environment config, index); the eval set is drawn
-from a separate stream (:data:`EVAL_STREAM_OFFSET` and up, unless an adapter has a better
-split). :meth:`Environment.score` reads a completion (decoded text, without EOS) with the
+of the training stream is a pure function of (environment config, index); the eval set holds
+examples no training index produces (:mod:`environments.held_out` says how each adapter splits).
+:meth:`Environment.score` reads a completion (decoded text, without EOS) with the
 environment's own parser and returns :class:`Scores`: each named reward, its weight, and the
 weighted total that training uses. Rewards are finite floats (:class:`Scores` refuses
 anything else, so a broken scorer fails loudly instead of training on NaN).
@@ -19,7 +19,12 @@ import random
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
+
+from environments.held_out import MAX_DRAWS, is_held_out
+
+TruncatedRule = Literal["minimum", "score"]
+"""``minimum``: a truncated completion earns no credit; ``score``: it is scored like any other."""
 
 EVAL_STREAM_OFFSET = 1 << 40
 """Eval examples are drawn from indices at and above this offset of the same generator."""
@@ -103,6 +108,9 @@ class Environment(ABC):
     """A generation budget that fits a good completion plus EOS."""
     success_threshold: float = 1.0
     """A completion whose total reward is at least this counts as correct (accuracy)."""
+    truncated: TruncatedRule = "minimum"
+    """How a completion cut at ``max_tokens`` without EOS is valued (:mod:`environments.truncation`); the loader
+    sets the section's ``truncated``."""
 
     @abstractmethod
     def example(self, index: int) -> Example:
@@ -136,21 +144,53 @@ class Environment(ABC):
 
     def corpus(self, num_examples: int) -> list[str]:
         """Text to train a tokenizer on: prompts and answers of the first examples."""
-        texts: list[str] = []
-        for i in range(num_examples):
-            ex = self.example(i)
-            texts.append(ex.prompt if isinstance(ex.prompt, str) else "\n".join(m.content for m in ex.prompt))
-            if ex.answer is not None:
-                texts.append(ex.answer)
-        return texts
+        return [text for i in range(num_examples) for text in _texts(self.example(i))]
+
+
+def _texts(example: Example) -> list[str]:
+    """An example's prompt text and reference answer (tokenizer training text)."""
+    prompt = example.prompt if isinstance(example.prompt, str) else "\n".join(m.content for m in example.prompt)
+    return [prompt] if example.answer is None else [prompt, example.answer]
 
 
 class SeededEnvironment(Environment):
-    """An environment whose example ``index`` comes from its own :class:`random.Random` (the built-ins)."""
+    """An environment that draws example ``index`` from its own :class:`random.Random` (the built-ins).
+
+    Subclasses implement :meth:`draw`. Training and eval are split on content
+    (:mod:`environments.held_out`): example ``index`` is the first draw of its generator whose prompt is on
+    the training side, eval example ``number`` the first draw of its own generator on the held-out side.
+    """
 
     def __init__(self, seed: int = 0) -> None:
         self.seed = seed
 
-    def rng(self, index: int) -> random.Random:
-        """The generator of example ``index``: independent of every other index."""
-        return random.Random(f"{self.name}:{self.seed}:{index}")
+    @abstractmethod
+    def draw(self, index: int, rng: random.Random) -> Example:
+        """An example drawn from ``rng`` (its ``index`` is ``index``)."""
+
+    def rng(self, index: int, attempt: int = 0) -> random.Random:
+        """The generator of draw ``attempt`` of example ``index``: independent of every other (index, attempt)."""
+        suffix = f":{attempt}" if attempt else ""
+        return random.Random(f"{self.name}:{self.seed}:{index}{suffix}")
+
+    def _first_draw(self, index: int, stream: int, held_out: bool) -> Example:
+        for attempt in range(MAX_DRAWS):
+            example = self.draw(index, self.rng(stream, attempt))
+            if is_held_out(example.prompt) == held_out:
+                return example
+        split = "eval" if held_out else "training"
+        raise ValueError(f"environment {self.name!r} drew no {split} example in {MAX_DRAWS} draws")
+
+    def example(self, index: int) -> Example:
+        return self._first_draw(index, index, held_out=False)
+
+    def eval_example(self, number: int) -> Example:
+        return self._first_draw(EVAL_STREAM_OFFSET + number, EVAL_STREAM_OFFSET + number, held_out=True)
+
+    def corpus(self, num_examples: int) -> list[str]:
+        """Text to train a tokenizer on: the first draw of each of the first indices, on either side of the split
+        (a vocabulary is not training data, and the built-in tokenizer stays independent of the split)."""
+        texts: list[str] = []
+        for i in range(num_examples):
+            texts += _texts(self.draw(i, self.rng(i)))
+        return texts

@@ -13,6 +13,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, JsonValue
 
+from environments.base import TruncatedRule
 from runtime.config import Section
 
 MODULE_ATTRIBUTE = r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_.]*$"
@@ -27,6 +28,9 @@ class BuiltinEnvConfig(Section):
     """Which built-in environment."""
     seed: int = Field(default=0, ge=0, lt=2**63)
     """Seed of its example generator."""
+    truncated: TruncatedRule = "minimum"
+    """A completion cut at max_tokens without EOS: ``minimum`` earns no credit (penalties kept), ``score`` is
+    scored like any other."""
 
 
 class ReasoningGymEnvConfig(Section):
@@ -37,13 +41,18 @@ class ReasoningGymEnvConfig(Section):
     dataset: str = Field(pattern=r"^[a-z0-9_]+(/[a-z0-9_]+)?$", max_length=64)
     """A reasoning-gym dataset name, e.g. ``spell_backward`` (see ``reasoning_gym.factory.DATASETS``)."""
     size: int = Field(default=100_000, ge=1, le=10_000_000)
-    """Examples in the training split; index ``i`` is row ``i % size``."""
+    """Rows in the training split; index ``i`` is row ``i % size`` (the next training-side row when row ``i`` is
+    held out)."""
     seed: int = Field(default=0, ge=0, lt=2**31)
-    """Seed of the training split; the eval split uses ``seed + 1``."""
+    """Seed of the training split (rows seeded ``seed`` to ``seed + size - 1``); the eval split's rows are seeded
+    from ``seed + size`` on."""
     args: dict[str, JsonValue] = Field(default_factory=dict)
     """The dataset's own config arguments (difficulty parameters, e.g. ``max_word_len = 5``)."""
     system_prompt: str | None = Field(default=None, max_length=4096)
     """System message for chat-templated policies (none: the user message only)."""
+    truncated: TruncatedRule = "minimum"
+    """A completion cut at max_tokens without EOS: ``minimum`` earns no credit (penalties kept), ``score`` is
+    scored like any other."""
 
 
 class VerifiersEnvConfig(Section):
@@ -66,7 +75,11 @@ class VerifiersEnvConfig(Section):
     """Tasks (v1) or dataset rows (v0) read (an infinite taskset is cut here); index ``i`` is task ``i % n``."""
     eval_fraction: float = Field(default=0.1, ge=0.0, lt=1.0)
     """The last this fraction of those tasks is the eval split, never trained on (v0: unless the
-    environment has an ``eval_dataset``, which is then the eval split)."""
+    environment has an ``eval_dataset``, which is then the eval split); eval tasks whose prompt a training task
+    asks are dropped, and a split left empty is refused."""
+    truncated: TruncatedRule = "minimum"
+    """A completion cut at max_tokens without EOS: ``minimum`` earns no credit (penalties kept), ``score`` is
+    scored like any other."""
 
 
 class PythonEnvConfig(Section):
@@ -78,6 +91,9 @@ class PythonEnvConfig(Section):
     """``module:attribute``: an Environment subclass or factory, called with ``args`` as keyword arguments."""
     args: dict[str, JsonValue] = Field(default_factory=dict)
     """Keyword arguments of the factory."""
+    truncated: TruncatedRule = "minimum"
+    """A completion cut at max_tokens without EOS: ``minimum`` earns no credit (penalties kept), ``score`` is
+    scored like any other."""
 
 
 EnvironmentConfig = Annotated[

@@ -55,7 +55,14 @@ def _require(distribution: str, module: str) -> str:
 
 
 def load_environment(config: EnvironmentConfig) -> Environment:
-    """The environment ``config`` names; ConfigError (one line, with the fix) when this process cannot have it."""
+    """The environment ``config`` names, with the section's truncation rule; ConfigError (one line, with the fix)
+    when this process cannot have it."""
+    environment = _load_adapter(config)
+    environment.truncated = config.truncated
+    return environment
+
+
+def _load_adapter(config: EnvironmentConfig) -> Environment:
     if isinstance(config, BuiltinEnvConfig):
         return builtin_environment(config.name, config.seed)
     if isinstance(config, ReasoningGymEnvConfig):

@@ -3,6 +3,8 @@
 The attribute is an :class:`environments.base.Environment` subclass or any factory returning an
 object with its ``example`` and ``score`` methods; it is called with the section's ``args`` as
 keyword arguments. The module must be importable by every role (installed, or on PYTHONPATH).
+The environment owns its eval split (``eval_example``); one whose first eval prompts are among its
+first training prompts is refused (:func:`environments.held_out.check_held_out`).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from typing import Any
 
 from environments.base import Environment
 from environments.config import PythonEnvConfig
+from environments.held_out import check_held_out
 from protocol.errors import ConfigError
 
 
@@ -31,4 +34,8 @@ def load_python_environment(config: PythonEnvConfig) -> Environment:
             f"environment target {config.target!r} gave a {type(environment).__name__}, "
             "not an environments.base.Environment: subclass it"
         )
+    try:
+        check_held_out(environment)
+    except (ValueError, TypeError, KeyError, IndexError) as exc:
+        raise ConfigError(f"environment target {config.target!r} cannot draw its examples: {exc}") from exc
     return environment

@@ -6,7 +6,8 @@ verifiers has two APIs: v1 (``verifiers.v1``: a ``Taskset`` yielding ``Task`` s 
 ``api`` picks one. The network is single-turn: a worker answers the task's prompt once, and the
 validator scores the completion by building the trace the harness would have recorded (the
 prompt, then the completion as the sampled assistant message) and calling ``Task.score`` on it
-with no runtime.
+with no runtime. The eval split is the last ``eval_fraction`` of the tasks read, less any whose
+prompt a training task asks (:func:`held_out_split`); one that holds nothing out is refused.
 
 Only rewards that read the trace (and the task's data) can be scored that way, so a taskset is
 refused at start-up, naming the culprit, when a task needs a container, serves tools, plugs a
@@ -20,10 +21,12 @@ from __future__ import annotations
 import asyncio
 import inspect
 import itertools
+from collections.abc import Callable
 from typing import Any
 
 from environments.base import ChatMessage, Environment, Example, Scores
 from environments.config import VerifiersEnvConfig
+from environments.held_out import held_out_items, prompt_key
 from protocol.errors import ConfigError
 
 OFFLINE_PARAMETERS = frozenset({"self", "task", "trace"})
@@ -36,9 +39,22 @@ def environment_name(identifier: str) -> str:
 
 
 def split_train_eval(items: list[Any], eval_fraction: float) -> tuple[list[Any], list[Any]]:
-    """(train, eval): the last ``eval_fraction`` of ``items`` is the eval split; either falls back to all."""
+    """(train, eval): the last ``eval_fraction`` of ``items`` is held out (empty when that is no item)."""
     num_eval = int(len(items) * eval_fraction)
-    return items[: len(items) - num_eval] or items, items[len(items) - num_eval :] or items
+    return items[: len(items) - num_eval], items[len(items) - num_eval :]
+
+
+def held_out_split(
+    name: str, train: list[Any], held_out: list[Any], prompt: Callable[[Any], tuple[ChatMessage, ...]]
+) -> tuple[list[Any], list[Any]]:
+    """(train, eval) with every eval item whose prompt is a training prompt dropped; ConfigError when either is
+    left empty (nothing to train on, or nothing held out)."""
+    train, held_out = held_out_items(train, held_out, lambda item: prompt_key(prompt(item)))
+    if not train:
+        raise ConfigError(f"{name} has no training tasks left: raise limit or lower eval_fraction")
+    if not held_out:
+        raise ConfigError(f"{name} holds out no task whose prompt training never asks: raise eval_fraction or limit")
+    return train, held_out
 
 
 def _messages(data: Any) -> tuple[ChatMessage, ...]:
@@ -98,7 +114,11 @@ class VerifiersEnvironment(Environment):
             raise ConfigError(
                 f"verifiers taskset {config.taskset!r} cannot be scored offline by validators: {problems[0]}"
             )
-        self._train, self._eval = split_train_eval(tasks, config.eval_fraction)
+        self._train, self._eval = held_out_split(
+            f"verifiers taskset {config.taskset!r}",
+            *split_train_eval(tasks, config.eval_fraction),
+            lambda task: _messages(task.data),
+        )
 
     def _task(self, example: Example) -> Any:
         split, position = example.data

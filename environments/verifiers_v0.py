@@ -6,7 +6,8 @@ verifiers' own ``vf.load_environment`` does). The network is single-turn, so onl
 dataset (its ``prompt`` messages, which already carry the environment's system prompt and
 few-shot messages, its ``answer`` and ``info``), the first ``limit`` of them read once. When the
 environment has an ``eval_dataset`` it is the eval split and the whole dataset is trained on;
-otherwise the last ``eval_fraction`` of the dataset is held out as in v1.
+otherwise the last ``eval_fraction`` of the dataset is held out as in v1. Either way eval rows
+whose prompt a training row asks are dropped, and a split that holds nothing out is refused.
 
 A completion is scored as v0 scores a finished rollout: the rollout state is built from the row
 (as ``Environment.init_state`` builds it, without a client), the completion becomes the one
@@ -42,7 +43,7 @@ from typing import Any
 
 from environments.base import ChatMessage, Environment, Example, Scores
 from environments.config import VerifiersEnvConfig
-from environments.verifiers_env import environment_name, split_train_eval
+from environments.verifiers_env import environment_name, held_out_split, split_train_eval
 from protocol.errors import ConfigError
 
 SCORE_PARAMETERS = frozenset({"prompt", "completion", "answer", "state", "task", "info"})
@@ -199,12 +200,10 @@ class VerifiersV0Environment(Environment):
             raise ConfigError(
                 f"verifiers v0 environment {config.taskset!r} cannot be scored offline by validators: {problems[0]}"
             )
-        if train and held_out:
-            self._train, self._eval = train, held_out
-        else:
-            self._train, self._eval = split_train_eval(rows, config.eval_fraction)
-        for split, split_rows in (("train", self._train), ("eval", self._eval)):
-            _messages(split_rows[0], f"verifiers v0 environment {config.taskset!r} {split} row 0")
+        where = f"verifiers v0 environment {config.taskset!r}"
+        if not (train and held_out):
+            train, held_out = split_train_eval(rows, config.eval_fraction)
+        self._train, self._eval = held_out_split(where, train, held_out, lambda row: _messages(row, where))
 
     def _rows(self, which: str) -> list[dict[str, Any]]:
         build = self.env.build_dataset if which == "dataset" else self.env.build_eval_dataset

@@ -6,7 +6,8 @@ programs wire a concrete engine in, and worker code may import trainer without a
 
 Prompt ``i`` of a step is task example ``step * prompts_per_step + i``; its sample ``j`` is
 drawn on noise stream ``sample_stream(i, j)`` with the step's sampling seed, so a rollout is
-reproducible from (seed, step) and the engine.
+reproducible from (seed, step) and the engine. Rewards follow the environment's truncation rule
+(:mod:`environments.truncation`), as the validators' do.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from environments.base import Environment, Example
 from environments.render import prompt_ids
+from environments.truncation import completion_scores, is_truncated
 from toploc.sampling import sample_stream
 from trainer.advantages import batch_advantages
 from trainer.packing import TrainSample
@@ -58,6 +60,8 @@ class Rollout:
     text: str
     reward: float
     finish_reason: str
+    truncated: bool = False
+    """Cut at max_tokens: the last token is not EOS (the reward follows the environment's truncation rule)."""
 
 
 def step_seed(seed: int, step: int) -> int:
@@ -87,10 +91,13 @@ class EvalReport:
     num_samples: int
     reward_mean: float
     accuracy: float
-    """Fraction of samples whose reward reaches the task's success threshold."""
+    """Fraction of samples whose reward reaches the task's success threshold (exact answers where the threshold
+    is the top reward, as for the built-in tasks and reasoning-gym; a truncated sample never counts)."""
     stop_fraction: float
     """Fraction of samples that ended with EOS (not cut at max_tokens)."""
     mean_completion_tokens: float
+    truncated_fraction: float = 0.0
+    """Fraction of samples cut at max_tokens without EOS (valued by the environment's truncation rule)."""
 
     def as_dict(self) -> dict[str, Any]:
         return dict(vars(self))
@@ -129,6 +136,7 @@ class RolloutSampler:
         for k, result in enumerate(self.engine.generate(requests)):
             example = examples[k // num_samples]
             text = str(self.tokenizer.decode(result.completion_ids, skip_special_tokens=True))
+            truncated = is_truncated(result.completion_ids, eos_ids)
             rollouts.append(
                 Rollout(
                     example=example,
@@ -136,8 +144,9 @@ class RolloutSampler:
                     completion_ids=list(result.completion_ids),
                     logprobs=list(result.logprobs),
                     text=text,
-                    reward=self.environment.reward(example, text),
+                    reward=completion_scores(self.environment, example, text, truncated).total,
                     finish_reason=result.finish_reason,
+                    truncated=truncated,
                 )
             )
         return rollouts
@@ -154,4 +163,5 @@ class RolloutSampler:
             accuracy=sum(r.reward >= self.environment.success_threshold for r in rollouts) / count,
             stop_fraction=sum(r.finish_reason == "stop" for r in rollouts) / count,
             mean_completion_tokens=sum(len(r.completion_ids) for r in rollouts) / count,
+            truncated_fraction=sum(r.truncated for r in rollouts) / count,
         )

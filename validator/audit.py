@@ -28,6 +28,7 @@ from typing import Any
 
 from engines.base import PrefillEngine
 from environments.base import Environment, Scores, failure_summary, finite_scores
+from environments.truncation import completion_scores, is_truncated
 from protocol.errors import BadSignatureError, ProofError
 from protocol.schemas import PendingSubmission, Verdict
 from protocol.signing import verify_document
@@ -106,13 +107,16 @@ RewardFn = Callable[[int, Sequence[int]], Scores]
 
 
 def environment_reward_fn(environment: Environment, tokenizer: Any, eos_token_ids: Sequence[int]) -> RewardFn:
-    """Rewards of ``environment``, from completions decoded with the policy's tokenizer (EOS dropped)."""
+    """Rewards of ``environment``, from completions decoded with the policy's tokenizer (EOS dropped), under the
+    run's truncation rule (a completion whose last token is not EOS was cut at max_tokens)."""
 
     def reward(example_index: int, completion_ids: Sequence[int]) -> Scores:
         ids = list(completion_ids)
-        if ids and ids[-1] in eos_token_ids:
+        truncated = is_truncated(ids, eos_token_ids)
+        if not truncated:
             ids = ids[:-1]
-        return environment.score(environment.example(example_index), tokenizer.decode(ids, skip_special_tokens=True))
+        text = tokenizer.decode(ids, skip_special_tokens=True)
+        return completion_scores(environment, environment.example(example_index), text, truncated)
 
     return reward
 

@@ -2,13 +2,17 @@
 
 The reward follows prime-rl's debug task: ``2 * LCS(completion, reversed) / (len(a) + len(b))``,
 so partial reversals earn partial credit (the signal RL needs), and only the exact reversal
-scores 1.0. Texts are 2-3 lowercase "words" drawn from the example's own generator.
+scores 1.0. Texts are 2-3 lowercase "words" drawn from the example's own generator. The answer
+scored is the completion's first non-empty line (:func:`environments.answers.first_line`): text on later lines neither
+earns nor costs credit, text after the answer on its line lowers the ratio.
 """
 
 from __future__ import annotations
 
+import random
 import string
 
+from environments.answers import first_line
 from environments.base import Example, Scores, SeededEnvironment
 
 
@@ -41,8 +45,7 @@ class ReverseText(SeededEnvironment):
     min_word_len = 2
     max_word_len = 5
 
-    def example(self, index: int) -> Example:
-        rng = self.rng(index)
+    def draw(self, index: int, rng: random.Random) -> Example:
         num_words = rng.randint(self.min_words, self.max_words)
         lengths = [rng.randint(self.min_word_len, self.max_word_len) for _ in range(num_words)]
         words = ["".join(rng.choice(string.ascii_lowercase) for _ in range(n)) for n in lengths]
@@ -50,4 +53,4 @@ class ReverseText(SeededEnvironment):
         return Example(index=index, prompt=f"reverse: {text}\n", answer=text[::-1])
 
     def score(self, example: Example, completion: str) -> Scores:
-        return Scores.single("lcs_ratio", lcs_ratio(completion.strip(), example.answer or ""))
+        return Scores.single("lcs_ratio", lcs_ratio(first_line(completion), example.answer or ""))

@@ -8,18 +8,23 @@ from environments.base import Environment, Example, Scores
 
 
 class KeywordEnvironment(Environment):
-    """Example i asks to repeat a word; rewards: ``exact`` (weight 0.75) and ``short`` (0.25, length <= limit)."""
+    """Example i asks to reverse a word (eval: other words); rewards ``exact`` (0.75), ``short`` (0.25, short)."""
 
     name = "keyword"
     default_max_tokens = 16
 
-    def __init__(self, words: list[str] | None = None, limit: int = 8) -> None:
+    def __init__(self, words: list[str] | None = None, limit: int = 8, eval_words: list[str] | None = None) -> None:
         self.words = words or ["abc", "dog", "cab", "bead", "faced"]
+        self.eval_words = eval_words or ["gab", "hide", "deaf"]
         self.limit = limit
 
     def example(self, index: int) -> Example:
         word = self.words[index % len(self.words)]
         return Example(index=index, prompt=f"reverse: {word}\n", answer=word[::-1])
+
+    def eval_example(self, number: int) -> Example:
+        word = self.eval_words[number % len(self.eval_words)]
+        return Example(index=-1 - number, prompt=f"reverse: {word}\n", answer=word[::-1])
 
     def score(self, example: Example, completion: str) -> Scores:
         text = completion.strip()
@@ -60,3 +65,12 @@ class FaultyEnvironment(KeywordEnvironment):
         bad = {"nan": float("nan"), "inf": float("inf"), "text": "many"}[self.fault]
         object.__setattr__(scores, "rewards", {"ratio": bad})  # past Scores' own checks, as a careless scorer may
         return scores
+
+
+class LeakyEnvironment(KeywordEnvironment):
+    """Its eval set is its training set: the base class's eval stream of the same five words."""
+
+    name = "leaky"
+
+    def eval_example(self, number: int) -> Example:
+        return Environment.eval_example(self, number)

@@ -6,7 +6,8 @@ environment's own scorer: the test recomputes them here, from the ledger's rows 
 example indices and the worker's completion tokens), with the same environment and tokenizer.
 A validator whose environment differs from the signed run spec (another argument, another
 version of the code) refuses to start and says why; a coordinator whose environment has a
-non-deterministic reward refuses to start.
+non-deterministic reward refuses to start. A completion cut at ``max_tokens`` without EOS is
+accepted with the environment's minimum reward, whatever its text would have scored.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from environments.base import Environment
 from environments.config import EnvironmentConfig
 from environments.loader import load_environment
 from protocol.schemas import SubmitRequest, Verdict
-from tests.integration.network import BIN, REPO_ROOT, Network, ledger_rows, running_network
+from tests.integration.network import BIN, REPO_ROOT, REVERSE_TEXT, Network, ledger_rows, running_network
 from tests.support.shardcast_nodes import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]  # ecosystem imports are slow on a busy machine
@@ -90,11 +91,14 @@ def _check_verdicts(net: Network, environment: Environment) -> set[str]:
         assert len(verdict.rewards) == len(submission.rollouts) > 0
         for position, rollout in enumerate(submission.rollouts):
             ids = list(rollout.completion_ids)
-            ids = ids[:-1] if ids and ids[-1] in eos else ids
+            stopped = bool(ids) and ids[-1] in eos
+            ids = ids[:-1] if stopped else ids
             example = environment.example(prompts[rollout.prompt_index]["example_index"])
             scores = environment.score(example, tokenizer.decode(ids, skip_special_tokens=True))
-            assert verdict.rewards[position] == pytest.approx(scores.total)
-            for name, value in scores.rewards.items():
+            # the run's truncation rule: a completion cut at max_tokens earns nothing (these rewards are >= 0)
+            expected = dict(scores.rewards) if stopped else dict.fromkeys(scores.rewards, 0.0)
+            assert verdict.rewards[position] == pytest.approx(sum(scores.weights[k] * v for k, v in expected.items()))
+            for name, value in expected.items():
                 assert verdict.reward_components[name][position] == pytest.approx(value)
         names |= set(verdict.reward_components)
     return names
@@ -138,7 +142,7 @@ def test_python_environment_rewards_are_recomputed_and_other_code_is_refused(tmp
 
 
 def test_verifiers_v1_rewards_are_recomputed_with_the_tasksets_own_code(tmp_path: Path) -> None:
-    section = {"type": "verifiers", "taskset": "vf_echo_taskset", "args": {"count": 8}}
+    section = {"type": "verifiers", "taskset": "vf_echo_taskset", "args": {"count": 8}, "eval_fraction": 0.25}
     with running_network(
         tmp_path, [start_model()], environment=section, pythonpath=[TASKSETS_DIR], start_timeout_s=START_TIMEOUT_S
     ) as net:
@@ -150,7 +154,7 @@ def test_verifiers_v1_rewards_are_recomputed_with_the_tasksets_own_code(tmp_path
 
 
 def test_verifiers_v0_rewards_are_recomputed_with_the_environments_rubric(tmp_path: Path) -> None:
-    section = {"type": "verifiers", "api": "v0", "taskset": "vf0-echo-env", "args": {"count": 8}}
+    section = {"type": "verifiers", "api": "v0", "taskset": "vf0-echo-env", "args": {"count": 6}}
     with running_network(
         tmp_path, [start_model()], environment=section, pythonpath=[TASKSETS_DIR], start_timeout_s=START_TIMEOUT_S
     ) as net:
@@ -176,3 +180,27 @@ def test_a_coordinator_refuses_an_environment_with_a_non_deterministic_reward(tm
     )
     assert done.returncode != 0
     assert "reward luck is not deterministic" in done.stderr + done.stdout
+
+
+def test_a_truncated_completion_is_accepted_with_the_minimum_reward(tmp_path: Path) -> None:
+    """A random policy with a 3-token budget never stops: the validator accepts its work at reward 0, though the
+    text scores above 0 (the built-in reverse_text credits any letter in common with the answer)."""
+    from transformers import AutoTokenizer
+
+    with running_network(tmp_path, sections={"scheduling": {"max_tokens": 3}}) as net:
+        net.start_worker("worker", "hf", [])
+        net.start_validator()
+        wait_until(lambda: len(accepted(net)) >= 2, 300, "2 accepted submissions")
+        environment = load_environment(TypeAdapter(EnvironmentConfig).validate_python(REVERSE_TEXT))
+        tokenizer = AutoTokenizer.from_pretrained(str(net.checkpoints[0]))
+        truncated_scores: list[float] = []
+        for prompts, submission, verdict in accepted(net):
+            for position, rollout in enumerate(submission.rollouts):
+                if rollout.completion_ids[-1] == tokenizer.eos_token_id:
+                    continue  # stopped on its own: scored as usual (the other tests check those)
+                example = environment.example(prompts[rollout.prompt_index]["example_index"])
+                text = tokenizer.decode(rollout.completion_ids, skip_special_tokens=True)
+                truncated_scores.append(environment.score(example, text).total)
+                assert verdict.rewards[position] == 0.0
+                assert verdict.reward_components["lcs_ratio"][position] == 0.0
+        assert truncated_scores and max(truncated_scores) > 0.0  # the rule, not the text, made them 0

@@ -300,7 +300,13 @@ def test_verifiers_v0_environment_validators_cannot_score_is_refused_naming_the_
 
 def test_verifiers_v0_non_deterministic_reward_or_missing_module_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.syspath_prepend(str(TASKSETS_DIR))
-    section = {"type": "verifiers", "api": "v0", "taskset": "vf0_refused_env", "args": {"kind": "flaky"}}
+    section = {
+        "type": "verifiers",
+        "api": "v0",
+        "taskset": "vf0_refused_env",
+        "args": {"kind": "flaky"},
+        "eval_fraction": 0.34,
+    }
     with pytest.raises(ConfigError, match="reward luck is not deterministic"):
         load_checked_environment(parse(section))
     with pytest.raises(ConfigError, match="v0 environment 'no-such-env' cannot be loaded"):

@@ -16,6 +16,8 @@ from trainer.rl import run_rl
 def test_two_rl_steps_with_the_hf_engine(tiny_model_dir: Path, tmp_path: Path) -> None:
     config = RlConfig(
         trainer={"model": str(tiny_model_dir), "optimizer": {"lr": 1e-3}},
+        # the random model never stops within 8 tokens: scored as text, or every reward is 0 and nothing moves
+        environment={"type": "builtin", "name": "reverse_text", "truncated": "score"},
         output_dir=tmp_path / "rl",
         num_steps=2,
         prompts_per_step=4,
