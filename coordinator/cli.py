@@ -97,6 +97,43 @@ def status(
     run_or_exit("coordinator", show_status, coordinator)
 
 
+validators_app = PrimeTyper(help="Approve or revoke validators on a live run (no restart), and list them.")
+app.add_typer(validators_app, name="validators")
+
+
+def _validator_command(node_id: str | None, approved: bool | None, config: Path | None, sets: list[str] | None) -> None:
+    loaded = load_role_config(CoordinatorConfig, config, sets)
+    from coordinator.ledger.approvals import validators_from_cli
+
+    run_or_exit("coordinator", validators_from_cli, loaded, node_id, approved)
+
+
+@validators_app.command("approve")
+def approve_validator(
+    node_id: str = typer.Argument(..., help="The validator's node id (`prime-validator keys show --id-only`)."),
+    config: Path | None = ConfigOption,
+    sets: list[str] | None = SetOption,
+) -> None:
+    """Approve a validator: it is admitted on its next registration, whatever trust.approved_validators says."""
+    _validator_command(node_id, True, config, sets)
+
+
+@validators_app.command("revoke")
+def revoke_validator(
+    node_id: str = typer.Argument(..., help="The validator's node id."),
+    config: Path | None = ConfigOption,
+    sets: list[str] | None = SetOption,
+) -> None:
+    """Revoke a validator: its next call is refused (403), even if trust.approved_validators lists it."""
+    _validator_command(node_id, False, config, sets)
+
+
+@validators_app.command("list")
+def list_validators(config: Path | None = ConfigOption, sets: list[str] | None = SetOption) -> None:
+    """The run's validators: approved or not, by the config or by a decision on the live run, registered or not."""
+    _validator_command(None, None, config, sets)
+
+
 @app.command()
 def reset(
     config: Path | None = ConfigOption,

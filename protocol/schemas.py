@@ -512,6 +512,8 @@ class Event(WireModel):
         "publish",
         "train_step",
         "void",
+        "approve",
+        "revoke",
     ]
     node_id: str | None
     subject: str | None = Field(description="What the event is about: a lease, task, submission or version.")

@@ -41,6 +41,7 @@ from typing import Any
 from sqlalchemy import Connection, Row, bindparam, exists, func, insert, select, update
 
 from coordinator.config import CoordinatorConfig
+from coordinator.ledger.approvals import operator_approves
 from coordinator.ledger.changes import NODE_SCOPED_KINDS, LedgerChanges, node_kind
 from coordinator.ledger.replay import NonceClaim, claim_nonce
 from coordinator.ledger.reputation import BanPolicy, ProbationPolicy, lease_allowance, on_probation
@@ -307,10 +308,14 @@ class LeasingLedger(LedgerViews):
     def register(
         self, node_id: str, ip: str, request: RegisterRequest, nonce: NonceClaim | None = None
     ) -> RegisterResponse:
-        approved = request.role == "worker" or self.trust.validators_open or node_id in self.trust.approved_validators
+        approved = request.role == "worker" or self.trust.validators_open
+        if not approved:
+            with self.db.read() as conn:
+                approved = operator_approves(conn, node_id, self.trust.approved_validators)
         if not approved:
             raise ForbiddenError(
-                f"validator {node_id} is not approved: ask the operator to add it to trust.approved_validators"
+                f"validator {node_id} is not approved: ask the operator to approve it "
+                "(`prime-coordinator validators approve ID`, or trust.approved_validators)"
             )
         now = self.clock()
         values = {

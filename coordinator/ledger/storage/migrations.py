@@ -23,6 +23,8 @@ rather than misread.
   count), each validator's record against the decisions (``nodes.num_votes_agreed``,
   ``nodes.num_votes_outvoted``), leases ended unsubmitted per node (``nodes.num_forfeited``), why a
   lease ended (``leases.end_reason``), and an index to find a task's earlier leases by node.
+- v8: the operator's decisions on validators made on a live run (``validator_approvals``: approved or
+  revoked, overriding ``trust.approved_validators``).
 """
 
 from __future__ import annotations
@@ -129,6 +131,11 @@ _V7 = [
     "CREATE INDEX leases_task ON leases (task_id, node_id)",
 ]
 
+_V8 = [
+    """CREATE TABLE validator_approvals (
+        node_id TEXT PRIMARY KEY, approved {bool} NOT NULL, changed_at {float} NOT NULL, note TEXT NOT NULL)""",
+]
+
 _SPELLING = {
     "sqlite": {"id": "INTEGER PRIMARY KEY AUTOINCREMENT", "float": "REAL", "bool": "BOOLEAN"},
     "postgresql": {"id": "BIGSERIAL PRIMARY KEY", "float": "DOUBLE PRECISION", "bool": "BOOLEAN"},
@@ -140,11 +147,11 @@ def steps(dialect: str) -> list[Sequence[str]]:
     v2_specific = _V2_SQLITE if dialect == "sqlite" else _V2_POSTGRESQL
     v3 = [] if dialect == "sqlite" else _V3_POSTGRESQL
     spelling = _SPELLING[dialect]
-    all_steps = (_V1, _V2_COMMON + v2_specific, v3, _V4, _V5, _V6, _V7)
+    all_steps = (_V1, _V2_COMMON + v2_specific, v3, _V4, _V5, _V6, _V7, _V8)
     return [[statement.format(**spelling) for statement in step] for step in all_steps]
 
 
-LATEST_VERSION = 7
+LATEST_VERSION = 8
 
 
 def events_guard(dialect: str) -> tuple[list[str], list[str]]:

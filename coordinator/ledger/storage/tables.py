@@ -177,3 +177,12 @@ hand_outs = Table(
     Column("handed_at", Float, nullable=False),
     Column("expires_at", Float, nullable=False),
 )
+
+validator_approvals = Table(
+    "validator_approvals",
+    metadata,
+    Column("node_id", Text, primary_key=True),
+    Column("approved", Boolean, nullable=False),
+    Column("changed_at", Float, nullable=False),
+    Column("note", Text, nullable=False),
+)

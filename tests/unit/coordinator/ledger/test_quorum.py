@@ -162,6 +162,7 @@ async def test_a_ledger_upgraded_from_v3_decides_its_pending_submissions(make_ha
             conn.exec_driver_sql(f"ALTER TABLE leases DROP COLUMN {column}")
         for table in ("step_submissions", "train_steps", "verdict_votes"):  # v5's, then v4's
             conn.exec_driver_sql(f"DROP TABLE {table}")
+        conn.exec_driver_sql("DROP TABLE validator_approvals")  # v8's
         conn.exec_driver_sql("DROP INDEX leases_task")  # v7's
         conn.exec_driver_sql("DROP TABLE hand_outs")
         conn.exec_driver_sql("ALTER TABLE leases DROP COLUMN end_reason")
