@@ -1,4 +1,4 @@
-"""The dashboard's routes: the page at ``/dashboard``, its two static files, and ``GET /v1/dashboard``.
+"""The dashboard's routes: the page at ``/dashboard`` (``/`` leads there), its static files, ``GET /v1/dashboard``.
 
 The page is plain HTML, CSS and JavaScript shipped inside this package (no CDN, no build step);
 it polls ``/v1/dashboard`` every two seconds and draws its charts as inline SVG. The static
@@ -45,6 +45,11 @@ def dashboard_router(views: LedgerViews, relays: RelayWatch | None = None) -> AP
     async def dashboard_data() -> Dashboard:
         """Live workers, recent verdicts, policy versions and their relays, training steps, and the charts' series."""
         return await run_in_threadpool(source.snapshot)
+
+    @router.get("/", include_in_schema=False)
+    def landing() -> Response:
+        """A person who opens the coordinator's address lands on the dashboard (machines use /v1/...)."""
+        return Response(status_code=307, headers={"Location": "/dashboard"})
 
     @router.get("/dashboard", include_in_schema=False)
     def dashboard_page() -> Response:

@@ -107,6 +107,8 @@ async def test_dashboard_page_and_assets(harness: LedgerHarness) -> None:
             refused = await http.get(bad)
             assert refused.status_code == 404, bad
             ErrorBody.model_validate_json(refused.content)
+        landing = await http.get("/")
+        assert landing.status_code == 307 and landing.headers["location"] == "/dashboard"
         schema = (await http.get("/openapi.json")).json()
     assert "/v1/dashboard" in schema["paths"] and "/dashboard" not in schema["paths"]
 
