@@ -457,7 +457,7 @@ class LeasingLedger(LedgerViews):
         probation: bool,
     ) -> Task:
         lease_id = f"l-{secrets.token_hex(12)}"
-        seed = sampling_seed(self._secret, task_row.task_name, task_row.group_index)
+        seed = sampling_seed(self._secret, task_row.task_name, task_row.group_index, lease_id)
         values = {
             "lease_id": lease_id,
             "task_id": task_row.task_id,
