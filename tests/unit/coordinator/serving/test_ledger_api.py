@@ -148,7 +148,8 @@ async def test_seeds_are_distinct_and_survive_reopening(harness: LedgerHarness, 
     (again,) = (await again_client.lease(LeaseRequest())).tasks
     # The abandoned task comes back under a new lease with a fresh seed: its old draws replay to nothing.
     assert again.task_id == tasks[0].task_id and again.sampling_seed != tasks[0].sampling_seed
-    assert again.sampling_seed == sampling_seed(reopened.ledger._secret, again.task_name, int(again.task_id[1:]), again.lease_id)
+    group_index = int(again.task_id.removeprefix("t"))
+    assert again.sampling_seed == sampling_seed(reopened.ledger._secret, again.task_name, group_index, again.lease_id)
     await worker.aclose()
 
 
