@@ -175,9 +175,15 @@ class Attacker:
             task = await self.lease(ledger)
             claims = honest_claims(self.policy, sample_tasks_of(task, EOS))
             await ledger.abandon(task.lease_id)
+            others: list[Task] = []  # other re-queued tasks may come first: held until the target comes back
             again = await self.lease(next_holder)
+            while again.task_id != task.task_id and len(others) < MAX_TRIES:
+                others.append(again)
+                again = await self.lease(next_holder)
             assert again.task_id == task.task_id, (again.task_id, task.task_id)
             await self.submit(next_holder, name, submission_of(again, claims))
+            for other in others:
+                await next_holder.abandon(other.lease_id)
 
     async def proof_attacks(self, ledger: LedgerClient, names: Sequence[str] = tuple(PROOF_ATTACKS)) -> None:
         for name in names:

@@ -47,7 +47,8 @@ REJECTED_BY = {
 def test_attacks_live_rl_networks_met_are_refused_or_rejected(tmp_path: Path) -> None:
     sections: dict[str, dict[str, Any]] = {
         "trust": {"ban_after_rejections": 100},
-        "scheduling": {"lease_ttl_s": 300},
+        # The attacker holds the tasks it passes over while it looks for one it wants (at most a few).
+        "scheduling": {"lease_ttl_s": 300, "max_leases_per_node": 16},
     }
     with running_network(tmp_path, sections=sections) as net:
         validator = net.start_validator()
