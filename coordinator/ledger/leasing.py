@@ -519,7 +519,7 @@ class LeasingLedger(LedgerViews):
         probation: bool,
     ) -> Task:
         lease_id = f"l-{secrets.token_hex(12)}"
-        seed = sampling_seed(self._secret, task_row.task_name, task_row.group_index)
+        seed = sampling_seed(self._secret, task_row.task_name, task_row.group_index, lease_id)
         deadline = now + self.scheduling.lease_ttl_s
         if probation:
             max_s = self.config.sources.probation_lease_max_s

@@ -6,7 +6,11 @@ answered: a refusal at the door (status and reason) or a submission id for the v
 judge. Door attacks: a request in another node's name signed with its own key, an honest
 worker's accepted submission replayed under that worker's lease and copied under a fresh lease
 of its own, a policy version it never had, an inflated reward field, a wrong task id. Proof
-attacks: those of :mod:`tests.support.adversary` that need only the policy itself. :func:`signed_post`
+attacks: those of :mod:`tests.support.adversary` that need only the policy itself. Attacks live
+RL networks have met (:meth:`Attacker.declared_split_attacks`, :meth:`Attacker.termination_attacks`,
+:meth:`Attacker.earlier_lease_attacks`): a worker-declared prompt/completion split, mask or second copy of
+the tokens; filler after EOS and EOS suppressed to the cap; rollouts generated for an abandoned lease
+submitted under the task's next lease, by a second identity or by the same one. :func:`signed_post`
 sends any hand-made body signed with a node's key, NaN and Infinity literals included (the
 number attacks of tests/integration/test_door_checks.py).
 """
@@ -31,9 +35,12 @@ from protocol.signing import HEADER_NODE, sign_document, sign_request
 from tests.support.adversary import (
     altered_prompt,
     altered_token,
+    eos_suppressed,
     flipped_signs,
+    has_early_eos,
     honest_claims,
     other_temperature,
+    padded_after_eos,
     sample_tasks_of,
     submission_of,
     truncated_claimed_finished,
@@ -51,6 +58,21 @@ PROOF_ATTACKS: dict[str, ProofAttack] = {
     "altered_prompt_token": lambda policy, tasks: altered_prompt(policy, tasks),
     "truncated_claimed_finished": lambda policy, tasks: truncated_claimed_finished(policy, tasks),
 }
+
+
+DECLARED_FIELDS: dict[str, tuple[str, object]] = {
+    "declared_prompt_ids": ("prompt_ids", [2, 3, 4]),
+    "declared_loss_mask": ("loss_mask", [1]),
+    "declared_prompt_length": ("num_prompt_tokens", 0),
+    "declared_completion_text": ("text", "the answer"),
+    "declared_split_for_the_group": ("prompt_lengths", [0]),
+}
+"""A second copy of the tokens, a mask or a prompt/completion split a worker might declare: attack name ->
+(field, value); ``prompt_lengths`` is put on the submission, the others on its first rollout."""
+TERMINATION_ATTACKS = ("padded_after_eos", "eos_suppressed")
+EARLIER_LEASE_ATTACKS = ("earlier_lease_by_another_identity", "earlier_lease_by_the_same_identity")
+EOS = (TINY_EOS_TOKEN_ID,)
+MAX_TRIES = 8
 
 
 @dataclass
@@ -110,6 +132,59 @@ class Attacker:
         await self.submit(ledger, "wrong_task_id", mine.model_copy(update={"task_id": fresh.task_id}))
         await ledger.abandon(task.lease_id)
 
+    async def declared_split_attacks(self, ledger: LedgerClient) -> None:
+        """An honest group sent with each worker-declared field (all refused), then as it is (the control)."""
+        task = await self.lease(ledger)
+        mine = submission_of(task, honest_claims(self.policy, sample_tasks_of(task, EOS)))
+        for name, (field_name, value) in DECLARED_FIELDS.items():
+            document = mine.model_dump(mode="json")
+            target = document if field_name == "prompt_lengths" else document["rollouts"][0]
+            target[field_name] = value
+            await self.post_raw(name, "/v1/submissions", document)
+        await self.submit(ledger, "honest_control", mine)
+
+    async def termination_attacks(self, ledger: LedgerClient) -> None:
+        """Filler after the first EOS and EOS suppressed to the cap, each on a group where the policy stops early.
+
+        The attacker generates honestly first and keeps only a task on which some sample draws EOS before the
+        cap (it abandons the others): on any other task both attacks are the honest rollout."""
+        passed_over: list[Task] = []
+        for name in TERMINATION_ATTACKS:
+            for _ in range(MAX_TRIES):
+                task = await self.lease(ledger)
+                samples = sample_tasks_of(task, EOS)
+                honest = honest_claims(self.policy, samples)
+                if any(c.finish_reason == "stop" and len(c.completion_ids) < task.sampling.max_tokens for c in honest):
+                    break
+                passed_over.append(task)  # held, not abandoned: the next lease is another task
+            else:
+                raise AssertionError(f"no task in {MAX_TRIES} on which the policy stops before the cap")
+            if name == "padded_after_eos":
+                claims = padded_after_eos(self.policy, samples, whole_group=True)
+                assert any(has_early_eos(c) for c in claims)
+            else:
+                claims = eos_suppressed(self.policy, samples)
+            await self.submit(ledger, name, submission_of(task, claims))
+        for task in passed_over:
+            await ledger.abandon(task.lease_id)
+
+    async def earlier_lease_attacks(self, ledger: LedgerClient, sybil: LedgerClient) -> None:
+        """Generate honestly for a lease, abandon it (as a worker keeping only the groups it likes does), and
+        submit those rollouts under the task's next lease: taken by a second identity, then by the same one."""
+        for name, next_holder in zip(EARLIER_LEASE_ATTACKS, (sybil, ledger), strict=True):
+            task = await self.lease(ledger)
+            claims = honest_claims(self.policy, sample_tasks_of(task, EOS))
+            await ledger.abandon(task.lease_id)
+            others: list[Task] = []  # other re-queued tasks may come first: held until the target comes back
+            again = await self.lease(next_holder)
+            while again.task_id != task.task_id and len(others) < MAX_TRIES:
+                others.append(again)
+                again = await self.lease(next_holder)
+            assert again.task_id == task.task_id, (again.task_id, task.task_id)
+            await self.submit(next_holder, name, submission_of(again, claims))
+            for other in others:
+                await next_holder.abandon(other.lease_id)
+
     async def proof_attacks(self, ledger: LedgerClient, names: Sequence[str] = tuple(PROOF_ATTACKS)) -> None:
         for name in names:
             task = await self.lease(ledger)
@@ -158,4 +233,17 @@ async def attack_until_banned(url: str, checkpoint: Path, honest_id: str, honest
         await attacker.door_attacks(ledger, honest_id, honest)
         await attacker.proof_attacks(ledger)
         await attacker.wait_for_ban(ledger, 300)
+    return attacker
+
+
+async def attack_as_rl_networks_were(url: str, checkpoint: Path) -> Attacker:
+    """The attacks live RL networks have met, from one identity and a second one it controls."""
+    attacker = Attacker(url, HFEngine(checkpoint, max_batch_size=16))
+    sybil = Attacker(url, attacker.policy)
+    async with LedgerClient(url, attacker.identity) as ledger, LedgerClient(url, sybil.identity) as second:
+        await attacker.register(ledger)
+        await sybil.register(second)
+        await attacker.declared_split_attacks(ledger)
+        await attacker.termination_attacks(ledger)
+        await attacker.earlier_lease_attacks(ledger, second)
     return attacker

@@ -144,6 +144,47 @@ def truncated_claimed_finished(policy: HFEngine, tasks: Sequence[SampleTask], se
     return [replace(c, finish_reason="stop") for c in repaired(policy, cut)]
 
 
+def padded_after_eos(policy: HFEngine, tasks: Sequence[SampleTask], whole_group: bool = False) -> list[Claim]:
+    """Honest completions that drew EOS, continued past it to max_tokens with the policy's own seeded draws.
+
+    Every token is the policy's draw and the proof and logprobs are honest, so only the termination check can
+    tell: the filler after the first EOS pads a scored answer to the cap ("length"). Completions that never
+    drew an EOS before the cap are left out of the returned claims (``whole_group``: kept, as a worker submits
+    them)."""
+    results = policy.generate([generation_request(task, i, eos_token_ids=()) for i, task in enumerate(tasks)])
+    claims = _claims(tasks, results, 128, 32)
+    return [c for c in claims if whole_group or has_early_eos(c)]
+
+
+def has_early_eos(claim: Claim) -> bool:
+    """Whether an EOS id sits before the claim's last token (the sampler would have stopped there)."""
+    return any(token in claim.task.eos_token_ids for token in claim.completion_ids[:-1])
+
+
+class EosSuppressingEngine(HFEngine):
+    """The policy with its EOS logits at -inf: it draws as the policy does until the cap, never stopping."""
+
+    def __init__(self, policy: HFEngine, eos_token_ids: Sequence[int]) -> None:
+        self.__dict__.update(policy.__dict__)  # the policy's model and settings, shared, not loaded again
+        self.suppressed = sorted(set(eos_token_ids))
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = super()._logits(hidden)
+        logits[..., self.suppressed] = float("-inf")
+        return logits
+
+
+def eos_suppressed(policy: HFEngine, tasks: Sequence[SampleTask]) -> list[Claim]:
+    """Generate with EOS suppressed to reach the token cap; proofs and logprobs repaired by the policy's prefill.
+
+    Where the seeded draw was never EOS the claim is the honest one; where it was, the claimed token is not
+    the draw, which only the sampling replay sees."""
+    eos = {token for task in tasks for token in task.eos_token_ids}
+    suppressor = EosSuppressingEngine(policy, sorted(eos))
+    results = suppressor.generate([generation_request(task, i) for i, task in enumerate(tasks)])
+    return repaired(policy, _claims(tasks, results, 128, 32))
+
+
 Attack = Callable[[Sequence[SampleTask]], list[Claim]]
 
 

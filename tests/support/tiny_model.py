@@ -193,3 +193,32 @@ def quantize_checkpoint(source: Path, target: Path, bits: int = 8) -> Path:
     target.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(target, safe_serialization=True)
     return target
+
+
+def quantize_linear_layers(source: Path, target: Path, bits: int, group_size: int | None = None) -> Path:
+    """Copy a checkpoint with every linear layer's weight fake-quantized to ``bits``-bit integers (weight-only).
+
+    What a worker serving an int8 or int4 build of the policy computes with (the LLM.int8/GPTQ/AWQ family):
+    each output row's weights, or each run of ``group_size`` of them along the input, share one scale that
+    maps their largest magnitude to the largest integer; they are rounded and scaled back. Embeddings, norms
+    and biases stay as they are."""
+    from torch import nn
+    from transformers import AutoModelForCausalLM
+
+    model: Any = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
+    levels = (1 << (bits - 1)) - 1
+    with torch.no_grad():
+        for module in model.modules():
+            if not isinstance(module, nn.Linear):
+                continue
+            weight = module.weight
+            rows, columns = weight.shape
+            group = group_size or columns
+            if columns % group:
+                raise ValueError(f"a {rows}x{columns} weight does not split into groups of {group}")
+            grouped = weight.reshape(rows, columns // group, group)
+            scale = grouped.abs().amax(dim=2, keepdim=True).clamp(min=1e-12) / levels
+            weight.copy_(((grouped / scale).round().clamp(-levels, levels) * scale).reshape(rows, columns))
+    target.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(target, safe_serialization=True)
+    return target

@@ -16,7 +16,14 @@ import torch
 
 from engines.hf import HFEngine
 from protocol.schemas import SamplingParams
-from tests.support.adversary import Attack, attack_suite, honest_claims, other_model_tokens_proven_by_policy
+from tests.support.adversary import (
+    Attack,
+    attack_suite,
+    eos_suppressed,
+    honest_claims,
+    other_model_tokens_proven_by_policy,
+    padded_after_eos,
+)
 from tests.support.tiny_model import TINY_EOS_TOKEN_ID, perturb_checkpoint, save_tiny_qwen2
 from toploc.config import ToplocConfig
 from toploc.sampling import sample_stream
@@ -150,3 +157,32 @@ def test_no_false_rejections_over_many_honest_rollouts(models: dict[str, Path]) 
     finally:
         torch.set_num_threads(threads_before)
     assert num_rollouts >= 500
+
+
+def test_tokens_after_the_first_eos_are_rejected(policy: HFEngine) -> None:
+    """The policy's own draws continued past EOS to the cap: every token seeded, every proof honest, rejected."""
+    tasks = make_tasks(num_prompts=24, group_size=1, max_tokens=40, seed=11)
+    claims = padded_after_eos(policy, tasks)
+    assert len(claims) >= 5, "too few completions drew an EOS before the cap"
+    for verdict in verify_all(policy, claims):
+        assert not verdict.accepted
+        assert any(r.startswith("termination: EOS at position") for r in verdict.reasons), verdict.reasons
+        assert not any(r.startswith(("toploc", "sampling", "logprobs")) for r in verdict.reasons), verdict.reasons
+
+
+def test_eos_suppressed_to_the_cap_is_caught_by_the_sampling_replay(policy: HFEngine) -> None:
+    """Rejected exactly where the seeded draw was EOS (the honest rollout stops early); otherwise honest."""
+    tasks = make_tasks(num_prompts=24, group_size=1, max_tokens=40, seed=13)
+    honest = honest_claims(policy, tasks)
+    claims = eos_suppressed(policy, tasks)
+    stopped_early = 0
+    for claim, honest_claim, verdict in zip(claims, honest, verify_all(policy, claims), strict=True):
+        assert claim.finish_reason == "length" and len(claim.completion_ids) == 40
+        if honest_claim.finish_reason == "length":
+            assert claim.completion_ids == honest_claim.completion_ids and verdict.accepted, verdict.reasons
+            continue
+        stopped_early += 1
+        assert not verdict.accepted
+        assert any(r.startswith("sampling") for r in verdict.reasons), verdict.reasons
+        assert not any(r.startswith(("toploc", "termination", "logprobs")) for r in verdict.reasons), verdict.reasons
+    assert stopped_early >= 5

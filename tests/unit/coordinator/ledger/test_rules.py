@@ -99,17 +99,16 @@ def test_rollout_problems_at_the_door() -> None:
     ]
 
 
-def test_seeds_depend_on_secret_task_and_group() -> None:
+def test_seeds_depend_on_secret_task_group_and_lease() -> None:
     secret = new_run_secret()
-    seed = sampling_seed(secret, "reverse_text", 7)
-    assert seed == sampling_seed(secret, "reverse_text", 7)
+    seed = sampling_seed(secret, "reverse_text", 7, "l-a")
+    assert seed == sampling_seed(secret, "reverse_text", 7, "l-a")
     assert 0 <= seed < 2**63
-    others = {sampling_seed(secret, "reverse_text", 8), sampling_seed(secret, "arithmetic", 7)}
-    others.add(sampling_seed(new_run_secret(), "reverse_text", 7))
-    assert seed not in others and len(others) == 3
-    # Fixed vector: the derivation is part of the protocol and must not drift silently.
-    assert sampling_seed("00" * 32, "reverse_text", 0) == sampling_seed("00" * 32, "reverse_text", 0)
-    assert sampling_seed("00" * 32, "t", 1) != sampling_seed("00" * 32, "t1", 0)  # no ambiguity from joining
+    others = {sampling_seed(secret, "reverse_text", 8, "l-a"), sampling_seed(secret, "arithmetic", 7, "l-a")}
+    others.add(sampling_seed(new_run_secret(), "reverse_text", 7, "l-a"))
+    others.add(sampling_seed(secret, "reverse_text", 7, "l-b"))  # the same task re-issued: a fresh draw
+    assert seed not in others and len(others) == 4
+    assert sampling_seed("00" * 32, "t", 1, "l") != sampling_seed("00" * 32, "t1", 0, "l")  # no ambiguity from joining
 
 
 def test_ban_reason() -> None:

@@ -6,6 +6,7 @@ import pytest
 from fastapi.routing import APIRoute
 from sqlalchemy import func, select
 
+from coordinator.ledger.seeds import sampling_seed
 from coordinator.ledger.storage.tables import accepted_groups
 from protocol import routes
 from protocol.errors import ConflictError, ForbiddenError, StalePolicyError
@@ -76,7 +77,7 @@ async def test_expired_lease_is_reissued_and_late_submit_refused(harness: Ledger
     other = await harness.worker()
     (reissued,) = (await other.lease(LeaseRequest())).tasks
     assert reissued.task_id == task.task_id and reissued.lease_id != task.lease_id
-    assert reissued.sampling_seed == task.sampling_seed
+    assert reissued.sampling_seed != task.sampling_seed  # a fresh draw: the first lease's rollouts do not replay
     with pytest.raises(ConflictError, match="re-issued"):
         await worker.submit(submission_for(task))
     with pytest.raises(ConflictError, match="expired"):
@@ -151,7 +152,10 @@ async def test_seeds_are_distinct_and_survive_reopening(harness: LedgerHarness, 
     await worker.abandon(tasks[0].lease_id)
     again_client = await reopened.worker()  # another worker: a task never goes straight back to who dropped it
     (again,) = (await again_client.lease(LeaseRequest())).tasks
-    assert (again.task_id, again.sampling_seed) == (tasks[0].task_id, tasks[0].sampling_seed)
+    # The abandoned task comes back under a new lease with a fresh seed: its old draws replay to nothing.
+    assert again.task_id == tasks[0].task_id and again.sampling_seed != tasks[0].sampling_seed
+    group_index = int(again.task_id.removeprefix("t"))
+    assert again.sampling_seed == sampling_seed(reopened.ledger._secret, again.task_name, group_index, again.lease_id)
     await worker.aclose()
     await again_client.aclose()
 
