@@ -6,7 +6,7 @@
   never retried as a relay's failure; a relay on a full disk says so once and keeps serving.
 - `prime-relay fetch latest` never moves a node to a version older than one it holds or saw signed.
 - `prime-coordinator publish` never calls a version published from a checkpoint it does not hold,
-  and cleans up what a killed publish left in staging.
+  and cleans up what a killed publish left in staging; finishing a killed publish announces the version.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import httpx
 import pytest
 
 from protocol.identity import NodeIdentity, load_or_create_identity
-from shardcast.origin import publish_checkpoint
+from shardcast.origin import OriginSource, publish_checkpoint
 from shardcast.store import VersionStore
 from tests.support.shardcast_nodes import (
     Nodes,
@@ -272,3 +272,18 @@ def test_publish_never_names_a_version_after_a_checkpoint_it_does_not_hold(tmp_p
     served = run_dir / "policies" / "v1" / "files"
     assert tree_bytes(served) == tree_bytes(a)
     assert list(store.staging.iterdir()) == []
+
+
+def test_finishing_an_interrupted_publish_announces_the_version(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    assert coordinator_publish(make_checkpoint(tmp_path / "Z", seed=0, size_bytes=64 * 1024), run_dir).returncode == 0
+    a = make_checkpoint(tmp_path / "A", seed=1, size_bytes=64 * 1024)
+    store = VersionStore(run_dir / "policies")
+    # `publish A` killed after the store installed v1 and before it announced it
+    publish_checkpoint(a, 1, load_or_create_identity(run_dir), store, shard_size_bytes=SHARD)
+    store.announce(0)
+
+    finished = coordinator_publish(a, run_dir)
+    assert finished.returncode == 0, finished.stderr
+    assert store.announced() == 1
+    assert OriginSource(store).versions_response().latest == 1
