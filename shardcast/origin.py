@@ -12,9 +12,10 @@ the coordinator mounts that app, and ``prime-relay origin`` serves a store on it
 
 With a :class:`PatchPolicy` the origin may publish a version as a *value patch* against the
 version announced before it (:func:`choose_patch`): when that version is still in the store,
-the new version is not a multiple of ``full_every``, and the patch is smaller than the
-checkpoint. A patch version's store directory holds the patch under ``files/`` (what is served)
-and the checkpoint it rebuilds under ``result/`` (hard links; the base of the next patch).
+the new version is not a multiple of ``full_every``, and the patch saves at least
+``min_saving_fraction`` (10%) of the checkpoint's bytes. A patch version's store directory
+holds the patch under ``files/`` (what is served) and the checkpoint it rebuilds under
+``result/`` (hard links; the base of the next patch).
 Pruning never breaks a chain: every kept patch keeps the versions down to its full base
 (:func:`shardcast.manifest.chain_closure`).
 """
@@ -72,6 +73,9 @@ class PatchPolicy:
     """Versions that are a multiple of this are always full (a bound on chain length)."""
     level: int = 3
     """zstd level of the patch."""
+    min_saving_fraction: float = 0.1
+    """A patch is published only when it is at least this fraction smaller than the checkpoint: a node
+    without the base pays the full version plus every patch after it, and each patch costs a rebuild."""
 
 
 @dataclass(frozen=True)
@@ -96,7 +100,8 @@ def choose_patch(
     """The patch to publish ``version`` (checkpoint ``new_dir``) as, or None for a full version.
 
     A patch is made against the announced version when it is still in the store and older, unless
-    ``version`` is a multiple of ``full_every``; it is kept only when smaller than the checkpoint.
+    ``version`` is a multiple of ``full_every``; it is kept only when it saves at least ``min_saving_fraction``
+    of the checkpoint's bytes.
     A codec failure is no reason to stop publishing: it is logged and the version goes out full.
     """
     if policy is None or not policy.enabled or version % policy.full_every == 0:
@@ -117,12 +122,13 @@ def choose_patch(
         return None
     patch_bytes = patch_path.stat().st_size
     full_bytes = sum(size for _, size in list_checkpoint_files(new_dir))
-    if patch_bytes >= full_bytes:
+    if patch_bytes > full_bytes * (1.0 - policy.min_saving_fraction):
         log.info(
-            "version %d: a patch against v%d is %d bytes, not smaller than %d; publishing it full",
+            "version %d: a patch against v%d is %d bytes, not %.0f%% smaller than %d; publishing it full",
             version,
             base,
             patch_bytes,
+            100 * policy.min_saving_fraction,
             full_bytes,
         )
         return None
