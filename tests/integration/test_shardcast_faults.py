@@ -287,3 +287,13 @@ def test_finishing_an_interrupted_publish_announces_the_version(tmp_path: Path) 
     assert finished.returncode == 0, finished.stderr
     assert store.announced() == 1
     assert OriginSource(store).versions_response().latest == 1
+
+
+@pytest.mark.parametrize("flags", [["--set", "bogus=1"], []])
+def test_a_fatal_error_under_json_logs_is_a_json_line(tmp_path: Path, flags: list[str]) -> None:
+    argv = [str(BIN / "prime-relay"), "serve", "--json-logs", "--data-dir", str(tmp_path), *flags]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=60, env={**os.environ, "NO_COLOR": "1"})
+    assert proc.returncode == 2, proc.stderr
+    lines = [json.loads(line) for line in proc.stderr.splitlines()]  # every line is one JSON object
+    assert lines[-1]["level"] == "error" and lines[-1]["exit_code"] == 2, lines
+    assert ("bogus" if flags else "upstream") in lines[-1]["event"]
