@@ -260,19 +260,25 @@ class _ProgressBar:
 
     def on_event(self, event: dict[str, Any]) -> None:
         kind = event["event"]
-        if kind == "manifest":
+        if kind == "manifest" and self.task_id is not None:  # the next version of a planned chain
+            self.progress.advance(self.task_id, event["bytes_resumed"])
+        elif kind in ("manifest", "plan"):
+            # one bar for the whole download: a plan's total is the full start and every patch of its chain
+            total = event["total_bytes"] if kind == "manifest" else event["bytes"]
+            if kind == "plan":
+                saved = max(0, event["checkpoint_bytes"] - event["bytes"])
+                start = f"held v{event['base']}" if event["from"] == "held" else f"full v{event['base']}"
+                self.route = f"patch from {start}, saves {_human_bytes(saved)}"
+            if self.task_id is not None:  # planned again (a damaged base was dropped): start the bar over
+                self.progress.remove_task(self.task_id)
             self.progress.start()
             self.task_id = self.progress.add_task(
                 "fetch",
-                total=event["total_bytes"],
-                completed=event["bytes_resumed"],
+                total=total,
+                completed=event.get("bytes_resumed", 0),
                 version=event["version"],
                 note=self.route,
             )
-        elif kind == "plan":
-            saved = max(0, event["checkpoint_bytes"] - event["bytes"])
-            start = f"held v{event['base']}" if event["from"] == "held" else f"full v{event['base']}"
-            self.route = f"patch from {start}, saves {_human_bytes(saved)}"
         elif kind == "done" and not event.get("cached") and self.task_id is not None:
             if event.get("kind") == "patch":
                 note = f"patch from v{event['base']}: {_human_bytes(event['bytes_saved'])} saved"

@@ -44,3 +44,33 @@ def test_serve_without_upstream_or_coordinator_says_what_is_missing(tmp_path: Pa
     assert result.exit_code == EXIT_BAD_CONFIG and "upstream" in result.output
     result = CliRunner().invoke(app, ["serve", "--upstream", "http://127.0.0.1:9", "--data-dir", str(tmp_path)])
     assert result.exit_code == EXIT_BAD_CONFIG and "coordinator" in result.output
+
+
+def test_the_progress_of_a_full_start_and_a_chain_counts_every_byte() -> None:
+    from shardcast.cli import _ProgressBar
+
+    bar = _ProgressBar()
+    events: list[dict[str, object]] = [
+        {
+            "event": "plan",
+            "version": 7,
+            "base": 5,
+            "from": "full",
+            "chain": [6, 7],
+            "bytes": 1200,
+            "checkpoint_bytes": 1000,
+        },
+        {"event": "manifest", "version": 5, "total_bytes": 1000, "bytes_resumed": 400},
+        {"event": "shard_done", "bytes": 600},
+        {"event": "manifest", "version": 6, "total_bytes": 100, "bytes_resumed": 0},
+        {"event": "shard_done", "bytes": 100},
+        {"event": "manifest", "version": 7, "total_bytes": 100, "bytes_resumed": 0},
+        {"event": "shard_done", "bytes": 100},
+    ]
+    try:
+        for event in events:
+            bar.on_event(event)
+        (task,) = bar.progress.tasks
+        assert (task.total, task.completed, task.fields["version"]) == (1200, 1200, 7)
+    finally:
+        bar.stop()
