@@ -9,7 +9,9 @@ the one the coordinator signed. A failed shard goes back on the queue with expon
 backoff and another source is tried (the failing one is excluded for that shard); after
 ``max_attempts_per_shard`` failures the whole transfer fails. A relay answering 503 (it is
 still mirroring that shard) costs no attempt: the shard is simply asked for again shortly.
-A source that sends bytes that do not match is banned by the scoreboard.
+A source that sends bytes that do not match, or a whole response shorter than the signed shard,
+is banned by the scoreboard; one whose bodies break off before their declared length is banned
+at its second such body (one may be the network's fault, two are the source's).
 
 One slow source costs little. Every fetch runs under a progress deadline
 (:mod:`shardcast.progress`): a body that starts too late or flows below ``min_rate_bps`` is
@@ -40,14 +42,14 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from protocol.errors import IntegrityError, LocalFaultError, NotFoundError, PrimeError, RemoteUnavailableError
 from protocol.schemas import PolicyManifest, ShardEntry
-from shardcast.fetchers import ShardFetcher
+from shardcast.fetchers import CutShortError, ShardFetcher
 from shardcast.manifest import new_hasher
 from shardcast.progress import ProgressDeadline, TooSlowError, with_progress_deadline
 from shardcast.scoring import Outcome, Scoreboard
 from shardcast.store import local_disk
 
 EventSink = Callable[[dict[str, Any]], None]
-FailureKind = Literal["network", "slow", "not_ready", "integrity", "missing"]
+FailureKind = Literal["network", "slow", "not_ready", "integrity", "missing", "short"]
 _HEDGE_RETRY_S = 0.25
 """How soon a dragging fetch asks again for a hedge when none could be started."""
 DRAG_RATIO = 2.0
@@ -223,6 +225,8 @@ async def _stream_verified(
             status = await with_progress_deadline(request, lambda: attempt.received, deadline, url)
     except TooSlowError as exc:
         raise ShardFetchError("slow", str(exc)) from exc
+    except CutShortError as exc:
+        raise ShardFetchError("short", f"{exc}; got {attempt.received} of {shard.size_bytes} bytes") from exc
     except (httpx.HTTPError, OSError, TimeoutError) as exc:
         raise ShardFetchError("network", f"{url}: {type(exc).__name__}: {exc}") from exc
     if local_fault:  # a fetcher that swallowed the callback's error must not hide a full disk
@@ -233,8 +237,8 @@ async def _stream_verified(
         raise ShardFetchError("missing", f"{url}: 404 (source does not hold this version)")
     if status != 200:
         raise ShardFetchError("network", f"{url}: HTTP {status}")
-    if attempt.received != shard.size_bytes:
-        raise ShardFetchError("network", f"{url}: got {attempt.received} of {shard.size_bytes} bytes")
+    if attempt.received != shard.size_bytes:  # a whole response, shorter than signed: the source lies
+        raise ShardFetchError("integrity", f"{url}: a {attempt.received}-byte body for a {shard.size_bytes}-byte shard")
     digest = hasher.hexdigest()
     if digest != shard.hash:
         raise ShardFetchError("integrity", f"{url}: {manifest.hash_algorithm} {digest[:16]}... is not the signed hash")
@@ -246,6 +250,7 @@ _OUTCOME: dict[FailureKind, Outcome] = {
     "not_ready": "not_ready",
     "integrity": "integrity",
     "missing": "network",
+    "short": "short",
 }
 
 

@@ -104,6 +104,59 @@ class TricklingRelay:
         self.thread.join(timeout=10)
 
 
+class FaultyRelay:
+    """A real HTTP server that passes the upstream's listings and manifests through and breaks every shard:
+
+    ``truncate`` declares the shard's whole length and closes halfway, ``shorten`` declares and sends half,
+    ``busy`` answers every request 503 forever (a relay that never gets the version).
+    """
+
+    def __init__(self, upstream: str, mode: str) -> None:
+        self.upstream = upstream
+        self.mode = mode
+        self.num_requests = 0
+        relay = self
+
+        class Handler(socketserver.BaseRequestHandler):
+            def handle(self) -> None:
+                relay.serve(self.request)
+
+        self.server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def serve(self, connection: socket.socket) -> None:
+        request = b""
+        while b"\r\n\r\n" not in request:
+            chunk = connection.recv(4096)
+            if not chunk:
+                return
+            request += chunk
+        self.num_requests += 1
+        path = request.split(b" ", 2)[1].decode()
+        if self.mode == "busy":
+            connection.sendall(b"HTTP/1.1 503 Busy\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+            return
+        body = httpx.get(f"{self.upstream}{path}", timeout=10).content
+        declared = len(body)
+        if "/shards/" in path:
+            body = body[: len(body) // 2]
+            declared = len(body) if self.mode == "shorten" else declared
+        head = f"HTTP/1.1 200 OK\r\nContent-Length: {declared}\r\nConnection: close\r\n\r\n"
+        with contextlib.suppress(OSError):
+            connection.sendall(head.encode() + body)
+
+    def __enter__(self) -> FaultyRelay:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(timeout=10)
+
+
 @contextlib.contextmanager
 def tmpfs(path: Path, size: str) -> Iterator[Path]:
     """A real, tiny filesystem (root only: mount -t tmpfs), unmounted in any case."""
@@ -297,3 +350,26 @@ def test_a_fatal_error_under_json_logs_is_a_json_line(tmp_path: Path, flags: lis
     lines = [json.loads(line) for line in proc.stderr.splitlines()]  # every line is one JSON object
     assert lines[-1]["level"] == "error" and lines[-1]["exit_code"] == 2, lines
     assert ("bogus" if flags else "upstream") in lines[-1]["event"]
+
+
+@pytest.mark.parametrize("mode", ["truncate", "shorten"])
+def test_a_relay_that_cuts_shards_short_is_banned_fast(
+    tmp_path: Path, nodes: Nodes, coordinator: NodeIdentity, mode: str
+) -> None:
+    checkpoint = publish(tmp_path, tmp_path / "store", coordinator, 1)
+    origin = nodes.origin(tmp_path / "store")
+    with FaultyRelay(origin, mode) as faulty:
+        events, seconds, code = timed_fetch(nodes, 1, [faulty.url, origin], coordinator.node_id, tmp_path / "both")
+        assert code == 0 and events[-1]["event"] == "done", events[-3:]
+        assert tree_bytes(tmp_path / "both" / "v1") == tree_bytes(checkpoint)
+        relays = {r["url"]: r for r in events[-1]["relays"]}  # type: ignore[attr-defined]
+        # banned at its first whole short body or second cut one; the fetches already in flight fail too
+        assert relays[faulty.url]["banned"] and relays[faulty.url]["num_failures"] <= 8, relays[faulty.url]
+        assert float(events[-1]["seconds"]) < 5, events[-1]  # type: ignore[arg-type]
+
+        faulty.num_requests = 0
+        events, seconds, code = timed_fetch(nodes, 1, [faulty.url], coordinator.node_id, tmp_path / "alone")
+        assert code == 1 and events[-1]["error"] == "integrity", events[-3:]
+        print(f"{mode}: a lone relay refused after {seconds:.2f} s wall, {faulty.num_requests} requests")
+        assert seconds < 12, f"a lone truncating relay took {seconds:.1f} s to refuse"
+        assert faulty.num_requests <= 1 + 2 * 8  # the manifest, then at most two rounds of the parallel fetches
