@@ -74,6 +74,12 @@ def fetch(
     hedge_after: float = typer.Option(
         1.5, "--hedge-after-s", min=0.01, help="Also ask another relay for a request still running after this long."
     ),
+    not_ready_timeout: float = typer.Option(
+        120.0,
+        "--not-ready-timeout-s",
+        min=0.01,
+        help="Give up when no shard verified for this long while the relays answer only 503 (not mirrored yet).",
+    ),
     log_level: str = LogLevelOption,
 ) -> None:
     """Download one version from several relays, verifying every shard; resumes an interrupted download."""
@@ -88,6 +94,7 @@ def fetch(
         fsync_enabled=not no_fsync,
         min_rate_bps=min_rate,
         hedge_after_s=hedge_after,
+        not_ready_timeout_s=not_ready_timeout,
     )
     progress = None if json_events else _ProgressBar()
     sink = progress.on_event if progress is not None else _print_json

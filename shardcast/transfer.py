@@ -8,7 +8,11 @@ from relays). ``num_parallel`` tasks take shards from a queue; each picks a sour
 the one the coordinator signed. A failed shard goes back on the queue with exponential
 backoff and another source is tried (the failing one is excluded for that shard); after
 ``max_attempts_per_shard`` failures the whole transfer fails. A relay answering 503 (it is
-still mirroring that shard) costs no attempt: the shard is simply asked for again shortly.
+still mirroring that shard) costs no attempt: the shard is asked for again after a delay that
+doubles each time (``not_ready_retry_s`` up to ``backoff_max_s``), and once no shard has verified
+for ``not_ready_timeout_s`` while the sources keep answering 503 the transfer gives up
+(:class:`~protocol.errors.RemoteUnavailableError`): a relay that never gets the version cannot
+keep a node asking forever.
 A source that sends bytes that do not match, or a whole response shorter than the signed shard,
 is banned by the scoreboard; one whose bodies break off before their declared length is banned
 at its second such body (one may be the network's fault, two are the source's).
@@ -76,7 +80,9 @@ class TransferOptions(BaseModel):
     backoff_max_s: float = Field(default=5.0, gt=0)
     """Cap of the retry delay."""
     not_ready_retry_s: float = Field(default=0.3, gt=0)
-    """Delay before asking again for a shard a relay has not mirrored yet."""
+    """First delay before asking again for a shard a relay has not mirrored yet; doubles up to ``backoff_max_s``."""
+    not_ready_timeout_s: float = Field(default=120.0, gt=0)
+    """Longest time with no shard verified while the sources answer only 503 (not mirrored yet): then give up."""
     connect_timeout_s: float = Field(default=5.0, gt=0)
     """Time to open a connection to a source."""
     read_timeout_s: float = Field(default=60.0, gt=0)
@@ -273,6 +279,8 @@ async def fetch_shards(
     attempts = dict.fromkeys((shard.index for shard in pending), 0)
     excluded: dict[int, set[str]] = {shard.index: set() for shard in pending}
     kinds_seen: dict[int, set[FailureKind]] = {shard.index: set() for shard in pending}
+    num_not_ready = dict.fromkeys(attempts, 0)
+    last_progress = loop.time()
     remaining = len(pending)
     hedges_in_flight = 0
     in_flight: set[_Attempt] = set()
@@ -382,7 +390,7 @@ async def fetch_shards(
             await asyncio.gather(*(a.task for a in running if a.task is not None), return_exceptions=True)
 
     async def worker() -> None:
-        nonlocal remaining
+        nonlocal remaining, last_progress
         while True:
             ready_at, _, index = await queue.get()
             delay = ready_at - loop.time()
@@ -400,7 +408,13 @@ async def fetch_shards(
             winner, failures = await fetch_hedged(shard, source)
             if winner is None:
                 if all(failure.kind == "not_ready" for _, failure in failures):
-                    requeue(index, options.not_ready_retry_s)
+                    waited_s = loop.time() - last_progress
+                    if waited_s > options.not_ready_timeout_s:
+                        give_up(_never_ready(manifest.version, index, waited_s, [source for source, _ in failures]))
+                        return
+                    num_not_ready[index] += 1
+                    delay_s = options.not_ready_retry_s * 2 ** min(num_not_ready[index] - 1, 16)
+                    requeue(index, min(options.backoff_max_s, delay_s))
                     continue
                 for failed_source, failure in failures:
                     if failure.kind == "not_ready":
@@ -429,6 +443,7 @@ async def fetch_shards(
                 }
             )
             remaining -= 1
+            last_progress = loop.time()
             if remaining == 0 and not finished.done():
                 finished.set_result(None)
 
@@ -460,6 +475,14 @@ def _failure_event(version: int, index: int, source: str, failure: ShardFetchErr
         "kind": failure.kind,
         "reason": failure.reason,
     }
+
+
+def _never_ready(version: int, index: int, waited_s: float, sources: Sequence[str]) -> PrimeError:
+    return RemoteUnavailableError(
+        f"no shard of version {version} verified for {waited_s:.0f} s while {', '.join(sources)} kept answering "
+        f"503 for shard {index} (not mirrored yet); the relay may have lost its upstream: try again later or "
+        "name another relay"
+    )
 
 
 def _no_source_left(

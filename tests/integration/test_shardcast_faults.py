@@ -108,7 +108,7 @@ class FaultyRelay:
     """A real HTTP server that passes the upstream's listings and manifests through and breaks every shard:
 
     ``truncate`` declares the shard's whole length and closes halfway, ``shorten`` declares and sends half,
-    ``busy`` answers every request 503 forever (a relay that never gets the version).
+    ``busy`` answers every shard request 503 forever (a relay that never gets the version's shards).
     """
 
     def __init__(self, upstream: str, mode: str) -> None:
@@ -135,7 +135,7 @@ class FaultyRelay:
             request += chunk
         self.num_requests += 1
         path = request.split(b" ", 2)[1].decode()
-        if self.mode == "busy":
+        if self.mode == "busy" and "/shards/" in path:
             connection.sendall(b"HTTP/1.1 503 Busy\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
             return
         body = httpx.get(f"{self.upstream}{path}", timeout=10).content
@@ -373,3 +373,20 @@ def test_a_relay_that_cuts_shards_short_is_banned_fast(
         print(f"{mode}: a lone relay refused after {seconds:.2f} s wall, {faulty.num_requests} requests")
         assert seconds < 12, f"a lone truncating relay took {seconds:.1f} s to refuse"
         assert faulty.num_requests <= 1 + 2 * 8  # the manifest, then at most two rounds of the parallel fetches
+
+
+def test_a_lone_relay_answering_503_forever_ends_the_fetch_with_bounded_requests(
+    tmp_path: Path, nodes: Nodes, coordinator: NodeIdentity
+) -> None:
+    publish(tmp_path, tmp_path / "store", coordinator, 1)
+    origin = nodes.origin(tmp_path / "store")
+    with FaultyRelay(origin, "busy") as busy:
+        args = ("--not-ready-timeout-s", "8")
+        events, seconds, code = timed_fetch(nodes, 1, [busy.url], coordinator.node_id, tmp_path / "out", *args)
+        print(f"a lone 503 relay: gave up after {seconds:.1f} s wall, {busy.num_requests} requests")
+        assert code == 1 and events[-1]["error"] == "unavailable", events[-3:]
+        assert "503" in str(events[-1]["detail"]) and "another relay" in str(events[-1]["detail"])
+        assert seconds < 30
+        # 12 shards, each asked again after 0.3, 0.6, 1.2, 2.4, 4.8 s: about 6 requests each before the
+        # deadline (a fixed 0.3 s retry made 12 / 0.3 = 40 a second, without end)
+        assert busy.num_requests <= 1 + 12 * 7, busy.num_requests
