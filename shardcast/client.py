@@ -67,9 +67,11 @@ import pydantic
 
 from protocol.errors import IntegrityError, NotFoundError, PrimeError, RemoteUnavailableError
 from protocol.schemas import PolicyManifest, ShardEntry, SignedManifest, VersionsResponse
-from shardcast.fetchers import ShardFetcher, get_bytes, open_fetcher
+from shardcast.fetchers import ShardFetcher, get_bounded, get_bytes, open_fetcher
 from shardcast.manifest import (
     LOCAL_MANIFEST_NAME,
+    MAX_LISTING_BYTES,
+    MAX_MANIFEST_BYTES,
     FileSpan,
     load_verified_manifest,
     new_hasher,
@@ -240,9 +242,6 @@ def _read_local_manifest(
         return None
 
 
-MAX_MANIFEST_BYTES = 512 * 1024 * 1024
-
-
 async def fetch_manifest(
     fetcher: ShardFetcher,
     scoreboard: Scoreboard,
@@ -294,7 +293,7 @@ async def fetch_manifest(
                     continue
                 except (httpx.HTTPError, OSError, TimeoutError) as exc:
                     scoreboard.record(relay, "network", error=str(exc))
-                    problems.append(f"{relay}: {type(exc).__name__}")
+                    problems.append(f"{relay}: {type(exc).__name__}" + (f" ({str(exc)[:200]})" if str(exc) else ""))
                     continue
                 if status == 404:
                     missing += 1
@@ -734,9 +733,8 @@ async def latest_version(
 
     async def ask(http: httpx.AsyncClient, relay: str) -> int | None:
         try:
-            response = await http.get(f"{relay.rstrip('/')}/versions")
-            response.raise_for_status()
-            return VersionsResponse.model_validate_json(response.content).latest
+            body = await get_bounded(http, f"{relay.rstrip('/')}/versions", MAX_LISTING_BYTES)
+            return VersionsResponse.model_validate_json(body).latest
         except (httpx.HTTPError, pydantic.ValidationError):
             return None
 

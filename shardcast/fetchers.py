@@ -272,6 +272,22 @@ async def get_bytes(
     return status, b"".join(parts)
 
 
+async def get_bounded(http: httpx.AsyncClient, url: str, max_bytes: int) -> bytes:
+    """GET a small control document (a listing) through httpx: its body, once the status is 2xx, never more than
+    ``max_bytes`` read (a declared or streamed larger body raises :class:`httpx.HTTPError`)."""
+    async with http.stream("GET", url) as response:
+        response.raise_for_status()
+        declared = response.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > max_bytes:
+            raise httpx.DecodingError(f"{url}: declares {declared} bytes, more than {max_bytes}")
+        body = bytearray()
+        async for chunk in response.aiter_bytes():
+            body += chunk
+            if len(body) > max_bytes:
+                raise httpx.DecodingError(f"{url}: more than {max_bytes} bytes")
+        return bytes(body)
+
+
 class _SchemeRouter:
     """Plain http:// through the socket reader, anything else (https://) through httpx."""
 

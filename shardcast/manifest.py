@@ -39,6 +39,11 @@ MIB = 1024 * 1024
 DEFAULT_SHARD_SIZE_BYTES = 32 * MIB
 MIN_SHARD_SIZE_BYTES = 4096
 MAX_SHARD_SIZE_BYTES = 1024 * MIB
+MAX_MANIFEST_BYTES = 16 * MIB
+"""Largest signed manifest a node reads (checked while it streams in, before it is parsed): about 130,000
+shards, 4 TiB at the default shard size. The origin refuses to publish a larger one."""
+MAX_LISTING_BYTES = 1 * MIB
+"""Largest ``/versions`` listing a node reads from a relay or upstream (it names the few versions kept)."""
 # Files a download leaves next to the checkpoint; never part of a published version.
 LOCAL_MANIFEST_NAME = ".shardcast-manifest.json"
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")

@@ -36,6 +36,7 @@ from protocol.identity import NodeIdentity
 from protocol.schemas import PATCH_ENCODING, PolicyManifest, ShardEntry, SignedManifest, VersionInfo, VersionsResponse
 from shardcast.manifest import (
     DEFAULT_SHARD_SIZE_BYTES,
+    MAX_MANIFEST_BYTES,
     HashAlgorithm,
     PatchOf,
     chain_closure,
@@ -199,7 +200,13 @@ def publish_checkpoint(
                 version, served, hashes, shard_size_bytes, hash_algorithm, time.time() if now is None else now, patch
             )
             signed = sign_manifest(identity, manifest)
-            write_file_atomically(staged / MANIFEST_NAME, signed.model_dump_json().encode())
+            document = signed.model_dump_json().encode()
+            if len(document) > MAX_MANIFEST_BYTES:  # no node would read it
+                raise ProtocolError(
+                    f"the manifest of version {version} would be {len(document)} bytes, over the {MAX_MANIFEST_BYTES} "
+                    f"nodes read ({len(manifest.shards)} shards); publish it with a larger shard_size_bytes"
+                )
+            write_file_atomically(staged / MANIFEST_NAME, document)
             fsync_dir(staged)
             store.install_version(staged, version)
         except BaseException:
