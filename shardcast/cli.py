@@ -74,6 +74,9 @@ def fetch(
     hedge_after: float = typer.Option(
         1.5, "--hedge-after-s", min=0.01, help="Also ask another relay for a request still running after this long."
     ),
+    run_name: str | None = typer.Option(
+        None, "--run-name", help="Use only manifests the coordinator signed for this run (its run_name)."
+    ),
     not_ready_timeout: float = typer.Option(
         120.0,
         "--not-ready-timeout-s",
@@ -100,7 +103,7 @@ def fetch(
     sink = progress.on_event if progress is not None else _print_json
     try:
         number = _resolve_latest(relay, coordinator_id, out, sink) if version == "latest" else _parse_version(version)
-        path = download_version(number, relay, coordinator_id, out, options, on_event=sink)
+        path = download_version(number, relay, coordinator_id, out, options, on_event=sink, run_name=run_name)
     except PrimeError as exc:
         if json_events:
             _print_json(describe_failure(exc))
@@ -132,6 +135,9 @@ def publish(
         False, "--no-patches", help="Always publish the full checkpoint, never a value patch against the last version."
     ),
     full_every: int = typer.Option(10, min=1, help="Versions that are a multiple of this are always published full."),
+    run_name: str | None = typer.Option(
+        None, "--run-name", help="Sign the version as this run's (nodes of another run refuse it)."
+    ),
     log_level: str = LogLevelOption,
 ) -> None:
     """Hash, sign and atomically publish a checkpoint as a new version (what the coordinator does).
@@ -163,6 +169,7 @@ def publish(
             fsync_enabled=not no_fsync,
             link_enabled=not copy,
             patches=PatchPolicy(enabled=not no_patches, full_every=full_every),
+            run_name=run_name,
         )
     except PrimeError as exc:
         fail(f"publish: {exc.message}")

@@ -157,8 +157,12 @@ def publish_checkpoint(
     fsync_enabled: bool = True,
     link_enabled: bool = True,
     patches: PatchPolicy | None = None,
+    run_name: str | None = None,
 ) -> SignedManifest:
     """Hash, sign and atomically publish ``checkpoint_dir`` as ``version``; then announce and prune.
+
+    ``run_name`` is signed into the manifest: nodes of that run refuse other runs' versions (a coordinator key
+    that signs for several runs must give each its own run name).
 
     ``keep_versions`` None leaves pruning to the caller (the coordinator has its own retention policy).
     ``patches`` None publishes a full version; else :func:`choose_patch` decides.
@@ -196,8 +200,9 @@ def publish_checkpoint(
                 result = result_files_of(staged / RESULT_DIR, hash_algorithm)
                 patch = PatchOf(choice.base_version, PATCH_ENCODING, result)
             hashes = _hash_shards(staged / FILES_DIR, served, shard_size_bytes, hash_algorithm)
+            created = time.time() if now is None else now
             manifest = make_manifest(
-                version, served, hashes, shard_size_bytes, hash_algorithm, time.time() if now is None else now, patch
+                version, served, hashes, shard_size_bytes, hash_algorithm, created, patch, run_name=run_name
             )
             signed = sign_manifest(identity, manifest)
             document = signed.model_dump_json().encode()

@@ -36,7 +36,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -268,8 +268,11 @@ async def fetch_shards(
     sink: ShardSink,
     options: TransferOptions,
     emit: EventSink = no_events,
+    unusable: Collection[str] = (),
 ) -> None:
-    """Fetch and verify every shard in ``pending``; raise a PrimeError once one cannot be had."""
+    """Fetch and verify every shard in ``pending``; raise a PrimeError once one cannot be had.
+
+    ``unusable`` sources are never asked (they hold another version under this number, e.g. another run's)."""
     if not pending:
         return
     queue: asyncio.PriorityQueue[tuple[float, int, int]] = asyncio.PriorityQueue()
@@ -277,7 +280,7 @@ async def fetch_shards(
     loop = asyncio.get_running_loop()
     deadline = progress_deadline(options)
     attempts = dict.fromkeys((shard.index for shard in pending), 0)
-    excluded: dict[int, set[str]] = {shard.index: set() for shard in pending}
+    excluded: dict[int, set[str]] = {shard.index: set(unusable) for shard in pending}
     kinds_seen: dict[int, set[FailureKind]] = {shard.index: set() for shard in pending}
     num_not_ready = dict.fromkeys(attempts, 0)
     last_progress = loop.time()
@@ -425,6 +428,7 @@ async def fetch_shards(
                 if not scoreboard.usable(exclude=excluded[index]):
                     excluded[index].clear()  # every source failed once: let the healthy ones try again
                     excluded[index].update(url for url in scoreboard.sources if scoreboard.is_banned(url))
+                    excluded[index].update(unusable)
                 attempts[index] += 1
                 if attempts[index] >= options.max_attempts_per_shard:
                     give_up(_no_source_left(manifest.version, index, kinds_seen[index], scoreboard, attempts[index]))

@@ -121,6 +121,7 @@ def publish_policy(
             shard_size_bytes=config.policy.shard_size_bytes,
             keep_versions=None,
             patches=PatchPolicy(enabled=config.policy.patches_enabled, full_every=config.policy.full_every),
+            run_name=config.run_name,
         )
     if published_version(ledger) != version:
         ledger.publish(signed)

@@ -390,3 +390,31 @@ def test_a_lone_relay_answering_503_forever_ends_the_fetch_with_bounded_requests
         # 12 shards, each asked again after 0.3, 0.6, 1.2, 2.4, 4.8 s: about 6 requests each before the
         # deadline (a fixed 0.3 s retry made 12 / 0.3 = 40 a second, without end)
         assert busy.num_requests <= 1 + 12 * 7, busy.num_requests
+
+
+def test_one_key_two_runs_a_client_takes_only_its_runs_version_and_blames_no_relay(
+    tmp_path: Path, nodes: Nodes, coordinator: NodeIdentity
+) -> None:
+    """A coordinator key signing for two runs: each run's origin publishes its own version 1. A node of run b
+    listing both origins gets run b's checkpoint, and the origin of run a is not banned (it does not lie)."""
+    checkpoints = {}
+    origins = {}
+    for seed, run in enumerate(("a", "b")):
+        checkpoints[run] = make_checkpoint(tmp_path / f"ckpt-{run}", seed=seed)
+        store = VersionStore(tmp_path / f"store-{run}")
+        publish_checkpoint(checkpoints[run], 1, coordinator, store, shard_size_bytes=SHARD, run_name=run)
+        origins[run] = nodes.origin(store.root)
+
+    events, _, code = timed_fetch(
+        nodes, 1, [origins["a"], origins["b"]], coordinator.node_id, tmp_path / "b", "--run-name", "b"
+    )
+    assert code == 0 and events[-1]["event"] == "done", events[-3:]
+    assert tree_bytes(tmp_path / "b" / "v1") == tree_bytes(checkpoints["b"])
+    relays = {r["url"]: r for r in events[-1]["relays"]}  # type: ignore[attr-defined]
+    assert not relays[origins["a"]]["banned"], relays
+
+    events, _, code = timed_fetch(nodes, 1, [origins["a"]], coordinator.node_id, tmp_path / "only-a", "--run-name", "b")
+    assert code == 1 and events[-1]["error"] == "not_found", events[-3:]
+    assert "of run 'b'" in str(events[-1]["detail"]) and "is of run 'a'" in str(events[-1]["detail"])
+    assert any(e["event"] == "manifest_other_run" for e in events)
+    assert not (tmp_path / "only-a" / "v1").exists()

@@ -22,6 +22,7 @@ from safetensors.torch import save_file
 
 from protocol.errors import IntegrityError, LocalFaultError
 from shardcast.patch import ENCODING, MAGIC, PatchStats, apply_patch, encode_patch
+from tests.support.shardcast_nodes import header_bomb
 
 LIMIT = 1 << 30
 Fixture = tuple[Path, Path, Path, bytes]
@@ -389,15 +390,6 @@ def test_every_bit_flip_in_the_header_is_caught(small_patch: Fixture) -> None:
             corrupt = bytearray(data)
             corrupt[position] ^= 1 << bit
             check_corrupt(root, base, new, bytes(corrupt))
-
-
-def header_bomb(raw_bytes: int) -> bytes:
-    """A patch whose header is ``raw_bytes`` of valid JSON (empty objects, the costliest to parse) in a small frame."""
-    count = (raw_bytes - 60) // 3
-    raw = b'{"encoding":"' + ENCODING.encode() + b'","base":[],"files":[' + b"{}," * (count - 1) + b"{}]}"
-    frame = zstandard.ZstdCompressor(compression_params=zstandard.ZstdCompressionParameters(format=MAGICLESS))
-    packed = frame.compress(raw)
-    return MAGIC + len(packed).to_bytes(8, "little") + len(raw).to_bytes(8, "little") + packed
 
 
 def peak_bytes_of(call: Callable[[], object]) -> int:

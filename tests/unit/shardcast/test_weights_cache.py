@@ -31,7 +31,9 @@ def anyio_backend() -> str:
 def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> WeightsCache:
     """A cache whose downloads just create the version's directory (no relay needed)."""
 
-    async def fake_fetch(version: int, relays: Any, coordinator_id: str, dest_root: Path, options: Any) -> Path:
+    async def fake_fetch(
+        version: int, relays: Any, coordinator_id: str, dest_root: Path, options: Any, run_name: str | None = None
+    ) -> Path:
         path = dest_root / f"v{version}"
         path.mkdir(parents=True, exist_ok=True)
         (path / "config.json").write_text("{}")
