@@ -2,8 +2,9 @@
 
 Each version is fetched from the relays by :func:`shardcast.client.fetch_version`, which
 verifies every shard against the manifest signed by the coordinator and exposes the version
-atomically. Concurrent asks for one version share one download; a failed prefetch is logged
-once per version and kind of failure, at warning (the task that needs the version will try again
+atomically. Concurrent asks for one version share one download; a failed download is logged
+once per version and kind of failure, at warning (a version on no relay yet, which every prefetch
+of the next version meets, at debug) (the task that needs the version will try again
 and report the error). A version refused for good (:class:`~protocol.errors.VersionRefusedError`:
 its signed patch does not rebuild its checkpoint) is remembered: asking for it again raises the
 same error at once, and it is never downloaded again by this cache.
@@ -25,7 +26,7 @@ from collections import Counter
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from protocol.errors import PrimeError, VersionRefusedError
+from protocol.errors import NotFoundError, PrimeError, VersionRefusedError
 from shardcast.client import fetch_version, version_path
 from shardcast.store import versions_to_prune
 from shardcast.transfer import TransferOptions
@@ -124,6 +125,9 @@ class WeightsCache:
             return
         error = task.exception()
         kind = error.code if isinstance(error, PrimeError) else type(error).__name__
+        if isinstance(error, NotFoundError):  # a prefetch of a version not published (or mirrored) yet: normal
+            log.debug("policy v%d is not on a relay yet: %s", version, error.message)
+            return
         if (version, kind) in self._failures_logged:
             log.debug("download of policy v%d failed again: %s", version, error)
             return
