@@ -6,6 +6,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from tests.integration.network import Network
@@ -20,7 +22,10 @@ def submitted(net: Network, version: int) -> bool:
 
 def test_a_worker_waits_for_a_relay_behind_a_new_version(network: Network) -> None:
     net = network
-    settings = {"poll_interval_s": 600, "p2p.enabled": "false"}  # it mirrors what it finds at start, then sleeps
+    settings: dict[str, Any] = {
+        "poll_interval_s": 600,
+        "p2p.enabled": "false",
+    }  # it mirrors what it finds at start, then sleeps
     relay_url, relay = net.relays.relay([f"{net.url}/shardcast"], net.coordinator_id, **settings)
     port = int(relay_url.rsplit(":", 1)[1])
     worker = net.start_worker("worker", "hf", [relay_url], "--set", "origin_fallback_enabled=false", "--no-p2p")

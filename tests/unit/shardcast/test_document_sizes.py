@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import pytest
@@ -30,7 +30,7 @@ def serving(body: bytes, counter: list[int]) -> httpx.ASGITransport:
             await send({"type": "http.response.body", "body": body[start : start + (1 << 20)], "more_body": True})
         await send({"type": "http.response.body", "body": b""})
 
-    return httpx.ASGITransport(app=app)
+    return httpx.ASGITransport(app=cast(Any, app))
 
 
 def test_a_manifest_over_the_limit_is_refused_while_it_streams(tmp_path: Path) -> None:
