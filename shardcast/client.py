@@ -525,7 +525,8 @@ class _ChainDownload:
                 return  # a forgery: its shards fail their hashes and ban it, as they should
 
         probes = [asyncio.create_task(probe(url)) for url in self.scoreboard.sources if url not in other_run]
-        await asyncio.wait(probes, timeout=self.options.hedge_after_s)
+        if probes:
+            await asyncio.wait(probes, timeout=self.options.hedge_after_s)
         for task in probes:
             task.cancel()
         await asyncio.gather(*probes, return_exceptions=True)
