@@ -100,9 +100,11 @@ def _checks(verdict: RolloutVerdict) -> list[str]:
 
 
 def _audit(verifier: HFEngine, claims: list[Claim], engines: list[str]) -> dict[str, list[RolloutVerdict]]:
-    """Each claim's verdict under the kept calibration of every engine a worker may name."""
+    """Each claim's verdict as a validator gives it whatever engine a worker names: the run's one threshold set
+    (for each threshold the loosest any engine's kept calibration needs), the same for every engine named."""
     prefills = verifier.prefill([c.task.prompt_ids for c in claims], [c.completion_ids for c in claims])
-    return {engine: verify_claims(claims, prefills, Thresholds().for_engine(engine)) for engine in engines}
+    verdicts = verify_claims(claims, prefills, Thresholds().config())
+    return {engine: verdicts for engine in engines}
 
 
 def _variant_report(

@@ -179,8 +179,8 @@ class PolicyConfig(Section):
     pending when its version falls out of the newest this many is expired (no validator could fetch it) and its
     task re-issued, at no cost to its worker."""
     patches_enabled: bool = True
-    """Publish a version as a value patch against the previous one when the patch is smaller than the checkpoint
-    (and the previous version is still in the origin store); off: every version is a full checkpoint."""
+    """Publish a version as a value patch against the previous one when the patch saves at least 10% of the
+    checkpoint's bytes (and the previous version is still in the origin store); off: every version is full."""
     full_every: int = Field(default=10, ge=1, le=1_000_000)
     """Versions that are a multiple of this are always published full, bounding the chain of patches a client
     without a recent version downloads. The dtype published is orchestrator.trainer.checkpoint.export_dtype

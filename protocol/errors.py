@@ -23,6 +23,8 @@ answers with, so a client can map a response back to the same class.
     │   ├── PayloadTooLargeError 413 the request body is over the configured limit
     │   └── RateLimitedError   429  too many requests; retry after the given delay
     ├── IntegrityError              downloaded bytes or a manifest fail verification
+    │   ├── VersionRefusedError     a signed version cannot be rebuilt (its own patch is bad): refused for good
+    │   └── OtherRunError           a well-signed manifest of another run than the node's (not the relay's fault)
     ├── ProofError                  a TOPLOC proof cannot be built or parsed
     ├── ChildExitedError            a process the coordinator runs (trainer, local network) exited
     ├── StartupError                a role cannot start: a database, port, model, package or peer it
@@ -147,6 +149,20 @@ class IntegrityError(PrimeError):
     """Downloaded bytes or a manifest do not match what the coordinator signed."""
 
     code = "integrity"
+
+
+class VersionRefusedError(IntegrityError):
+    """A policy version the coordinator signed cannot be used: its patch, every shard verified, does not rebuild the
+    checkpoint its manifest names from an intact base. Signed versions never change, so asking again cannot help."""
+
+    code = "version_refused"
+
+
+class OtherRunError(IntegrityError):
+    """A manifest signed by the trusted coordinator, but for another run than the one the node takes part in (or
+    naming none): the coordinator's key signs for more than one run. The relay serving it is not lying."""
+
+    code = "other_run"
 
 
 class ProofError(PrimeError):

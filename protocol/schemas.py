@@ -295,6 +295,10 @@ class PolicyManifest(WireModel):
     """Patch only: the patch format; this release reads and writes :data:`PATCH_ENCODING`."""
     result_files: list[ResultFileEntry] = Field(default_factory=list, max_length=10000)
     """Patch only: the reconstructed checkpoint's files, sorted by path."""
+    run_name: str | None = Field(default=None, max_length=128, pattern=r"^[A-Za-z0-9_.\-]+$")
+    """The run this version belongs to (the ``run_name`` of the coordinator's signed run spec), so one key signing
+    for several runs cannot have one run's version taken for another's; absent (and not serialized) when the
+    publisher names no run."""
 
     @model_validator(mode="after")
     def _kind_fields(self) -> PolicyManifest:
@@ -313,6 +317,8 @@ class PolicyManifest(WireModel):
         if self.kind == "full":
             for name in _PATCH_FIELDS:
                 data.pop(name, None)
+        if self.run_name is None:  # manifests that name no run sign the bytes they always did
+            data.pop("run_name", None)
         return data
 
     @property

@@ -142,9 +142,11 @@ def verify_request(
         raise BadSignatureError(f"{HEADER_NODE} is not a valid node id: {exc.message}") from exc
     current = time.time() if now is None else now
     if abs(current - timestamp) > max_skew_s:
+        # signed from the node's side: a node whose clock is behind the server's is told a negative offset
+        offset = timestamp - current
         raise StaleTimestampError(
-            f"request timestamp is {current - timestamp:+.1f} s from the server clock "
-            f"(allowed: ±{max_skew_s:.0f} s); check the node's clock"
+            f"the node's clock is {abs(offset):.1f} s {'behind' if offset < 0 else 'ahead of'} the server's "
+            f"(offset {offset:+.1f} s, allowed: ±{max_skew_s:.0f} s); check the node's clock (NTP)"
         )
     if not replay_cache.remember(node_id, nonce, timestamp + max_skew_s):
         raise ReplayedNonceError(f"nonce {nonce} was already used by node {node_id}; requests cannot be replayed")

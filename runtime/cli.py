@@ -23,7 +23,7 @@ from rich.markup import escape
 
 from protocol.errors import ConfigError, PrimeError
 from runtime.config import ConfigT, RoleConfig, config_to_toml, load_config, parse_assignment
-from runtime.logs import setup_logging
+from runtime.logs import fatal_json_line, json_logs_enabled, setup_logging
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -58,6 +58,10 @@ def one_line(message: str) -> str:
 
 def fail(message: str, exit_code: int = EXIT_FAILURE) -> NoReturn:
     """Print an error a person can act on, on one line, and exit with ``exit_code``."""
+    if json_logs_enabled():  # a machine reads stderr: the last line is one JSON object like every other
+        sys.stderr.write(fatal_json_line(one_line(message), exit_code) + "\n")
+        sys.stderr.flush()
+        raise typer.Exit(exit_code)
     # escaped: brackets are the message's own ("set [environment]"), not rich markup
     err_console.print(f"[bold red]error:[/] {escape(one_line(message))}", highlight=False, soft_wrap=True)
     raise typer.Exit(exit_code)

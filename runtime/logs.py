@@ -2,7 +2,8 @@
 
 Human lines read ``12:00:01 INFO  worker: leased task t-12 (policy v3)``; with ``--json-logs``
 each line is one JSON object (``ts``, ``level``, ``logger``, ``event`` plus any ``extra``
-fields passed to the log call), for machines that collect logs.
+fields passed to the log call), for machines that collect logs; the error a command stops on is
+then one such object too (:func:`fatal_json_line`, logger ``exit``, with its ``exit_code``).
 """
 
 from __future__ import annotations
@@ -28,6 +29,17 @@ class JsonFormatter(logging.Formatter):
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
         return json.dumps(entry, default=str)
+
+
+def json_logs_enabled() -> bool:
+    """Whether :func:`setup_logging` chose JSON lines (then every line on stderr must be one object)."""
+    return any(isinstance(handler.formatter, JsonFormatter) for handler in logging.getLogger().handlers)
+
+
+def fatal_json_line(message: str, exit_code: int) -> str:
+    """The last line of a command that stops on an error, as a JSON log object (``--json-logs``)."""
+    entry = {"ts": round(time.time(), 3), "level": "error", "logger": "exit", "event": message, "exit_code": exit_code}
+    return json.dumps(entry)
 
 
 class HumanFormatter(logging.Formatter):

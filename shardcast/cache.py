@@ -2,8 +2,12 @@
 
 Each version is fetched from the relays by :func:`shardcast.client.fetch_version`, which
 verifies every shard against the manifest signed by the coordinator and exposes the version
-atomically. Concurrent asks for one version share one download; a failed prefetch is only
-logged (the task that needs the version will try again and report the error).
+atomically. Concurrent asks for one version share one download; a failed download is logged
+once per version and kind of failure, at warning (a version on no relay yet, which every prefetch
+of the next version meets, at debug) (the task that needs the version will try again
+and report the error). A version refused for good (:class:`~protocol.errors.VersionRefusedError`:
+its signed patch does not rebuild its checkpoint) is remembered: asking for it again raises the
+same error at once, and it is never downloaded again by this cache.
 
 A version in use is never removed: whoever needs one on disk (an engine that loads or serves
 it, a leased task, an audit) pins it with :meth:`WeightsCache.pin` or :meth:`WeightsCache.pinned`
@@ -15,12 +19,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import shutil
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from protocol.errors import NotFoundError, PrimeError, VersionRefusedError
 from shardcast.client import fetch_version, version_path
 from shardcast.store import versions_to_prune
 from shardcast.transfer import TransferOptions
@@ -38,14 +44,20 @@ class WeightsCache:
         dest_root: Path,
         keep_versions: int = 3,
         options: TransferOptions | None = None,
+        run_name: str | None = None,
     ) -> None:
         self.relays = list(relays)
+        self.run_name = run_name
+        """The run whose versions these are (manifests of other runs are refused); None: any."""
         self.coordinator_id = coordinator_id
         self.dest_root = dest_root
         self.keep_versions = keep_versions
         self.options = options
         self._downloads: dict[int, asyncio.Task[Path]] = {}
         self._pins: Counter[int] = Counter()
+        self.refused: dict[int, VersionRefusedError] = {}
+        """Versions refused for good, with why: never fetched again."""
+        self._failures_logged: set[tuple[int, str]] = set()
 
     def held_versions(self) -> list[int]:
         """Versions fully on disk (as the heartbeat reports them)."""
@@ -90,28 +102,46 @@ class WeightsCache:
         task = self._downloads.get(version)
         if task is None or (task.done() and (task.cancelled() or task.exception() is not None)):
             task = asyncio.create_task(self._download(version))
-            task.add_done_callback(self._log_failure)
+            task.add_done_callback(functools.partial(self._log_failure, version))
             self._downloads[version] = task
         return task
 
     async def ensure(self, version: int) -> Path:
-        """The directory of ``version``, downloading it first if needed.
+        """The directory of ``version``, downloading it first if needed; a refused version raises at once.
 
         A caller that goes on to read the directory pins the version first (see :meth:`pinned`).
         """
+        if version in self.refused:
+            raise self.refused[version]
         return await asyncio.shield(self._start(version))
 
     def prefetch(self, version: int) -> None:
-        """Start downloading ``version`` in the background if it is not there yet."""
-        self._start(version)
+        """Start downloading ``version`` in the background if it is not there yet (nor refused)."""
+        if version not in self.refused:
+            self._start(version)
 
-    @staticmethod
-    def _log_failure(task: asyncio.Task[Path]) -> None:
-        if not task.cancelled() and task.exception() is not None:
-            log.debug("download failed: %s", task.exception())
+    def _log_failure(self, version: int, task: asyncio.Task[Path]) -> None:
+        if task.cancelled() or task.exception() is None:
+            return
+        error = task.exception()
+        kind = error.code if isinstance(error, PrimeError) else type(error).__name__
+        if isinstance(error, NotFoundError):  # a prefetch of a version not published (or mirrored) yet: normal
+            log.debug("policy v%d is not on a relay yet: %s", version, error.message)
+            return
+        if (version, kind) in self._failures_logged:
+            log.debug("download of policy v%d failed again: %s", version, error)
+            return
+        self._failures_logged.add((version, kind))
+        log.warning("download of policy v%d failed: %s", version, getattr(error, "message", error))
 
     async def _download(self, version: int) -> Path:
-        path = await fetch_version(version, self.relays, self.coordinator_id, self.dest_root, self.options)
+        try:
+            path = await fetch_version(
+                version, self.relays, self.coordinator_id, self.dest_root, self.options, run_name=self.run_name
+            )
+        except VersionRefusedError as exc:
+            self.refused[version] = exc
+            raise
         self.prune(also_keep=version)  # the asker has not pinned it yet if it was old: let it have it
         return path
 

@@ -76,6 +76,15 @@ def fetch(
     hedge_after: float = typer.Option(
         1.5, "--hedge-after-s", min=0.01, help="Also ask another relay for a request still running after this long."
     ),
+    run_name: str | None = typer.Option(
+        None, "--run-name", help="Use only manifests the coordinator signed for this run (its run_name)."
+    ),
+    not_ready_timeout: float = typer.Option(
+        120.0,
+        "--not-ready-timeout-s",
+        min=0.01,
+        help="Give up when no shard verified for this long while the relays answer only 503 (not mirrored yet).",
+    ),
     log_level: str = LogLevelOption,
 ) -> None:
     """Download one version from several relays, verifying every shard; resumes an interrupted download."""
@@ -90,12 +99,13 @@ def fetch(
         fsync_enabled=not no_fsync,
         min_rate_bps=min_rate,
         hedge_after_s=hedge_after,
+        not_ready_timeout_s=not_ready_timeout,
     )
     progress = None if json_events else _ProgressBar()
     sink = progress.on_event if progress is not None else _print_json
     try:
         number = _resolve_latest(relay, coordinator_id, out, sink) if version == "latest" else _parse_version(version)
-        path = download_version(number, relay, coordinator_id, out, options, on_event=sink)
+        path = download_version(number, relay, coordinator_id, out, options, on_event=sink, run_name=run_name)
     except PrimeError as exc:
         if json_events:
             _print_json(describe_failure(exc))
@@ -127,6 +137,9 @@ def publish(
         False, "--no-patches", help="Always publish the full checkpoint, never a value patch against the last version."
     ),
     full_every: int = typer.Option(10, min=1, help="Versions that are a multiple of this are always published full."),
+    run_name: str | None = typer.Option(
+        None, "--run-name", help="Sign the version as this run's (nodes of another run refuse it)."
+    ),
     log_level: str = LogLevelOption,
 ) -> None:
     """Hash, sign and atomically publish a checkpoint as a new version (what the coordinator does).
@@ -158,6 +171,7 @@ def publish(
             fsync_enabled=not no_fsync,
             link_enabled=not copy,
             patches=PatchPolicy(enabled=not no_patches, full_every=full_every),
+            run_name=run_name,
         )
     except PrimeError as exc:
         fail(f"publish: {exc.message}")
@@ -262,19 +276,25 @@ class _ProgressBar:
 
     def on_event(self, event: dict[str, Any]) -> None:
         kind = event["event"]
-        if kind == "manifest":
+        if kind == "manifest" and self.task_id is not None:  # the next version of a planned chain
+            self.progress.advance(self.task_id, event["bytes_resumed"])
+        elif kind in ("manifest", "plan"):
+            # one bar for the whole download: a plan's total is the full start and every patch of its chain
+            total = event["total_bytes"] if kind == "manifest" else event["bytes"]
+            if kind == "plan":
+                saved = max(0, event["checkpoint_bytes"] - event["bytes"])
+                start = f"held v{event['base']}" if event["from"] == "held" else f"full v{event['base']}"
+                self.route = f"patch from {start}, saves {_human_bytes(saved)}"
+            if self.task_id is not None:  # planned again (a damaged base was dropped): start the bar over
+                self.progress.remove_task(self.task_id)
             self.progress.start()
             self.task_id = self.progress.add_task(
                 "fetch",
-                total=event["total_bytes"],
-                completed=event["bytes_resumed"],
+                total=total,
+                completed=event.get("bytes_resumed", 0),
                 version=event["version"],
                 note=self.route,
             )
-        elif kind == "plan":
-            saved = max(0, event["checkpoint_bytes"] - event["bytes"])
-            start = f"held v{event['base']}" if event["from"] == "held" else f"full v{event['base']}"
-            self.route = f"patch from {start}, saves {_human_bytes(saved)}"
         elif kind == "done" and not event.get("cached") and self.task_id is not None:
             if event.get("kind") == "patch":
                 note = f"patch from v{event['base']}: {_human_bytes(event['bytes_saved'])} saved"

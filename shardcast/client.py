@@ -34,14 +34,14 @@ hash) before it is renamed to ``dest_root/v{N}``; each version rebuilt on the wa
 the same way. A patch that does not rebuild its signed result makes the client re-hash the base
 it used: a damaged local base is removed and the version planned again (from an older held
 version or a full one); an intact base means the signed patch itself is wrong, and the version
-is refused (IntegrityError), never exposed.
+is refused (:class:`~protocol.errors.VersionRefusedError`, an IntegrityError), never exposed.
 
 Versions never go back: every verified manifest newer than the last is kept as
 ``dest_root/.shardcast-newest.json``, and :func:`newest_known` (that, or the newest version
 held) is the floor below which "latest" never resolves, whatever a relay lists.
 
 Events (``on_event``, one dict each: ``start``, ``manifest``, ``shard_done``, ``shard_failed``,
-``shard_retry``, ``shard_hedged``, ``manifest_refused``, ``plan``, ``patch_refused``,
+``shard_retry``, ``shard_hedged``, ``manifest_refused``, ``manifest_other_run``, ``plan``, ``patch_refused``,
 ``base_damaged``, ``version_ready``, ``done``) feed the progress bar of ``prime-relay fetch`` and
 its ``--json-events``; ``done`` says ``kind`` (full or patch) and, for a patch, the ``base`` it
 started from, the ``chain`` applied, the ``bytes`` downloaded and the ``bytes_saved``.
@@ -65,11 +65,20 @@ from typing import Any
 import httpx
 import pydantic
 
-from protocol.errors import IntegrityError, NotFoundError, PrimeError, RemoteUnavailableError
+from protocol.errors import (
+    IntegrityError,
+    NotFoundError,
+    OtherRunError,
+    PrimeError,
+    RemoteUnavailableError,
+    VersionRefusedError,
+)
 from protocol.schemas import PolicyManifest, ShardEntry, SignedManifest, VersionsResponse
-from shardcast.fetchers import ShardFetcher, get_bytes, open_fetcher
+from shardcast.fetchers import ShardFetcher, get_bounded, get_bytes, open_fetcher
 from shardcast.manifest import (
     LOCAL_MANIFEST_NAME,
+    MAX_LISTING_BYTES,
+    MAX_MANIFEST_BYTES,
     FileSpan,
     load_verified_manifest,
     new_hasher,
@@ -232,15 +241,16 @@ async def _exclusive(lock_path: Path) -> AsyncIterator[None]:
 
 
 def _read_local_manifest(
-    directory: Path, coordinator_id: str, version: int | None, name: str = LOCAL_MANIFEST_NAME
+    directory: Path,
+    coordinator_id: str,
+    version: int | None,
+    name: str = LOCAL_MANIFEST_NAME,
+    run_name: str | None = None,
 ) -> SignedManifest | None:
     try:
-        return load_verified_manifest((directory / name).read_bytes(), coordinator_id, version)
+        return load_verified_manifest((directory / name).read_bytes(), coordinator_id, version, run_name)
     except (OSError, IntegrityError):
         return None
-
-
-MAX_MANIFEST_BYTES = 512 * 1024 * 1024
 
 
 async def fetch_manifest(
@@ -251,13 +261,17 @@ async def fetch_manifest(
     emit: EventSink = no_events,
     options: TransferOptions | None = None,
     candidates: Sequence[str] | None = None,
+    run_name: str | None = None,
+    other_run: set[str] | None = None,
 ) -> tuple[bytes, SignedManifest]:
-    """The version's manifest from the first relay that serves one the coordinator signed.
+    """The version's manifest from the first relay that serves one the coordinator signed (for ``run_name``).
 
     The best-ranked relay is asked first; if it has not answered after ``hedge_after_s`` (or
     answered with something unusable) the next one is asked too, and so on: the first
     verified manifest wins and the other requests are cancelled. Every request runs under
-    the progress deadline, and a relay that was too slow is demoted.
+    the progress deadline, and a relay that was too slow is demoted. A relay serving a well-signed
+    manifest of another run (the coordinator's key signs for several) is not banned: it holds another
+    run's version under that number, and counts as not holding this one (it is added to ``other_run``).
     """
     options = options or TransferOptions()
     deadline = progress_deadline(options)
@@ -265,6 +279,7 @@ async def fetch_manifest(
     queue = [url for url in scoreboard.ranked() if url in offered]
     problems: list[str] = []
     missing = 0
+    num_other_run = 0
     running: dict[asyncio.Task[tuple[int, bytes]], tuple[str, float]] = {}
 
     def ask_next() -> None:
@@ -294,7 +309,7 @@ async def fetch_manifest(
                     continue
                 except (httpx.HTTPError, OSError, TimeoutError) as exc:
                     scoreboard.record(relay, "network", error=str(exc))
-                    problems.append(f"{relay}: {type(exc).__name__}")
+                    problems.append(f"{relay}: {type(exc).__name__}" + (f" ({str(exc)[:200]})" if str(exc) else ""))
                     continue
                 if status == 404:
                     missing += 1
@@ -305,7 +320,14 @@ async def fetch_manifest(
                     problems.append(f"{relay}: HTTP {status}")
                     continue
                 try:
-                    signed = load_verified_manifest(raw, coordinator_id, version)
+                    signed = load_verified_manifest(raw, coordinator_id, version, run_name)
+                except OtherRunError as exc:
+                    num_other_run += 1
+                    if other_run is not None:
+                        other_run.add(relay)
+                    emit({"event": "manifest_other_run", "version": version, "source": relay, "reason": exc.message})
+                    problems.append(f"{relay}: {exc.message}")
+                    continue
                 except IntegrityError as exc:
                     scoreboard.record(relay, "integrity", error=exc.message)
                     emit({"event": "manifest_refused", "version": version, "source": relay, "reason": exc.message})
@@ -322,8 +344,9 @@ async def fetch_manifest(
             task.cancel()
         await asyncio.gather(*running, return_exceptions=True)
     summary = "; ".join(problems) or "no relay left to ask"
-    if missing == len(offered):
-        raise NotFoundError(f"no relay holds version {version} ({summary})")
+    if missing + num_other_run == len(offered):
+        of_run = f" of run {run_name!r}" if num_other_run else ""
+        raise NotFoundError(f"no relay holds version {version}{of_run} ({summary})")
     if any(scoreboard.is_banned(url) for url in offered):
         raise IntegrityError(f"no relay served a manifest for version {version} signed by {coordinator_id} ({summary})")
     raise RemoteUnavailableError(f"could not get the manifest of version {version} ({summary})")
@@ -337,8 +360,11 @@ async def fetch_version(
     options: TransferOptions | None = None,
     transport: httpx.AsyncBaseTransport | None = None,
     on_event: EventSink | None = None,
+    run_name: str | None = None,
 ) -> Path:
-    """Download ``version`` from ``relays`` into ``dest_root/v{version}`` (see the module docstring)."""
+    """Download ``version`` from ``relays`` into ``dest_root/v{version}`` (see the module docstring).
+
+    With ``run_name`` only manifests of that run are used, and a version held here of another run is not."""
     if not relays:
         raise RemoteUnavailableError("no relay given; pass at least one relay URL")
     options = options or TransferOptions()
@@ -353,7 +379,7 @@ async def fetch_version(
     started = time.monotonic()
     emit({"event": "start", "version": version, "relays": list(relays), "dest": str(final)})
     async with _exclusive(dest_root / f".lock-v{version}"):
-        if _read_local_manifest(final, coordinator_id, version) is not None:
+        if _read_local_manifest(final, coordinator_id, version, run_name=run_name) is not None:
             emit({"event": "done", "version": version, "path": str(final), "seconds": 0.0, "bytes": 0, "cached": True})
             return final
         urls = [url.rstrip("/") for url in relays]
@@ -361,7 +387,7 @@ async def fetch_version(
         fetcher = open_fetcher(
             urls, transport, options.connect_timeout_s, options.read_timeout_s, 2 * options.num_parallel
         )
-        download = _ChainDownload(coordinator_id, dest_root, fetcher, scoreboard, options, emit)
+        download = _ChainDownload(coordinator_id, dest_root, fetcher, scoreboard, options, emit, run_name)
         try:
             raw, signed = await download.manifest(version)
             remember_newest(dest_root, coordinator_id, raw, version)
@@ -441,14 +467,18 @@ class _ChainDownload:
         scoreboard: Scoreboard,
         options: TransferOptions,
         emit: EventSink,
+        run_name: str | None = None,
     ) -> None:
         self.coordinator_id = coordinator_id
+        self.run_name = run_name
         self.dest_root = dest_root
         self.fetcher = fetcher
         self.scoreboard = scoreboard
         self.options = options
         self.emit = emit
         self._manifests: dict[int, tuple[bytes, SignedManifest]] = {}
+        self._other_run: dict[int, set[str]] = {}
+        """Per version, the relays that hold another run's version under that number: never asked for its shards."""
         self.verified_here: set[int] = set()
         """Versions this download fetched or rebuilt (and so verified): never suspected of local damage."""
 
@@ -456,20 +486,72 @@ class _ChainDownload:
         cached = self._manifests.get(version)
         if cached is None:
             cached = await fetch_manifest(
-                self.fetcher, self.scoreboard, version, self.coordinator_id, self.emit, self.options
+                self.fetcher,
+                self.scoreboard,
+                version,
+                self.coordinator_id,
+                self.emit,
+                self.options,
+                run_name=self.run_name,
+                other_run=self._other_run.setdefault(version, set()),
             )
             self._manifests[version] = cached
         return cached
 
+    async def unusable(self, version: int) -> set[str]:
+        """The relays not to ask for ``version``'s shards: those that showed another run's manifest of it.
+
+        With a run named, every other relay is asked for the manifest now (at once, for at most
+        ``hedge_after_s``): a relay of another run would otherwise serve shards that fail their hashes and be
+        banned for a fault that is not its own. One that answers later than that is used, and may be.
+        """
+        other_run = self._other_run.setdefault(version, set())
+        if self.run_name is None or len(self.scoreboard.sources) < 2:
+            return other_run
+        raw = self._manifests[version][0]
+        deadline = progress_deadline(self.options)
+
+        async def probe(relay: str) -> None:
+            url = f"{relay}/v/{version}/manifest.json"
+            status, body = await get_bytes(self.fetcher, url, MAX_MANIFEST_BYTES, deadline)
+            if status != 200 or body == raw:
+                return
+            try:
+                load_verified_manifest(body, self.coordinator_id, version, self.run_name)
+            except OtherRunError as exc:
+                other_run.add(relay)
+                self.emit({"event": "manifest_other_run", "version": version, "source": relay, "reason": exc.message})
+            except IntegrityError:
+                return  # a forgery: its shards fail their hashes and ban it, as they should
+
+        probes = [asyncio.create_task(probe(url)) for url in self.scoreboard.sources if url not in other_run]
+        if probes:
+            await asyncio.wait(probes, timeout=self.options.hedge_after_s)
+        for task in probes:
+            task.cancel()
+        await asyncio.gather(*probes, return_exceptions=True)
+        return other_run
+
     def held(self, version: int) -> PolicyManifest | None:
-        signed = _read_local_manifest(version_path(self.dest_root, version), self.coordinator_id, version)
+        signed = _read_local_manifest(
+            version_path(self.dest_root, version), self.coordinator_id, version, run_name=self.run_name
+        )
         return None if signed is None else signed.manifest
 
     async def download_full(self, version: int, raw: bytes, manifest: PolicyManifest) -> None:
         """Download a full version into place (the caller holds its lock)."""
         partial = self.dest_root / f"{PARTIAL_PREFIX}{version}"
+        unusable = await self.unusable(version)
         await _download_into(
-            partial, raw, manifest, self.coordinator_id, self.fetcher, self.scoreboard, self.options, self.emit
+            partial,
+            raw,
+            manifest,
+            self.coordinator_id,
+            self.fetcher,
+            self.scoreboard,
+            self.options,
+            self.emit,
+            unusable,
         )
         _expose(partial, version_path(self.dest_root, version), self.dest_root, version)
         self.verified_here.add(version)
@@ -510,7 +592,7 @@ class _ChainDownload:
                 self.emit({"event": "patch_refused", **refused.fields()})
                 if attempt == 0 and refused.base not in self.verified_here and self._base_damaged(refused.base):
                     continue  # the local base was damaged and is gone now: plan again without it
-                raise IntegrityError(
+                raise VersionRefusedError(
                     f"version {version} cannot be rebuilt: the patch of v{refused.version} against "
                     f"v{refused.base} was refused ({refused.reason})"
                 ) from None
@@ -551,8 +633,17 @@ class _ChainDownload:
         base = manifest.base_version
         assert base is not None
         partial = self.dest_root / f"{PARTIAL_PREFIX}{step.version}"
+        unusable = await self.unusable(step.version)
         await _download_into(
-            partial, step.raw, manifest, self.coordinator_id, self.fetcher, self.scoreboard, self.options, self.emit
+            partial,
+            step.raw,
+            manifest,
+            self.coordinator_id,
+            self.fetcher,
+            self.scoreboard,
+            self.options,
+            self.emit,
+            unusable,
         )
         built = self.dest_root / f".rebuild-v{step.version}-{uuid.uuid4().hex[:8]}"
         try:
@@ -668,8 +759,10 @@ async def _download_into(
     scoreboard: Scoreboard,
     options: TransferOptions,
     emit: EventSink,
+    unusable: set[str] | None = None,
 ) -> None:
-    """Fill ``partial`` with the verified version, resuming what an earlier attempt left there."""
+    """Fill ``partial`` with the verified version, resuming what an earlier attempt left there (never asking the
+    ``unusable`` relays)."""
     previous = _read_local_manifest(partial, coordinator_id, manifest.version)
     resuming = previous is not None and previous.manifest == manifest
     with local_disk(f"preparing {partial} ({manifest.total_size_bytes} bytes)"):
@@ -697,7 +790,7 @@ async def _download_into(
             }
         )
         sink = _InPlaceSink(files, manifest, partial)
-        await fetch_shards(fetcher, manifest, pending, scoreboard, sink, options, emit)
+        await fetch_shards(fetcher, manifest, pending, scoreboard, sink, options, emit, unusable or set())
         with local_disk(f"syncing {partial} to disk"):
             await asyncio.to_thread(files.close, options.fsync_enabled)
         synced = True
@@ -714,9 +807,12 @@ def download_version(
     options: TransferOptions | None = None,
     transport: httpx.AsyncBaseTransport | None = None,
     on_event: EventSink | None = None,
+    run_name: str | None = None,
 ) -> Path:
     """Blocking form of :func:`fetch_version`, for code without an event loop."""
-    return asyncio.run(fetch_version(version, relays, coordinator_id, dest_root, options, transport, on_event))
+    return asyncio.run(
+        fetch_version(version, relays, coordinator_id, dest_root, options, transport, on_event, run_name)
+    )
 
 
 async def latest_version(
@@ -734,9 +830,8 @@ async def latest_version(
 
     async def ask(http: httpx.AsyncClient, relay: str) -> int | None:
         try:
-            response = await http.get(f"{relay.rstrip('/')}/versions")
-            response.raise_for_status()
-            return VersionsResponse.model_validate_json(response.content).latest
+            body = await get_bounded(http, f"{relay.rstrip('/')}/versions", MAX_LISTING_BYTES)
+            return VersionsResponse.model_validate_json(body).latest
         except (httpx.HTTPError, pydantic.ValidationError):
             return None
 

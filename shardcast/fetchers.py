@@ -33,6 +33,10 @@ class FetchTransportError(OSError):
     """The connection failed or the server spoke something other than the HTTP we expect."""
 
 
+class CutShortError(FetchTransportError):
+    """A 200 response whose body ended before the length its head declared (the connection closed)."""
+
+
 class ShardFetcher(Protocol):
     async def get(self, url: str, consume: BodyConsumer) -> int:
         """GET ``url``; for a 200, feed the body to ``consume`` piece by piece. Returns the status code."""
@@ -49,8 +53,11 @@ class HttpxFetcher:
     async def get(self, url: str, consume: BodyConsumer) -> int:
         async with self.http.stream("GET", url, headers={"Accept-Encoding": "identity"}) as response:
             if response.status_code == 200:
-                async for chunk in response.aiter_raw():
-                    consume(memoryview(chunk))
+                try:
+                    async for chunk in response.aiter_raw():
+                        consume(memoryview(chunk))
+                except httpx.RemoteProtocolError as exc:  # h11: the peer closed before the declared length
+                    raise CutShortError(f"{url}: {exc}") from exc
             return response.status_code
 
     async def aclose(self) -> None:
@@ -206,7 +213,7 @@ class SocketFetcher:
         while left > 0:
             if not connection.filled:
                 if connection.closed:
-                    raise FetchTransportError(f"{url}: connection closed with {left} of {length} bytes unread")
+                    raise CutShortError(f"{url}: connection closed with {left} of {length} bytes unread")
                 await connection.wait_for_data(self.read_timeout_s)
                 continue
             take = min(left, connection.filled)
@@ -263,6 +270,22 @@ async def get_bytes(
     request = fetcher.get(url, collect)
     status = await (request if deadline is None else with_progress_deadline(request, lambda: size, deadline, url))
     return status, b"".join(parts)
+
+
+async def get_bounded(http: httpx.AsyncClient, url: str, max_bytes: int) -> bytes:
+    """GET a small control document (a listing) through httpx: its body, once the status is 2xx, never more than
+    ``max_bytes`` read (a declared or streamed larger body raises :class:`httpx.HTTPError`)."""
+    async with http.stream("GET", url) as response:
+        response.raise_for_status()
+        declared = response.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > max_bytes:
+            raise httpx.DecodingError(f"{url}: declares {declared} bytes, more than {max_bytes}")
+        body = bytearray()
+        async for chunk in response.aiter_bytes():
+            body += chunk
+            if len(body) > max_bytes:
+                raise httpx.DecodingError(f"{url}: more than {max_bytes} bytes")
+        return bytes(body)
 
 
 class _SchemeRouter:

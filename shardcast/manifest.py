@@ -29,7 +29,7 @@ from typing import Literal, Protocol
 import blake3
 import pydantic
 
-from protocol.errors import BadSignatureError, IntegrityError, ProtocolError
+from protocol.errors import BadSignatureError, IntegrityError, OtherRunError, ProtocolError
 from protocol.identity import NodeIdentity
 from protocol.schemas import PATCH_ENCODING, FileEntry, PolicyManifest, ResultFileEntry, ShardEntry, SignedManifest
 from protocol.signing import sign_document, verify_document
@@ -39,6 +39,11 @@ MIB = 1024 * 1024
 DEFAULT_SHARD_SIZE_BYTES = 32 * MIB
 MIN_SHARD_SIZE_BYTES = 4096
 MAX_SHARD_SIZE_BYTES = 1024 * MIB
+MAX_MANIFEST_BYTES = 16 * MIB
+"""Largest signed manifest a node reads (checked while it streams in, before it is parsed): about 130,000
+shards, 4 TiB at the default shard size. The origin refuses to publish a larger one."""
+MAX_LISTING_BYTES = 1 * MIB
+"""Largest ``/versions`` listing a node reads from a relay or upstream (it names the few versions kept)."""
 # Files a download leaves next to the checkpoint; never part of a published version.
 LOCAL_MANIFEST_NAME = ".shardcast-manifest.json"
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
@@ -207,10 +212,12 @@ def make_manifest(
     hash_algorithm: HashAlgorithm,
     created_at: float,
     patch: PatchOf | None = None,
+    run_name: str | None = None,
 ) -> PolicyManifest:
     """Assemble (and check) the manifest of a version whose shards hash to ``shard_hashes``.
 
     With ``patch`` the version is a patch: ``files`` is the patch file, ``patch`` says what it rebuilds.
+    ``run_name`` binds the version to its run (see :func:`verify_signed_manifest`).
     """
     entries = plan_files(files)
     total = sum(size for _, size in files)
@@ -229,6 +236,7 @@ def make_manifest(
         total_size_bytes=total,
         files=entries,
         shards=shards,
+        run_name=run_name,
         **(
             {}
             if patch is None
@@ -333,9 +341,14 @@ def parse_signed_manifest(raw: bytes) -> SignedManifest:
 
 
 def verify_signed_manifest(
-    signed: SignedManifest, coordinator_id: str, expected_version: int | None = None
+    signed: SignedManifest, coordinator_id: str, expected_version: int | None = None, run_name: str | None = None
 ) -> PolicyManifest:
-    """The manifest, once its signer, signature, version and layout are all right; else IntegrityError."""
+    """The manifest, once its signer, signature, version, run and layout are all right; else IntegrityError.
+
+    With ``run_name`` (the node's run, from the coordinator's signed run spec) a manifest of another run, or
+    of none, raises :class:`~protocol.errors.OtherRunError`: well signed, so not the sender's forgery, but
+    not this run's version either.
+    """
     if signed.signer != coordinator_id:
         raise IntegrityError(f"manifest is signed by {signed.signer}, not by the trusted coordinator {coordinator_id}")
     try:
@@ -345,6 +358,9 @@ def verify_signed_manifest(
     manifest = signed.manifest
     if expected_version is not None and manifest.version != expected_version:
         raise IntegrityError(f"asked for version {expected_version}, got a manifest for version {manifest.version}")
+    if run_name is not None and manifest.run_name != run_name:
+        theirs = "names no run" if manifest.run_name is None else f"is of run {manifest.run_name!r}"
+        raise OtherRunError(f"the manifest of version {manifest.version} {theirs}, not of run {run_name!r}")
     try:
         check_manifest_layout(manifest)
     except ProtocolError as exc:
@@ -352,8 +368,10 @@ def verify_signed_manifest(
     return manifest
 
 
-def load_verified_manifest(raw: bytes, coordinator_id: str, expected_version: int | None = None) -> SignedManifest:
+def load_verified_manifest(
+    raw: bytes, coordinator_id: str, expected_version: int | None = None, run_name: str | None = None
+) -> SignedManifest:
     """Parse and verify in one step; returns the signed document (whose bytes can be served on)."""
     signed = parse_signed_manifest(raw)
-    verify_signed_manifest(signed, coordinator_id, expected_version)
+    verify_signed_manifest(signed, coordinator_id, expected_version, run_name)
     return signed

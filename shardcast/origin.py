@@ -12,9 +12,10 @@ the coordinator mounts that app, and ``prime-relay origin`` serves a store on it
 
 With a :class:`PatchPolicy` the origin may publish a version as a *value patch* against the
 version announced before it (:func:`choose_patch`): when that version is still in the store,
-the new version is not a multiple of ``full_every``, and the patch is smaller than the
-checkpoint. A patch version's store directory holds the patch under ``files/`` (what is served)
-and the checkpoint it rebuilds under ``result/`` (hard links; the base of the next patch).
+the new version is not a multiple of ``full_every``, and the patch saves at least
+``min_saving_fraction`` (10%) of the checkpoint's bytes. A patch version's store directory
+holds the patch under ``files/`` (what is served) and the checkpoint it rebuilds under
+``result/`` (hard links; the base of the next patch).
 Pruning never breaks a chain: every kept patch keeps the versions down to its full base
 (:func:`shardcast.manifest.chain_closure`).
 """
@@ -35,6 +36,7 @@ from protocol.identity import NodeIdentity
 from protocol.schemas import PATCH_ENCODING, PolicyManifest, ShardEntry, SignedManifest, VersionInfo, VersionsResponse
 from shardcast.manifest import (
     DEFAULT_SHARD_SIZE_BYTES,
+    MAX_MANIFEST_BYTES,
     HashAlgorithm,
     PatchOf,
     chain_closure,
@@ -72,6 +74,9 @@ class PatchPolicy:
     """Versions that are a multiple of this are always full (a bound on chain length)."""
     level: int = 3
     """zstd level of the patch."""
+    min_saving_fraction: float = 0.1
+    """A patch is published only when it is at least this fraction smaller than the checkpoint: a node
+    without the base pays the full version plus every patch after it, and each patch costs a rebuild."""
 
 
 @dataclass(frozen=True)
@@ -96,7 +101,8 @@ def choose_patch(
     """The patch to publish ``version`` (checkpoint ``new_dir``) as, or None for a full version.
 
     A patch is made against the announced version when it is still in the store and older, unless
-    ``version`` is a multiple of ``full_every``; it is kept only when smaller than the checkpoint.
+    ``version`` is a multiple of ``full_every``; it is kept only when it saves at least ``min_saving_fraction``
+    of the checkpoint's bytes.
     A codec failure is no reason to stop publishing: it is logged and the version goes out full.
     """
     if policy is None or not policy.enabled or version % policy.full_every == 0:
@@ -117,12 +123,13 @@ def choose_patch(
         return None
     patch_bytes = patch_path.stat().st_size
     full_bytes = sum(size for _, size in list_checkpoint_files(new_dir))
-    if patch_bytes >= full_bytes:
+    if patch_bytes > full_bytes * (1.0 - policy.min_saving_fraction):
         log.info(
-            "version %d: a patch against v%d is %d bytes, not smaller than %d; publishing it full",
+            "version %d: a patch against v%d is %d bytes, not %.0f%% smaller than %d; publishing it full",
             version,
             base,
             patch_bytes,
+            100 * policy.min_saving_fraction,
             full_bytes,
         )
         return None
@@ -150,8 +157,12 @@ def publish_checkpoint(
     fsync_enabled: bool = True,
     link_enabled: bool = True,
     patches: PatchPolicy | None = None,
+    run_name: str | None = None,
 ) -> SignedManifest:
     """Hash, sign and atomically publish ``checkpoint_dir`` as ``version``; then announce and prune.
+
+    ``run_name`` is signed into the manifest: nodes of that run refuse other runs' versions (a coordinator key
+    that signs for several runs must give each its own run name).
 
     ``keep_versions`` None leaves pruning to the caller (the coordinator has its own retention policy).
     ``patches`` None publishes a full version; else :func:`choose_patch` decides.
@@ -189,11 +200,18 @@ def publish_checkpoint(
                 result = result_files_of(staged / RESULT_DIR, hash_algorithm)
                 patch = PatchOf(choice.base_version, PATCH_ENCODING, result)
             hashes = _hash_shards(staged / FILES_DIR, served, shard_size_bytes, hash_algorithm)
+            created = time.time() if now is None else now
             manifest = make_manifest(
-                version, served, hashes, shard_size_bytes, hash_algorithm, time.time() if now is None else now, patch
+                version, served, hashes, shard_size_bytes, hash_algorithm, created, patch, run_name=run_name
             )
             signed = sign_manifest(identity, manifest)
-            write_file_atomically(staged / MANIFEST_NAME, signed.model_dump_json().encode())
+            document = signed.model_dump_json().encode()
+            if len(document) > MAX_MANIFEST_BYTES:  # no node would read it
+                raise ProtocolError(
+                    f"the manifest of version {version} would be {len(document)} bytes, over the {MAX_MANIFEST_BYTES} "
+                    f"nodes read ({len(manifest.shards)} shards); publish it with a larger shard_size_bytes"
+                )
+            write_file_atomically(staged / MANIFEST_NAME, document)
             fsync_dir(staged)
             store.install_version(staged, version)
         except BaseException:

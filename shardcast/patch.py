@@ -60,6 +60,16 @@ MAGIC = b"PNBPATCH"
 _PREAMBLE = len(MAGIC) + 16
 # The JSON header lists files and tensors; nothing legitimate comes near this.
 MAX_HEADER_BYTES = 64 * 1024 * 1024
+# What a header may take beyond what its base accounts for: file entries (path, size, blake3), the
+# encoding, small files' records. A header is checked against this bound before it is decompressed.
+HEADER_ALLOWANCE_BYTES = 1024 * 1024
+# Header bytes a patch may spend per byte of its base's safetensors headers: the largest tensor record
+# (nested position and value codings, about 27 blob references) is under 1 KiB, the smallest
+# safetensors entry of a tensor over 45 bytes.
+HEADER_BYTES_PER_BASE_HEADER_BYTE = 24
+# A patched safetensors header describes the same tensors as its base's (same names, dtypes, shapes):
+# it may differ in offsets and metadata, never grow past twice its base's size plus this.
+SAFETENSORS_HEADER_GROWTH_BYTES = 64 * 1024
 # The safetensors format refuses headers above 100 MB; so do we.
 MAX_SAFETENSORS_HEADER_BYTES = 100_000_000
 _CHUNK = 8 * 1024 * 1024
@@ -474,8 +484,8 @@ def encode_patch(base_dir: Path, new_dir: Path, patch_path: Path, level: int = 3
                 file_entries.append(entry)
         header = {"encoding": ENCODING, "base": base_entries, "files": file_entries}
         raw = json.dumps(header, separators=(",", ":"), sort_keys=True).encode()
-        if len(raw) > MAX_HEADER_BYTES:
-            raise ProtocolError(f"patch header of {len(raw)} bytes is over the {MAX_HEADER_BYTES} limit")
+        if len(raw) > header_limit(base_dir):  # appliers refuse it: publish the version full instead
+            raise ProtocolError(f"patch header of {len(raw)} bytes is over the {header_limit(base_dir)} limit")
         packed = _compressor(max(level, 3), checksum=True).compress(raw)
         with tmp_path.open("wb") as out, spool_path.open("rb") as spool:
             out.write(MAGIC + len(packed).to_bytes(8, "little") + len(raw).to_bytes(8, "little") + packed)
@@ -693,7 +703,23 @@ class _Output:
     spec: dict[str, Any]
 
 
-def _read_header(f: io.BufferedReader, file_size: int) -> tuple[dict[str, Any], _Reader]:
+def header_limit(base_dir: Path) -> int:
+    """The most bytes a patch's JSON header may decompress to against the checkpoint in ``base_dir``.
+
+    Sized from the base (local and trusted): :data:`HEADER_ALLOWANCE_BYTES` plus
+    :data:`HEADER_BYTES_PER_BASE_HEADER_BYTE` per byte of its safetensors headers (a header's size
+    follows the number of tensors it describes), never over :data:`MAX_HEADER_BYTES`. Only each
+    safetensors file's 8-byte length prefix is read.
+    """
+    total = 0
+    for path in base_dir.rglob("*.safetensors") if base_dir.is_dir() else ():
+        if path.is_file() and not path.is_symlink():
+            with path.open("rb") as f:
+                total += min(int.from_bytes(f.read(8), "little"), MAX_SAFETENSORS_HEADER_BYTES)
+    return min(MAX_HEADER_BYTES, HEADER_ALLOWANCE_BYTES + HEADER_BYTES_PER_BASE_HEADER_BYTE * total)
+
+
+def _read_header(f: io.BufferedReader, file_size: int, max_header_bytes: int) -> tuple[dict[str, Any], _Reader]:
     preamble = f.read(_PREAMBLE)
     if len(preamble) < _PREAMBLE or preamble[: len(MAGIC)] != MAGIC:
         raise _bad("not a value patch (bad magic or too short)")
@@ -701,8 +727,8 @@ def _read_header(f: io.BufferedReader, file_size: int) -> tuple[dict[str, Any], 
     raw_len = int.from_bytes(preamble[16:24], "little")
     if packed_len > file_size - _PREAMBLE or packed_len == 0:
         raise _bad("header length is past the end of the file")
-    if raw_len > MAX_HEADER_BYTES:
-        raise _bad(f"header of {raw_len} bytes is over the {MAX_HEADER_BYTES} limit")
+    if raw_len > max_header_bytes:  # before a byte is decompressed: a small frame can inflate to gigabytes
+        raise _bad(f"header of {raw_len} bytes is over the {max_header_bytes}-byte limit its base allows")
     raw = _Reader(f, _PREAMBLE, packed_len).exact([0, packed_len], raw_len, "header")
     try:
         header = json.loads(raw)
@@ -796,8 +822,9 @@ def _write_tensors(output: _Output, base_path: Path, reader: _Reader, writer: _H
     else:
         what = f"{output.path} header"
         spec = _spec(output.spec["header"], {"n", "b"}, what)
-        # An 8-byte length and the JSON it announces, never over the format's header limit.
-        size = _int(spec["n"], 8, min(output.size, MAX_SAFETENSORS_HEADER_BYTES + 8), f"{what} size")
+        # An 8-byte length and the JSON it announces: the same tensors as the base's, so about its size
+        limit = 2 * len(base_header) + SAFETENSORS_HEADER_GROWTH_BYTES
+        size = _int(spec["n"], 8, min(output.size, MAX_SAFETENSORS_HEADER_BYTES + 8, limit), f"{what} size")
         new_header = reader.exact(_blobs(spec, 1, what)[0], size, what)
     new_lay = _parse_layout(new_header, output.size)
     if new_lay is None or new_lay.header_size != len(new_header):
@@ -821,7 +848,8 @@ def apply_patch(base_dir: Path, patch_path: Path, out_dir: Path, max_output_byte
     """Reconstruct new_dir's files into out_dir (created; must not exist or be empty). Raises IntegrityError
     when the patch is malformed, is for another base, or would write more than max_output_bytes.
 
-    The patch is untrusted: its header is read and checked in full (encoding, paths, sizes
+    The patch is untrusted: its header's declared size is bounded by what the base can need
+    (:func:`header_limit`) before it is decompressed, then it is read and checked in full (encoding, paths, sizes
     against ``max_output_bytes``, the blake3 of every base file it reads) before a byte is
     written; every decompression is bounded by the size the checked header implies; every
     output is hashed as it is written and compared with the blake3 the patch names. On any
@@ -835,7 +863,7 @@ def apply_patch(base_dir: Path, patch_path: Path, out_dir: Path, max_output_byte
         raise LocalFaultError(f"{out_dir} is not an empty directory; apply_patch writes only into one")
     try:
         with patch_path.open("rb") as patch:
-            header, reader = _read_header(patch, os.fstat(patch.fileno()).st_size)
+            header, reader = _read_header(patch, os.fstat(patch.fileno()).st_size, header_limit(base_dir))
             base_sizes = _check_base(header, base_dir)
             outputs = _outputs(header, base_sizes, max_output_bytes)
             out_dir.mkdir(parents=True, exist_ok=True)

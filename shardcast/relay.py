@@ -42,8 +42,8 @@ from protocol.errors import IntegrityError, LocalFaultError, NotFoundError, NotR
 from protocol.schemas import PolicyManifest, ShardEntry, VersionInfo, VersionsResponse
 from shardcast.client import fetch_manifest
 from shardcast.config import RelayConfig
-from shardcast.fetchers import open_fetcher
-from shardcast.manifest import chain_closure, load_verified_manifest, new_hasher
+from shardcast.fetchers import get_bounded, open_fetcher
+from shardcast.manifest import MAX_LISTING_BYTES, chain_closure, load_verified_manifest, new_hasher
 from shardcast.metrics import ShardcastMetrics
 from shardcast.progress import prompt_answers
 from shardcast.scoring import Scoreboard
@@ -286,9 +286,9 @@ class RelayMirror:
 
     async def _list_versions(self, url: str) -> VersionsResponse | None:
         try:
-            response = await self.http.get(f"{url}/versions")
-            response.raise_for_status()
-            return VersionsResponse.model_validate_json(response.content)
+            return VersionsResponse.model_validate_json(
+                await get_bounded(self.http, f"{url}/versions", MAX_LISTING_BYTES)
+            )
         except (httpx.HTTPError, pydantic.ValidationError) as exc:
             log.debug("upstream %s: cannot list versions: %s", url, exc)
             return None

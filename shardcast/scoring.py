@@ -22,6 +22,9 @@ Outcomes of a fetch, as recorded by :meth:`Scoreboard.record`:
 - ``cancelled`` (a hedge that lost to the request it hedged): no penalty.
 - ``integrity`` (bytes or manifest that do not match what the coordinator signed): the
   source is banned for ``ban_s`` (forever by default): it is broken or malicious.
+- ``short`` (a body that broke off before its declared length): a failure as ``network``;
+  the ``SHORT_BODIES_TO_BAN``-th one from a source bans it like ``integrity`` (a relay that
+  truncates shards never wastes more than one retry).
 """
 
 from __future__ import annotations
@@ -33,7 +36,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Literal
 
-Outcome = Literal["ok", "network", "slow", "not_ready", "integrity", "cancelled"]
+Outcome = Literal["ok", "network", "slow", "not_ready", "integrity", "cancelled", "short"]
+SHORT_BODIES_TO_BAN = 2
+"""Bodies cut short before a source is banned: one can be a dropped connection, two are a pattern."""
 _EWMA_ALPHA = 0.3
 _DEFAULT_THROUGHPUT_BPS = 100e6
 
@@ -45,6 +50,7 @@ class SourceState:
     num_ok: int = 0
     num_failures: int = 0
     consecutive_failures: int = 0
+    num_short: int = 0
     in_flight: int = 0
     cooldown_until: float = 0.0
     banned_until: float = 0.0
@@ -144,7 +150,9 @@ class Scoreboard:
             state.throughput_bps = sample if previous is None else min(previous, sample)
         state.num_failures += 1
         state.last_error = error
-        if outcome == "integrity":
+        if outcome == "short":
+            state.num_short += 1
+        if outcome == "integrity" or state.num_short >= SHORT_BODIES_TO_BAN:
             state.banned_until = now + self.ban_s
             return
         state.consecutive_failures += 1

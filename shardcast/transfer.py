@@ -8,8 +8,14 @@ from relays). ``num_parallel`` tasks take shards from a queue; each picks a sour
 the one the coordinator signed. A failed shard goes back on the queue with exponential
 backoff and another source is tried (the failing one is excluded for that shard); after
 ``max_attempts_per_shard`` failures the whole transfer fails. A relay answering 503 (it is
-still mirroring that shard) costs no attempt: the shard is simply asked for again shortly.
-A source that sends bytes that do not match is banned by the scoreboard.
+still mirroring that shard) costs no attempt: the shard is asked for again after a delay that
+doubles each time (``not_ready_retry_s`` up to ``backoff_max_s``), and once no shard has verified
+for ``not_ready_timeout_s`` while the sources keep answering 503 the transfer gives up
+(:class:`~protocol.errors.RemoteUnavailableError`): a relay that never gets the version cannot
+keep a node asking forever.
+A source that sends bytes that do not match, or a whole response shorter than the signed shard,
+is banned by the scoreboard; one whose bodies break off before their declared length is banned
+at its second such body (one may be the network's fault, two are the source's).
 
 One slow source costs little. Every fetch runs under a progress deadline
 (:mod:`shardcast.progress`): a body that starts too late or flows below ``min_rate_bps`` is
@@ -30,7 +36,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -40,14 +46,14 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from protocol.errors import IntegrityError, LocalFaultError, NotFoundError, PrimeError, RemoteUnavailableError
 from protocol.schemas import PolicyManifest, ShardEntry
-from shardcast.fetchers import ShardFetcher
+from shardcast.fetchers import CutShortError, ShardFetcher
 from shardcast.manifest import new_hasher
 from shardcast.progress import ProgressDeadline, TooSlowError, with_progress_deadline
 from shardcast.scoring import Outcome, Scoreboard
 from shardcast.store import local_disk
 
 EventSink = Callable[[dict[str, Any]], None]
-FailureKind = Literal["network", "slow", "not_ready", "integrity", "missing"]
+FailureKind = Literal["network", "slow", "not_ready", "integrity", "missing", "short"]
 _HEDGE_RETRY_S = 0.25
 """How soon a dragging fetch asks again for a hedge when none could be started."""
 DRAG_RATIO = 2.0
@@ -74,7 +80,9 @@ class TransferOptions(BaseModel):
     backoff_max_s: float = Field(default=5.0, gt=0)
     """Cap of the retry delay."""
     not_ready_retry_s: float = Field(default=0.3, gt=0)
-    """Delay before asking again for a shard a relay has not mirrored yet."""
+    """First delay before asking again for a shard a relay has not mirrored yet; doubles up to ``backoff_max_s``."""
+    not_ready_timeout_s: float = Field(default=120.0, gt=0)
+    """Longest time with no shard verified while the sources answer only 503 (not mirrored yet): then give up."""
     connect_timeout_s: float = Field(default=5.0, gt=0)
     """Time to open a connection to a source."""
     read_timeout_s: float = Field(default=60.0, gt=0)
@@ -223,6 +231,8 @@ async def _stream_verified(
             status = await with_progress_deadline(request, lambda: attempt.received, deadline, url)
     except TooSlowError as exc:
         raise ShardFetchError("slow", str(exc)) from exc
+    except CutShortError as exc:
+        raise ShardFetchError("short", f"{exc}; got {attempt.received} of {shard.size_bytes} bytes") from exc
     except (httpx.HTTPError, OSError, TimeoutError) as exc:
         raise ShardFetchError("network", f"{url}: {type(exc).__name__}: {exc}") from exc
     if local_fault:  # a fetcher that swallowed the callback's error must not hide a full disk
@@ -233,8 +243,8 @@ async def _stream_verified(
         raise ShardFetchError("missing", f"{url}: 404 (source does not hold this version)")
     if status != 200:
         raise ShardFetchError("network", f"{url}: HTTP {status}")
-    if attempt.received != shard.size_bytes:
-        raise ShardFetchError("network", f"{url}: got {attempt.received} of {shard.size_bytes} bytes")
+    if attempt.received != shard.size_bytes:  # a whole response, shorter than signed: the source lies
+        raise ShardFetchError("integrity", f"{url}: a {attempt.received}-byte body for a {shard.size_bytes}-byte shard")
     digest = hasher.hexdigest()
     if digest != shard.hash:
         raise ShardFetchError("integrity", f"{url}: {manifest.hash_algorithm} {digest[:16]}... is not the signed hash")
@@ -246,6 +256,7 @@ _OUTCOME: dict[FailureKind, Outcome] = {
     "not_ready": "not_ready",
     "integrity": "integrity",
     "missing": "network",
+    "short": "short",
 }
 
 
@@ -257,8 +268,11 @@ async def fetch_shards(
     sink: ShardSink,
     options: TransferOptions,
     emit: EventSink = no_events,
+    unusable: Collection[str] = (),
 ) -> None:
-    """Fetch and verify every shard in ``pending``; raise a PrimeError once one cannot be had."""
+    """Fetch and verify every shard in ``pending``; raise a PrimeError once one cannot be had.
+
+    ``unusable`` sources are never asked (they hold another version under this number, e.g. another run's)."""
     if not pending:
         return
     queue: asyncio.PriorityQueue[tuple[float, int, int]] = asyncio.PriorityQueue()
@@ -266,8 +280,10 @@ async def fetch_shards(
     loop = asyncio.get_running_loop()
     deadline = progress_deadline(options)
     attempts = dict.fromkeys((shard.index for shard in pending), 0)
-    excluded: dict[int, set[str]] = {shard.index: set() for shard in pending}
+    excluded: dict[int, set[str]] = {shard.index: set(unusable) for shard in pending}
     kinds_seen: dict[int, set[FailureKind]] = {shard.index: set() for shard in pending}
+    num_not_ready = dict.fromkeys(attempts, 0)
+    last_progress = loop.time()
     remaining = len(pending)
     hedges_in_flight = 0
     in_flight: set[_Attempt] = set()
@@ -377,7 +393,7 @@ async def fetch_shards(
             await asyncio.gather(*(a.task for a in running if a.task is not None), return_exceptions=True)
 
     async def worker() -> None:
-        nonlocal remaining
+        nonlocal remaining, last_progress
         while True:
             ready_at, _, index = await queue.get()
             delay = ready_at - loop.time()
@@ -395,7 +411,13 @@ async def fetch_shards(
             winner, failures = await fetch_hedged(shard, source)
             if winner is None:
                 if all(failure.kind == "not_ready" for _, failure in failures):
-                    requeue(index, options.not_ready_retry_s)
+                    waited_s = loop.time() - last_progress
+                    if waited_s > options.not_ready_timeout_s:
+                        give_up(_never_ready(manifest.version, index, waited_s, [source for source, _ in failures]))
+                        return
+                    num_not_ready[index] += 1
+                    delay_s = options.not_ready_retry_s * 2 ** min(num_not_ready[index] - 1, 16)
+                    requeue(index, min(options.backoff_max_s, delay_s))
                     continue
                 for failed_source, failure in failures:
                     if failure.kind == "not_ready":
@@ -406,6 +428,7 @@ async def fetch_shards(
                 if not scoreboard.usable(exclude=excluded[index]):
                     excluded[index].clear()  # every source failed once: let the healthy ones try again
                     excluded[index].update(url for url in scoreboard.sources if scoreboard.is_banned(url))
+                    excluded[index].update(unusable)
                 attempts[index] += 1
                 if attempts[index] >= options.max_attempts_per_shard:
                     give_up(_no_source_left(manifest.version, index, kinds_seen[index], scoreboard, attempts[index]))
@@ -424,6 +447,7 @@ async def fetch_shards(
                 }
             )
             remaining -= 1
+            last_progress = loop.time()
             if remaining == 0 and not finished.done():
                 finished.set_result(None)
 
@@ -455,6 +479,14 @@ def _failure_event(version: int, index: int, source: str, failure: ShardFetchErr
         "kind": failure.kind,
         "reason": failure.reason,
     }
+
+
+def _never_ready(version: int, index: int, waited_s: float, sources: Sequence[str]) -> PrimeError:
+    return RemoteUnavailableError(
+        f"no shard of version {version} verified for {waited_s:.0f} s while {', '.join(sources)} kept answering "
+        f"503 for shard {index} (not mirrored yet); the relay may have lost its upstream: try again later or "
+        "name another relay"
+    )
 
 
 def _no_source_left(

@@ -213,7 +213,13 @@ async def _validator(config: ValidatorConfig, stop: asyncio.Event, state: Valida
         await with_retries("register", lambda: ledger.register(request), stop)
         log.info("validator %s auditing %s", identity.node_id, config.coordinator_url)
         relays = [*config.relays, config.coordinator_url.rstrip("/") + "/shardcast"]
-        weights = WeightsCache(relays, coordinator_id, config.data_dir / "policies", keep_versions=config.max_versions)
+        weights = WeightsCache(
+            relays,
+            coordinator_id,
+            config.data_dir / "policies",
+            keep_versions=config.max_versions,
+            run_name=spec.run_name,
+        )
         p2p = asyncio.create_task(
             run_node_gossip(config.p2p, config.coordinator_url, identity, coordinator_id, weights, stop)
         )

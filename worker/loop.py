@@ -11,8 +11,11 @@ states, and submits the group. While it generates, the lease is renewed at a thi
 remaining time. Failures of the ledger or the relays are retried with capped exponential
 backoff; a refusal (4xx) of a task's submission is logged and the task is dropped (its lease
 will expire and be re-issued); a 403 (banned, or not allowed) ends the worker with that
-ForbiddenError. The version an engine serves and the version of the task being generated are
-pinned in the weights cache, so newer versions fetched meanwhile never prune them.
+ForbiddenError. A policy version no relay holds yet (or none served intact) is waited for with
+the reason on the status display (:func:`fetch_policy`); a version refused for good, or one that
+does not arrive within ``VERSION_WAIT_S``, has its task handed back, and the node leases on.
+The version an engine serves and the version of the task being generated are pinned in the
+weights cache, so newer versions fetched meanwhile never prune them.
 """
 
 from __future__ import annotations
@@ -33,9 +36,12 @@ from engines.base import Engine, GenerationRequest, GenerationResult
 from node.retry import sleep_unless_stopped, sleep_until_work, unless_stopped, with_retries
 from protocol.errors import (
     ForbiddenError,
+    IntegrityError,
+    NotFoundError,
     PrimeError,
     ProtocolError,
     RequestRefused,
+    VersionRefusedError,
 )
 from protocol.ledger_client import LedgerClient
 from protocol.schemas import LONG_POLL_S, MAX_TOKENS_PER_S, HeartbeatRequest, LeaseRequest, Rollout, SubmitRequest, Task
@@ -47,6 +53,45 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 MIN_LEASE_INTERVAL_S = 0.2
 """Lease requests that come back empty are at least this far apart, whatever retry delay the ledger names."""
+VERSION_WAIT_S = 120.0
+"""How long a leased task waits for its policy version to reach a relay (or verify) before it is handed back."""
+HANDED_BACK_PAUSE_S = 5.0
+"""Pause after handing a task back, so a version this node cannot get does not become a tight lease loop."""
+_VERSION_RETRY_MAX_S = 10.0
+
+
+class TaskHandedBackError(Exception):
+    """A leased task cannot run on this node (its policy version is refused, or did not arrive in time)."""
+
+
+async def fetch_policy(
+    weights: WeightsCache, version: int, stop: asyncio.Event, state: WorkerState, wait_s: float | None
+) -> Path:
+    """The directory of policy ``version``, waiting (``wait_s`` at most; None: until stopped) while no relay holds
+    it yet or none served it intact, with the reason in ``state.last_error`` (the status display) and the log.
+
+    A version refused for good (:class:`~protocol.errors.VersionRefusedError`) raises :class:`TaskHandedBackError`
+    at once, as does running out of ``wait_s``; unreachable relays are retried by :func:`with_retries`.
+    """
+    started = time.monotonic()
+    delay = 1.0
+    while True:
+        try:
+            return await with_retries(f"download of policy v{version}", lambda: weights.ensure(version), stop)
+        except VersionRefusedError as exc:
+            state.last_error = f"policy v{version} refused: {exc.message}; waiting for a newer version"
+            raise TaskHandedBackError(state.last_error) from exc
+        except (NotFoundError, IntegrityError) as exc:  # a relay behind, or relays that served bad bytes
+            waited = time.monotonic() - started
+            if wait_s is not None and waited + delay > wait_s:
+                state.last_error = f"policy v{version} not had in {waited:.0f} s: {exc.message}"
+                raise TaskHandedBackError(state.last_error) from exc
+            state.last_error = f"waiting for policy v{version} ({exc.message}); retrying in {delay:.0f} s"
+            log.warning("%s", state.last_error)
+        await sleep_unless_stopped(stop, delay)
+        if stop.is_set():
+            raise asyncio.CancelledError(f"stopped while waiting for policy v{version}")
+        delay = min(delay * 2, _VERSION_RETRY_MAX_S)
 
 
 @dataclass
@@ -159,6 +204,9 @@ class TaskRunner:
                         await self._abandon(task.lease_id)
                         break
                     finish = await self.generate_task(task, stop)
+                    if finish is None:  # handed back: this node cannot get its policy version now
+                        await sleep_until_work(stop, asyncio.Event(), HANDED_BACK_PAUSE_S)
+                        continue
                     if submitting is not None:  # one submission in flight at a time
                         try:
                             await submitting
@@ -170,11 +218,13 @@ class TaskRunner:
             if submitting is not None:
                 await submitting
 
-    async def generate_task(self, task: Task, stop: asyncio.Event) -> Coroutine[Any, Any, None]:
+    async def generate_task(self, task: Task, stop: asyncio.Event) -> Coroutine[Any, Any, None] | None:
         """Generate a task's samples; return the coroutine that proves and submits them.
 
         The lease is renewed from here until the submission is answered; a cancellation while
-        generating abandons the lease so the ledger can re-issue it at once.
+        generating abandons the lease so the ledger can re-issue it at once. A task whose policy
+        version this node cannot get (refused, or on no relay within ``VERSION_WAIT_S``) is handed
+        back the same way, and None is returned: the node goes on with the next lease.
         """
         self.state.current_task = task.task_id
         renewer = asyncio.create_task(self._renew_until_cancelled(task))
@@ -186,6 +236,14 @@ class TaskRunner:
             started = time.monotonic()
             results = await asyncio.to_thread(self.engine.generate, requests)
             self.state.generation_s += time.monotonic() - started
+        except TaskHandedBackError as exc:
+            renewer.cancel()
+            await asyncio.gather(renewer, return_exceptions=True)
+            log.warning("handing task %s back: %s", task.task_id, exc)
+            await self._abandon(task.lease_id)
+            if self.state.current_task == task.task_id:
+                self.state.current_task = None
+            return None
         except BaseException:
             renewer.cancel()
             await asyncio.gather(renewer, return_exceptions=True)
@@ -233,7 +291,7 @@ class TaskRunner:
     async def _load_version(self, version: int, stop: asyncio.Event) -> None:
         if self.loaded_version == version:
             return
-        path: Path = await with_retries(f"download of policy v{version}", lambda: self.weights.ensure(version), stop)
+        path = await fetch_policy(self.weights, version, stop, self.state, VERSION_WAIT_S)
         await asyncio.to_thread(self.engine.load_weights, path)
         self.weights.pin(version)
         if self.loaded_version is not None:

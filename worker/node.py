@@ -28,7 +28,7 @@ from runtime.first_contact import check_coordinator, check_relays
 from shardcast.cache import WeightsCache
 from worker.config import WorkerConfig
 from worker.devices import DeviceInfo, cpu_engine_threads, detect_devices
-from worker.loop import TaskRunner, WorkerState, heartbeat_forever
+from worker.loop import TaskHandedBackError, TaskRunner, WorkerState, fetch_policy, heartbeat_forever
 
 log = logging.getLogger(__name__)
 PINNED_COORDINATOR_FILE = "coordinator_id"
@@ -124,7 +124,7 @@ async def _worker(config: WorkerConfig, stop: asyncio.Event, state: WorkerState,
         relays = list(config.relays)
         if config.origin_fallback_enabled or not relays:
             relays.append(config.coordinator_url.rstrip("/") + "/shardcast")
-        weights = WeightsCache(relays, coordinator_id, config.data_dir / "policies")
+        weights = WeightsCache(relays, coordinator_id, config.data_dir / "policies", run_name=run.run_name)
         p2p = asyncio.create_task(
             run_node_gossip(
                 config.p2p, config.coordinator_url, identity, coordinator_id, weights, stop, state.work_available
@@ -132,9 +132,10 @@ async def _worker(config: WorkerConfig, stop: asyncio.Event, state: WorkerState,
         )
         start_version = registered.current_policy_version
         with weights.pinned(start_version):  # engines read it while they start, and a cold start is slow
-            checkpoint = await with_retries(
-                f"download of policy v{start_version}", lambda: weights.ensure(start_version), stop
-            )
+            try:
+                checkpoint = await fetch_policy(weights, start_version, stop, state, wait_s=None)
+            except TaskHandedBackError as exc:  # the current version is refused for good: nothing to start on
+                raise StartupError(str(exc), "start the worker again once a newer version is published") from exc
             eos = eos_token_ids(checkpoint)
             engines = [
                 await asyncio.to_thread(engine_factory, kind, checkpoint, d, config.max_batch_size, run.precision)

@@ -133,6 +133,9 @@ def publish_policy(
                 f"publish that checkpoint again to finish an interrupted publish, or publish this one as a new "
                 f"version (--version {max(version, published_version(ledger) or 0) + 1})"
             )
+        announced = store.announced()
+        if announced is None or announced < version:  # the killed publish installed it but never announced it
+            store.announce(version)
         log.info("policy v%d was already in the origin store; announcing it to the ledger", version)
     else:
         signed = publish_checkpoint(
@@ -143,6 +146,7 @@ def publish_policy(
             shard_size_bytes=config.policy.shard_size_bytes,
             keep_versions=None,
             patches=PatchPolicy(enabled=config.policy.patches_enabled, full_every=config.policy.full_every),
+            run_name=config.run_name,
         )
     if published_version(ledger) != version:
         ledger.publish(signed)

@@ -6,7 +6,7 @@
   never retried as a relay's failure; a relay on a full disk says so once and keeps serving.
 - `prime-relay fetch latest` never moves a node to a version older than one it holds or saw signed.
 - `prime-coordinator publish` never calls a version published from a checkpoint it does not hold,
-  and cleans up what a killed publish left in staging.
+  and cleans up what a killed publish left in staging; finishing a killed publish announces the version.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import httpx
 import pytest
 
 from protocol.identity import NodeIdentity, load_or_create_identity
-from shardcast.origin import publish_checkpoint
+from shardcast.origin import OriginSource, publish_checkpoint
 from shardcast.store import VersionStore
 from tests.support.shardcast_nodes import (
     Nodes,
@@ -99,6 +99,59 @@ class TricklingRelay:
 
     def __exit__(self, *_: object) -> None:
         self.stopping.set()
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(timeout=10)
+
+
+class FaultyRelay:
+    """A real HTTP server that passes the upstream's listings and manifests through and breaks every shard:
+
+    ``truncate`` declares the shard's whole length and closes halfway, ``shorten`` declares and sends half,
+    ``busy`` answers every shard request 503 forever (a relay that never gets the version's shards).
+    """
+
+    def __init__(self, upstream: str, mode: str) -> None:
+        self.upstream = upstream
+        self.mode = mode
+        self.num_requests = 0
+        relay = self
+
+        class Handler(socketserver.BaseRequestHandler):
+            def handle(self) -> None:
+                relay.serve(self.request)
+
+        self.server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def serve(self, connection: socket.socket) -> None:
+        request = b""
+        while b"\r\n\r\n" not in request:
+            chunk = connection.recv(4096)
+            if not chunk:
+                return
+            request += chunk
+        self.num_requests += 1
+        path = request.split(b" ", 2)[1].decode()
+        if self.mode == "busy" and "/shards/" in path:
+            connection.sendall(b"HTTP/1.1 503 Busy\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+            return
+        body = httpx.get(f"{self.upstream}{path}", timeout=10).content
+        declared = len(body)
+        if "/shards/" in path:
+            body = body[: len(body) // 2]
+            declared = len(body) if self.mode == "shorten" else declared
+        head = f"HTTP/1.1 200 OK\r\nContent-Length: {declared}\r\nConnection: close\r\n\r\n"
+        with contextlib.suppress(OSError):
+            connection.sendall(head.encode() + body)
+
+    def __enter__(self) -> FaultyRelay:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
         self.server.shutdown()
         self.server.server_close()
         self.thread.join(timeout=10)
@@ -272,3 +325,96 @@ def test_publish_never_names_a_version_after_a_checkpoint_it_does_not_hold(tmp_p
     served = run_dir / "policies" / "v1" / "files"
     assert tree_bytes(served) == tree_bytes(a)
     assert list(store.staging.iterdir()) == []
+
+
+def test_finishing_an_interrupted_publish_announces_the_version(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    assert coordinator_publish(make_checkpoint(tmp_path / "Z", seed=0, size_bytes=64 * 1024), run_dir).returncode == 0
+    a = make_checkpoint(tmp_path / "A", seed=1, size_bytes=64 * 1024)
+    store = VersionStore(run_dir / "policies")
+    # `publish A` killed after the store installed v1 and before it announced it
+    publish_checkpoint(a, 1, load_or_create_identity(run_dir), store, shard_size_bytes=SHARD)
+    store.announce(0)
+
+    finished = coordinator_publish(a, run_dir)
+    assert finished.returncode == 0, finished.stderr
+    assert store.announced() == 1
+    assert OriginSource(store).versions_response().latest == 1
+
+
+@pytest.mark.parametrize("flags", [["--set", "bogus=1"], []])
+def test_a_fatal_error_under_json_logs_is_a_json_line(tmp_path: Path, flags: list[str]) -> None:
+    argv = [str(BIN / "prime-relay"), "serve", "--json-logs", "--data-dir", str(tmp_path), *flags]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=60, env={**os.environ, "NO_COLOR": "1"})
+    assert proc.returncode == 2, proc.stderr
+    lines = [json.loads(line) for line in proc.stderr.splitlines()]  # every line is one JSON object
+    assert lines[-1]["level"] == "error" and lines[-1]["exit_code"] == 2, lines
+    assert ("bogus" if flags else "upstream") in lines[-1]["event"]
+
+
+@pytest.mark.parametrize("mode", ["truncate", "shorten"])
+def test_a_relay_that_cuts_shards_short_is_banned_fast(
+    tmp_path: Path, nodes: Nodes, coordinator: NodeIdentity, mode: str
+) -> None:
+    checkpoint = publish(tmp_path, tmp_path / "store", coordinator, 1)
+    origin = nodes.origin(tmp_path / "store")
+    with FaultyRelay(origin, mode) as faulty:
+        events, seconds, code = timed_fetch(nodes, 1, [faulty.url, origin], coordinator.node_id, tmp_path / "both")
+        assert code == 0 and events[-1]["event"] == "done", events[-3:]
+        assert tree_bytes(tmp_path / "both" / "v1") == tree_bytes(checkpoint)
+        relays = {r["url"]: r for r in events[-1]["relays"]}  # type: ignore[attr-defined]
+        # banned at its first whole short body or second cut one; the fetches already in flight fail too
+        assert relays[faulty.url]["banned"] and relays[faulty.url]["num_failures"] <= 8, relays[faulty.url]
+        assert float(events[-1]["seconds"]) < 5, events[-1]  # type: ignore[arg-type]
+
+        faulty.num_requests = 0
+        events, seconds, code = timed_fetch(nodes, 1, [faulty.url], coordinator.node_id, tmp_path / "alone")
+        assert code == 1 and events[-1]["error"] == "integrity", events[-3:]
+        print(f"{mode}: a lone relay refused after {seconds:.2f} s wall, {faulty.num_requests} requests")
+        assert seconds < 12, f"a lone truncating relay took {seconds:.1f} s to refuse"
+        assert faulty.num_requests <= 1 + 2 * 8  # the manifest, then at most two rounds of the parallel fetches
+
+
+def test_a_lone_relay_answering_503_forever_ends_the_fetch_with_bounded_requests(
+    tmp_path: Path, nodes: Nodes, coordinator: NodeIdentity
+) -> None:
+    publish(tmp_path, tmp_path / "store", coordinator, 1)
+    origin = nodes.origin(tmp_path / "store")
+    with FaultyRelay(origin, "busy") as busy:
+        args = ("--not-ready-timeout-s", "8")
+        events, seconds, code = timed_fetch(nodes, 1, [busy.url], coordinator.node_id, tmp_path / "out", *args)
+        print(f"a lone 503 relay: gave up after {seconds:.1f} s wall, {busy.num_requests} requests")
+        assert code == 1 and events[-1]["error"] == "unavailable", events[-3:]
+        assert "503" in str(events[-1]["detail"]) and "another relay" in str(events[-1]["detail"])
+        assert seconds < 30
+        # 12 shards, each asked again after 0.3, 0.6, 1.2, 2.4, 4.8 s: about 6 requests each before the
+        # deadline (a fixed 0.3 s retry made 12 / 0.3 = 40 a second, without end)
+        assert busy.num_requests <= 1 + 12 * 7, busy.num_requests
+
+
+def test_one_key_two_runs_a_client_takes_only_its_runs_version_and_blames_no_relay(
+    tmp_path: Path, nodes: Nodes, coordinator: NodeIdentity
+) -> None:
+    """A coordinator key signing for two runs: each run's origin publishes its own version 1. A node of run b
+    listing both origins gets run b's checkpoint, and the origin of run a is not banned (it does not lie)."""
+    checkpoints = {}
+    origins = {}
+    for seed, run in enumerate(("a", "b")):
+        checkpoints[run] = make_checkpoint(tmp_path / f"ckpt-{run}", seed=seed)
+        store = VersionStore(tmp_path / f"store-{run}")
+        publish_checkpoint(checkpoints[run], 1, coordinator, store, shard_size_bytes=SHARD, run_name=run)
+        origins[run] = nodes.origin(store.root)
+
+    events, _, code = timed_fetch(
+        nodes, 1, [origins["a"], origins["b"]], coordinator.node_id, tmp_path / "b", "--run-name", "b"
+    )
+    assert code == 0 and events[-1]["event"] == "done", events[-3:]
+    assert tree_bytes(tmp_path / "b" / "v1") == tree_bytes(checkpoints["b"])
+    relays = {r["url"]: r for r in events[-1]["relays"]}  # type: ignore[attr-defined]
+    assert not relays[origins["a"]]["banned"], relays
+
+    events, _, code = timed_fetch(nodes, 1, [origins["a"]], coordinator.node_id, tmp_path / "only-a", "--run-name", "b")
+    assert code == 1 and events[-1]["error"] == "not_found", events[-3:]
+    assert "of run 'b'" in str(events[-1]["detail"]) and "is of run 'a'" in str(events[-1]["detail"])
+    assert any(e["event"] == "manifest_other_run" for e in events)
+    assert not (tmp_path / "only-a" / "v1").exists()

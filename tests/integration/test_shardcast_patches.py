@@ -10,19 +10,23 @@ manifest whose result hash is wrong.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import os
 import shutil
 import time
+import tracemalloc
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from protocol.errors import IntegrityError
+from protocol.errors import IntegrityError, VersionRefusedError
 from protocol.identity import NodeIdentity, load_or_create_identity
-from protocol.schemas import PolicyManifest
+from protocol.schemas import PATCH_ENCODING, PolicyManifest
+from shardcast.cache import WeightsCache
 from shardcast.client import download_version
 from shardcast.manifest import PatchOf, list_checkpoint_files, make_manifest, result_files_of, sign_manifest
 from shardcast.origin import (
@@ -36,7 +40,7 @@ from shardcast.origin import (
 )
 from shardcast.store import MANIFEST_NAME, VersionStore
 from shardcast.transfer import TransferOptions
-from tests.support.shardcast_nodes import Nodes, events_of, holds, metric, tree_bytes, wait_until
+from tests.support.shardcast_nodes import Nodes, events_of, header_bomb, holds, metric, tree_bytes, wait_until
 
 pytestmark = pytest.mark.slow
 SHARD = 64 * 1024
@@ -119,6 +123,23 @@ class Run:
         self.store.install_version(staged, version)
         self.store.announce(version)
         return manifest
+
+    def install_patch_file(self, version: int, base: int, patch: bytes) -> None:
+        """Install a coordinator-signed patch version whose patch file is ``patch`` (whatever it holds)."""
+        checkpoint = write_checkpoint(self.tmp_path / f"ckpt{version}", version)
+        self.checkpoints[version] = checkpoint
+        staged = self.store.new_staging_dir(f"v{version}")
+        (staged / FILES_DIR).mkdir()
+        (staged / FILES_DIR / PATCH_FILE_NAME).write_bytes(patch)
+        served = [(PATCH_FILE_NAME, len(patch))]
+        hashes = _hash_shards(staged / FILES_DIR, served, self.shard_size, "blake3")
+        result = result_files_of(checkpoint, "blake3")
+        manifest = make_manifest(
+            version, served, hashes, self.shard_size, "blake3", time.time(), PatchOf(base, PATCH_ENCODING, result)
+        )
+        (staged / MANIFEST_NAME).write_bytes(sign_manifest(self.signer, manifest).model_dump_json().encode())
+        self.store.install_version(staged, version)
+        self.store.announce(version)
 
 
 @pytest.fixture
@@ -352,3 +373,43 @@ def test_a_relay_tree_serves_patches_and_full_versions_to_clients_at_different_v
     assert (done["kind"], done["base"], done["bytes_saved"] > 0) == ("patch", 5, True)
     assert_bit_exact(behind / "v6", run.checkpoints[6])
     assert sorted(list_checkpoint_files(behind / "v6")) == sorted(list_checkpoint_files(run.checkpoints[6]))
+
+
+def test_a_signed_patch_whose_header_inflates_is_refused_once_and_the_node_goes_on(
+    tmp_path: Path, nodes: Nodes, caplog: pytest.LogCaptureFixture
+) -> None:
+    """One bad publish (a 24 MiB header in a few KB, signed by the coordinator) must not stop a node: the version is
+    refused without the applier growing, remembered (never fetched again, its prefetch failure logged once), and
+    the next version is fetched."""
+    run = Run(tmp_path)
+    run.publish(0)
+    run.install_patch_file(1, base=0, patch=header_bomb(24 * 1024 * 1024))
+    run.publish(2, patches=False)
+    origin = nodes.origin(run.store.root)
+    cache = WeightsCache([origin], run.signer.node_id, tmp_path / "node", options=FAST)
+
+    async def scenario() -> tuple[int, Path]:
+        await cache.ensure(0)
+        tracemalloc.start()
+        try:
+            with pytest.raises(VersionRefusedError, match=r"over the .* limit its base allows"):
+                await cache.ensure(1)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        served = metric(origin, "shardcast_served_bytes_total")
+        for _ in range(3):  # one prefetch per task, as the worker makes them
+            cache.prefetch(1)
+            with pytest.raises(VersionRefusedError):
+                await cache.ensure(1)
+        assert metric(origin, "shardcast_served_bytes_total") == served  # the bad patch is not fetched again
+        path = await cache.ensure(2)
+        await cache.aclose()
+        return peak, path
+
+    with caplog.at_level(logging.WARNING, logger="shardcast.cache"):
+        peak, path = asyncio.run(scenario())
+    assert peak < 32 * 1024 * 1024, f"refusing the patch took {peak} bytes"
+    assert_bit_exact(path, run.checkpoints[2])
+    warnings = [r.getMessage() for r in caplog.records if "policy v1" in r.getMessage()]
+    assert len(warnings) == 1 and "cannot be rebuilt" in warnings[0], warnings

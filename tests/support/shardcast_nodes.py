@@ -40,6 +40,20 @@ def _seeded_bytes(seed: int, size: int) -> bytes:
     return blake3.blake3(str(seed).encode()).digest(length=size)
 
 
+def header_bomb(raw_bytes: int) -> bytes:
+    """A value patch whose header is ``raw_bytes`` of valid JSON (empty objects, the costliest to parse) in a frame
+    of a few kilobytes: what a bad publish or a hostile file can hand an applier."""
+    import zstandard
+
+    from shardcast.patch import ENCODING, MAGIC
+
+    count = (raw_bytes - 60) // 3
+    raw = b'{"encoding":"' + ENCODING.encode() + b'","base":[],"files":[' + b"{}," * (count - 1) + b"{}]}"
+    params = zstandard.ZstdCompressionParameters(format=zstandard.FORMAT_ZSTD1_MAGICLESS)
+    packed = zstandard.ZstdCompressor(compression_params=params).compress(raw)
+    return MAGIC + len(packed).to_bytes(8, "little") + len(raw).to_bytes(8, "little") + packed
+
+
 def tree_bytes(root: Path) -> dict[str, bytes]:
     """Relative path -> content of every checkpoint file (our own dotfiles left out)."""
     return {

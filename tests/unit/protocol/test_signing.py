@@ -100,6 +100,14 @@ def test_stale_or_future_timestamp_is_refused(identity: NodeIdentity, offset_s: 
         verify_request("POST", PATH, BODY, headers, MemoryReplayCache(), max_skew_s=60)
 
 
+@pytest.mark.parametrize(("offset_s", "words"), [(-120.0, r"120\.0 s behind .*offset -120\.0 s"), (120.0, r"ahead")])
+def test_skew_message_is_signed_from_the_node_side(identity: NodeIdentity, offset_s: float, words: str) -> None:
+    now = 1_700_000_000.0
+    headers = sign_request(identity, "POST", PATH, BODY, now=now + offset_s)
+    with pytest.raises(StaleTimestampError, match=words):
+        verify_request("POST", PATH, BODY, headers, MemoryReplayCache(), max_skew_s=60, now=now)
+
+
 def test_timestamp_within_skew_is_accepted(identity: NodeIdentity) -> None:
     headers = sign_request(identity, "POST", PATH, BODY, now=time.time() - 30)
     verify_request("POST", PATH, BODY, headers, MemoryReplayCache(), max_skew_s=60)

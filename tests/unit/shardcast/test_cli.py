@@ -54,3 +54,33 @@ def test_serve_refuses_an_empty_or_placeholder_coordinator_id(tmp_path: Path) ->
         result = CliRunner().invoke(app, [*args, "--set", f'data_dir="{tmp_path}"'])
         assert result.exit_code == EXIT_BAD_CONFIG, result.output
         assert "is not a coordinator node id" in result.output and "keys show" in result.output
+
+
+def test_the_progress_of_a_full_start_and_a_chain_counts_every_byte() -> None:
+    from shardcast.cli import _ProgressBar
+
+    bar = _ProgressBar()
+    events: list[dict[str, object]] = [
+        {
+            "event": "plan",
+            "version": 7,
+            "base": 5,
+            "from": "full",
+            "chain": [6, 7],
+            "bytes": 1200,
+            "checkpoint_bytes": 1000,
+        },
+        {"event": "manifest", "version": 5, "total_bytes": 1000, "bytes_resumed": 400},
+        {"event": "shard_done", "bytes": 600},
+        {"event": "manifest", "version": 6, "total_bytes": 100, "bytes_resumed": 0},
+        {"event": "shard_done", "bytes": 100},
+        {"event": "manifest", "version": 7, "total_bytes": 100, "bytes_resumed": 0},
+        {"event": "shard_done", "bytes": 100},
+    ]
+    try:
+        for event in events:
+            bar.on_event(event)
+        (task,) = bar.progress.tasks
+        assert (task.total, task.completed, task.fields["version"]) == (1200, 1200, 7)
+    finally:
+        bar.stop()

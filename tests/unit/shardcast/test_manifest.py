@@ -117,3 +117,21 @@ def test_checkpoint_listing_is_sorted_and_refuses_symlinks(tmp_path: Path) -> No
     (tmp_path / "link").symlink_to(tmp_path / "a.json")
     with pytest.raises(ProtocolError, match="regular file"):
         list_checkpoint_files(tmp_path)
+
+
+def test_a_manifest_is_bound_to_its_run() -> None:
+    from protocol.errors import OtherRunError
+    from shardcast.manifest import make_manifest, sign_manifest, verify_signed_manifest
+
+    key = NodeIdentity.generate()
+    files, hashes = [("model.bin", 10)], ["a" * 64]
+    named = sign_manifest(key, make_manifest(1, files, hashes, 4096, "blake3", 1.0, run_name="run-b"))
+    unnamed = sign_manifest(key, make_manifest(1, files, hashes, 4096, "blake3", 1.0))
+    assert verify_signed_manifest(named, key.node_id, 1, "run-b").run_name == "run-b"
+    with pytest.raises(OtherRunError, match="is of run 'run-b', not of run 'run-a'"):
+        verify_signed_manifest(named, key.node_id, 1, "run-a")
+    with pytest.raises(OtherRunError, match="names no run"):
+        verify_signed_manifest(unnamed, key.node_id, 1, "run-a")
+    verify_signed_manifest(named, key.node_id, 1)  # a node that names no run takes any
+    # a manifest naming no run signs the bytes it always did: no run_name key at all
+    assert "run_name" not in unnamed.manifest.model_dump(mode="json")

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import filecmp
 import json
 import shutil
 import tempfile
+import tracemalloc
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -20,6 +22,7 @@ from safetensors.torch import save_file
 
 from protocol.errors import IntegrityError, LocalFaultError
 from shardcast.patch import ENCODING, MAGIC, PatchStats, apply_patch, encode_patch
+from tests.support.shardcast_nodes import header_bomb
 
 LIMIT = 1 << 30
 Fixture = tuple[Path, Path, Path, bytes]
@@ -329,6 +332,7 @@ MUTATIONS: dict[str, Callable[[dict[str, Any]], object]] = {
     "blob missing": lambda h: record(h)["p"]["b"].pop(),
     "planes swapped": lambda h: record(h, values="d")["v"]["b"].reverse(),
     "unchanged record with data": lambda h: tensor_file(h)["tensors"].__setitem__(0, {"k": 0, "p": None}),
+    "safetensors header grown past its base's": lambda h: tensor_file(h)["header"].update(n=tensor_file(h)["size"]),
 }
 
 
@@ -386,3 +390,90 @@ def test_every_bit_flip_in_the_header_is_caught(small_patch: Fixture) -> None:
             corrupt = bytearray(data)
             corrupt[position] ^= 1 << bit
             check_corrupt(root, base, new, bytes(corrupt))
+
+
+def peak_bytes_of(call: Callable[[], object]) -> int:
+    """The most Python and numpy memory ``call`` had allocated at once (it may raise IntegrityError)."""
+    tracemalloc.start()
+    try:
+        with contextlib.suppress(IntegrityError):
+            call()
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_a_header_that_inflates_past_what_its_base_needs_is_refused_before_it_is_read(small_patch: Fixture) -> None:
+    root, base, _, _ = small_patch
+    bomb = header_bomb(16 * 1024 * 1024)
+    assert len(bomb) < 64 * 1024  # kilobytes on the wire
+    work = Path(tempfile.mkdtemp(dir=root))
+    try:
+        (work / "p").write_bytes(bomb)
+        with pytest.raises(IntegrityError, match="limit its base allows"):
+            apply_patch(base, work / "p", work / "out", LIMIT)
+        peak = peak_bytes_of(lambda: apply_patch(base, work / "p", work / "out", LIMIT))
+        assert peak < 2 * 1024 * 1024, f"refusing the header took {peak} bytes"
+    finally:
+        shutil.rmtree(work)
+
+
+def integer_fields(value: object, path: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    """The path of every integer (not bool) in a JSON value."""
+    if isinstance(value, dict):
+        return [p for key, item in value.items() for p in integer_fields(item, (*path, key))]
+    if isinstance(value, list):
+        return [p for i, item in enumerate(value) for p in integer_fields(item, (*path, i))]
+    return [path] if type(value) is int else []
+
+
+def set_field(header: dict[str, Any], path: tuple[Any, ...], number: int) -> None:
+    target: Any = header
+    for key in path[:-1]:
+        target = target[key]
+    target[path[-1]] = number
+
+
+SIZES = st.one_of(st.integers(-(2**63), 2**64), st.sampled_from([0, 1, 2**31, 2**32, 2**40, 2**62, 2**63 - 1]))
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(picks=st.lists(st.tuples(st.integers(0, 1 << 20), SIZES), min_size=1, max_size=3))
+def test_any_number_in_the_header_is_bounded_before_use(small_patch: Fixture, picks: list[tuple[int, int]]) -> None:
+    """Every length, count, offset and coding number the header declares, set to anything, gives the exact files
+    or an IntegrityError, and never makes the applier hold more than a small multiple of the checkpoint."""
+    root, base, new, data = small_patch
+    packed_len, raw_len = int.from_bytes(data[8:16], "little"), int.from_bytes(data[16:24], "little")
+    header = json.loads(
+        zstandard.ZstdDecompressor(format=MAGICLESS).stream_reader(data[24 : 24 + packed_len]).read(raw_len)
+    )
+    fields = integer_fields(header)
+
+    def mutate(h: dict[str, Any]) -> None:
+        for which, number in picks:
+            set_field(h, fields[which % len(fields)], number)
+
+    work = Path(tempfile.mkdtemp(dir=root))
+    try:
+        (work / "p").write_bytes(rewrite_header(data, mutate))
+        checkpoint_bytes = sum(p.stat().st_size for p in new.rglob("*") if p.is_file())
+        peak = peak_bytes_of(lambda: apply_patch(base, work / "p", work / "out", LIMIT))
+        assert peak < 8 * checkpoint_bytes + 4 * 1024 * 1024, f"{peak} bytes for a {checkpoint_bytes}-byte checkpoint"
+        if (work / "out").exists():
+            assert same_tree(new, work / "out")
+    finally:
+        shutil.rmtree(work)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(packed_len=SIZES, raw_len=SIZES)
+def test_any_declared_header_length_is_bounded_before_use(small_patch: Fixture, packed_len: int, raw_len: int) -> None:
+    root, base, _, data = small_patch
+    work = Path(tempfile.mkdtemp(dir=root))
+    try:
+        preamble = MAGIC + (packed_len % 2**64).to_bytes(8, "little") + (raw_len % 2**64).to_bytes(8, "little")
+        (work / "p").write_bytes(preamble + data[24:])
+        peak = peak_bytes_of(lambda: apply_patch(base, work / "p", work / "out", LIMIT))
+        assert peak < 4 * 1024 * 1024
+    finally:
+        shutil.rmtree(work)

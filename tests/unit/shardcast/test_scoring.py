@@ -82,3 +82,13 @@ def test_a_slow_source_is_demoted_below_healthy_ones_and_a_lost_hedge_costs_noth
     board.started("healthy")
     board.record("healthy", "cancelled")
     assert board.sources["healthy"].num_failures == 0 and board.sources["healthy"].in_flight == 0
+
+
+def test_a_second_body_cut_short_bans_the_source() -> None:
+    clock = FakeClock()
+    board = Scoreboard(["cutter", "ok"], clock=clock)
+    board.record("cutter", "short", num_bytes=10, seconds=0.1)
+    assert not board.is_banned("cutter")  # one broken-off body may be the network's fault
+    board.record("cutter", "ok", num_bytes=100, seconds=0.1)
+    board.record("cutter", "short", num_bytes=10, seconds=0.1)
+    assert board.is_banned("cutter") and board.usable() == ["ok"]

@@ -11,6 +11,7 @@ import pytest
 
 from engines.base import GenerationRequest, GenerationResult
 from environments.builtin import builtin_environment
+from protocol.errors import VersionRefusedError
 from protocol.schemas import Prompt, SamplingParams, Task
 from shardcast import cache as cache_module
 from shardcast.cache import WeightsCache
@@ -31,7 +32,9 @@ def anyio_backend() -> str:
 def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> WeightsCache:
     """A cache whose downloads just create the version's directory (no relay needed)."""
 
-    async def fake_fetch(version: int, relays: Any, coordinator_id: str, dest_root: Path, options: Any) -> Path:
+    async def fake_fetch(
+        version: int, relays: Any, coordinator_id: str, dest_root: Path, options: Any, run_name: str | None = None
+    ) -> Path:
         path = dest_root / f"v{version}"
         path.mkdir(parents=True, exist_ok=True)
         (path / "config.json").write_text("{}")
@@ -102,11 +105,14 @@ class RecordingEngine:
 
 
 class QuietLedger:
+    def __init__(self) -> None:
+        self.abandoned: list[str] = []
+
     async def renew(self, lease_id: str) -> Any:
         raise AssertionError("no renewal expected in a short test")
 
     async def abandon(self, lease_id: str) -> None:
-        return None
+        self.abandoned.append(lease_id)
 
 
 def task_of(version: int) -> Task:
@@ -132,7 +138,9 @@ async def test_the_worker_pins_its_loaded_version_and_the_leased_tasks_version(c
         await cache.ensure(version)
     assert 0 in cache.held_versions()
     with pytest.raises(RuntimeError, match="engine crashed"):
-        (await runner.generate_task(task_of(4), asyncio.Event())).close()
+        finish = await runner.generate_task(task_of(4), asyncio.Event())
+        assert finish is not None
+        finish.close()
     assert engine.in_use_while_generating == {4}  # loaded v4 (pinned) for a task of v4 (pinned)
     assert cache.in_use() == {4}  # the task's pin is released; the engine's moved from v0 to v4
     held = cache.held_versions()
@@ -194,3 +202,31 @@ def make_mirrored(version: int) -> Any:
     manifest.kind = "full"  # type: ignore[attr-defined]
     manifest.base_version = None  # type: ignore[attr-defined]
     return MirroredVersion(b"{}", manifest, [])  # type: ignore[arg-type]
+
+
+async def test_a_task_of_a_refused_version_is_handed_back_and_the_version_never_fetched_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fetched: list[int] = []
+
+    async def refusing_fetch(
+        version: int, relays: Any, coordinator_id: str, dest_root: Path, options: Any, run_name: str | None = None
+    ) -> Path:
+        fetched.append(version)
+        if version == 1:
+            raise VersionRefusedError("version 1 cannot be rebuilt: the patch of v1 against v0 was refused (bad)")
+        path = dest_root / f"v{version}"
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    monkeypatch.setattr(cache_module, "fetch_version", refusing_fetch)
+    weights = WeightsCache(["http://127.0.0.1:9"], "12D3KooWcoordinator", tmp_path / "policies")
+    await weights.ensure(0)
+    ledger, state = QuietLedger(), WorkerState()
+    runner = TaskRunner(ledger, RecordingEngine(weights), weights, state, (), loaded_version=0)  # type: ignore[arg-type]
+    for _ in range(3):  # the ledger leases tasks of the refused version again and again
+        assert await runner.generate_task(task_of(1), asyncio.Event()) is None
+    assert ledger.abandoned == ["l-1"] * 3  # each handed back at once, so the ledger can re-issue it
+    assert fetched == [0, 1]  # the refused version was downloaded once
+    assert state.last_error is not None and "policy v1 refused" in state.last_error
+    assert runner.loaded_version == 0 and weights.in_use() == {0}  # still serving what it has

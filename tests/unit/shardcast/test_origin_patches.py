@@ -1,0 +1,38 @@
+"""When the origin publishes a value patch: only when it saves enough of the checkpoint's bytes."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from protocol.identity import NodeIdentity
+from shardcast.origin import PatchPolicy, publish_checkpoint
+from shardcast.store import VersionStore
+
+
+def checkpoint(directory: Path, changed: bytes, kept: bytes) -> Path:
+    directory.mkdir(parents=True)
+    (directory / "changed.bin").write_bytes(changed)
+    (directory / "kept.bin").write_bytes(kept)
+    return directory
+
+
+def publish_two(tmp_path: Path, kept_bytes: int, policy: PatchPolicy) -> str:
+    """Publish v0 and a v1 whose only saving is ``kept_bytes`` of an unchanged file; v1's kind."""
+    store = VersionStore(tmp_path / "store")
+    signer = NodeIdentity.generate()
+    kept = os.urandom(kept_bytes)
+    for version in (0, 1):
+        source = checkpoint(tmp_path / f"c{version}", os.urandom(1024 * 1024), kept)
+        signed = publish_checkpoint(source, version, signer, store, shard_size_bytes=64 * 1024, patches=policy)
+    return signed.manifest.kind
+
+
+def test_a_patch_that_saves_a_fraction_of_a_percent_is_published_full(tmp_path: Path) -> None:
+    # the new random file costs as much patched as whole: the patch saves only the 3 KiB kept file (0.3%)
+    assert publish_two(tmp_path, 3 * 1024, PatchPolicy()) == "full"
+
+
+def test_a_patch_that_saves_more_than_the_threshold_is_published(tmp_path: Path) -> None:
+    assert publish_two(tmp_path, 512 * 1024, PatchPolicy()) == "patch"  # saves a third
+    assert publish_two(tmp_path / "strict", 512 * 1024, PatchPolicy(min_saving_fraction=0.5)) == "full"
