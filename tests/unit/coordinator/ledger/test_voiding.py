@@ -13,7 +13,7 @@ import pytest
 from sqlalchemy import select
 
 from coordinator.ledger.storage.tables import tasks
-from protocol.errors import ProtocolError
+from protocol.errors import ForbiddenError, ProtocolError
 from protocol.ledger_client import LedgerClient
 from protocol.schemas import LeaseRequest, Verdict
 from tests.support.ledger_helpers import signed_manifest, submission_for
@@ -44,6 +44,8 @@ async def test_a_quorum_of_environment_errors_drops_the_task_and_spares_the_work
     worker = await harness.worker()
     first, second, third = [await harness.validator() for _ in range(3)]
     submission_id, task_id = await submitted(worker)
+    for validator in (first, second, third):  # a verdict counts only on a submission handed to its validator
+        assert [item.submission_id for item in (await validator.pending()).submissions] == [submission_id]
 
     assert (await first.post_verdict(unscorable(submission_id))).status == "pending"
     rejection = Verdict(submission_id=submission_id, accepted=False, reasons=["rollout p0/s0: proof: bad"])
@@ -68,6 +70,7 @@ async def test_an_environment_error_verdict_cannot_accept_or_carry_rewards(harne
     worker = await harness.worker()
     validator = await harness.validator()
     submission_id, _task_id = await submitted(worker)
+    await validator.pending()
     for change in ({"accepted": True}, {"rewards": [0.5] * 4}):
         with pytest.raises(ProtocolError, match="accepts nothing and carries no rewards"):
             await validator.post_verdict(unscorable(submission_id).model_copy(update=change))
@@ -98,4 +101,6 @@ async def test_a_submission_whose_version_the_origin_dropped_expires_and_its_tas
     assert void.subject == stale_id and void.data["status"] == "expired"
     assert "policy v0 is no longer kept by the origin" in str(void.data["reasons"])
     late = Verdict(submission_id=stale_id, accepted=True, rewards=[0.5] * 4)
-    assert (await validator.post_verdict(late)).status == "expired", "a late verdict changes nothing"
+    with pytest.raises(ForbiddenError, match="never handed"):  # a late verdict changes nothing
+        await validator.post_verdict(late)
+    assert (await worker.status()).num_submissions_expired == 1
