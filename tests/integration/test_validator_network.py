@@ -199,3 +199,40 @@ def test_verdicts_count_only_on_hand_outs_and_stay_private_until_the_quorum(quor
             await client.aclose()
 
     asyncio.run(scenario())
+
+
+def test_a_validator_that_keeps_voting_against_the_decisions_is_shown_and_handed_less(quorum_two_url: str) -> None:
+    """Three validators at quorum 2 against a real coordinator: the one that rejects what the other two accept is
+    outvoted each time; /v1/stats shows its record and flags it, and its pending lists shrink."""
+
+    async def scenario() -> None:
+        url = quorum_two_url
+        worker, liar, first, second = (client_from(url, "127.0.0.1") for _ in range(4))
+        await worker.register(register_request())
+        for validator in (liar, first, second):
+            await validator.register(register_request("validator"))
+        for _ in range(4):
+            (task,) = (await worker.lease(LeaseRequest())).tasks
+            submission_id = (await worker.submit(submission_for(task))).submission_id
+            for validator in (liar, first, second):
+                await validator.pending()
+            lie = Verdict(submission_id=submission_id, accepted=False, reasons=["rollout p0/s0: proof: invented"])
+            assert (await liar.post_verdict(lie)).status == "pending"
+            honest = Verdict(submission_id=submission_id, accepted=True, rewards=[0.5] * len(task.prompts) * 2)
+            assert (await first.post_verdict(honest)).status == "pending"
+            assert (await second.post_verdict(honest)).status == "accepted"
+        stats = httpx.get(f"{url}/v1/stats", params={"limit": 100}, timeout=10).json()
+        record = {node["node_id"]: node for node in stats["nodes"]}
+        assert (record[liar.identity.node_id]["num_votes_outvoted"], record[liar.identity.node_id]["flagged"]) == (
+            4,
+            True,
+        )
+        assert record[first.identity.node_id]["num_votes_agreed"] == 4 and not record[first.identity.node_id]["flagged"]
+        for _ in range(3):  # more work waiting: the flagged validator is handed less of it
+            (task,) = (await worker.lease(LeaseRequest())).tasks
+            await worker.submit(submission_for(task))
+        assert len((await liar.pending(limit=16)).submissions) < len((await first.pending(limit=16)).submissions)
+        for client in (worker, liar, first, second):
+            await client.aclose()
+
+    asyncio.run(scenario())
