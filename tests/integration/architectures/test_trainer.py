@@ -46,8 +46,11 @@ def test_fsdp2_steps_match_one_process_and_export_reloads(
     assert {n: t.shape for n, t in exported.items()} == {n: t.shape for n, t in original.items()}
     changed = [name for name, tensor in exported.items() if not torch.equal(tensor, original[name])]
     assert changed == sorted(exported), "every tensor takes part in training"
+    # Adam divides by sqrt(v): where a gradient is near zero, the sharded reduction's other summation order moves
+    # an element by a few 1e-6 (seen: 3.3e-6 on 1 of 8192). An update is up to lr = 1e-3 per element, so 1e-5
+    # still catches any real difference between the sharded and the single-process step.
     for name, tensor in unsharded.items():
-        torch.testing.assert_close(exported[name], tensor, atol=2e-6, rtol=1e-4)
+        torch.testing.assert_close(exported[name], tensor, atol=1e-5, rtol=1e-4)
 
     requests = [generation_request(t, i) for i, t in enumerate(sample_tasks(ledger_task()))]
     engine = HFEngine(start, max_batch_size=8)
