@@ -33,7 +33,7 @@ class StartRecipe:
 
 
 REVERSE_RECIPE = StartRecipe(environment="reverse_text", num_steps=200, batch_size=32, lr=1e-3)
-ARITHMETIC_RECIPE = StartRecipe(environment="arithmetic", num_steps=400, batch_size=64, lr=2e-3)
+ARITHMETIC_RECIPE = StartRecipe(environment="arithmetic", num_steps=1000, batch_size=64, lr=2e-3)
 
 
 def start_sft_config(

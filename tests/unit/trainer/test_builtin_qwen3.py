@@ -11,6 +11,9 @@ import pytest
 from environments.builtin import builtin_environment
 from environments.render import prompt_ids, prompt_text
 
+MIN_START_ACCURACY = 0.03
+MAX_START_ACCURACY = 0.5
+
 
 @pytest.fixture(scope="session")
 def small_qwen3_dir(builtin_dir: Path) -> Path:
@@ -99,3 +102,26 @@ def test_the_arithmetic_start_is_built_deterministically_once_and_then_cached(
     monkeypatch.setattr(trainer.start, "build_start_checkpoint", no_training)
     monkeypatch.setattr(trainer.resolve, "build_start_checkpoint", no_training)
     assert resolve_model_path("builtin:small-qwen3-arithmetic-start", tmp_path / "a") == first
+
+
+@pytest.mark.slow
+def test_the_arithmetic_start_is_right_on_a_minority_of_held_out_problems_and_stops(builtin_dir: Path) -> None:
+    """Room to learn: some exact answers (RL has right samples to reinforce), far from all, and EOS at the end."""
+    from engines.base import GenerationRequest
+    from engines.hf import HFEngine
+    from environments.builtin import builtin_environment
+    from trainer.model import load_tokenizer
+    from trainer.resolve import resolve_model_path
+    from trainer.rollout import RolloutSampler
+
+    start = resolve_model_path("builtin:small-qwen3-arithmetic-start")
+    engine = HFEngine(start, max_batch_size=256)
+    try:
+        sampler = RolloutSampler(
+            engine, GenerationRequest, builtin_environment("arithmetic"), load_tokenizer(str(start)), 1.0, 8
+        )
+        report = sampler.evaluate(64, num_samples=4, seed=0)
+    finally:
+        engine.close()
+    assert MIN_START_ACCURACY <= report.accuracy <= MAX_START_ACCURACY, report
+    assert report.stop_fraction >= 0.95, report
