@@ -172,6 +172,8 @@ def build_small_qwen3(output_dir: Path) -> None:
     quiet_transformers()
     tokenizer = chat_tokenizer()
     eos_id, pad_id = tokenizer.token_to_id(CHAT_END_TOKEN), tokenizer.token_to_id(EOS_TOKEN)
+    if eos_id is None or pad_id is None:
+        raise ValueError(f"the tokenizer lacks {CHAT_END_TOKEN} or {EOS_TOKEN}")
     config = qwen3_config(tokenizer.get_vocab_size(), eos_id, pad_id)
     model = random_causal_lm(config, INIT_SEED)
     model.generation_config = GenerationConfig(eos_token_id=eos_id, pad_token_id=pad_id, bos_token_id=pad_id)
