@@ -105,6 +105,7 @@ def test_the_arithmetic_start_is_built_deterministically_once_and_then_cached(
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(2400)  # builds the start: 1000 SFT steps, about 6 minutes on one idle core, more on a busy one
 def test_the_arithmetic_start_is_right_on_a_minority_of_held_out_problems_and_stops(builtin_dir: Path) -> None:
     """Room to learn: some exact answers (RL has right samples to reinforce), far from all, and EOS at the end."""
     from engines.base import GenerationRequest
