@@ -23,7 +23,7 @@ from protocol.errors import ConfigError
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
-    from transformers import Qwen2Config
+    from transformers import Qwen2Config, Qwen3Config
 
 log = logging.getLogger("trainer.builtin")
 
@@ -34,6 +34,20 @@ REVERSE_START = "tiny-qwen2-reverse-start"
 TOKENIZER_VOCAB_SIZE = 320
 TOKENIZER_CORPUS_EXAMPLES = 4000
 INIT_SEED = 0
+
+SMALL_QWEN3 = "small-qwen3"
+"""A Qwen3 of a few million parameters with a subword tokenizer and a chat template (random weights)."""
+ARITHMETIC_START = "small-qwen3-arithmetic-start"
+"""The RL start point for exact answers: small-qwen3 after a short SFT on arithmetic (trainer.start)."""
+SMALL_QWEN3_SHAPE: dict[str, int] = {
+    "hidden_size": 256,
+    "intermediate_size": 768,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 64,
+}
+SMALL_TOKENIZER_VOCAB_SIZE = 512
 
 # Shapes of the Qwen2 configs our code builds. "tiny" is the built-in model; "50m" is the
 # larger config the trainer benchmark measures (about 50M parameters with the built-in vocab).
@@ -113,11 +127,66 @@ def build_random_qwen2(output_dir: Path, shape: str = "tiny", tokenizer: Tokeniz
     save_hf_tokenizer(tokenizer, output_dir, config.max_position_embeddings)
 
 
+def qwen3_config(
+    vocab_size: int, eos_token_id: int, pad_token_id: int, max_position_embeddings: int = 256
+) -> Qwen3Config:
+    """The Qwen3 config of :data:`SMALL_QWEN3_SHAPE`: untied (vLLM's in-place reload needs it), fp32."""
+    from transformers import Qwen3Config
+
+    return Qwen3Config(
+        vocab_size=vocab_size,
+        max_position_embeddings=max_position_embeddings,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+        use_sliding_window=False,
+        bos_token_id=pad_token_id,
+        eos_token_id=eos_token_id,
+        pad_token_id=pad_token_id,
+        dtype="float32",
+        **SMALL_QWEN3_SHAPE,
+    )
+
+
+def chat_tokenizer() -> Tokenizer:
+    """A subword tokenizer trained on the built-in tasks' text as a chat model sees it (deterministic)."""
+    from environments.builtin import BUILTIN, builtin_environment
+    from trainer.tokenizer import train_tokenizer
+
+    corpus: list[str] = []
+    for name in sorted(BUILTIN):
+        environment = builtin_environment(name)
+        for i in range(TOKENIZER_CORPUS_EXAMPLES):
+            example = environment.example(i)
+            corpus.append(f"<|im_start|>user\n{example.prompt}<|im_end|>\n<|im_start|>assistant\n{example.answer}")
+    return train_tokenizer(corpus, SMALL_TOKENIZER_VOCAB_SIZE)
+
+
+def build_small_qwen3(output_dir: Path) -> None:
+    """Save the :data:`SMALL_QWEN3` checkpoint: random weights from :data:`INIT_SEED`, ChatML template, EOS
+    ``<|im_end|>``."""
+    from transformers import GenerationConfig
+
+    from engines.random_model import random_causal_lm
+    from trainer.tokenizer import CHAT_END_TOKEN, CHAT_TEMPLATE, EOS_TOKEN, save_hf_tokenizer
+    from trainer.transformers_logs import quiet_transformers
+
+    quiet_transformers()
+    tokenizer = chat_tokenizer()
+    eos_id, pad_id = tokenizer.token_to_id(CHAT_END_TOKEN), tokenizer.token_to_id(EOS_TOKEN)
+    if eos_id is None or pad_id is None:
+        raise ValueError(f"the tokenizer lacks {CHAT_END_TOKEN} or {EOS_TOKEN}")
+    config = qwen3_config(tokenizer.get_vocab_size(), eos_id, pad_id)
+    model = random_causal_lm(config, INIT_SEED)
+    model.generation_config = GenerationConfig(eos_token_id=eos_id, pad_token_id=pad_id, bos_token_id=pad_id)
+    model.save_pretrained(str(output_dir), safe_serialization=True)
+    save_hf_tokenizer(tokenizer, output_dir, config.max_position_embeddings, CHAT_TEMPLATE)
+
+
 Builder = Callable[[Path], None]
 """Writes a built-in model's checkpoint directory into the given (empty) directory."""
 
-KNOWN_BUILTINS = (TINY_QWEN2, REVERSE_START)
-UNTRAINED_BUILDERS: Mapping[str, Builder] = {TINY_QWEN2: build_random_qwen2}
+KNOWN_BUILTINS = (TINY_QWEN2, REVERSE_START, SMALL_QWEN3, ARITHMETIC_START)
+UNTRAINED_BUILDERS: Mapping[str, Builder] = {TINY_QWEN2: build_random_qwen2, SMALL_QWEN3: build_small_qwen3}
 """What this module builds itself; the trained start is built by :mod:`trainer.resolve` (it needs SFT)."""
 
 

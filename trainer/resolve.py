@@ -1,28 +1,52 @@
 """Every model name a config may give, resolved to a local checkpoint directory, built-ins built on first use.
 
-A name is a local HF checkpoint directory, ``builtin:tiny-qwen2`` (random weights,
-:mod:`trainer.builtin`) or ``builtin:tiny-qwen2-reverse-start`` (the demo's RL start, an early
-SFT of tiny-qwen2: :mod:`trainer.start`). Entry points (the CLIs, the coordinator, benches)
-resolve names here before a trainer or an engine loads them; :mod:`trainer.model` sits below
-the trainer and only loads directories and built-ins already built, so loading a model never
-runs SFT.
+A name is a local HF checkpoint directory or a built-in: ``builtin:tiny-qwen2`` and
+``builtin:small-qwen3`` (random weights, :mod:`trainer.builtin`), ``builtin:tiny-qwen2-reverse-start``
+and ``builtin:small-qwen3-arithmetic-start`` (RL starts, early SFTs of those: :mod:`trainer.start`).
+Entry points (the CLIs, the coordinator, benches) resolve names here before a trainer or an engine
+loads them; :mod:`trainer.model` sits below the trainer and only loads directories and built-ins
+already built, so loading a model never runs SFT.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from trainer.builtin import BUILTIN_PREFIX, REVERSE_START, TINY_QWEN2, Builder, build_random_qwen2
+from trainer.builtin import (
+    ARITHMETIC_START,
+    BUILTIN_PREFIX,
+    REVERSE_START,
+    SMALL_QWEN3,
+    TINY_QWEN2,
+    Builder,
+    build_random_qwen2,
+    build_small_qwen3,
+)
 from trainer.builtin import resolve_model_path as resolve_with
-from trainer.start import build_start_checkpoint
+from trainer.start import ARITHMETIC_RECIPE, REVERSE_RECIPE, StartRecipe, build_start_checkpoint
+
+STARTS: dict[str, tuple[str, StartRecipe]] = {
+    REVERSE_START: (TINY_QWEN2, REVERSE_RECIPE),
+    ARITHMETIC_START: (SMALL_QWEN3, ARITHMETIC_RECIPE),
+}
+"""Each RL start checkpoint: the built-in it is made from and how (read when it is built)."""
 
 
-def _build_reverse_start(output_dir: Path) -> None:
-    base = resolve_with(BUILTIN_PREFIX + TINY_QWEN2, output_dir.parent)
-    build_start_checkpoint(output_dir, str(base))
+def _start_builder(name: str) -> Builder:
+    def build(output_dir: Path) -> None:
+        base, recipe = STARTS[name]
+        base_dir = resolve_with(BUILTIN_PREFIX + base, output_dir.parent)
+        build_start_checkpoint(output_dir, str(base_dir), recipe)
+
+    return build
 
 
-BUILDERS: dict[str, Builder] = {TINY_QWEN2: build_random_qwen2, REVERSE_START: _build_reverse_start}
+BUILDERS: dict[str, Builder] = {
+    TINY_QWEN2: build_random_qwen2,
+    REVERSE_START: _start_builder(REVERSE_START),
+    SMALL_QWEN3: build_small_qwen3,
+    ARITHMETIC_START: _start_builder(ARITHMETIC_START),
+}
 
 
 def resolve_model_path(name: str, cache_dir: Path | None = None) -> Path:

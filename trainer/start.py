@@ -1,51 +1,71 @@
-"""The RL starting checkpoint of the demo: an *early* SFT checkpoint of the built-in model.
+"""The RL start checkpoints: early SFT checkpoints of the built-in models, with room left to learn.
 
-SFT alone solves reverse_text given enough steps, which would leave RL nothing to show; the
-start point is therefore stopped early, where the sampled reward (T = 1) on the eval set is
-about 0.5. ``builtin:tiny-qwen2-reverse-start`` resolves to it: built on first use by
-:func:`build_start_checkpoint` (SFT with the settings below, in one process, about a minute
-or two on a CPU) and cached next to the built-in model.
+SFT alone solves the built-in tasks given enough steps, which would leave RL nothing to show; a
+start point is therefore stopped early. ``builtin:tiny-qwen2-reverse-start`` is tiny-qwen2 after
+200 steps of reverse_text (sampled reward about 0.5, no exact reversal);
+``builtin:small-qwen3-arithmetic-start`` is small-qwen3 after a short SFT on arithmetic, right on a
+minority of held-out problems and stopping with EOS. Each is built on first use by
+:func:`build_start_checkpoint` with its :class:`StartRecipe` (one process, minutes on a CPU) and
+cached next to the built-in models.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 
 from trainer.config import OptimizerConfig, SftConfig
 
 log = logging.getLogger("trainer.start")
 
-START_SFT_STEPS = 200
-START_SFT_LR = 1e-3
-START_BATCH_SIZE = 32
+
+@dataclass(frozen=True)
+class StartRecipe:
+    """How a start checkpoint is made from its base model: which task, how many SFT steps, how fast."""
+
+    environment: str
+    """The built-in environment whose reference answers are the SFT data."""
+    num_steps: int
+    batch_size: int
+    lr: float
+    warmup_steps: int = 0
 
 
-def start_sft_config(output_dir: Path, base_model: str = "builtin:tiny-qwen2") -> SftConfig:
-    """The SFT config that produces the start checkpoint (reverse_text, early stop)."""
+REVERSE_RECIPE = StartRecipe(environment="reverse_text", num_steps=200, batch_size=32, lr=1e-3)
+ARITHMETIC_RECIPE = StartRecipe(environment="arithmetic", num_steps=1000, batch_size=64, lr=2e-3)
+
+
+def start_sft_config(
+    output_dir: Path, base_model: str = "builtin:tiny-qwen2", recipe: StartRecipe = REVERSE_RECIPE
+) -> SftConfig:
+    """The SFT config that produces a start checkpoint (``recipe``'s task, early stop)."""
     return SftConfig(
         model=base_model,
+        environment={"type": "builtin", "name": recipe.environment},
         output_dir=output_dir,
-        num_steps=START_SFT_STEPS,
-        batch_size=START_BATCH_SIZE,
+        num_steps=recipe.num_steps,
+        batch_size=recipe.batch_size,
         seed=0,
-        optimizer=OptimizerConfig(lr=START_SFT_LR),
+        optimizer=OptimizerConfig(lr=recipe.lr, warmup_steps=recipe.warmup_steps),
         resume=False,
         eval_examples=0,
     )
 
 
-def build_start_checkpoint(output_dir: Path, base_model: str = "builtin:tiny-qwen2") -> Path:
+def build_start_checkpoint(
+    output_dir: Path, base_model: str = "builtin:tiny-qwen2", recipe: StartRecipe = REVERSE_RECIPE
+) -> Path:
     """Run the early SFT into ``output_dir`` (run files under ``output_dir/run``); returns the policy dir."""
     from trainer.metrics import MetricsLogger
     from trainer.sft import train_sft
     from trainer.train import Trainer
 
-    config = start_sft_config(output_dir / "run", base_model)
+    config = start_sft_config(output_dir / "run", base_model, recipe)
     trainer = Trainer(config.trainer_section(), config.num_steps)
     if trainer.info.world_size != 1:
         raise ValueError("build the start checkpoint in one process")
-    log.info("building the RL start checkpoint: %d SFT steps of reverse_text", config.num_steps)
+    log.info("building an RL start checkpoint: %d SFT steps of %s", config.num_steps, recipe.environment)
     with MetricsLogger(config.output_dir / "metrics.jsonl", console_every=20) as metrics:
         last = train_sft(trainer, config, metrics)
     log.info("start checkpoint: SFT loss %.3f after %d steps", last.get("loss", float("nan")), trainer.step)

@@ -18,7 +18,16 @@ QWEN2_SPLIT_PATTERN = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 EOS_TOKEN = "<|endoftext|>"
-SPECIAL_TOKENS = (EOS_TOKEN, "<|im_start|>", "<|im_end|>")
+CHAT_END_TOKEN = "<|im_end|>"
+"""Ends a chat turn: the EOS of a chat-templated model (as in Qwen's instruct checkpoints)."""
+SPECIAL_TOKENS = (EOS_TOKEN, "<|im_start|>", CHAT_END_TOKEN)
+CHAT_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+"""ChatML, the format of Qwen's chat models: ``<|im_start|>``, the role, a newline, the content, ``<|im_end|>``."""
 
 
 def train_tokenizer(corpus: list[str], vocab_size: int) -> Tokenizer:
@@ -44,17 +53,24 @@ def train_tokenizer(corpus: list[str], vocab_size: int) -> Tokenizer:
     return tokenizer
 
 
-def save_hf_tokenizer(tokenizer: Tokenizer, output_dir: Path, model_max_length: int) -> None:
-    """Write ``tokenizer.json`` and ``tokenizer_config.json`` that ``AutoTokenizer`` reloads as Qwen2."""
+def save_hf_tokenizer(
+    tokenizer: Tokenizer, output_dir: Path, model_max_length: int, chat_template: str | None = None
+) -> None:
+    """Write ``tokenizer.json`` and ``tokenizer_config.json`` that ``AutoTokenizer`` reloads as Qwen2.
+
+    With ``chat_template`` (ChatML: :data:`CHAT_TEMPLATE`) the tokenizer carries it and its EOS is
+    :data:`CHAT_END_TOKEN`, as a chat model's; without, plain text and EOS :data:`EOS_TOKEN`."""
     from transformers import PreTrainedTokenizerFast
 
     wrapped = PreTrainedTokenizerFast(
         tokenizer_object=tokenizer,
-        eos_token=EOS_TOKEN,
+        eos_token=CHAT_END_TOKEN if chat_template else EOS_TOKEN,
         pad_token=EOS_TOKEN,
         model_max_length=model_max_length,
         clean_up_tokenization_spaces=False,
     )
+    if chat_template:
+        wrapped.chat_template = chat_template
     wrapped.save_pretrained(str(output_dir))
     config_path = output_dir / "tokenizer_config.json"
     config = json.loads(config_path.read_text())
