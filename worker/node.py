@@ -17,7 +17,7 @@ from pathlib import Path
 
 from engines.base import Engine
 from node.gossip import run_node_gossip
-from node.retry import with_retries
+from node.retry import sleep_unless_stopped, with_retries
 from node.startup import eos_token_ids, software_version, trusted_coordinator_id
 from protocol.errors import ConfigError, IdentityError, StartupError
 from protocol.identity import load_or_create_identity, public_key_from_node_id
@@ -131,21 +131,28 @@ async def _worker(config: WorkerConfig, stop: asyncio.Event, state: WorkerState,
             )
         )
         start_version = registered.current_policy_version
-        with weights.pinned(start_version):  # engines read it while they start, and a cold start is slow
-            try:
-                checkpoint = await fetch_policy(weights, start_version, stop, state, wait_s=None)
-            except TaskHandedBackError as exc:  # the current version is refused for good: nothing to start on
-                raise StartupError(str(exc), "start the worker again once a newer version is published") from exc
-            eos = eos_token_ids(checkpoint)
-            engines = [
-                await asyncio.to_thread(engine_factory, kind, checkpoint, d, config.max_batch_size, run.precision)
-                for d in devices
-            ]
-            state.policy_version = start_version
-            log.info("%d %s engine(s) ready on policy v%d", len(engines), kind, start_version)
-            runners = [
-                TaskRunner(ledger, engine, weights, state, eos, start_version, config.long_poll_s) for engine in engines
-            ]
+        while True:
+            with weights.pinned(start_version):  # engines read it while they start, and a cold start is slow
+                try:
+                    checkpoint = await fetch_policy(weights, start_version, stop, state, wait_s=None)
+                except TaskHandedBackError as exc:  # refused for good: wait until the coordinator publishes past it
+                    log.warning("%s", exc)
+                else:
+                    eos = eos_token_ids(checkpoint)
+                    engines = [
+                        await asyncio.to_thread(
+                            engine_factory, kind, checkpoint, d, config.max_batch_size, run.precision
+                        )
+                        for d in devices
+                    ]
+                    state.policy_version = start_version
+                    log.info("%d %s engine(s) ready on policy v%d", len(engines), kind, start_version)
+                    runners = [
+                        TaskRunner(ledger, engine, weights, state, eos, start_version, config.long_poll_s)
+                        for engine in engines
+                    ]
+                    break
+            start_version = await newer_policy_version(ledger, start_version, stop)
         jobs = [asyncio.create_task(heartbeat_forever(ledger, weights, state, kind, stop))]
         jobs += [asyncio.create_task(runner.run(stop)) for runner in runners]
         try:
@@ -164,6 +171,23 @@ async def _worker(config: WorkerConfig, stop: asyncio.Event, state: WorkerState,
             for engine in engines:
                 with contextlib.suppress(Exception):
                     engine.close()
+
+
+NEWER_VERSION_POLL_S = 5.0
+"""How often a worker whose start version was refused asks the ledger for a newer one."""
+
+
+async def newer_policy_version(ledger: LedgerClient, refused: int, stop: asyncio.Event) -> int:
+    """The ledger's current policy version once it is newer than ``refused`` (the worker has nothing to start on
+    until then); asked every NEWER_VERSION_POLL_S, until stopped."""
+    while True:
+        current = (await with_retries("run status", ledger.status, stop)).current_policy_version
+        if current > refused:
+            log.info("policy v%d is published; starting on it instead of the refused v%d", current, refused)
+            return current
+        await sleep_unless_stopped(stop, NEWER_VERSION_POLL_S)
+        if stop.is_set():
+            raise asyncio.CancelledError(f"stopped while waiting for a policy newer than v{refused}")
 
 
 def check_config(config: WorkerConfig) -> None:
