@@ -27,6 +27,7 @@ from pathlib import Path
 import httpx
 
 from engines.hf import HFEngine
+from node.startup import eos_token_ids
 from protocol.errors import ForbiddenError, PrimeError
 from protocol.identity import NodeIdentity
 from protocol.ledger_client import HEADER_SUBMISSION_SIGNATURE, LedgerClient
@@ -73,6 +74,9 @@ TERMINATION_ATTACKS = ("padded_after_eos", "eos_suppressed")
 EARLIER_LEASE_ATTACKS = ("earlier_lease_by_another_identity", "earlier_lease_by_the_same_identity")
 EOS = (TINY_EOS_TOKEN_ID,)
 MAX_TRIES = 8
+LEASE_BACK_WAIT_S = 10.0
+NOT_LEASED_BACK = "the task never came back to a node that held it"
+"""The outcome of an earlier-lease attack whose task the ledger would not lease to the attacker again."""
 
 
 @dataclass
@@ -91,6 +95,8 @@ class Attacker:
     policy: HFEngine
     identity: NodeIdentity = field(default_factory=NodeIdentity.generate)
     outcomes: list[Outcome] = field(default_factory=list)
+    eos: tuple[int, ...] = EOS
+    """Every end token the policy's files name, as honest workers and validators take them (node.startup)."""
 
     async def register(self, ledger: LedgerClient) -> None:
         hardware = Hardware(accelerator="cpu", num_devices=1, memory_bytes=2**30)
@@ -135,7 +141,7 @@ class Attacker:
     async def declared_split_attacks(self, ledger: LedgerClient) -> None:
         """An honest group sent with each worker-declared field (all refused), then as it is (the control)."""
         task = await self.lease(ledger)
-        mine = submission_of(task, honest_claims(self.policy, sample_tasks_of(task, EOS)))
+        mine = submission_of(task, honest_claims(self.policy, sample_tasks_of(task, self.eos)))
         for name, (field_name, value) in DECLARED_FIELDS.items():
             document = mine.model_dump(mode="json")
             target = document if field_name == "prompt_lengths" else document["rollouts"][0]
@@ -152,7 +158,7 @@ class Attacker:
         for name in TERMINATION_ATTACKS:
             for _ in range(MAX_TRIES):
                 task = await self.lease(ledger)
-                samples = sample_tasks_of(task, EOS)
+                samples = sample_tasks_of(task, self.eos)
                 honest = honest_claims(self.policy, samples)
                 if any(c.finish_reason == "stop" and len(c.completion_ids) < task.sampling.max_tokens for c in honest):
                     break
@@ -173,15 +179,23 @@ class Attacker:
         submit those rollouts under the task's next lease: taken by a second identity, then by the same one."""
         for name, next_holder in zip(EARLIER_LEASE_ATTACKS, (sybil, ledger), strict=True):
             task = await self.lease(ledger)
-            claims = honest_claims(self.policy, sample_tasks_of(task, EOS))
+            claims = honest_claims(self.policy, sample_tasks_of(task, self.eos))
             await ledger.abandon(task.lease_id)
             others: list[Task] = []  # other re-queued tasks may come first: held until the target comes back
-            again = await self.lease(next_holder)
-            while again.task_id != task.task_id and len(others) < MAX_TRIES:
-                others.append(again)
-                again = await self.lease(next_holder)
-            assert again.task_id == task.task_id, (again.task_id, task.task_id)
-            await self.submit(next_holder, name, submission_of(again, claims))
+            again: Task | None = None
+            while again is None and len(others) < MAX_TRIES:
+                try:  # the ledger never hands a task back to a node that held it: that wait ends here
+                    leased = await asyncio.wait_for(self.lease(next_holder), timeout=LEASE_BACK_WAIT_S)
+                except TimeoutError:
+                    break
+                if leased.task_id == task.task_id:
+                    again = leased
+                else:
+                    others.append(leased)
+            if again is None:
+                self.outcomes.append(Outcome(name, reason=NOT_LEASED_BACK))
+            else:
+                await self.submit(next_holder, name, submission_of(again, claims))
             for other in others:
                 await next_holder.abandon(other.lease_id)
 
@@ -238,8 +252,8 @@ async def attack_until_banned(url: str, checkpoint: Path, honest_id: str, honest
 
 async def attack_as_rl_networks_were(url: str, checkpoint: Path) -> Attacker:
     """The attacks live RL networks have met, from one identity and a second one it controls."""
-    attacker = Attacker(url, HFEngine(checkpoint, max_batch_size=16))
-    sybil = Attacker(url, attacker.policy)
+    attacker = Attacker(url, HFEngine(checkpoint, max_batch_size=16), eos=eos_token_ids(checkpoint))
+    sybil = Attacker(url, attacker.policy, eos=attacker.eos)
     async with LedgerClient(url, attacker.identity) as ledger, LedgerClient(url, sybil.identity) as second:
         await attacker.register(ledger)
         await sybil.register(second)

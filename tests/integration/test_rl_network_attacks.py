@@ -2,7 +2,7 @@
 
 A coordinator, a `prime-validator run` and a malicious worker with a second identity it controls
 (:mod:`tests.integration.malicious_worker`) on 127.0.0.1, no honest worker (so a task the attacker
-abandons comes back to it). Every attack is refused at the door with a 4xx and a reason, or rejected by
+abandons comes back to its second identity). Every attack is refused at the door with a 4xx and a reason, or rejected by
 the validator by the check aimed at it; the attacker's honest control group is accepted, so the
 rejections are the checks', not the network's:
 
@@ -11,7 +11,8 @@ rejections are the checks', not the network's:
 - tokens after the first EOS (filler the policy itself drew, to the cap): the termination check;
 - EOS suppressed to reach the cap: the sampling replay, where the seeded draw was EOS;
 - rollouts generated for an abandoned lease, submitted under the task's next lease by another
-  identity or the same one: the sampling replay, since every lease draws with its own seed.
+  identity: the sampling replay, since every lease draws with its own seed; the same identity never
+  gets the task back at all (the ledger leases a task to no node that held it).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from coordinator.ledger.storage.tables import accepted_groups
 from tests.integration.malicious_worker import (
     DECLARED_FIELDS,
     EARLIER_LEASE_ATTACKS,
+    NOT_LEASED_BACK,
     TERMINATION_ATTACKS,
     attack_as_rl_networks_were,
 )
@@ -39,7 +41,6 @@ REJECTED_BY = {
     "padded_after_eos": "termination: EOS at position",
     "eos_suppressed": "sampling:",
     "earlier_lease_by_another_identity": "sampling:",
-    "earlier_lease_by_the_same_identity": "sampling:",
 }
 """The reason each attack that passes the door must be rejected with (in the reason after the rollout label)."""
 
@@ -60,6 +61,8 @@ def test_attacks_live_rl_networks_met_are_refused_or_rejected(tmp_path: Path) ->
             assert outcomes[name].status == 400, outcomes[name]
             assert field_name in outcomes[name].reason, outcomes[name]
 
+        # the same identity never gets its abandoned task back (lease scheduling), so it has nothing to resubmit
+        assert outcomes["earlier_lease_by_the_same_identity"].reason == NOT_LEASED_BACK, outcomes
         judged: dict[str, str] = {}
         for name in ("honest_control", *REJECTED_BY):
             submission_id = outcomes[name].submission_id
