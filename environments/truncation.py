@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from environments.base import Environment, Example, Scores
+from environments.base import Environment, Example, Scores, finite_scores
 
 
 def is_truncated(completion_ids: Sequence[int], eos_token_ids: Sequence[int]) -> bool:
@@ -35,7 +35,8 @@ def no_credit(scores: Scores) -> Scores:
 
 def completion_scores(environment: Environment, example: Example, completion: str, truncated: bool) -> Scores:
     """The rewards of ``completion`` (decoded, EOS dropped) under the environment's truncation rule."""
-    scores = environment.score(example, completion)
+    # checked before the rule: zeroing a NaN, inf or string would hide the environment's fault
+    scores = finite_scores(environment.score(example, completion))
     if truncated and environment.truncated == "minimum":
         return no_credit(scores)
     return scores

@@ -139,8 +139,12 @@ def recompute_rewards(item: PendingSubmission, reward_fn: RewardFn) -> tuple[lis
         except Exception as exc:
             label = f"rollout p{rollout.prompt_index}/s{rollout.sample_index}"
             raise RewardsUnavailable(f"environment: scoring {label} failed: {failure_summary(exc)}") from exc
-        if position and set(scores.rewards) != set(components):
-            raise RewardsUnavailable(f"rollout p{rollout.prompt_index}/s{rollout.sample_index} has other named rewards")
+        if position and set(scores.rewards) != set(components):  # the environment's inconsistency, not the worker's
+            label = f"rollout p{rollout.prompt_index}/s{rollout.sample_index}"
+            raise RewardsUnavailable(
+                f"environment: scoring {label} gave other named rewards ({', '.join(sorted(scores.rewards))}) "
+                f"than the rollouts before it ({', '.join(sorted(components))})"
+            )
         totals.append(scores.total)
         for name, value in scores.rewards.items():
             components.setdefault(name, []).append(float(value))

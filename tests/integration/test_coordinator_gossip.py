@@ -87,6 +87,9 @@ def test_publications_and_waiting_tasks_are_announced(
     assert isinstance(body, PolicyAnnouncement)
     assert (body.version, body.manifest_sha256, body.origin_url) == (0, manifest_digest(signed), ORIGIN)
     assert body.published_at == pytest.approx(time.time(), abs=5)
+    deadline = time.monotonic() + 5  # set just after the announcement went out, which the observer may hear first
+    while coordinator.announced_version != 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
     assert coordinator.announced_version == 0
 
     worker = NodeIdentity.generate().node_id

@@ -9,6 +9,7 @@ line holding the expected words, and that no traceback is shown unless ``--log-l
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -35,9 +36,21 @@ def run(argv: list[str], env: dict[str, str] | None = None, timeout_s: float = 1
     return done.returncode, done.stderr
 
 
+def error_lines(stderr: str) -> list[str]:
+    """The lines a command stopped with, as ``error: ...``: plain ones, and under --json-logs the one JSON
+    object of logger ``exit`` (its event is the same line)."""
+    found = []
+    for line in stderr.splitlines():
+        if line.startswith("error:"):
+            found.append(line)
+        elif line.startswith("{") and json.loads(line).get("logger") == "exit":
+            found.append(f"error: {json.loads(line)['event']}")
+    return found
+
+
 def error_line(stderr: str) -> str:
-    """The one ``error:`` line of ``stderr`` (failing if there are none or several, or a traceback)."""
-    lines = [line for line in stderr.splitlines() if line.startswith("error:")]
+    """The one error line of ``stderr`` (failing if there are none or several, or a traceback)."""
+    lines = error_lines(stderr)
     assert len(lines) == 1, stderr[-3000:]
     assert "Traceback" not in stderr, stderr[-3000:]
     return lines[0]
@@ -206,7 +219,7 @@ def test_the_traceback_is_shown_with_log_level_debug_only(tmp_path: Path) -> Non
     code, stderr = run([*argv, "--log-level", "debug"])
     assert code == EXIT_FAILURE
     assert "Traceback" in stderr and "StartupError" in stderr
-    assert stderr.strip().splitlines()[-1].startswith("error: cannot reach the coordinator")
+    assert error_lines(stderr)[-1].startswith("error: cannot reach the coordinator")
 
 
 # --- a missing optional dependency, the relay, the trainer --------------------------------------------------

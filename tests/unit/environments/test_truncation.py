@@ -104,3 +104,15 @@ def test_reasoning_gym_scores_the_answers_lines_only() -> None:
     multi = Example(index=0, prompt="q", answer="ab\ncd", data={"answer": "ab\ncd", "question": "q", "metadata": {}})
     reasoning_gym = environment._train  # type: ignore[attr-defined]
     assert environment.reward(multi, "ab\ncd\nmore") == reasoning_gym.score_answer(answer="ab\ncd", entry=multi.data)
+
+
+@pytest.mark.parametrize("fault", ["nan", "inf", "text"])
+def test_the_rule_never_hides_an_environment_fault(fault: str) -> None:
+    """Zeroing a cut completion's rewards must not turn an environment's NaN, inf or string into a clean 0."""
+    from tests.envs.words import FaultyEnvironment
+
+    environment = FaultyEnvironment(fault=fault, max_chars=-1)
+    example = environment.example(0)
+    for truncated in (True, False):
+        with pytest.raises(ValueError, match="not a finite number"):
+            completion_scores(environment, example, "anything at all", truncated)
