@@ -538,8 +538,8 @@ class _ChainDownload:
         )
         return None if signed is None else signed.manifest
 
-    async def download_full(self, version: int, raw: bytes, manifest: PolicyManifest) -> None:
-        """Download a full version into place (the caller holds its lock)."""
+    async def download_partial(self, version: int, raw: bytes, manifest: PolicyManifest) -> Path:
+        """The files of ``manifest`` (a full version's, or a patch's) downloaded into the version's partial dir."""
         partial = self.dest_root / f"{PARTIAL_PREFIX}{version}"
         unusable = await self.unusable(version)
         await _download_into(
@@ -553,6 +553,11 @@ class _ChainDownload:
             self.emit,
             unusable,
         )
+        return partial
+
+    async def download_full(self, version: int, raw: bytes, manifest: PolicyManifest) -> None:
+        """Download a full version into place (the caller holds its lock)."""
+        partial = await self.download_partial(version, raw, manifest)
         _expose(partial, version_path(self.dest_root, version), self.dest_root, version)
         self.verified_here.add(version)
 
@@ -632,19 +637,7 @@ class _ChainDownload:
         manifest = step.manifest
         base = manifest.base_version
         assert base is not None
-        partial = self.dest_root / f"{PARTIAL_PREFIX}{step.version}"
-        unusable = await self.unusable(step.version)
-        await _download_into(
-            partial,
-            step.raw,
-            manifest,
-            self.coordinator_id,
-            self.fetcher,
-            self.scoreboard,
-            self.options,
-            self.emit,
-            unusable,
-        )
+        partial = await self.download_partial(step.version, step.raw, manifest)
         built = self.dest_root / f".rebuild-v{step.version}-{uuid.uuid4().hex[:8]}"
         try:
             with local_disk(f"rebuilding v{step.version} under {built}"):

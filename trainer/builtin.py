@@ -84,15 +84,31 @@ def qwen2_config(
     from transformers import Qwen2Config
 
     dims: dict[str, Any] = dict(MODEL_SHAPES[shape] if isinstance(shape, str) else shape)
-    return Qwen2Config(
+    config: Qwen2Config = untied_fp32_config(
+        Qwen2Config, dims, vocab_size, eos_token_id, eos_token_id, max_position_embeddings
+    )
+    return config
+
+
+def untied_fp32_config(
+    config_class: Any,
+    dims: Mapping[str, int],
+    vocab_size: int,
+    eos_token_id: int,
+    pad_token_id: int,
+    max_position_embeddings: int,
+) -> Any:
+    """A built-in model's config: untied embeddings (vLLM's in-place reload on a CPU needs them), fp32, no sliding
+    window, BOS the pad token."""
+    return config_class(
         vocab_size=vocab_size,
         max_position_embeddings=max_position_embeddings,
         rms_norm_eps=1e-6,
         tie_word_embeddings=False,
         use_sliding_window=False,
-        bos_token_id=eos_token_id,
+        bos_token_id=pad_token_id,
         eos_token_id=eos_token_id,
-        pad_token_id=eos_token_id,
+        pad_token_id=pad_token_id,
         dtype="float32",
         **dims,
     )
@@ -133,18 +149,10 @@ def qwen3_config(
     """The Qwen3 config of :data:`SMALL_QWEN3_SHAPE`: untied (vLLM's in-place reload needs it), fp32."""
     from transformers import Qwen3Config
 
-    return Qwen3Config(
-        vocab_size=vocab_size,
-        max_position_embeddings=max_position_embeddings,
-        rms_norm_eps=1e-6,
-        tie_word_embeddings=False,
-        use_sliding_window=False,
-        bos_token_id=pad_token_id,
-        eos_token_id=eos_token_id,
-        pad_token_id=pad_token_id,
-        dtype="float32",
-        **SMALL_QWEN3_SHAPE,
+    config: Qwen3Config = untied_fp32_config(
+        Qwen3Config, SMALL_QWEN3_SHAPE, vocab_size, eos_token_id, pad_token_id, max_position_embeddings
     )
+    return config
 
 
 def chat_tokenizer() -> Tokenizer:

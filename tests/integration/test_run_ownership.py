@@ -50,9 +50,13 @@ def write_config(tmp_path: Path, name: str, data_dir: Path, ledger_url: str, por
     return path
 
 
+def coordinator_command(*args: str) -> subprocess.CompletedProcess[str]:
+    """`prime-coordinator ARGS...`, run to its end."""
+    return subprocess.run([str(BIN / "prime-coordinator"), *args], capture_output=True, text=True, env=ENV, timeout=120)
+
+
 def start_refused(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    command = [str(BIN / "prime-coordinator"), "start", "-c", str(config), *args]
-    return subprocess.run(command, capture_output=True, text=True, env=ENV, timeout=120)
+    return coordinator_command("start", "-c", str(config), *args)
 
 
 @pytest.mark.slow
@@ -88,13 +92,7 @@ def test_one_coordinator_per_run_and_starting_over(tmp_path: Path, ledger_url: s
     assert f"signed by coordinator {signer}" in moved.stderr and "prime-coordinator reset" in moved.stderr
 
     # starting over: reset drops the ledger (and the data dir); the next start is a fresh run at v0
-    reset = subprocess.run(
-        [str(BIN / "prime-coordinator"), "reset", "-c", str(config), "--yes"],
-        capture_output=True,
-        text=True,
-        env=ENV,
-        timeout=120,
-    )
+    reset = coordinator_command("reset", "-c", str(config), "--yes")
     assert reset.returncode == 0, reset.stderr
     again = CoordinatorProcess(config, tmp_path / "again.log", {"PYTHONPATH": str(REPO_ROOT)})
     try:
@@ -102,22 +100,10 @@ def test_one_coordinator_per_run_and_starting_over(tmp_path: Path, ledger_url: s
         latest = httpx.get(f"{url}/v1/policy-versions/latest", timeout=5).json()
         assert latest["signer"] != signer and latest["manifest"]["version"] == 0
         assert httpx.get(f"{url}/v1/status", timeout=5).json()["num_submissions_accepted"] == 0
-        shown = subprocess.run(
-            [str(BIN / "prime-coordinator"), "status", "-c", str(config)],
-            capture_output=True,
-            text=True,
-            env=ENV,
-            timeout=120,
-        )
+        shown = coordinator_command("status", "-c", str(config))
         assert shown.returncode == 0 and "run 'owned': no RL loop" in shown.stdout, shown.stderr
         # reset refuses while the run is served
-        busy = subprocess.run(
-            [str(BIN / "prime-coordinator"), "reset", "-c", str(config), "--yes"],
-            capture_output=True,
-            text=True,
-            env=ENV,
-            timeout=120,
-        )
+        busy = coordinator_command("reset", "-c", str(config), "--yes")
         assert busy.returncode != 0 and "is in use by prime-coordinator" in busy.stderr
     finally:
         again.stop()

@@ -23,6 +23,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Self
 
 import httpx
 import pytest
@@ -50,16 +51,14 @@ def publish(tmp_path: Path, store: Path, signer: NodeIdentity, version: int, siz
     return checkpoint
 
 
-class TricklingRelay:
-    """A real HTTP server that answers every request with the upstream's response, one byte a second."""
+class RelayDouble:
+    """A real HTTP server on 127.0.0.1 standing in for a relay in front of ``upstream``: it reads each request and
+    hands the connection and path to :meth:`answer`, one thread a connection."""
 
-    def __init__(self, upstream: str, bytes_per_s: float = 1.0, shards_only: bool = False) -> None:
+    def __init__(self, upstream: str) -> None:
         self.upstream = upstream
-        self.delay_s = 1.0 / bytes_per_s
-        self.shards_only = shards_only
-        """Answer manifests and listings at full speed: only shard bodies trickle (so hedging must catch it)."""
-        self.stopping = threading.Event()
         self.num_requests = 0
+        self.stopping = threading.Event()
         relay = self
 
         class Handler(socketserver.BaseRequestHandler):
@@ -79,7 +78,32 @@ class TricklingRelay:
                 return
             request += chunk
         self.num_requests += 1
-        path = request.split(b" ", 2)[1].decode()
+        self.answer(connection, request.split(b" ", 2)[1].decode())
+
+    def answer(self, connection: socket.socket, path: str) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stopping.set()
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(timeout=10)
+
+
+class TricklingRelay(RelayDouble):
+    """Answers every request with the upstream's response, one byte a second."""
+
+    def __init__(self, upstream: str, bytes_per_s: float = 1.0, shards_only: bool = False) -> None:
+        super().__init__(upstream)
+        self.delay_s = 1.0 / bytes_per_s
+        self.shards_only = shards_only
+        """Answer manifests and listings at full speed: only shard bodies trickle (so hedging must catch it)."""
+
+    def answer(self, connection: socket.socket, path: str) -> None:
         answer = httpx.get(f"{self.upstream}{path}", timeout=10)
         head = f"HTTP/1.1 {answer.status_code} X\r\nContent-Length: {len(answer.content)}\r\nConnection: close\r\n\r\n"
         if self.shards_only and "/shards/" not in path:
@@ -93,48 +117,19 @@ class TricklingRelay:
             except OSError:
                 return
 
-    def __enter__(self) -> TricklingRelay:
-        self.thread.start()
-        return self
 
-    def __exit__(self, *_: object) -> None:
-        self.stopping.set()
-        self.server.shutdown()
-        self.server.server_close()
-        self.thread.join(timeout=10)
-
-
-class FaultyRelay:
-    """A real HTTP server that passes the upstream's listings and manifests through and breaks every shard:
+class FaultyRelay(RelayDouble):
+    """Passes the upstream's listings and manifests through and breaks every shard:
 
     ``truncate`` declares the shard's whole length and closes halfway, ``shorten`` declares and sends half,
     ``busy`` answers every shard request 503 forever (a relay that never gets the version's shards).
     """
 
     def __init__(self, upstream: str, mode: str) -> None:
-        self.upstream = upstream
+        super().__init__(upstream)
         self.mode = mode
-        self.num_requests = 0
-        relay = self
 
-        class Handler(socketserver.BaseRequestHandler):
-            def handle(self) -> None:
-                relay.serve(self.request)
-
-        self.server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-
-    def serve(self, connection: socket.socket) -> None:
-        request = b""
-        while b"\r\n\r\n" not in request:
-            chunk = connection.recv(4096)
-            if not chunk:
-                return
-            request += chunk
-        self.num_requests += 1
-        path = request.split(b" ", 2)[1].decode()
+    def answer(self, connection: socket.socket, path: str) -> None:
         if self.mode == "busy" and "/shards/" in path:
             connection.sendall(b"HTTP/1.1 503 Busy\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
             return
@@ -146,15 +141,6 @@ class FaultyRelay:
         head = f"HTTP/1.1 200 OK\r\nContent-Length: {declared}\r\nConnection: close\r\n\r\n"
         with contextlib.suppress(OSError):
             connection.sendall(head.encode() + body)
-
-    def __enter__(self) -> FaultyRelay:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-        self.thread.join(timeout=10)
 
 
 @contextlib.contextmanager

@@ -29,6 +29,7 @@ from sqlalchemy import select
 from coordinator.ledger.storage.tables import accepted_groups, submissions
 from protocol.errors import ForbiddenError
 from protocol.identity import load_or_create_identity
+from protocol.ledger_client import LedgerClient
 from protocol.schemas import LeaseRequest, SubmitRequest, Verdict
 from tests.integration.malicious_worker import PROOF_ATTACKS, attack_until_banned
 from tests.integration.network import Network, ledger_rows, running_network
@@ -169,13 +170,19 @@ def quorum_two_url(tmp_path: Path) -> Iterator[str]:
     yield from start_coordinator(tmp_path, {"allow": ["127.0.0.0/8"]}, validation={"validators_per_submission": 2})
 
 
+async def worker_and_validators(url: str, num_validators: int) -> list[LedgerClient]:
+    """A registered worker and ``num_validators`` registered validators, all from 127.0.0.1."""
+    clients = [client_from(url, "127.0.0.1") for _ in range(num_validators + 1)]
+    await clients[0].register(register_request())
+    for validator in clients[1:]:
+        await validator.register(register_request("validator"))
+    return clients
+
+
 def test_verdicts_count_only_on_hand_outs_and_stay_private_until_the_quorum(quorum_two_url: str) -> None:
     async def scenario() -> None:
         url = quorum_two_url
-        worker, intruder, first, second = (client_from(url, "127.0.0.1") for _ in range(4))
-        await worker.register(register_request())
-        for validator in (intruder, first, second):
-            await validator.register(register_request("validator"))
+        worker, intruder, first, second = await worker_and_validators(url, 3)
         (task,) = (await worker.lease(LeaseRequest())).tasks
         submission_id = (await worker.submit(submission_for(task))).submission_id
         public = httpx.get(f"{url}/v1/events", params={"limit": 1000}, timeout=10).json()["events"]
@@ -207,10 +214,7 @@ def test_a_validator_that_keeps_voting_against_the_decisions_is_shown_and_handed
 
     async def scenario() -> None:
         url = quorum_two_url
-        worker, liar, first, second = (client_from(url, "127.0.0.1") for _ in range(4))
-        await worker.register(register_request())
-        for validator in (liar, first, second):
-            await validator.register(register_request("validator"))
+        worker, liar, first, second = await worker_and_validators(url, 3)
         for _ in range(4):
             (task,) = (await worker.lease(LeaseRequest())).tasks
             submission_id = (await worker.submit(submission_for(task))).submission_id
