@@ -16,12 +16,9 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from protocol.errors import ConfigError
-
-if TYPE_CHECKING:
-    from environments.base import ChatMessage, Environment
 
 HELD_OUT_PERCENT = 10
 """Percent of the prompt hash range that is held out for eval."""
@@ -35,14 +32,35 @@ CHECK_EVAL_EXAMPLES = 64
 Item = TypeVar("Item")
 
 
-def prompt_key(prompt: str | tuple[ChatMessage, ...]) -> str:
+class Message(Protocol):
+    """What is read of a chat message (environments.base.ChatMessage): this module sits below that one."""
+
+    @property
+    def role(self) -> str: ...
+
+    @property
+    def content(self) -> str: ...
+
+
+class Examples(Protocol):
+    """What is read of an environment (environments.base.Environment) to check its split."""
+
+    @property
+    def name(self) -> str: ...
+
+    def example(self, index: int) -> Any: ...
+
+    def eval_example(self, number: int) -> Any: ...
+
+
+def prompt_key(prompt: str | tuple[Message, ...]) -> str:
     """The content a prompt is compared and partitioned by: its text, or its messages' roles and contents."""
     if isinstance(prompt, str):
         return prompt
     return "\n".join(f"{message.role}: {message.content}" for message in prompt)
 
 
-def is_held_out(prompt: str | tuple[ChatMessage, ...]) -> bool:
+def is_held_out(prompt: str | tuple[Message, ...]) -> bool:
     """Whether ``prompt`` is on the eval side of the content partition (about :data:`HELD_OUT_PERCENT` percent)."""
     digest = hashlib.sha256(prompt_key(prompt).encode()).digest()
     return int.from_bytes(digest[:8], "big") % 100 < HELD_OUT_PERCENT
@@ -57,7 +75,7 @@ def held_out_items(
 
 
 def check_held_out(
-    environment: Environment,
+    environment: Examples,
     num_train: int = CHECK_TRAIN_EXAMPLES,
     num_eval: int = CHECK_EVAL_EXAMPLES,
 ) -> None:
