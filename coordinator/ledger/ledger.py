@@ -16,7 +16,7 @@ import secrets
 import time
 from typing import Any
 
-from sqlalchemy import Row, bindparam, func, insert, select, update
+from sqlalchemy import Row, bindparam, insert, select, update
 
 from coordinator.ledger.replay import NonceClaim
 from coordinator.ledger.scheduling import rollout_problems, staleness_problem
@@ -26,10 +26,9 @@ from coordinator.ledger.storage.tables import (
     run_state,
     submissions,
     tasks,
-    train_steps,
 )
 from coordinator.ledger.validation import ValidationLedger, Violation
-from coordinator.ledger.views import RUN_ROW_ID
+from coordinator.ledger.views import PUBLISHED_STEPS, RUN_ROW_ID
 from protocol.errors import (
     ConflictError,
     ForbiddenError,
@@ -71,7 +70,7 @@ class Ledger(ValidationLedger):
         if now >= self._next_end_check:
             self._next_end_check = now + 1.0
             with self.db.read() as conn:
-                done = conn.execute(select(func.count()).where(train_steps.c.state == "published")).scalar_one()
+                done = conn.execute(PUBLISHED_STEPS).scalar_one()
             self._run_over = done >= orchestrator.num_steps
         return self._run_over
 

@@ -44,6 +44,8 @@ def _no_constant(_name: str) -> None:
     return None
 
 
+PUBLISHED_STEPS = select(func.count()).where(train_steps.c.state == "published")
+"""How many training steps the RL loop has published (the status's count, and the run's end)."""
 RECENT_STEPS = 10
 """How many of the newest steps the status's step time is the mean of."""
 
@@ -103,7 +105,7 @@ class LedgerViews:
             sub_counts: dict[str, int] = dict(
                 conn.execute(select(submissions.c.status, func.count()).group_by(submissions.c.status)).all()
             )
-            steps_done = conn.execute(select(func.count()).where(train_steps.c.state == "published")).scalar_one()
+            steps_done = conn.execute(PUBLISHED_STEPS).scalar_one()
             published_at = conn.execute(
                 select(train_steps.c.published_at)
                 .where(train_steps.c.state == "published", train_steps.c.published_at.is_not(None))
