@@ -28,6 +28,8 @@ from coordinator.ledger.storage.tables import submissions, tasks
 from environments.base import Environment
 from environments.config import EnvironmentConfig
 from environments.loader import load_environment
+from environments.truncation import is_truncated
+from node.startup import eos_token_ids
 from protocol.schemas import SubmitRequest, Verdict
 from tests.integration.network import BIN, REPO_ROOT, REVERSE_TEXT, Network, ledger_rows, running_network
 from tests.support.shardcast_nodes import wait_until
@@ -193,11 +195,12 @@ def test_a_truncated_completion_is_accepted_with_the_minimum_reward(tmp_path: Pa
         wait_until(lambda: len(accepted(net)) >= 2, 300, "2 accepted submissions")
         environment = load_environment(TypeAdapter(EnvironmentConfig).validate_python(REVERSE_TEXT))
         tokenizer = AutoTokenizer.from_pretrained(str(net.checkpoints[0]))
+        end_tokens = eos_token_ids(net.checkpoints[0])
         truncated_scores: list[float] = []
         for prompts, submission, verdict in accepted(net):
             for position, rollout in enumerate(submission.rollouts):
-                if rollout.completion_ids[-1] == tokenizer.eos_token_id:
-                    continue  # stopped on its own: scored as usual (the other tests check those)
+                if not is_truncated(rollout.completion_ids, end_tokens):
+                    continue  # stopped on one of its end tokens: scored as usual (the other tests check those)
                 example = environment.example(prompts[rollout.prompt_index]["example_index"])
                 text = tokenizer.decode(rollout.completion_ids, skip_special_tokens=True)
                 truncated_scores.append(environment.score(example, text).total)
