@@ -24,7 +24,7 @@ class BuiltinEnvConfig(Section):
 
     type: Literal["builtin"] = "builtin"
     """The adapter: one of this project's built-in environments."""
-    name: Literal["reverse_text", "arithmetic"] = "reverse_text"
+    name: Literal["reverse_text", "arithmetic", "sort_digits"] = "reverse_text"
     """Which built-in environment."""
     seed: int = Field(default=0, ge=0, lt=2**63)
     """Seed of its example generator."""

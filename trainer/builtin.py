@@ -38,7 +38,9 @@ INIT_SEED = 0
 SMALL_QWEN3 = "small-qwen3"
 """A Qwen3 of a few million parameters with a subword tokenizer and a chat template (random weights)."""
 ARITHMETIC_START = "small-qwen3-arithmetic-start"
-"""The RL start point for exact answers: small-qwen3 after a short SFT on arithmetic (trainer.start)."""
+"""An RL start point for exact answers: small-qwen3 after a short SFT on arithmetic (trainer.start)."""
+SORT_START = "small-qwen3-sort-start"
+"""The demo's RL start point: small-qwen3 stopped early in its SFT on sort_digits (trainer.start)."""
 SMALL_QWEN3_SHAPE: dict[str, int] = {
     "hidden_size": 256,
     "intermediate_size": 768,
@@ -48,6 +50,9 @@ SMALL_QWEN3_SHAPE: dict[str, int] = {
     "head_dim": 64,
 }
 SMALL_TOKENIZER_VOCAB_SIZE = 512
+TOKENIZER_TASKS = ("arithmetic", "reverse_text")
+"""The built-in tasks whose text trains the built-in tokenizers: fixed, so a task added later changes no built
+model (their letters, digits and signs cover the later tasks' text)."""
 
 # Shapes of the Qwen2 configs our code builds. "tiny" is the built-in model; "50m" is the
 # larger config the trainer benchmark measures (about 50M parameters with the built-in vocab).
@@ -116,10 +121,10 @@ def untied_fp32_config(
 
 def builtin_tokenizer() -> Tokenizer:
     """The built-in tokenizer, trained on the built-in tasks' text (deterministic)."""
-    from environments.builtin import BUILTIN, builtin_environment
+    from environments.builtin import builtin_environment
     from trainer.tokenizer import train_tokenizer
 
-    corpus = [text for name in sorted(BUILTIN) for text in builtin_environment(name).corpus(TOKENIZER_CORPUS_EXAMPLES)]
+    corpus = [text for name in TOKENIZER_TASKS for text in builtin_environment(name).corpus(TOKENIZER_CORPUS_EXAMPLES)]
     return train_tokenizer(corpus, TOKENIZER_VOCAB_SIZE)
 
 
@@ -157,11 +162,11 @@ def qwen3_config(
 
 def chat_tokenizer() -> Tokenizer:
     """A subword tokenizer trained on the built-in tasks' text as a chat model sees it (deterministic)."""
-    from environments.builtin import BUILTIN, builtin_environment
+    from environments.builtin import builtin_environment
     from trainer.tokenizer import train_tokenizer
 
     corpus: list[str] = []
-    for name in sorted(BUILTIN):
+    for name in TOKENIZER_TASKS:
         environment = builtin_environment(name)
         for i in range(TOKENIZER_CORPUS_EXAMPLES):
             example = environment.example(i)
@@ -193,7 +198,7 @@ def build_small_qwen3(output_dir: Path) -> None:
 Builder = Callable[[Path], None]
 """Writes a built-in model's checkpoint directory into the given (empty) directory."""
 
-KNOWN_BUILTINS = (TINY_QWEN2, REVERSE_START, SMALL_QWEN3, ARITHMETIC_START)
+KNOWN_BUILTINS = (TINY_QWEN2, REVERSE_START, SMALL_QWEN3, ARITHMETIC_START, SORT_START)
 UNTRAINED_BUILDERS: Mapping[str, Builder] = {TINY_QWEN2: build_random_qwen2, SMALL_QWEN3: build_small_qwen3}
 """What this module builds itself; the trained start is built by :mod:`trainer.resolve` (it needs SFT)."""
 

@@ -1,8 +1,9 @@
 """Every model name a config may give, resolved to a local checkpoint directory, built-ins built on first use.
 
 A name is a local HF checkpoint directory or a built-in: ``builtin:tiny-qwen2`` and
-``builtin:small-qwen3`` (random weights, :mod:`trainer.builtin`), ``builtin:tiny-qwen2-reverse-start``
-and ``builtin:small-qwen3-arithmetic-start`` (RL starts, early SFTs of those: :mod:`trainer.start`).
+``builtin:small-qwen3`` (random weights, :mod:`trainer.builtin`), ``builtin:tiny-qwen2-reverse-start``,
+``builtin:small-qwen3-arithmetic-start`` and ``builtin:small-qwen3-sort-start`` (RL starts, early SFTs of
+those: :mod:`trainer.start`).
 Entry points (the CLIs, the coordinator, benches) resolve names here before a trainer or an engine
 loads them; :mod:`trainer.model` sits below the trainer and only loads directories and built-ins
 already built, so loading a model never runs SFT.
@@ -17,17 +18,19 @@ from trainer.builtin import (
     BUILTIN_PREFIX,
     REVERSE_START,
     SMALL_QWEN3,
+    SORT_START,
     TINY_QWEN2,
     Builder,
     build_random_qwen2,
     build_small_qwen3,
 )
 from trainer.builtin import resolve_model_path as resolve_with
-from trainer.start import ARITHMETIC_RECIPE, REVERSE_RECIPE, StartRecipe, build_start_checkpoint
+from trainer.start import ARITHMETIC_RECIPE, REVERSE_RECIPE, SORT_RECIPE, StartRecipe, build_start_checkpoint
 
 STARTS: dict[str, tuple[str, StartRecipe]] = {
     REVERSE_START: (TINY_QWEN2, REVERSE_RECIPE),
     ARITHMETIC_START: (SMALL_QWEN3, ARITHMETIC_RECIPE),
+    SORT_START: (SMALL_QWEN3, SORT_RECIPE),
 }
 """Each RL start checkpoint: the built-in it is made from and how (read when it is built)."""
 
@@ -46,6 +49,7 @@ BUILDERS: dict[str, Builder] = {
     REVERSE_START: _start_builder(REVERSE_START),
     SMALL_QWEN3: build_small_qwen3,
     ARITHMETIC_START: _start_builder(ARITHMETIC_START),
+    SORT_START: _start_builder(SORT_START),
 }
 
 

@@ -3,10 +3,10 @@
 SFT alone solves the built-in tasks given enough steps, which would leave RL nothing to show; a
 start point is therefore stopped early. ``builtin:tiny-qwen2-reverse-start`` is tiny-qwen2 after
 200 steps of reverse_text (sampled reward about 0.5, no exact reversal);
-``builtin:small-qwen3-arithmetic-start`` is small-qwen3 after a short SFT on arithmetic, right on a
-minority of held-out problems and stopping with EOS. Each is built on first use by
-:func:`build_start_checkpoint` with its :class:`StartRecipe` (one process, minutes on a CPU) and
-cached next to the built-in models.
+``builtin:small-qwen3-arithmetic-start`` and ``builtin:small-qwen3-sort-start`` are small-qwen3 after
+a short SFT on arithmetic and on sort_digits, right on a minority of held-out problems and stopping
+with EOS. Each is built on first use by :func:`build_start_checkpoint` with its :class:`StartRecipe`
+(one process, minutes on a CPU) and cached next to the built-in models.
 """
 
 from __future__ import annotations
@@ -34,6 +34,9 @@ class StartRecipe:
 
 REVERSE_RECIPE = StartRecipe(environment="reverse_text", num_steps=200, batch_size=32, lr=1e-3)
 ARITHMETIC_RECIPE = StartRecipe(environment="arithmetic", num_steps=1000, batch_size=64, lr=2e-3)
+SORT_RECIPE = StartRecipe(environment="sort_digits", num_steps=120, batch_size=64, lr=2e-3)
+"""Stopped at the edge of the task's SFT learning curve: at 120 steps about 0.13 of held-out samples (T = 1) are
+exact and 0.6 of prompts have an exact one among 8 samples; 20 steps later SFT alone is at 0.5."""
 
 
 def start_sft_config(

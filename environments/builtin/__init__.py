@@ -1,4 +1,5 @@
-"""The built-in environments, made by this project: ``reverse_text`` and ``arithmetic`` (offline, seeded)."""
+"""The built-in environments, made by this project: ``reverse_text``, ``arithmetic`` and ``sort_digits``
+(offline, seeded)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,13 @@ from collections.abc import Callable
 from environments.base import SeededEnvironment
 from environments.builtin.arithmetic import Arithmetic
 from environments.builtin.reverse_text import ReverseText
+from environments.builtin.sort_digits import SortDigits
 
-BUILTIN: dict[str, Callable[[int], SeededEnvironment]] = {"reverse_text": ReverseText, "arithmetic": Arithmetic}
+BUILTIN: dict[str, Callable[[int], SeededEnvironment]] = {
+    "reverse_text": ReverseText,
+    "arithmetic": Arithmetic,
+    "sort_digits": SortDigits,
+}
 """Built-in environment name -> factory of a seed."""
 
 

@@ -38,7 +38,7 @@ def test_builtin_examples_are_pure_functions_of_seed_and_index() -> None:
         first, second = builtin_environment(name, seed=3), builtin_environment(name, seed=3)
         assert [first.example(i) for i in range(20)] == [second.example(i) for i in range(20)]
         assert [first.example(i) for i in range(20)] != [builtin_environment(name, 4).example(i) for i in range(20)]
-    with pytest.raises(ValueError, match="known: arithmetic, reverse_text"):
+    with pytest.raises(ValueError, match="known: arithmetic, reverse_text, sort_digits"):
         builtin_environment("nope")
 
 
@@ -68,6 +68,20 @@ def test_builtin_scores_are_named() -> None:
     assert arithmetic.score(ex, ex.answer or "").rewards == {"exact_match": 1.0}
     assert arithmetic.reward(ex, (ex.answer or "") + "0") == 0.0
     assert [e.index for e in arithmetic.sft_examples(10, 2)] == [10, 11]
+
+
+def test_sort_digits_wants_the_exact_sorted_list_on_the_first_line() -> None:
+    sort_digits = builtin_environment("sort_digits")
+    example = Example(index=0, prompt="sort 3 9 1 4 1=", answer="1 1 3 4 9")
+    assert sort_digits.draw(7, sort_digits.rng(7)).answer == " ".join(
+        sorted(sort_digits.draw(7, sort_digits.rng(7)).prompt.removeprefix("sort ").removesuffix("=").split())
+    )
+    assert sort_digits.score(example, " 1 1 3 4 9 \nanything after") == Scores.single("exact_match", 1.0)
+    for wrong in ("1 3 4 9", "1 1 3 4 9 9", "9 4 3 1 1", "11349", "", "\n"):
+        assert sort_digits.reward(example, wrong) == 0.0, wrong
+    prompts = [sort_digits.example(i).prompt for i in range(200)]
+    assert all(p.startswith("sort ") and p.endswith("=") and len(p.split()) == 6 for p in prompts)
+    assert len(set(prompts)) > 190  # 10^5 inputs: a run does not see the same few again and again
 
 
 def test_scores_refuse_non_finite_and_mismatched_names() -> None:

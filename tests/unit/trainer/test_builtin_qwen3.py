@@ -58,7 +58,7 @@ def test_subword_tokenizer_merges_words_and_reloads_with_the_same_ids(small_qwen
     assert trained.encode("reverse").tokens == ["reverse"]
     assert trained.encode("assistant").tokens == ["assistant"]
     texts = ["reverse: ab cde\n", "12+7=19", "héllo wörld, ünïcode 日本語!", "it's we'll\r\n"]
-    texts += [t for name in ("arithmetic", "reverse_text") for t in builtin_environment(name).corpus(50)]
+    texts += [t for name in ("arithmetic", "reverse_text", "sort_digits") for t in builtin_environment(name).corpus(50)]
     for text in texts:
         ids = trained.encode(text).ids
         assert reloaded.encode(text, add_special_tokens=False) == ids, text
@@ -99,3 +99,14 @@ def test_the_arithmetic_start_is_built_deterministically_once_and_then_cached(
     monkeypatch.setattr(trainer.start, "build_start_checkpoint", no_training)
     monkeypatch.setattr(trainer.resolve, "build_start_checkpoint", no_training)
     assert resolve_model_path("builtin:small-qwen3-arithmetic-start", tmp_path / "a") == first
+
+
+def test_a_task_added_to_the_builtins_changes_no_built_tokenizer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tokenizers train on a fixed list of tasks: a registry that grows would otherwise silently change every
+    built-in model built after it, and leave the ones cached before it different."""
+    import environments.builtin
+    from trainer.builtin import builtin_tokenizer, chat_tokenizer
+
+    before = (chat_tokenizer().to_str(), builtin_tokenizer().to_str())
+    monkeypatch.setitem(environments.builtin.BUILTIN, "zz_added", environments.builtin.BUILTIN["sort_digits"])
+    assert (chat_tokenizer().to_str(), builtin_tokenizer().to_str()) == before
