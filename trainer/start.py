@@ -60,19 +60,6 @@ def build_start_checkpoint(
     output_dir: Path, base_model: str = "builtin:tiny-qwen2", recipe: StartRecipe = REVERSE_RECIPE
 ) -> Path:
     """Run the early SFT into ``output_dir`` (run files under ``output_dir/run``); returns the policy dir."""
-    import torch
-
-    # One thread: a CPU's reduction order follows its thread count, and a start stopped at the edge of its
-    # learning curve (sort_digits) lands far apart on differently threaded builds (0.13 vs 0.34 held out).
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        return _build(output_dir, base_model, recipe)
-    finally:
-        torch.set_num_threads(threads)
-
-
-def _build(output_dir: Path, base_model: str, recipe: StartRecipe) -> Path:
     from trainer.metrics import MetricsLogger
     from trainer.sft import train_sft
     from trainer.train import Trainer
