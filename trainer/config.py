@@ -65,17 +65,19 @@ class LossConfig(Section):
     """The GRPO-family policy loss with a bounded off-policy correction.
 
     Tokens are weighted by the importance ratio r = pi_trainer / pi_inference of the sampled
-    token. `correction = "mask"` (default) drops tokens whose ratio left
-    [1 - mask_low, 1 + mask_high] and keeps the plain ratio-weighted gradient for the others:
-    a token the trainer now rates very differently from the sampler is stale or mismatched
-    (async policy lag, engine numerics), its gradient estimate is biased either way, and
-    dropping it bounds the update without the one-sided asymmetry of clipping (prime-rl's
-    choice). `correction = "clip"` is PPO's two-sided clip with a dual-clip cap on negative
-    advantages (INTELLECT-2's choice), which keeps every token but bounds its weight.
+    token. `correction = "clip"` (default) is PPO's two-sided clip with a dual-clip cap on
+    negative advantages (INTELLECT-2's choice): a token whose ratio already moved the way its
+    advantage asks past the clip stops pulling, and one that moved the other way keeps the gradient
+    that brings it back, its weight bounded. `correction = "mask"` drops every token whose ratio
+    left [1 - mask_low, 1 + mask_high] and keeps the plain ratio-weighted gradient for the others
+    (prime-rl's choice against engine mismatch); with a policy one step stale it also drops the
+    tokens the last update moved the wrong way, which then go uncorrected: on an exact-answer task
+    (sort_digits, async level 1) it took the held-out accuracy from 0.34 down to 0.15 in 10 steps,
+    where clip took it up to 0.60 in 15.
     """
 
-    correction: Literal["mask", "clip"] = "mask"
-    """How tokens with a far-off importance ratio are bounded: dropped ("mask") or clipped ("clip")."""
+    correction: Literal["mask", "clip"] = "clip"
+    """How tokens with a far-off importance ratio are bounded: clipped ("clip") or dropped ("mask")."""
     mask_low: float = Field(default=0.2, ge=0, lt=1)
     """mask: tokens with ratio < 1 - mask_low are dropped."""
     mask_high: float = Field(default=0.2, ge=0)

@@ -21,7 +21,7 @@ from trainer.config import LossConfig, OptimizerConfig, ParallelConfig, TrainerS
 from trainer.packing import TrainSample
 from trainer.train import Trainer
 
-LOSS = LossConfig(mask_low=0.99, mask_high=100.0)
+LOSS = LossConfig(correction="mask", mask_low=0.99, mask_high=100.0)
 
 
 def probe_batch(trainer: Trainer, seed: int) -> list[TrainSample]:

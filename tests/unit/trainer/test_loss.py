@@ -52,7 +52,9 @@ def test_mask_mode_drops_far_off_tokens() -> None:
 
 def test_mask_bounds_are_configurable() -> None:
     logprobs, inference = _lp(0.9), _lp(0.5)
-    sums = grpo_loss(logprobs, inference, torch.tensor([1.0]), torch.tensor([True]), LossConfig(mask_high=1.0))
+    sums = grpo_loss(
+        logprobs, inference, torch.tensor([1.0]), torch.tensor([True]), LossConfig(correction="mask", mask_high=1.0)
+    )
     assert sums.num_dropped.item() == 0
     assert sums.loss.item() == pytest.approx(-1.8)
 
@@ -84,7 +86,7 @@ def test_non_completion_tokens_do_not_count() -> None:
 def test_mismatch_kl_and_kl_penalty() -> None:
     # trainer twice as likely as the sampler: k3(log 2) = (2 - 1) - log 2
     logprobs, inference = _lp(0.4), _lp(0.2)
-    config = LossConfig(mask_high=2.0, kl_coef=0.1)
+    config = LossConfig(correction="mask", mask_high=2.0, kl_coef=0.1)
     sums = grpo_loss(logprobs, inference, torch.tensor([0.0]), torch.tensor([True]), config)
     assert sums.mismatch_kl.item() == pytest.approx(1 - math.log(2))
     # penalty k3 of the reverse direction: (0.5 - 1) + log 2, times 0.1; the advantage term is 0

@@ -26,7 +26,7 @@ def _section(model: Path, **packing: Any) -> TrainerSection:
 
 
 def test_resume_reproduces_the_next_step_exactly(tiny_model_dir: Path, tmp_path: Path) -> None:
-    loss = LossConfig(mask_low=0.99, mask_high=100.0)
+    loss = LossConfig(correction="mask", mask_low=0.99, mask_high=100.0)
     first = Trainer(_section(tiny_model_dir), num_steps=10)
     first.sft_step(sft_batch(builtin_environment("reverse_text"), first.tokenizer, 0, 16))
     first.rl_step(probe_batch(first, 1), loss)
