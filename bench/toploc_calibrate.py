@@ -76,8 +76,12 @@ FLOORS = {
     "max_mant_err_mean": 0.05,
     "max_mant_err_median": 0.5,
     "sampling_tolerance": 1e-4,
-    "logprob_tolerance": 1e-4,
+    "logprob_tolerance": 1e-3,
 }
+"""``logprob_tolerance``'s floor is above what the tiny calibration models show (float32: under 1e-4): honest HF and
+vLLM workers of the 3.4M-parameter built-in small-qwen3 differ from the validator's recomputation by up to 1.5e-4
+nats (other batches sum in other orders), and larger models by more. A claimed logprob only weighs its token's
+importance ratio, so 1e-3 nats moves a weight by 0.1%."""
 TEMPERATURES = (0.7, 1.0, 1.3)
 TOKEN_SUBSTITUTIONS = {"cheap_model_tokens_policy_proofs", "greedy_as_sampling", "other_temperature_half"}
 """Attacks whose claims are the policy's honest claim whenever their tokens happen to be the policy's draws."""

@@ -42,5 +42,5 @@ class ToplocConfig(Section):
     """Largest median |mantissa difference| over a chunk's exponent-matching entries."""
     sampling_tolerance: float = Field(default=1e-4, ge=0)
     """Largest accepted gap between the best noisy score and the claimed token's (near ties)."""
-    logprob_tolerance: float = Field(default=1e-4, ge=0)
+    logprob_tolerance: float = Field(default=1e-3, ge=0)
     """Largest accepted |claimed - recomputed| log-probability of a token."""
