@@ -26,6 +26,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 NUM_STEPS = 2
 
 
+@pytest.mark.timeout(1800)
 def test_the_shipped_coordinator_config_trains_with_a_joining_worker(tmp_path: Path, postgres_url: str) -> None:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -38,7 +39,7 @@ def test_the_shipped_coordinator_config_trains_with_a_joining_worker(tmp_path: P
         overrides += ("--set", f"orchestrator.num_steps={NUM_STEPS}")
         workers: list[subprocess.Popen[bytes]] = []
         try:
-            coordinator.start(url, overrides, timeout_s=180)
+            coordinator.start(url, overrides, timeout_s=900)  # the first use builds the start checkpoint
             argv = [str(BIN / "prime-worker"), "join", "--coordinator", url, "--engine", "hf", "--gpu", "none"]
             argv += ["--data-dir", str(tmp_path / "worker"), "--json-logs"]
             with (tmp_path / "worker.log").open("ab") as log:
