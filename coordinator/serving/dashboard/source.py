@@ -3,10 +3,10 @@
 Reads the run status and the nodes table (engine, versions held, heartbeat tokens/s) directly,
 and the event log through :class:`~coordinator.serving.dashboard.history.RunHistory`, which it brings up
 to date on each call. Everything here is read-only and public: node ids, engines, counts and
-verdict reasons, never an IP address, a key or the run secret. The tokens/s series is sampled
-here (the ledger keeps only each worker's latest heartbeat), at most once per
-``TOKENS_SAMPLE_INTERVAL_S``, so it covers the time since this coordinator process started
-serving the dashboard. Relays come from a :class:`~coordinator.serving.dashboard.relays.RelayWatch`
+verdict reasons, never an IP address, a key or the run secret. The tokens/s series is the run's
+history from the ledger (completion tokens of each submit event), so a page opened late, or
+served by a restarted coordinator, still draws the whole run; the live figure (the sum of the
+workers' heartbeats) is in the nodes. Relays come from a :class:`~coordinator.serving.dashboard.relays.RelayWatch`
 (when the coordinator is on gossip): only its cached answers are read here, never a relay.
 """
 
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import threading
-from collections import deque
 
 from sqlalchemy import select
 
@@ -28,7 +27,6 @@ from protocol.schemas import (
     Dashboard,
     DashboardNode,
     DashboardRelay,
-    SeriesPoint,
     VersionSpread,
 )
 
@@ -36,8 +34,6 @@ MAX_NODES = 200
 MAX_VERSIONS = 16
 EVENT_PAGE_SIZE = 1000
 MAX_EVENT_PAGES_PER_READ = 50  # a coordinator restarted under a long run catches up over a few reads
-TOKENS_SAMPLE_INTERVAL_S = 2.0
-MAX_TOKENS_SAMPLES = 900
 
 
 class DashboardSource:
@@ -47,7 +43,6 @@ class DashboardSource:
         self.views = views
         self.relays = relays
         self.history = RunHistory()
-        self._tokens: deque[SeriesPoint] = deque(maxlen=MAX_TOKENS_SAMPLES)
         self._lock = threading.Lock()
 
     def snapshot(self) -> Dashboard:
@@ -57,9 +52,6 @@ class DashboardSource:
             status = self.views.status()
             node_views = self._nodes(now)
             relay_views = self.relays.relays() if self.relays is not None else []
-            live_tokens = sum(n.tokens_per_s for n in node_views if n.live and n.role == "worker")
-            if not self._tokens or now - self._tokens[-1].at >= TOKENS_SAMPLE_INTERVAL_S:
-                self._tokens.append(SeriesPoint(at=now, value=live_tokens))
             return Dashboard(
                 generated_at=now,
                 status=status,
@@ -68,7 +60,7 @@ class DashboardSource:
                 rewards=list(self.history.rewards),
                 versions=self._versions(node_views, relay_views),
                 accepted_samples_per_s=self.history.accepted_samples_per_s(now),
-                tokens_per_s=list(self._tokens),
+                tokens_per_s=self.history.generated_tokens_per_s(now),
                 relays=relay_views,
                 training=self.history.training.summary(),
             )
