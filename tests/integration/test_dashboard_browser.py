@@ -51,7 +51,8 @@ pytestmark = pytest.mark.slow
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 MIN_REWARDED_VERDICTS = 2
-TRAINING_STEPS = 10
+TRAINING_STEPS = 500
+"""More than the test waits for: the run is still training (and its ETA a time) when the page is checked."""
 LAYOUT_WIDTHS = (1280, 1920)
 DURATION = r"\d+h\d\dm|\d+m\d\ds|\d+s"
 """How the page (and `prime-coordinator status`) writes the time left."""
@@ -220,7 +221,6 @@ def training_config(root: Path, port: int) -> Path:
             "num_steps": TRAINING_STEPS,
             "groups_per_step": 1,
             "trainer_launch": {"nproc": 1},
-            "exit_when_done": False,
         },
         "local_network": {"enabled": True, "engines": ["hf"], "num_validators": 1},
     }
@@ -269,7 +269,7 @@ def test_a_page_opened_late_shows_the_whole_training_run(tmp_path: Path, browser
 
         # The tokens/s chart is the run's history, from the ledger: it starts long before the page was opened.
         times = tokens_chart_times(browser)
-        assert len(times) >= 2 and min(times) < opened_at - 10, (times, opened_at)
+        assert len([at for at in times if at < opened_at]) >= 2, (times, opened_at)
         assert text_of(browser, "#step-chart circle.point") is not None  # the steps trained before the page
 
         for width in LAYOUT_WIDTHS:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Callable
 
 from sqlalchemy import select
 
@@ -27,6 +28,7 @@ from protocol.schemas import (
     Dashboard,
     DashboardNode,
     DashboardRelay,
+    RunStatus,
     VersionSpread,
 )
 
@@ -39,9 +41,13 @@ MAX_EVENT_PAGES_PER_READ = 50  # a coordinator restarted under a long run catche
 class DashboardSource:
     """Builds :class:`~protocol.schemas.Dashboard` snapshots for one ledger; safe to call from several threads."""
 
-    def __init__(self, views: LedgerViews, relays: RelayWatch | None = None) -> None:
+    def __init__(
+        self, views: LedgerViews, relays: RelayWatch | None = None, status: Callable[[], RunStatus] | None = None
+    ) -> None:
         self.views = views
         self.relays = relays
+        self.status = status or views.status
+        """What ``GET /v1/status`` says (the run's steps in all and whether it ended: the page's ETA)."""
         self.history = RunHistory()
         self._lock = threading.Lock()
 
@@ -49,7 +55,7 @@ class DashboardSource:
         with self._lock:
             self._catch_up()
             now = self.views.clock()
-            status = self.views.status()
+            status = self.status()
             node_views = self._nodes(now)
             relay_views = self.relays.relays() if self.relays is not None else []
             return Dashboard(

@@ -8,9 +8,9 @@ import pytest
 from coordinator.ledger.batches import batch_summary
 from coordinator.loop.train_steps import TrainSteps
 from coordinator.serving.dashboard.history import RunHistory, rate_series
-from protocol.schemas import Dashboard, ErrorBody, Event, HeartbeatRequest, LeaseRequest, Verdict
+from protocol.schemas import Dashboard, ErrorBody, Event, HeartbeatRequest, LeaseRequest, RunStatus, Verdict
 from tests.support.ledger_helpers import signed_manifest, submission_for
-from tests.unit.coordinator.conftest import LedgerHarness
+from tests.unit.coordinator.conftest import LedgerHarness, MakeHarness
 from tests.unit.coordinator.loop.test_train_steps import judged
 
 pytestmark = pytest.mark.anyio
@@ -275,3 +275,13 @@ async def test_no_eval_gauge_before_an_eval(harness: LedgerHarness) -> None:
     async with public_client(harness) as http:
         metrics = (await http.get("/metrics")).text
     assert "prime_train_eval_accuracy" not in metrics and "prime_train_step_stop_fraction" not in metrics
+
+
+async def test_the_dashboards_status_is_the_runs_own(make_harness: MakeHarness) -> None:
+    """The page's ETA needs the run's steps in all, which only the config knows: the same status as /v1/status."""
+    harness = make_harness(orchestrator__enabled=True, orchestrator__num_steps=12)
+    async with public_client(harness) as http:
+        dashboard = Dashboard.model_validate_json((await http.get("/v1/dashboard")).content)
+        status = RunStatus.model_validate_json((await http.get("/v1/status")).content)
+    assert dashboard.status.num_train_steps == status.num_train_steps == 12
+    assert dashboard.status.run_ended == status.run_ended
