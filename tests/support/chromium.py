@@ -87,9 +87,10 @@ def panel_overlaps(browser: WebDriver, tolerance_px: float = 0.5) -> list[tuple[
     return found
 
 
-def full_page_screenshot(browser: WebDriver, path: Path, width: int) -> None:
-    """A PNG of the whole page at ``width`` CSS pixels (the window grows to the page's height first)."""
-    height = int(browser.execute_script("return document.documentElement.scrollHeight;"))
+def screenshot(browser: WebDriver, path: Path, width: int, height: int | None = None) -> None:
+    """A PNG of the page at ``width`` CSS pixels: its top ``height`` pixels, or the whole page when None."""
+    if height is None:
+        height = int(browser.execute_script("return document.documentElement.scrollHeight;"))
     set_viewport(browser, width, height)
     if not browser.save_screenshot(str(path)):
         raise RuntimeError(f"Chromium saved no screenshot to {path}")
