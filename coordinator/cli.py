@@ -177,6 +177,33 @@ def export(
     run_or_exit("coordinator", export_from_cli, loaded, steps, fmt, out)
 
 
+metrics_app = PrimeTyper(help="The run's per-step metrics (trainer and batch figures, evals), from its ledger.")
+app.add_typer(metrics_app, name="metrics")
+
+
+@metrics_app.command("export")
+def export_metrics(
+    fmt: str = typer.Option("csv", "--format", help="csv or jsonl."),
+    output: Path | None = typer.Option(None, "--output", "-o", help="File to write (default: standard output)."),
+    config: Path | None = ConfigOption,
+    sets: list[str] | None = SetOption,
+    data_dir: Path | None = DataDirOption,
+    ledger_url: str | None = LedgerUrlOption,
+    log_level: str = LogLevelOption,
+    json_logs: bool = JsonLogsOption,
+) -> None:
+    """Export every trained step's metrics (loss, entropy, mismatch KL, grad norm, the batch's reward, length,
+    stop and truncated fractions ...) and every eval, read from the run's ledger, as CSV or JSON lines (the rows
+    of data_dir/metrics.jsonl). Safe while the run goes on."""
+    start_logging(log_level, json_logs)
+    if fmt not in ("csv", "jsonl"):
+        fail(f"--format {fmt!r}: choose csv or jsonl")
+    loaded = load_role_config(CoordinatorConfig, config, sets, {"data_dir": data_dir, "ledger.url": ledger_url})
+    from coordinator.loop.metrics_export import export_metrics_from_cli
+
+    run_or_exit("coordinator", export_metrics_from_cli, loaded, fmt, output)
+
+
 @app.command()
 def archive(
     config: Path | None = ConfigOption,

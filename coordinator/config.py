@@ -254,6 +254,31 @@ MOVED_TRAINER_KEYS = {f"trainer_{name}": name for name in TrainerLaunchConfig.mo
 """The flat ``orchestrator.trainer_*`` keys of earlier configs and their names in ``orchestrator.trainer_launch``."""
 
 
+class WandbConfig(Section):
+    """Weights & Biases logging of every metrics row (needs the `tracking` extra)."""
+
+    mode: Literal["disabled", "online", "offline"] = "disabled"
+    """disabled: no W&B; online: log to the W&B server (log in with `wandb login` or WANDB_API_KEY first);
+    offline: write the W&B run files under `dir` only (`wandb sync` uploads them later)."""
+    project: str = Field(default="prime-network", min_length=1, max_length=128)
+    """The W&B project the run is logged to."""
+    entity: str | None = Field(default=None, min_length=1, max_length=128)
+    """The W&B team or user that owns the project (empty: the logged-in user's default)."""
+    dir: Path | None = None
+    """Where W&B writes its run files (a `wandb/` folder inside); empty means the data dir."""
+
+
+class TrackingConfig(Section):
+    """Copies of every `metrics.jsonl` row in TensorBoard and W&B (`pip install 'prime-network[tracking]'`)."""
+
+    tensorboard: bool = False
+    """Write every step's and eval's metrics as TensorBoard scalars (`tensorboard --logdir DIR` shows them)."""
+    tensorboard_dir: Path | None = None
+    """Where the TensorBoard event files go; empty means `tensorboard/` in the data dir."""
+    wandb: WandbConfig = WandbConfig()
+    """Log the same metrics to Weights & Biases (off unless wandb.mode is online or offline)."""
+
+
 class OrchestratorConfig(Section):
     """The RL loop in the coordinator (coordinator/loop/orchestrator.py) and its trainer (trainer/service.py)."""
 
@@ -293,6 +318,8 @@ class OrchestratorConfig(Section):
     the step (console, dashboard, /metrics, `data_dir/metrics.jsonl`)."""
     eval_num_examples: int = Field(default=32, ge=1, le=100_000)
     """Eval split examples of each eval, one sample each at the run's temperature and max_tokens."""
+    tracking: TrackingConfig = TrackingConfig()
+    """Copies of every `data_dir/metrics.jsonl` row in TensorBoard and W&B (both off by default)."""
 
     @model_validator(mode="before")
     @classmethod

@@ -661,7 +661,8 @@ class Dashboard(WireModel):
     versions: list[VersionSpread] = Field(description="The newest published versions, newest first.")
     accepted_samples_per_s: list[SeriesPoint] = Field(description="Accepted rollouts per second, in time buckets.")
     tokens_per_s: list[SeriesPoint] = Field(
-        description="Sum of live workers' reported tokens/s, sampled each time this coordinator serves the dashboard."
+        description="Completion tokens submitted per second, in time buckets from the run's first event (the ledger's "
+        "submit events: the whole run, whenever the page is opened)."
     )
     relays: list[DashboardRelay] = Field(default_factory=list, description="Relays heard on gossip, newest first.")
     training: DashboardTraining | None = Field(default=None, description="None while no training step is recorded.")

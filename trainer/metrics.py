@@ -43,7 +43,7 @@ class MetricsLogger:
             self._file = path.open("a", encoding="utf-8")
         if enabled and wandb_project:
             try:
-                import wandb  # type: ignore[import-not-found]
+                import wandb
             except ImportError:
                 log.warning("wandb_project=%s given but wandb is not installed; logging to JSONL only", wandb_project)
             else:

@@ -175,6 +175,7 @@ class Ledger(ValidationLedger):
                 task_id=lease.task_id,
                 policy_version=request.policy_version,
                 engine=request.engine,
+                completion_tokens=sum(len(rollout.completion_ids) for rollout in request.rollouts),
             )
         return SubmitResponse(submission_id=submission_id, status="pending", duplicate=False)
 

@@ -7,7 +7,9 @@ staleness) and an ``eval`` row per eval of a published policy (``eval_*``; see
 :mod:`coordinator.loop.evals`). Every row carries ``kind``, ``step`` and ``at`` (Unix time). The
 ledger holds the same figures (``train_steps.metrics_json``); this file is their projection, so a
 restarted coordinator writes the rows it finds missing (:meth:`RunMetricsFile.sync`) and never one
-twice. A line cut short by a crash is dropped when the file is opened again.
+twice. A line cut short by a crash is dropped when the file is opened again. Each row written is
+also handed to the run's trackers (:mod:`coordinator.loop.tracking`: TensorBoard, W&B) when any
+are configured.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import json
 import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from coordinator.loop.train_steps import StepRecord
 
@@ -24,6 +26,12 @@ METRICS_FILE = "metrics.jsonl"
 EVAL_PREFIX = "eval_"
 """Keys of a step's metrics that come from the eval of its policy, not from its training."""
 RowKind = Literal["step", "eval"]
+
+
+class RowSink(Protocol):
+    """Where a copy of each row goes once it is in the file (:class:`coordinator.loop.tracking.Trackers`)."""
+
+    def log(self, kind: RowKind, step: int, values: Mapping[str, Any]) -> None: ...
 
 
 def step_values(metrics: Mapping[str, Any]) -> dict[str, Any]:
@@ -47,8 +55,9 @@ def _drop_torn_tail(path: Path) -> None:
 class RunMetricsFile:
     """Appends rows to ``path``; knows which (kind, step) rows it already holds."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, sink: RowSink | None = None) -> None:
         self.path = path
+        self.sink = sink
         self._written: set[tuple[str, int]] = set()
         if path.is_file():
             _drop_torn_tail(path)
@@ -74,6 +83,8 @@ class RunMetricsFile:
             f.flush()
             os.fsync(f.fileno())
         self._written.add((kind, step))
+        if self.sink is not None:
+            self.sink.log(kind, step, values)
         return True
 
     def sync(self, records: Iterable[StepRecord], at: float) -> int:

@@ -29,6 +29,7 @@ from coordinator.ledger.storage.tables import nodes
 from coordinator.loop.evals import PolicyEvals
 from coordinator.loop.orchestrator import Orchestrator, StoppedError
 from coordinator.loop.run_metrics import METRICS_FILE, RunMetricsFile
+from coordinator.loop.tracking import Trackers, open_trackers
 from coordinator.loop.train_steps import StepRecord, TrainSteps
 from coordinator.processes.local_network import Processes, start_local_network
 from coordinator.processes.trainer_process import TrainerProcess, trainer_node
@@ -39,6 +40,8 @@ from trainer.service import ServiceSpec
 from trainer.transport import TrainDir
 
 log = logging.getLogger("coordinator.loop.runner")
+TRACKED_CONFIG = {"run_name", "environment", "scheduling", "policy", "orchestrator"}
+"""The config sections a W&B run is given (what was trained, how), never the API's or the ledger's."""
 
 
 def _figure(metrics: dict[str, Any], key: str, spec: str) -> str:
@@ -141,6 +144,7 @@ class RunThread(threading.Thread):
         self.trainer: TrainerProcess | None = None
         self.evals: PolicyEvals | None = None
         self.metrics_file = RunMetricsFile(config.data_dir / METRICS_FILE)
+        self.trackers: Trackers | None = None
         self.newest_eval: tuple[int, dict[str, Any]] | None = ledger.newest_eval()
         self.started_at = time.monotonic()
         self._next_progress = 0.0
@@ -159,10 +163,21 @@ class RunThread(threading.Thread):
             self.error = exc
         finally:
             self._stop_children()
+            if self.trackers is not None:
+                self.trackers.close()
             self.server.should_exit = True
+
+    def _open_trackers(self) -> None:
+        """TensorBoard and W&B, when ``[orchestrator.tracking]`` switches them on: every new metrics row goes there."""
+        config = self.config
+        shared = config.model_dump(mode="json", include=TRACKED_CONFIG)  # never the ledger URL or the API's keys
+        self.trackers = open_trackers(config.orchestrator.tracking, config.run_name, config.data_dir, shared)
+        self.metrics_file.sink = self.trackers
 
     def _run(self) -> None:
         config = self.config
+        if config.orchestrator.enabled:
+            self._open_trackers()
         steps = TrainSteps(self.ledger)
         training = config.orchestrator.enabled and steps.num_published() < config.orchestrator.num_steps
         if config.local_network.enabled and (training or not config.orchestrator.enabled):

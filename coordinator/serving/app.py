@@ -252,11 +252,14 @@ def create_app(
             raise NotFoundError("this ledger serves no run spec")
         return run_spec
 
+    def run_status() -> RunStatus:
+        steps = config.orchestrator.num_steps if config.orchestrator.enabled else 0
+        return ledger.status().model_copy(update={"run_ended": ledger.run_over(), "num_train_steps": steps})
+
     @app.get(routes.STATUS, tags=["public"])
     def status() -> RunStatus:
         """The run at a glance."""
-        steps = config.orchestrator.num_steps if config.orchestrator.enabled else 0
-        return ledger.status().model_copy(update={"run_ended": ledger.run_over(), "num_train_steps": steps})
+        return run_status()
 
     @app.get(routes.STATS, tags=["public"])
     def stats(limit: Annotated[int, Query(ge=1, le=10_000)] = 100) -> RunStats:
@@ -281,7 +284,7 @@ def create_app(
         """Prometheus text format."""
         return Response(metrics.render(), media_type="text/plain; version=0.0.4")
 
-    app.include_router(dashboard_router(ledger, relays))
+    app.include_router(dashboard_router(ledger, relays, run_status))
     return app
 
 

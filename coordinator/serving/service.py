@@ -113,9 +113,12 @@ def join_commands(url: str, coordinator_id: str) -> list[str]:
 
 def run(config: CoordinatorConfig) -> None:
     from coordinator.ledger.run_spec import check_precision
+    from coordinator.loop.tracking import check_tracking
     from runtime.data_dir_lock import hold_data_dir
 
     precision = check_precision(config)  # before anything is created: a run its validators cannot audit stops here
+    if config.orchestrator.enabled:
+        check_tracking(config.orchestrator.tracking)  # a missing tensorboard or wandb package: one line, no run
     with hold_data_dir(config.data_dir, "prime-coordinator"):  # one coordinator per run directory
         serve_run(config, precision)
 

@@ -1,4 +1,4 @@
-"""The coordinator's /dashboard in a real browser, on a real run.
+"""The coordinator's /dashboard in a real browser, on real runs.
 
 A coordinator serving the built-in reverse_text task, one `prime-worker join --engine hf` and a
 real `prime-validator run` produce verdicts with recomputed rewards, while a real `prime-relay`
@@ -8,15 +8,20 @@ Chromium, driven by Selenium through /usr/bin/chromedriver (nothing is downloade
 labelled with that verdict's mean reward), and the relay answering with v0, counted as a
 holder of v0. A second relay, announced by a gossip peer of the test's own with a URL full of
 markup and a port nothing listens on, must show as unreachable, its URL as plain text. This run
-has no orchestrator, so the step chart must say there are no training steps yet (the chart with
-steps is checked on the JSON in tests/unit/coordinator/serving/test_dashboard_api.py: a training run is too
-slow to share this test). In CI (CI=true) a missing browser fails the
-test; .ci/run installs it.
+has no orchestrator, so the step charts must say there are no training steps yet.
+
+A second test opens the page late in a short training run (`prime-coordinator start` with its
+orchestrator and local network): the tokens/s chart must reach back before the page was opened
+(it is drawn from the ledger's history, not from what the page saw), and the live worker count,
+the step time and the ETA must be shown. On both runs, at 1280 and 1920 px wide, no two panels
+(tiles, charts, tables) may overlap: each panel's extent is its box and everything drawn inside
+it. In CI (CI=true) a missing browser fails the tests; .ci/run installs it.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -25,56 +30,43 @@ from typing import Any
 
 import httpx
 import pytest
-from selenium import webdriver
-from selenium.webdriver.chrome.options import Options
-from selenium.webdriver.chrome.service import Service
+import tomli_w
 from selenium.webdriver.chrome.webdriver import WebDriver
 from selenium.webdriver.support.ui import WebDriverWait
 
 from coordinator.serving.dashboard.history import MAX_REWARD_POINTS
 from protocol import routes
 from protocol.identity import NodeIdentity, load_or_create_identity
-from protocol.schemas import P2PInfo, RelayAnnouncement
+from protocol.schemas import P2PInfo, RelayAnnouncement, RunStatus
 from runtime.p2p.config import P2PConfig
 from runtime.p2p.gossip import Gossip
 from runtime.ports import free_port
-from tests.integration.network import Network, running_network
+from tests.integration.network import Network, running_network, tiny_policy
+from tests.support.chromium import INSTALL_HINT, headless_chromium, missing_browser, panel_overlaps, set_viewport
+from tests.support.coordinator_process import CoordinatorProcess
 from tests.support.shardcast_nodes import wait_until
 from trainer.resolve import resolve_model_path
 
 pytestmark = pytest.mark.slow
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMEDRIVER = Path("/usr/bin/chromedriver")
+REPO_ROOT = Path(__file__).resolve().parents[2]
 MIN_REWARDED_VERDICTS = 2
+TRAINING_STEPS = 500
+"""More than the test waits for: the run is still training (and its ETA a time) when the page is checked."""
+LAYOUT_WIDTHS = (1280, 1920)
+DURATION = r"\d+h\d\dm|\d+m\d\ds|\d+s"
+"""How the page (and `prime-coordinator status`) writes the time left."""
 
 
 @pytest.fixture
 def browser(tmp_path: Path) -> Iterator[WebDriver]:
-    missing = [str(path) for path in (CHROMIUM, CHROMEDRIVER) if not path.is_file()]
+    missing = missing_browser()
     if missing:
-        message = f"{' and '.join(missing)} missing: apt-get install chromium chromium-driver"
+        message = f"{' and '.join(missing)} missing: {INSTALL_HINT}"
         if os.environ.get("CI"):
             pytest.fail(f"CI=true: {message}")
         pytest.skip(message)
-    options = Options()
-    options.binary_location = str(CHROMIUM)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})  # console errors, CSP violations
-    for arg in (
-        "--headless=new",
-        "--no-sandbox",  # CI runs as root
-        "--disable-gpu",
-        "--disable-dev-shm-usage",
-        "--window-size=1400,1900",
-        f"--user-data-dir={tmp_path / 'chromium-profile'}",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-extensions",
-    ):
-        options.add_argument(arg)
-    service = Service(executable_path=str(CHROMEDRIVER), log_output=str(tmp_path / "chromedriver.log"))
-    driver = webdriver.Chrome(service=service, options=options)
+    driver = headless_chromium(tmp_path / "chromium-profile", tmp_path / "chromedriver.log")
     try:
         yield driver
     finally:
@@ -202,8 +194,89 @@ def test_dashboard_shows_the_live_worker_and_the_runs_rewards(tmp_path: Path, br
         assert text_of(browser, "#component-chart text.no-data") == "no named rewards yet"
         assert text_of(browser, "#eval-chart text.no-data") == "no eval yet (orchestrator.eval_every_steps)"
         assert text_of(browser, "#stat-steps-done") == "-"
+        assert text_of(browser, "#stat-eta") == "-"  # no RL loop: no ETA
+        for width in LAYOUT_WIDTHS:  # every table holds rows now: none may spill over another panel
+            set_viewport(browser, width, 1200)
+            time.sleep(2.5)
+            assert panel_overlaps(browser) == [], f"panels overlap at {width} px"
         logged = browser.get_log("browser")  # type: ignore[no-untyped-call]
         assert [entry for entry in logged if entry["level"] == "SEVERE"] == []  # no script error, no CSP violation
         screenshot = tmp_path / "dashboard.png"
         assert browser.save_screenshot(str(screenshot)), "no screenshot"
         print(f"dashboard screenshot: {screenshot}")
+
+
+def training_config(root: Path, port: int) -> Path:
+    """A short RL run on a local network (one HF worker, one validator, a relay, the torchrun trainer)."""
+    config = {
+        "run_name": "dashboard-history-test",
+        "data_dir": str(root / "run"),
+        "environment": {"type": "builtin", "name": "reverse_text"},
+        "api": {"host": "127.0.0.1", "port": port, "node_burst": 10000, "ip_burst": 10000},
+        "scheduling": {"async_level": 1, "prompts_per_task": 2, "group_size": 4, "max_tokens": 8},
+        "trust": {"validators_open": True},
+        "policy": {"start_checkpoint": str(tiny_policy(root / "start", seed=7)), "shard_size_bytes": 16384},
+        "orchestrator": {
+            "enabled": True,
+            "num_steps": TRAINING_STEPS,
+            "groups_per_step": 1,
+            "trainer_launch": {"nproc": 1},
+        },
+        "local_network": {"enabled": True, "engines": ["hf"], "num_validators": 1},
+    }
+    path = root / "run.toml"
+    path.write_text(tomli_w.dumps(config))
+    return path
+
+
+def run_status(url: str) -> RunStatus | None:
+    try:
+        return RunStatus.model_validate_json(httpx.get(f"{url}{routes.STATUS}", timeout=5).content)
+    except (httpx.TransportError, ValueError):
+        return None
+
+
+def tokens_chart_times(browser: WebDriver) -> list[float]:
+    """The time (Unix seconds) of each point of the generation tokens/s chart."""
+    found = browser.execute_script(
+        "return [...document.querySelectorAll('#tokens-chart circle.point')].map((c) => Number(c.dataset.at));"
+    )
+    return [float(at) for at in found]
+
+
+def test_a_page_opened_late_shows_the_whole_training_run(tmp_path: Path, browser: WebDriver) -> None:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    coordinator = CoordinatorProcess(
+        training_config(tmp_path, port), tmp_path / "coordinator.log", {"PYTHONPATH": str(REPO_ROOT)}
+    )
+    coordinator.start(url, timeout_s=300)
+    try:
+        # Opened once two steps are published: the step time is known and most of the run is still to come.
+        wait_until(
+            lambda: (status := run_status(url)) is not None and status.num_train_steps_done >= 2,
+            900,
+            f"two published steps (coordinator log:\n{coordinator.log_path.read_text()[-3000:]})",
+        )
+        opened_at = time.time()
+        browser.get(f"{url}/dashboard")
+        WebDriverWait(browser, 30).until(lambda _d: re.fullmatch(DURATION, text_of(browser, "#stat-eta") or ""))
+        assert text_of(browser, "#stat-workers") == "1"
+        assert re.fullmatch(r"\d+\.\d s", text_of(browser, "#stat-step-time") or ""), text_of(
+            browser, "#stat-step-time"
+        )
+        eta = text_of(browser, "#stat-eta")
+
+        # The tokens/s chart is the run's history, from the ledger: it starts long before the page was opened.
+        times = tokens_chart_times(browser)
+        assert len([at for at in times if at < opened_at]) >= 2, (times, opened_at)
+        assert text_of(browser, "#step-chart circle.point") is not None  # the steps trained before the page
+
+        for width in LAYOUT_WIDTHS:
+            set_viewport(browser, width, 1200)
+            time.sleep(2.5)  # a redraw at this width
+            assert panel_overlaps(browser) == [], f"panels overlap at {width} px (ETA was {eta})"
+        logged = browser.get_log("browser")  # type: ignore[no-untyped-call]
+        assert [entry for entry in logged if entry["level"] == "SEVERE"] == []
+    finally:
+        coordinator.stop()

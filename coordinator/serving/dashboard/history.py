@@ -1,6 +1,7 @@
 """The run's history for the dashboard, folded incrementally from the ledger's append-only event log.
 
-Submit events say which policy version and engine a submission used; verdict events say whether
+Submit events say which policy version and engine a submission used and how many completion tokens
+it carried (the generation tokens/s series, for the whole run); verdict events say whether
 it was accepted, why not, and the rewards the validator recomputed; publish events say when each
 version appeared; train_step events go to :class:`~coordinator.serving.dashboard.training.TrainingHistory`.
 :class:`RunHistory` keeps a cursor into the log and folds each new event once, so serving the
@@ -78,6 +79,7 @@ class RunHistory:
         self.recent: deque[DashboardVerdict] = deque(maxlen=MAX_RECENT_VERDICTS)
         self.rewards: deque[DashboardVerdict] = deque(maxlen=MAX_REWARD_POINTS)
         self._accepted: deque[tuple[float, int]] = deque(maxlen=MAX_ACCEPTED_RECORDS)
+        self._generated: deque[tuple[float, int]] = deque(maxlen=MAX_ACCEPTED_RECORDS)
         self._submitted: dict[str, tuple[int | None, EngineName | None]] = {}
         self.training = TrainingHistory()
 
@@ -95,6 +97,9 @@ class RunHistory:
                     _int(event.data.get("policy_version")),
                     _engine(event.data.get("engine")),
                 )
+                tokens = _int(event.data.get("completion_tokens"))
+                if tokens is not None:  # absent from the submit events of older ledgers
+                    self._generated.append((event.at, tokens))
             elif event.kind == "verdict" and event.subject is not None:
                 self._verdict(event, event.subject)
             elif event.kind == "train_step":
@@ -153,6 +158,15 @@ class RunHistory:
         if len(self._accepted) == self._accepted.maxlen:  # older records were dropped: start where those kept do
             start = max(start, self._accepted[0][0])
         return rate_series(list(self._accepted), start, now)
+
+    def generated_tokens_per_s(self, now: float) -> list[SeriesPoint]:
+        """Completion tokens submitted per second since the run's first event (or the oldest record kept)."""
+        if self.started_at is None:
+            return []
+        start = self.started_at
+        if len(self._generated) == self._generated.maxlen:
+            start = max(start, self._generated[0][0])
+        return rate_series(list(self._generated), start, now)
 
 
 def rate_series(

@@ -9,6 +9,7 @@ also keeps any text that came from a node from running as script.
 
 # No `from __future__ import annotations`: FastAPI reads the route signatures at definition time.
 
+from collections.abc import Callable
 from importlib import resources
 
 from fastapi import APIRouter
@@ -20,7 +21,7 @@ from coordinator.serving.dashboard.relays import RelayWatch
 from coordinator.serving.dashboard.source import DashboardSource
 from protocol import routes
 from protocol.errors import NotFoundError
-from protocol.schemas import Dashboard
+from protocol.schemas import Dashboard, RunStatus
 
 _CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
@@ -33,9 +34,12 @@ def _static(name: str) -> bytes:
     return (resources.files("coordinator.serving.dashboard") / "static" / name).read_bytes()
 
 
-def dashboard_router(views: LedgerViews, relays: RelayWatch | None = None) -> APIRouter:
-    """The dashboard for one ledger (include it in the ledger's app); ``relays``: those heard on gossip."""
-    source = DashboardSource(views, relays)
+def dashboard_router(
+    views: LedgerViews, relays: RelayWatch | None = None, status: Callable[[], RunStatus] | None = None
+) -> APIRouter:
+    """The dashboard for one ledger (include it in the ledger's app); ``relays``: those heard on gossip;
+    ``status``: the run's status as ``GET /v1/status`` gives it (with the run's steps in all, for the ETA)."""
+    source = DashboardSource(views, relays, status)
     page = _static("index.html")
     assets = {name: _static(name) for name in _ASSETS}
     headers = {"Content-Security-Policy": _CSP, "X-Content-Type-Options": "nosniff", "Cache-Control": "no-cache"}

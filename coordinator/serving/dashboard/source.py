@@ -3,10 +3,10 @@
 Reads the run status and the nodes table (engine, versions held, heartbeat tokens/s) directly,
 and the event log through :class:`~coordinator.serving.dashboard.history.RunHistory`, which it brings up
 to date on each call. Everything here is read-only and public: node ids, engines, counts and
-verdict reasons, never an IP address, a key or the run secret. The tokens/s series is sampled
-here (the ledger keeps only each worker's latest heartbeat), at most once per
-``TOKENS_SAMPLE_INTERVAL_S``, so it covers the time since this coordinator process started
-serving the dashboard. Relays come from a :class:`~coordinator.serving.dashboard.relays.RelayWatch`
+verdict reasons, never an IP address, a key or the run secret. The tokens/s series is the run's
+history from the ledger (completion tokens of each submit event), so a page opened late, or
+served by a restarted coordinator, still draws the whole run; the live figure (the sum of the
+workers' heartbeats) is in the nodes. Relays come from a :class:`~coordinator.serving.dashboard.relays.RelayWatch`
 (when the coordinator is on gossip): only its cached answers are read here, never a relay.
 """
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections import deque
+from collections.abc import Callable
 
 from sqlalchemy import select
 
@@ -28,7 +28,7 @@ from protocol.schemas import (
     Dashboard,
     DashboardNode,
     DashboardRelay,
-    SeriesPoint,
+    RunStatus,
     VersionSpread,
 )
 
@@ -36,30 +36,28 @@ MAX_NODES = 200
 MAX_VERSIONS = 16
 EVENT_PAGE_SIZE = 1000
 MAX_EVENT_PAGES_PER_READ = 50  # a coordinator restarted under a long run catches up over a few reads
-TOKENS_SAMPLE_INTERVAL_S = 2.0
-MAX_TOKENS_SAMPLES = 900
 
 
 class DashboardSource:
     """Builds :class:`~protocol.schemas.Dashboard` snapshots for one ledger; safe to call from several threads."""
 
-    def __init__(self, views: LedgerViews, relays: RelayWatch | None = None) -> None:
+    def __init__(
+        self, views: LedgerViews, relays: RelayWatch | None = None, status: Callable[[], RunStatus] | None = None
+    ) -> None:
         self.views = views
         self.relays = relays
+        self.status = status or views.status
+        """What ``GET /v1/status`` says (the run's steps in all and whether it ended: the page's ETA)."""
         self.history = RunHistory()
-        self._tokens: deque[SeriesPoint] = deque(maxlen=MAX_TOKENS_SAMPLES)
         self._lock = threading.Lock()
 
     def snapshot(self) -> Dashboard:
         with self._lock:
             self._catch_up()
             now = self.views.clock()
-            status = self.views.status()
+            status = self.status()
             node_views = self._nodes(now)
             relay_views = self.relays.relays() if self.relays is not None else []
-            live_tokens = sum(n.tokens_per_s for n in node_views if n.live and n.role == "worker")
-            if not self._tokens or now - self._tokens[-1].at >= TOKENS_SAMPLE_INTERVAL_S:
-                self._tokens.append(SeriesPoint(at=now, value=live_tokens))
             return Dashboard(
                 generated_at=now,
                 status=status,
@@ -68,7 +66,7 @@ class DashboardSource:
                 rewards=list(self.history.rewards),
                 versions=self._versions(node_views, relay_views),
                 accepted_samples_per_s=self.history.accepted_samples_per_s(now),
-                tokens_per_s=list(self._tokens),
+                tokens_per_s=self.history.generated_tokens_per_s(now),
                 relays=relay_views,
                 training=self.history.training.summary(),
             )

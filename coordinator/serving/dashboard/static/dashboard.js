@@ -38,6 +38,23 @@ function ago(at, now) {
   return `${(s / 3600).toFixed(1)} h ago`;
 }
 
+// Seconds as 1h02m, 3m05s or 42s (what `prime-coordinator status` prints).
+function duration(seconds) {
+  const whole = Math.round(seconds);
+  const [h, m, sec] = [Math.floor(whole / 3600), Math.floor((whole % 3600) / 60), whole % 60];
+  const pad = (n) => String(n).padStart(2, "0");
+  if (h) return `${h}h${pad(m)}m`;
+  return m ? `${m}m${pad(sec)}s` : `${sec}s`;
+}
+
+// The time left at the newest steps' pace, as `prime-coordinator status` says it.
+function eta(s) {
+  if (!s.num_train_steps) return "-";
+  if (s.run_ended) return "done";
+  if (s.step_s === null || s.step_s === undefined) return "-";
+  return duration((s.num_train_steps - s.num_train_steps_done) * s.step_s);
+}
+
 function clock(at) {
   return new Date(at * 1000).toLocaleTimeString([], { hour12: false });
 }
@@ -83,6 +100,8 @@ function renderSummary(data) {
   const training = data.training;
   setText("stat-step", training && training.current_step !== null ? training.current_step : "-");
   setText("stat-steps-done", training ? training.num_steps_done : "-");
+  setText("stat-step-time", s.step_s === null || s.step_s === undefined ? "-" : `${fmt(s.step_s, 1)} s`);
+  setText("stat-eta", eta(s));
   const relays = data.relays || [];
   setText("stat-relays", relays.length ? `${relays.filter((r) => r.reachable).length} of ${relays.length}` : "-");
 }
@@ -267,13 +286,17 @@ function drawRewardChart(data) {
   }
 }
 
-function drawSeriesChart(id, series, digits, cls) {
+// A line over time with a dot per point (data-at: its time, titled with its value).
+function drawSeriesChart(id, series, digits, cls, unit) {
   const svg = document.getElementById(id);
   const scale = frame(svg, series.map((p) => p.at), series.map((p) => p.value), digits);
   if (!scale) return;
   polyline(svg, series.map((p) => [p.at, p.value]), scale.sx, scale.sy, cls);
-  if (series.length === 1) {
-    svg.append(svgEl("circle", { cx: scale.sx(series[0].at), cy: scale.sy(series[0].value), r: 3, class: "point accepted" }));
+  for (const p of series) {
+    const dot = svgEl("circle", { cx: scale.sx(p.at), cy: scale.sy(p.value), r: series.length === 1 ? 3 : 1.5,
+      class: "point accepted", "data-at": p.at });
+    dot.append(svgEl("title", {}, `${clock(p.at)}: ${fmt(p.value, digits)} ${unit}`));
+    svg.append(dot);
   }
 }
 
@@ -344,8 +367,8 @@ function render(data) {
   renderRelays(data);
   renderVerdicts(data);
   drawRewardChart(data);
-  drawSeriesChart("throughput-chart", data.accepted_samples_per_s, 2, "series-line");
-  drawSeriesChart("tokens-chart", data.tokens_per_s, 1, "series-line alt");
+  drawSeriesChart("throughput-chart", data.accepted_samples_per_s, 2, "series-line", "samples/s");
+  drawSeriesChart("tokens-chart", data.tokens_per_s, 1, "series-line alt", "tokens/s");
   drawStepChart(data);
   drawRolloutCharts(data);
   document.body.dataset.updatedAt = String(data.generated_at);

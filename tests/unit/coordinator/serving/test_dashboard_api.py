@@ -8,9 +8,9 @@ import pytest
 from coordinator.ledger.batches import batch_summary
 from coordinator.loop.train_steps import TrainSteps
 from coordinator.serving.dashboard.history import RunHistory, rate_series
-from protocol.schemas import Dashboard, ErrorBody, Event, HeartbeatRequest, LeaseRequest, Verdict
+from protocol.schemas import Dashboard, ErrorBody, Event, HeartbeatRequest, LeaseRequest, RunStatus, Verdict
 from tests.support.ledger_helpers import signed_manifest, submission_for
-from tests.unit.coordinator.conftest import LedgerHarness
+from tests.unit.coordinator.conftest import LedgerHarness, MakeHarness
 from tests.unit.coordinator.loop.test_train_steps import judged
 
 pytestmark = pytest.mark.anyio
@@ -27,9 +27,12 @@ async def test_dashboard_shows_workers_verdicts_rewards_and_versions(harness: Le
     coordinator = harness.client(harness.coordinator)
     await coordinator.publish(signed_manifest(harness.coordinator, 0))
     expected_rewards = {}
+    submitted_tokens = 0
     for client, rewards, accepted in ((worker, [1.0, 0.5, 0.0, 0.5], True), (other, [0.25] * 4, False)):
         (task,) = (await client.lease(LeaseRequest(max_tasks=1, policy_versions_held=[0]))).tasks
-        answer = await client.submit(submission_for(task, engine="vllm" if client is other else "hf"))
+        submission = submission_for(task, engine="vllm" if client is other else "hf")
+        submitted_tokens += sum(len(rollout.completion_ids) for rollout in submission.rollouts)
+        answer = await client.submit(submission)
         reasons = [] if accepted else ["token 3 differs from the replayed draw"]
         verdict = Verdict(submission_id=answer.submission_id, accepted=accepted, reasons=reasons, rewards=rewards)
         await validator.pending(limit=256)
@@ -67,7 +70,9 @@ async def test_dashboard_shows_workers_verdicts_rewards_and_versions(harness: Le
     v1, v0 = dashboard.versions
     assert (v1.version, v1.num_live_holders, v1.num_accepted, v1.mean_reward) == (1, 1, 0, None)
     assert (v0.version, v0.num_live_holders, v0.num_accepted, v0.num_rejected, v0.mean_reward) == (0, 2, 1, 1, 0.5)
-    assert dashboard.tokens_per_s[-1].value == 42.5
+    # Generation tokens/s from the submit events (accepted or not), bucketed like the samples/s.
+    assert [p.value for p in dashboard.tokens_per_s] == [submitted_tokens / 5, 0.0]
+    assert sum(n.tokens_per_s for n in dashboard.nodes if n.live) == 42.5  # the live figure: heartbeats
 
     body = response.text  # public: no IP address, no run secret
     assert "127.0.0.1" not in body and "testclient" not in body
@@ -81,16 +86,20 @@ async def test_dashboard_reads_only_new_events_on_each_poll(harness: LedgerHarne
     async with public_client(harness) as http:
         first = Dashboard.model_validate_json((await http.get("/v1/dashboard")).content)
         assert first.rewards == [] and first.verdicts == []
+        submitted_tokens = 0
         for reward in (0.0, 1.0):
             (task,) = (await worker.lease(LeaseRequest(max_tasks=1))).tasks
-            answer = await worker.submit(submission_for(task))
+            submission = submission_for(task)
+            submitted_tokens += sum(len(rollout.completion_ids) for rollout in submission.rollouts)
+            answer = await worker.submit(submission)
             verdict = Verdict(submission_id=answer.submission_id, accepted=True, rewards=[reward] * 4)
             await validator.pending(limit=256)
             await validator.post_verdict(verdict)
             harness.clock.advance(3)
             later = Dashboard.model_validate_json((await http.get("/v1/dashboard")).content)
     assert [v.mean_reward for v in later.rewards] == [0.0, 1.0]  # each verdict once, in order
-    assert [p.value for p in later.tokens_per_s] == [0.0, 0.0, 0.0]  # sampled once per read, 3 s apart
+    # Both submissions' tokens, in the run's time buckets however often the page is read.
+    assert sum(p.value for p in later.tokens_per_s) * 5 == pytest.approx(submitted_tokens)
 
 
 async def test_dashboard_page_and_assets(harness: LedgerHarness) -> None:
@@ -266,3 +275,13 @@ async def test_no_eval_gauge_before_an_eval(harness: LedgerHarness) -> None:
     async with public_client(harness) as http:
         metrics = (await http.get("/metrics")).text
     assert "prime_train_eval_accuracy" not in metrics and "prime_train_step_stop_fraction" not in metrics
+
+
+async def test_the_dashboards_status_is_the_runs_own(make_harness: MakeHarness) -> None:
+    """The page's ETA needs the run's steps in all, which only the config knows: the same status as /v1/status."""
+    harness = make_harness(orchestrator__enabled=True, orchestrator__num_steps=12)
+    async with public_client(harness) as http:
+        dashboard = Dashboard.model_validate_json((await http.get("/v1/dashboard")).content)
+        status = RunStatus.model_validate_json((await http.get("/v1/status")).content)
+    assert dashboard.status.num_train_steps == status.num_train_steps == 12
+    assert dashboard.status.run_ended == status.run_ended
