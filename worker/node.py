@@ -142,7 +142,8 @@ async def _worker(config: WorkerConfig, stop: asyncio.Event, state: WorkerState,
                     except TaskHandedBackError as exc:  # refused for good: wait until a newer one is published
                         log.warning("%s", exc)
                     else:
-                        eos = eos_token_ids(checkpoint)
+                        # transformers' first import is slow too: off the event loop, where a stop is heard
+                        eos = await in_thread_unless_stopped(stop, "reading the end tokens", eos_token_ids, checkpoint)
                         for device in devices:  # a start that cannot be interrupted is abandoned when stopped
                             what = f"the start of the {kind} engine on {device.device}"
                             args = (kind, checkpoint, device, config.max_batch_size, run.precision)
