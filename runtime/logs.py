@@ -132,13 +132,16 @@ def follow_log_level(level: int) -> None:
 
 def adopt_transformers_logging() -> None:
     """Send transformers' log lines through the root handler (human or JSON lines) instead of its own, once
-    :func:`setup_logging` installed one; call after importing transformers."""
+    :func:`setup_logging` installed one, and below debug turn off its progress bars (a "Loading weights" bar at
+    every engine start, in the middle of one-line-per-event logs); call where a node starts using transformers."""
     if not any(isinstance(h.formatter, JsonFormatter | HumanFormatter) for h in logging.getLogger().handlers):
         return
     from transformers.utils import logging as transformers_logging
 
     transformers_logging.disable_default_handler()
     transformers_logging.enable_propagation()
+    if not logging.getLogger().isEnabledFor(logging.DEBUG):
+        transformers_logging.disable_progress_bar()
 
 
 def setup_logging(level: str = "info", json_logs: bool = False) -> None:

@@ -5,7 +5,8 @@ one at ``--log-level debug`` (JSON lines); both start their engine, submit under
 reload their weights in place for v1. At the default level nothing of vLLM's start-up or
 reload chatter shows (no INFO line of its loggers, no traceback, no line in its own format, no
 progress bar, no "RotaryEmbedding: Failed to load weights"); at debug vLLM's lines are all
-there, as JSON lines of the worker's own log, the RotaryEmbedding one included.
+there, as JSON lines of the worker's own log, the RotaryEmbedding one included. A third worker, with
+the HF engine and --json-logs, prints nothing but JSON lines (no progress bar of transformers).
 """
 
 from __future__ import annotations
@@ -30,16 +31,19 @@ def test_vllm_lines_follow_the_log_level(network: Network) -> None:
     net = network
     quiet = net.start_worker("worker-info", "vllm", [], json_logs=False)
     loud = net.start_worker("worker-debug", "vllm", [], "--log-level", "debug")
-    wait_until(lambda: len(submissions_by_node(net)) == 2, 480, "both workers to submit under policy v0")
+    hf = net.start_worker("worker-hf", "hf", [])
+    wait_until(lambda: len(submissions_by_node(net)) == 3, 480, "the three workers to submit under policy v0")
     net.publish(1)
 
     def both_reloaded() -> bool:
         return all("reloaded weights" in read_log(net, name) for name in ("worker-info", "worker-debug"))
 
     wait_until(both_reloaded, 180, "both workers to reload their engine for policy v1")
-    for proc in (quiet, loud):
+    for proc in (quiet, loud, hf):
         proc.send_signal(signal.SIGINT)
-    assert quiet.wait(timeout=60) == 130 and loud.wait(timeout=60) == 130
+    assert quiet.wait(timeout=60) == 130 and loud.wait(timeout=60) == 130 and hf.wait(timeout=60) == 130
+    not_json = [line for line in read_log(net, "worker-hf").splitlines() if line.strip() and not line.startswith("{")]
+    assert not not_json, "\n".join(not_json[:20])
 
     shown = read_log(net, "worker-info")
     assert "vLLM engine reloaded weights" in shown and "stopping the worker" in shown, shown[-3000:]
