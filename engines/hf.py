@@ -48,6 +48,9 @@ class HFEngine:
     ) -> None:
         from transformers import AutoModelForCausalLM
 
+        from runtime.logs import adopt_transformers_logging
+
+        adopt_transformers_logging()
         if max_batch_size < 1:
             raise ValueError("max_batch_size must be >= 1")
         if num_threads is not None:

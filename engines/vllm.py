@@ -40,6 +40,7 @@ class EngineError(RuntimeError):
 def _prepare_environment() -> None:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("VLLM_HOST_IP", "127.0.0.1")
+    # A command's --log-level set these already (runtime.logs.follow_log_level); this is for other callers.
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     # Logs belong on stderr: stdout is for what a command prints (a bench's one JSON object).
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
@@ -103,6 +104,9 @@ class VllmEngine:
         from vllm import LLM
 
         from engines import vllm_hooks
+        from runtime.logs import adopt_transformers_logging
+
+        adopt_transformers_logging()
 
         self._hooks = vllm_hooks
         options: dict[str, Any] = {
@@ -113,6 +117,7 @@ class VllmEngine:
             "enable_prefix_caching": False,
             "max_num_seqs": max_batch_size,
             "seed": 0,
+            "use_tqdm_on_load": False,  # a progress bar in a node's log, for a load that takes a second
         }
         if max_model_len is not None:
             options["max_model_len"] = max_model_len

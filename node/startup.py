@@ -88,6 +88,9 @@ def _tokenizer_end_tokens(checkpoint_dir: Path) -> list[int]:
         return []
     from transformers import AutoTokenizer
 
+    from runtime.logs import adopt_transformers_logging
+
+    adopt_transformers_logging()  # a node's first use of transformers: its lines in the node's log format
     tokenizer = AutoTokenizer.from_pretrained(str(checkpoint_dir))
     found = [] if tokenizer.eos_token_id is None else [int(tokenizer.eos_token_id)]
     return found + _end_of_turn(tokenizer)

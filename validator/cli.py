@@ -39,7 +39,13 @@ def run(
     log_level: str = LogLevelOption,
     json_logs: bool = JsonLogsOption,
 ) -> None:
-    """Validate pending submissions until stopped (Ctrl-C)."""
+    """Validate pending submissions until stopped (Ctrl-C).
+
+    Exit codes: 0 the run ended; 3 the coordinator refuses this validator;
+    2 an invalid config; 1 any other error;
+    130 Ctrl-C or SIGTERM: stops within seconds, whatever the validator does
+    (downloading, auditing); a second Ctrl-C stops it at once.
+    """
     start_logging(log_level, json_logs)
     flags = {"coordinator_url": coordinator, "data_dir": data_dir, "p2p.enabled": False if no_p2p else None}
     settings = load_role_config(ValidatorConfig, config, sets, flags)
@@ -47,30 +53,28 @@ def run(
 
 
 def run_audit(settings: ValidatorConfig, show_live_status: bool = False) -> int:
-    """Run the validator until Ctrl-C; the exit code says how it ended."""
+    """Run the validator until the run ends; the exit code says how it ended. Ctrl-C or SIGTERM ends the process
+    (exit code 130) within seconds, whatever the validator was doing (node.stopping)."""
     import asyncio
     import logging
-    import signal
 
+    from node.stopping import stopping
     from protocol.errors import ForbiddenError, PrimeError, RunEndedError
-    from runtime.cli import EXIT_BANNED, EXIT_INTERRUPTED, EXIT_OK, exit_on_error, fail
+    from runtime.cli import EXIT_BANNED, EXIT_OK, exit_on_error, fail
     from validator.node import run_validator
     from validator.progress import ValidatorState, show_status
 
     async def main() -> int:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        state = ValidatorState()
-        display = asyncio.create_task(show_status(state, stop)) if show_live_status else None
-        try:
-            await run_validator(settings, stop, state)
-        finally:
-            stop.set()
-            if display is not None:
-                await display
-        return EXIT_INTERRUPTED
+        async with stopping("validator") as stop:
+            state = ValidatorState()
+            display = asyncio.create_task(show_status(state, stop)) if show_live_status else None
+            try:
+                await run_validator(settings, stop, state)
+            finally:
+                stop.set()
+                if display is not None:
+                    await display
+        return EXIT_OK
 
     try:
         return asyncio.run(main())

@@ -31,7 +31,6 @@ import functools
 import logging
 import time
 from collections import OrderedDict
-from pathlib import Path
 
 from engines.base import PrefillEngine
 from environments.base import Environment
@@ -39,6 +38,7 @@ from environments.pinning import run_environment
 from node.gossip import run_node_gossip
 from node.retry import sleep_unless_stopped, unless_stopped, with_retries
 from node.startup import eos_token_ids, software_version, trusted_coordinator_id
+from node.stopping import in_thread_unless_stopped
 from protocol.errors import ForbiddenError, PrimeError, ProtocolError, RequestRefused
 from protocol.identity import load_or_create_identity
 from protocol.ledger_client import LedgerClient
@@ -66,8 +66,11 @@ class PolicyEngines:
         max_batch_size: int,
         environment: Environment,
         dtype: str = "float32",
+        stop: asyncio.Event | None = None,
     ) -> None:
         self.weights = weights
+        self.stop = stop or asyncio.Event()
+        """The node's stop flag: a download or an engine's start in progress is abandoned when it is set."""
         self.dtype = dtype
         self.environment = environment
         self.max_loaded = max_loaded
@@ -91,17 +94,20 @@ class PolicyEngines:
         return self._engines[version]
 
     async def _load(self, version: int) -> tuple[PrefillEngine, tuple[int, ...], RewardFn]:
-        path: Path = await self.weights.ensure(version)
+        path = await unless_stopped(self.stop, self.weights.ensure(version))
+        if path is None:
+            raise asyncio.CancelledError(f"stopped while downloading policy v{version}")
         from transformers import AutoTokenizer
 
         from engines.hf import HFEngine
 
-        engine = await asyncio.to_thread(
+        start = functools.partial(
             HFEngine,
             path,
             max_batch_size=self.max_batch_size,
             dtype=self.dtype,  # type: ignore[arg-type]  # a calibrated precision, checked at start-up
         )
+        engine = await in_thread_unless_stopped(self.stop, f"the start of the engine for policy v{version}", start)
         eos = eos_token_ids(path)
         tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, str(path))
         return engine, eos, environment_reward_fn(self.environment, tokenizer, eos)
@@ -160,7 +166,10 @@ async def _audit_version(
     started = time.monotonic()
     thresholds = toploc if toploc is not None else Thresholds()
     config = thresholds.config() if isinstance(thresholds, Thresholds) else thresholds
-    audited = await asyncio.to_thread(audit_submissions_safely, items, engine, eos, config, reward_fn)
+    what = f"the audit of {len(items)} submission(s) of policy v{version}"  # their verdicts are left to the ledger
+    audited = await in_thread_unless_stopped(
+        stop, what, audit_submissions_safely, items, engine, eos, config, reward_fn
+    )
     state.audit_s += time.monotonic() - started
     for item, (verdict, rollouts) in zip(items, audited, strict=True):
         state.record(verdict, len(item.submission.rollouts), len(rollouts))
@@ -199,7 +208,9 @@ async def _validator(config: ValidatorConfig, stop: asyncio.Event, state: Valida
         coordinator_id = await trusted_coordinator_id(ledger, config.data_dir, config.coordinator_id, stop)
         spec = await with_retries("run spec", lambda: ledger.run_spec(coordinator_id), stop)
         require_calibrated(spec.precision)  # a ConfigError naming the precision and the command that calibrates it
-        environment = await asyncio.to_thread(run_environment, spec, config.environment)
+        environment = await in_thread_unless_stopped(
+            stop, "loading the run's environment", run_environment, spec, config.environment
+        )
         log.info(
             "environment %s %r (hash %s) loaded and checked",
             spec.environment.kind,
@@ -223,7 +234,7 @@ async def _validator(config: ValidatorConfig, stop: asyncio.Event, state: Valida
         p2p = asyncio.create_task(
             run_node_gossip(config.p2p, config.coordinator_url, identity, coordinator_id, weights, stop)
         )
-        engines = PolicyEngines(weights, config.max_versions, config.max_batch_size, environment, spec.precision)
+        engines = PolicyEngines(weights, config.max_versions, config.max_batch_size, environment, spec.precision, stop)
         thresholds = Thresholds(spec.precision, config.toploc)
         log.info("recomputing in %s, with its TOPLOC calibrations", spec.precision)
         last_summary = time.monotonic()

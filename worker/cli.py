@@ -25,38 +25,30 @@ SetOption = set_option("gpu=none")
 
 
 def run_join(settings: WorkerConfig, show_live_status: bool) -> int:
-    """Run the worker until Ctrl-C or a ban; the exit code tells which."""
+    """Run the worker until the run ends or a ban; the exit code tells which. Ctrl-C or SIGTERM ends the process
+    (exit code 130) within seconds, whatever the worker was doing (node.stopping)."""
     import asyncio
     import logging
-    import signal
 
+    from node.stopping import stopping
     from protocol.errors import ForbiddenError, PrimeError, RequestRefused, RunEndedError
-    from runtime.cli import EXIT_BANNED, EXIT_INTERRUPTED, EXIT_OK, EXIT_REFUSED, exit_on_error, fail
+    from runtime.cli import EXIT_BANNED, EXIT_OK, EXIT_REFUSED, exit_on_error, fail
     from worker.loop import WorkerState
     from worker.node import check_config, run_worker
     from worker.status import show_status
 
     async def main() -> int:
-        stop = asyncio.Event()
-        interrupted = asyncio.Event()
-
-        def on_signal() -> None:
-            interrupted.set()
-            stop.set()
-
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, on_signal)
-        state = WorkerState()
-        display = asyncio.create_task(show_status(state, stop)) if show_live_status else None
-        try:
-            check_config(settings)
-            await run_worker(settings, stop, state)
-        finally:
-            stop.set()
-            if display is not None:
-                await display
-        return EXIT_INTERRUPTED if interrupted.is_set() else EXIT_OK
+        async with stopping("worker") as stop:
+            state = WorkerState()
+            display = asyncio.create_task(show_status(state, stop)) if show_live_status else None
+            try:
+                check_config(settings)
+                await run_worker(settings, stop, state)
+            finally:
+                stop.set()
+                if display is not None:
+                    await display
+        return EXIT_OK
 
     try:
         return asyncio.run(main())
@@ -92,7 +84,13 @@ def join(
     log_level: str = LogLevelOption,
     json_logs: bool = JsonLogsOption,
 ) -> None:
-    """Join a run: register, lease tasks, generate, prove and submit until stopped (Ctrl-C)."""
+    """Join a run: register, lease tasks, generate, prove and submit until stopped (Ctrl-C).
+
+    Exit codes: 0 the run ended; 3 the coordinator refuses this node;
+    4 it refused a request; 2 an invalid config; 1 any other error;
+    130 Ctrl-C or SIGTERM: stops within seconds, whatever the worker does
+    (starting its engine, downloading); a second Ctrl-C stops it at once.
+    """
     start_logging(log_level, json_logs)
     flags: dict[str, object] = {"coordinator_url": coordinator, "gpu": gpu, "engine": engine}
     flags.update({"relays": relay or None, "data_dir": data_dir, "p2p.enabled": False if no_p2p else None})

@@ -77,7 +77,13 @@ async def fetch_policy(
     delay = 1.0
     while True:
         try:
-            return await with_retries(f"download of policy v{version}", lambda: weights.ensure(version), stop)
+            # raced against stop: a download in progress ends when the node stops (verified shards stay on disk)
+            path = await unless_stopped(
+                stop, with_retries(f"download of policy v{version}", lambda: weights.ensure(version), stop)
+            )
+            if path is None:
+                raise asyncio.CancelledError(f"stopped while downloading policy v{version}")
+            return path
         except VersionRefusedError as exc:
             state.last_error = f"policy v{version} refused: {exc.message}; waiting for a newer version"
             raise TaskHandedBackError(state.last_error) from exc

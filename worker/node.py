@@ -19,6 +19,7 @@ from engines.base import Engine
 from node.gossip import run_node_gossip
 from node.retry import sleep_unless_stopped, with_retries
 from node.startup import eos_token_ids, software_version, trusted_coordinator_id
+from node.stopping import in_thread_unless_stopped
 from protocol.errors import ConfigError, IdentityError, StartupError
 from protocol.identity import load_or_create_identity, public_key_from_node_id
 from protocol.ledger_client import LedgerClient
@@ -130,32 +131,33 @@ async def _worker(config: WorkerConfig, stop: asyncio.Event, state: WorkerState,
                 config.p2p, config.coordinator_url, identity, coordinator_id, weights, stop, state.work_available
             )
         )
-        start_version = registered.current_policy_version
-        while True:
-            with weights.pinned(start_version):  # engines read it while they start, and a cold start is slow
-                try:
-                    checkpoint = await fetch_policy(weights, start_version, stop, state, wait_s=None)
-                except TaskHandedBackError as exc:  # refused for good: wait until the coordinator publishes past it
-                    log.warning("%s", exc)
-                else:
-                    eos = eos_token_ids(checkpoint)
-                    engines = [
-                        await asyncio.to_thread(
-                            engine_factory, kind, checkpoint, d, config.max_batch_size, run.precision
-                        )
-                        for d in devices
-                    ]
-                    state.policy_version = start_version
-                    log.info("%d %s engine(s) ready on policy v%d", len(engines), kind, start_version)
-                    runners = [
-                        TaskRunner(ledger, engine, weights, state, eos, start_version, config.long_poll_s)
-                        for engine in engines
-                    ]
-                    break
-            start_version = await newer_policy_version(ledger, start_version, stop)
-        jobs = [asyncio.create_task(heartbeat_forever(ledger, weights, state, kind, stop))]
-        jobs += [asyncio.create_task(runner.run(stop)) for runner in runners]
-        try:
+        engines: list[Engine] = []
+        jobs: list[asyncio.Task[None]] = []
+        try:  # whenever it ends (stopped while downloading or starting an engine too): nothing left running
+            start_version = registered.current_policy_version
+            while True:
+                with weights.pinned(start_version):  # engines read it while they start, and a cold start is slow
+                    try:
+                        checkpoint = await fetch_policy(weights, start_version, stop, state, wait_s=None)
+                    except TaskHandedBackError as exc:  # refused for good: wait until a newer one is published
+                        log.warning("%s", exc)
+                    else:
+                        # transformers' first import is slow too: off the event loop, where a stop is heard
+                        eos = await in_thread_unless_stopped(stop, "reading the end tokens", eos_token_ids, checkpoint)
+                        for device in devices:  # a start that cannot be interrupted is abandoned when stopped
+                            what = f"the start of the {kind} engine on {device.device}"
+                            args = (kind, checkpoint, device, config.max_batch_size, run.precision)
+                            engines.append(await in_thread_unless_stopped(stop, what, engine_factory, *args))
+                        state.policy_version = start_version
+                        log.info("%d %s engine(s) ready on policy v%d", len(engines), kind, start_version)
+                        runners = [
+                            TaskRunner(ledger, engine, weights, state, eos, start_version, config.long_poll_s)
+                            for engine in engines
+                        ]
+                        break
+                start_version = await newer_policy_version(ledger, start_version, stop)
+            jobs.append(asyncio.create_task(heartbeat_forever(ledger, weights, state, kind, stop)))
+            jobs += [asyncio.create_task(runner.run(stop)) for runner in runners]
             done, _pending = await asyncio.wait(
                 [*jobs, asyncio.create_task(stop.wait())], return_when=asyncio.FIRST_COMPLETED
             )

@@ -50,9 +50,12 @@ class Network:
     pythonpath: str = str(REPO_ROOT)
     """PYTHONPATH of every process of the run (the repository, and where the run's environment lives)."""
 
-    def start_worker(self, name: str, engine: str, relays: list[str], *extra: str) -> subprocess.Popen[bytes]:
+    def start_worker(
+        self, name: str, engine: str, relays: list[str], *extra: str, json_logs: bool = True
+    ) -> subprocess.Popen[bytes]:
+        """A `prime-worker join` logging to ``root/name.log`` (stdout and stderr), with JSON lines unless told."""
         argv = [str(BIN / "prime-worker"), "join", "--coordinator", self.url, "--engine", engine, "--gpu", "none"]
-        argv += ["--data-dir", str(self.root / name), "--json-logs", *extra]
+        argv += ["--data-dir", str(self.root / name), *(["--json-logs"] if json_logs else []), *extra]
         argv += [item for relay in relays for item in ("--relay", relay)]
         log = open(self.root / f"{name}.log", "ab")  # noqa: SIM115 - lives as long as the process
         env = {**os.environ, "PYTHONPATH": self.pythonpath}

@@ -16,14 +16,11 @@ import json
 import os
 import shutil
 import socket
-import socketserver
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Self
 
 import httpx
 import pytest
@@ -31,6 +28,7 @@ import pytest
 from protocol.identity import NodeIdentity, load_or_create_identity
 from shardcast.origin import OriginSource, publish_checkpoint
 from shardcast.store import VersionStore
+from tests.support.relay_doubles import RelayDouble, TricklingRelay
 from tests.support.shardcast_nodes import (
     Nodes,
     events_of,
@@ -49,73 +47,6 @@ def publish(tmp_path: Path, store: Path, signer: NodeIdentity, version: int, siz
     checkpoint = make_checkpoint(tmp_path / f"ckpt{version}", seed=version, size_bytes=size_bytes)
     publish_checkpoint(checkpoint, version, signer, VersionStore(store), shard_size_bytes=SHARD, keep_versions=3)
     return checkpoint
-
-
-class RelayDouble:
-    """A real HTTP server on 127.0.0.1 standing in for a relay in front of ``upstream``: it reads each request and
-    hands the connection and path to :meth:`answer`, one thread a connection."""
-
-    def __init__(self, upstream: str) -> None:
-        self.upstream = upstream
-        self.num_requests = 0
-        self.stopping = threading.Event()
-        relay = self
-
-        class Handler(socketserver.BaseRequestHandler):
-            def handle(self) -> None:
-                relay.serve(self.request)
-
-        self.server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-
-    def serve(self, connection: socket.socket) -> None:
-        request = b""
-        while b"\r\n\r\n" not in request:
-            chunk = connection.recv(4096)
-            if not chunk:
-                return
-            request += chunk
-        self.num_requests += 1
-        self.answer(connection, request.split(b" ", 2)[1].decode())
-
-    def answer(self, connection: socket.socket, path: str) -> None:
-        raise NotImplementedError
-
-    def __enter__(self) -> Self:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self.stopping.set()
-        self.server.shutdown()
-        self.server.server_close()
-        self.thread.join(timeout=10)
-
-
-class TricklingRelay(RelayDouble):
-    """Answers every request with the upstream's response, one byte a second."""
-
-    def __init__(self, upstream: str, bytes_per_s: float = 1.0, shards_only: bool = False) -> None:
-        super().__init__(upstream)
-        self.delay_s = 1.0 / bytes_per_s
-        self.shards_only = shards_only
-        """Answer manifests and listings at full speed: only shard bodies trickle (so hedging must catch it)."""
-
-    def answer(self, connection: socket.socket, path: str) -> None:
-        answer = httpx.get(f"{self.upstream}{path}", timeout=10)
-        head = f"HTTP/1.1 {answer.status_code} X\r\nContent-Length: {len(answer.content)}\r\nConnection: close\r\n\r\n"
-        if self.shards_only and "/shards/" not in path:
-            connection.sendall(head.encode() + answer.content)
-            return
-        for byte in head.encode() + answer.content:
-            if self.stopping.wait(self.delay_s):
-                return
-            try:
-                connection.sendall(bytes([byte]))
-            except OSError:
-                return
 
 
 class FaultyRelay(RelayDouble):
