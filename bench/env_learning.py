@@ -17,21 +17,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-import tomli_w
-
+from bench.runs import run_coordinator
 from runtime.ports import free_port
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-
-BIN = Path(sys.executable).parent
 DATASET = "spell_backward"
 ENVIRONMENT: dict[str, Any] = {
     "type": "reasoning_gym",
@@ -101,18 +95,7 @@ def rl(root: Path, start: Path, seed: int, steps: int, quick: bool, lr: float) -
         },
         "local_network": {"enabled": True, "engines": ["hf"], "num_validators": 1, "relay_enabled": False},
     }
-    path = root / "run.toml"
-    path.write_text(tomli_w.dumps(config))
-    with (root / "coordinator.log").open("wb") as out:
-        done = subprocess.run(
-            [str(BIN / "prime-coordinator"), "start", "-c", str(path)],
-            stdout=out,
-            stderr=out,
-            env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
-            timeout=7200,
-        )
-    if done.returncode != 0:
-        raise SystemExit(f"seed {seed}: the RL run failed; see {root / 'coordinator.log'}")
+    run_coordinator(root, config, f"seed {seed}: the RL run")
     # the trainer's exported step files go once published (retention); the origin store keeps the policy
     return root / "run" / "policies" / f"v{steps}" / "files"
 

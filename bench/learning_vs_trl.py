@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import statistics
 import subprocess
@@ -42,12 +41,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-import tomli_w
-
+from bench.runs import REPO_ROOT, run_coordinator
 from runtime.ports import free_port
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent
 START = "builtin:small-qwen3-sort-start"
 ENVIRONMENT: dict[str, Any] = {"type": "builtin", "name": "sort_digits"}
 TRL_VERSION = "1.16.0"
@@ -148,19 +144,8 @@ def step_times(root: Path) -> list[dict[str, Any]]:
 
 def run_network(root: Path, start: Path, seed: int, args: argparse.Namespace, level: int) -> dict[str, Any]:
     root.mkdir(parents=True)
-    path = root / "run.toml"
-    path.write_text(tomli_w.dumps(network_config(root, start, seed, args, level)))
     started = time.time()
-    with (root / "coordinator.log").open("wb") as out:
-        done = subprocess.run(
-            [str(BIN / "prime-coordinator"), "start", "-c", str(path)],
-            stdout=out,
-            stderr=out,
-            env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
-            timeout=7200,
-        )
-    if done.returncode != 0:
-        raise SystemExit(f"the network run failed (exit {done.returncode}); see {root / 'coordinator.log'}")
+    run_coordinator(root, network_config(root, start, seed, args, level), "the network run")
     steps = step_times(root)
     published = [s["published_at"] for s in steps if s["published_at"] is not None]
     first = min(s["recorded_at"] for s in steps)

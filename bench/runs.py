@@ -1,0 +1,36 @@
+"""A whole run from a bench: write a coordinator config, run ``prime-coordinator start`` on it to its end.
+
+The learning benches (``env_learning``, ``learning_vs_trl``) train through the real network this way: the
+coordinator starts its local network (workers, validator, relay) and trainer as children and exits when
+the run's steps are done; its output goes to ``coordinator.log`` beside the config.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import tomli_w
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+RUN_TIMEOUT_S = 7200
+
+
+def run_coordinator(root: Path, config: dict[str, Any], what: str) -> None:
+    """Run ``config`` (written as ``root/run.toml``) to its end; SystemExit naming the log when it fails."""
+    path = root / "run.toml"
+    path.write_text(tomli_w.dumps(config))
+    with (root / "coordinator.log").open("wb") as out:
+        done = subprocess.run(
+            [str(BIN / "prime-coordinator"), "start", "-c", str(path)],
+            stdout=out,
+            stderr=out,
+            env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+            timeout=RUN_TIMEOUT_S,
+        )
+    if done.returncode != 0:
+        raise SystemExit(f"{what} failed (exit {done.returncode}); see {root / 'coordinator.log'}")
