@@ -73,13 +73,13 @@ def test_builtin_scores_are_named() -> None:
 def test_sort_digits_wants_the_exact_sorted_list_on_the_first_line() -> None:
     sort_digits = builtin_environment("sort_digits")
     example = Example(index=0, prompt="sort 3 9 1 4 1=", answer="1 1 3 4 9")
-    assert sort_digits.draw(7, sort_digits.rng(7)).answer == " ".join(
-        sorted(sort_digits.draw(7, sort_digits.rng(7)).prompt.removeprefix("sort ").removesuffix("=").split())
-    )
+    drawn = sort_digits.draw(7, sort_digits.rng(7))
+    assert isinstance(drawn.prompt, str)
+    assert drawn.answer == " ".join(sorted(drawn.prompt.removeprefix("sort ").removesuffix("=").split()))
     assert sort_digits.score(example, " 1 1 3 4 9 \nanything after") == Scores.single("exact_match", 1.0)
     for wrong in ("1 3 4 9", "1 1 3 4 9 9", "9 4 3 1 1", "11349", "", "\n"):
         assert sort_digits.reward(example, wrong) == 0.0, wrong
-    prompts = [sort_digits.example(i).prompt for i in range(200)]
+    prompts = [str(sort_digits.example(i).prompt) for i in range(200)]
     assert all(p.startswith("sort ") and p.endswith("=") and len(p.split()) == 6 for p in prompts)
     assert len(set(prompts)) > 190  # 10^5 inputs: a run does not see the same few again and again
 
