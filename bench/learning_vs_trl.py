@@ -32,6 +32,7 @@ same from the first step's start); ``steps``. Each run's step times say where a 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import shutil
 import statistics
@@ -152,8 +153,22 @@ def run_network(root: Path, start: Path, seed: int, args: argparse.Namespace, le
     return {
         "final_policy": str(root / "run" / "final-policy"),
         "process_to_last_step_s": max(published) - started,
+        "start_up_s": first - started,
         "loop_to_last_step_s": max(published) - first,
+        "step_phases_s": step_phases(steps),
         "steps": steps,
+    }
+
+
+def step_phases(steps: list[dict[str, Any]]) -> dict[str, float]:
+    """Where a step's time goes, mean seconds: waiting for its batch after the step before was published
+    (generation and validation not hidden by the overlap), training, publishing (export and SHARDCAST)."""
+    done = [s for s in steps if s["trained_at"] is not None and s["published_at"] is not None]
+    waits = [b["recorded_at"] - a["published_at"] for a, b in itertools.pairwise(done)]
+    return {
+        "batch_wait": round(statistics.mean(max(0.0, w) for w in waits), 3) if waits else 0.0,
+        "train": round(statistics.mean(s["trained_at"] - s["recorded_at"] for s in done), 3) if done else 0.0,
+        "publish": round(statistics.mean(s["published_at"] - s["trained_at"] for s in done), 3) if done else 0.0,
     }
 
 

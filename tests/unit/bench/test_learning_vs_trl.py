@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from bench.learning_vs_trl import network_config, summarise
+from bench.learning_vs_trl import network_config, step_phases, summarise
 from coordinator.config import CoordinatorConfig
 from environments.builtin import builtin_environment
 
@@ -65,3 +65,12 @@ def test_the_summary_keys() -> None:
     assert summary["gain_over_trl"] == pytest.approx(0.25 / 0.3, abs=1e-4)
     assert summary["wall_over_trl"] == pytest.approx((2.0 + 1.5) / 2)
     assert summary["stop_fraction_end"] == 1.0 and summary["steps"] == 20
+
+
+def test_step_phases_say_where_a_step_goes() -> None:
+    steps = [
+        {"step": 1, "recorded_at": 10.0, "trained_at": 12.0, "published_at": 13.0},
+        {"step": 2, "recorded_at": 13.0, "trained_at": 16.0, "published_at": 17.0},  # its batch was waiting
+        {"step": 3, "recorded_at": 21.0, "trained_at": 23.0, "published_at": 24.0},  # 4 s waiting for its batch
+    ]
+    assert step_phases(steps) == {"batch_wait": 2.0, "train": round(7 / 3, 3), "publish": 1.0}
