@@ -35,8 +35,8 @@ class StartRecipe:
 REVERSE_RECIPE = StartRecipe(environment="reverse_text", num_steps=200, batch_size=32, lr=1e-3)
 ARITHMETIC_RECIPE = StartRecipe(environment="arithmetic", num_steps=1000, batch_size=64, lr=2e-3)
 SORT_RECIPE = StartRecipe(environment="sort_digits", num_steps=120, batch_size=64, lr=2e-3)
-"""Stopped at the edge of the task's SFT learning curve: at 120 steps about 0.13 of held-out samples (T = 1) are
-exact and 0.6 of prompts have an exact one among 8 samples; 20 steps later SFT alone is at 0.5."""
+"""Stopped in the middle of the task's SFT learning curve: at 120 steps about 0.43 of held-out samples (T = 1) are
+exact and 0.8 of prompts have an exact one among 8 samples; at 200 steps SFT alone is at 0.89."""
 
 
 def start_sft_config(
