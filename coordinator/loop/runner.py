@@ -283,6 +283,10 @@ class RunThread(threading.Thread):
             unheard = self.ledger.live_node_ids() - self.ledger.told_run_end
         if unheard:
             log.info("%d live node(s) did not ask again before the end grace passed", len(unheard))
+        # A node that heard exits by itself once it has taken the answer in: stopping it now could cut it short.
+        while self.network is not None and self.network.nodes_running() and time.monotonic() < deadline:
+            if self.stop_event.wait(0.2):
+                break
 
     def _idle(self) -> None:
         while not self.stop_event.wait(self.config.orchestrator.poll_interval_s):

@@ -42,6 +42,10 @@ class Processes:
     def stop_all(self) -> None:
         stop_children(list(self.children.values()), timeout_s=30)
 
+    def nodes_running(self) -> list[str]:
+        """The workers and validators still running (the relay serves until stopped, so it is not counted)."""
+        return [name for name, child in self.children.items() if name != "relay" and child.running]
+
 
 def start_local_network(
     config: LocalNetworkConfig, url: str, coordinator_id: str, root: Path, limits: LogLimits = LogLimits()
