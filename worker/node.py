@@ -33,8 +33,9 @@ from worker.loop import TaskHandedBackError, TaskRunner, WorkerState, fetch_poli
 
 log = logging.getLogger(__name__)
 PINNED_COORDINATOR_FILE = "coordinator_id"
-EngineFactory = Callable[[str, Path, DeviceInfo, int, str], Engine]
-"""(engine kind, checkpoint, device, max batch size, the run's precision) -> a started engine."""
+EngineFactory = Callable[[str, Path, DeviceInfo, int, str, bool], Engine]
+"""(engine kind, checkpoint, device, max batch size, the run's precision, compile vLLM on a CPU) -> a started
+engine."""
 
 
 def resolve_engine_kind(kind: str) -> str:
@@ -60,12 +61,16 @@ def require_vllm() -> None:
         raise StartupError(f"--engine vllm needs vLLM, which cannot be imported ({exc})", VLLM_MISSING_FIX) from exc
 
 
-def create_engine(kind: str, checkpoint_dir: Path, device: DeviceInfo, max_batch_size: int, dtype: str) -> Engine:
+def create_engine(
+    kind: str, checkpoint_dir: Path, device: DeviceInfo, max_batch_size: int, dtype: str, cpu_compile: bool = False
+) -> Engine:
     """An engine of ``kind`` computing in ``dtype``, the run's precision (validators recompute in it too)."""
     if kind == "vllm":
         from engines.vllm import VllmEngine
 
-        return VllmEngine(checkpoint_dir, max_batch_size=max_batch_size, dtype=dtype, device=device.device)
+        return VllmEngine(
+            checkpoint_dir, max_batch_size=max_batch_size, dtype=dtype, device=device.device, cpu_compile=cpu_compile
+        )
     from engines.hf import DTYPES, HFEngine
 
     if dtype not in DTYPES:
@@ -146,7 +151,8 @@ async def _worker(config: WorkerConfig, stop: asyncio.Event, state: WorkerState,
                         eos = await in_thread_unless_stopped(stop, "reading the end tokens", eos_token_ids, checkpoint)
                         for device in devices:  # a start that cannot be interrupted is abandoned when stopped
                             what = f"the start of the {kind} engine on {device.device}"
-                            args = (kind, checkpoint, device, config.max_batch_size, run.precision)
+                            compiled = config.vllm_cpu_compile
+                            args = (kind, checkpoint, device, config.max_batch_size, run.precision, compiled)
                             engines.append(await in_thread_unless_stopped(stop, what, engine_factory, *args))
                         state.policy_version = start_version
                         log.info("%d %s engine(s) ready on policy v%d", len(engines), kind, start_version)

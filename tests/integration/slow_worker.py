@@ -29,12 +29,14 @@ def main() -> None:
     coordinator_url, data_dir, release = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
     setup_logging("info", json_logs=True)
 
-    def slow_engine(kind: str, checkpoint: Path, device: DeviceInfo, max_batch_size: int, dtype: str) -> Engine:
+    def slow_engine(
+        kind: str, checkpoint: Path, device: DeviceInfo, max_batch_size: int, dtype: str, cpu_compile: bool
+    ) -> Engine:
         log.info("engine starting on %s (slowly)", checkpoint)
         deadline = time.monotonic() + 600
         while not release.exists() and time.monotonic() < deadline:
             time.sleep(0.1)
-        return create_engine(kind, checkpoint, device, max_batch_size, dtype)
+        return create_engine(kind, checkpoint, device, max_batch_size, dtype, cpu_compile)
 
     config = WorkerConfig(coordinator_url=coordinator_url, data_dir=data_dir, engine="hf", gpu="none")
     asyncio.run(run_worker(config, asyncio.Event(), engine_factory=slow_engine))
