@@ -113,6 +113,7 @@ def network_config(root: Path, start: Path, seed: int, args: argparse.Namespace,
             "enabled": True,
             "num_steps": args.steps,
             "groups_per_step": args.groups_per_step,
+            "steps_ahead": args.steps_ahead,
             "trainer_launch": {"nproc": 2},
             "progress_interval_s": 30,
             "trainer": {"seed": seed, "optimizer": {"lr": args.lr, "warmup_steps": args.warmup_steps}},
@@ -224,6 +225,9 @@ def main() -> None:
     parser.add_argument("--prompts-per-task", type=int, default=4)
     parser.add_argument("--groups-per-step", type=int, default=8, help="submissions per step (prompts: x 4)")
     parser.add_argument("--group-size", type=int, default=8)
+    parser.add_argument(
+        "--steps-ahead", type=int, default=1, help="orchestrator.steps_ahead: workers and trainer share the cores"
+    )
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--eval-examples", type=int, default=None, help="held-out prompts (default 256; quick 64)")
     parser.add_argument("--eval-samples", type=int, default=4, help="samples of each held-out prompt")

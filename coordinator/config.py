@@ -288,6 +288,12 @@ class OrchestratorConfig(Section):
     """RL steps to train; step s publishes policy version s (the start checkpoint is v0)."""
     groups_per_step: int = Field(default=4, ge=1)
     """Accepted submissions (each `prompts_per_task` prompts x `group_size` samples) in one step's batch."""
+    steps_ahead: int | None = Field(default=None, ge=1, le=17)
+    """Steps' worth of groups generated ahead of training (leased, awaiting a verdict or accepted, not yet trained
+    on); unset: `scheduling.async_level` + 1, so generation never waits for the trainer, though groups the next steps
+    cannot take in time go stale unused. 1 generates the next step's groups while the current one trains and
+    nothing more: nothing is wasted, which pays where workers share the trainer's cores (the demo). Never more
+    than async_level + 1."""
     trainer_launch: TrainerLaunchConfig = TrainerLaunchConfig()
     """How the trainer job is launched: ranks per machine, pinned CPUs, machines, torchrun's rendezvous."""
     trainer: TrainerSection = TrainerSection()

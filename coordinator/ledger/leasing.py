@@ -420,7 +420,8 @@ class LeasingLedger(LedgerViews):
         )
         if k > 0:  # with k = 0 a step's groups count until the next version is out
             waiting = waiting.where(submissions.c.submission_id.not_in(select(step_submissions.c.submission_id)))
-        return lease_room(k, orchestrator.groups_per_step, leased + conn.execute(waiting).scalar_one())
+        in_flight = leased + conn.execute(waiting).scalar_one()
+        return lease_room(k, orchestrator.groups_per_step, in_flight, orchestrator.steps_ahead)
 
     def _node_cap(self, node: Row[Any], trusted: bool) -> int:
         """Open leases the node may hold: the per-node limit when allow-listed, else what it has earned."""

@@ -164,7 +164,7 @@ def rollout_problems(
     return problems
 
 
-def lease_room(async_level: int, groups_per_step: int, groups_in_flight: int) -> int:
+def lease_room(async_level: int, groups_per_step: int, groups_in_flight: int, steps_ahead: int | None = None) -> int:
     """How many more tasks may be leased now, when the orchestrator trains on what is generated.
 
     ``groups_in_flight`` counts groups leased, pending or accepted at a version still usable
@@ -174,6 +174,9 @@ def lease_room(async_level: int, groups_per_step: int, groups_in_flight: int) ->
     expired group frees its place. With k >= 1 generation never waits for training: it runs up
     to k + 1 steps' worth ahead of it, all of which the next steps can still use; generating
     more would only make groups that are stale before a step can take them (for instance while
-    validators fall behind).
+    validators fall behind). ``steps_ahead`` lowers that window: with 1, the next step's groups
+    are generated while the current step trains and nothing more, so no group goes stale unused
+    (what a network whose workers share the trainer's machine wants); it never raises it.
     """
-    return max(0, groups_per_step * (async_level + 1) - groups_in_flight)
+    window = async_level + 1 if steps_ahead is None else max(1, min(steps_ahead, async_level + 1))
+    return max(0, groups_per_step * window - groups_in_flight)

@@ -98,6 +98,11 @@ def test_version_floor_and_lease_room() -> None:
     assert lease_room(0, groups_per_step=4, groups_in_flight=6) == 0
     assert lease_room(2, groups_per_step=4, groups_in_flight=6) == 6
     assert lease_room(2, groups_per_step=4, groups_in_flight=13) == 0
+    # steps_ahead narrows the window (one step: the next batch while the current one trains), never widens it
+    assert lease_room(2, groups_per_step=4, groups_in_flight=3, steps_ahead=1) == 1
+    assert lease_room(2, groups_per_step=4, groups_in_flight=4, steps_ahead=1) == 0
+    assert lease_room(1, groups_per_step=4, groups_in_flight=4, steps_ahead=5) == 4
+    assert lease_room(0, groups_per_step=4, groups_in_flight=0, steps_ahead=3) == 4
 
 
 def test_batch_files_round_trip_and_appear_whole(tmp_path: Path) -> None:
