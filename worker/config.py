@@ -37,7 +37,7 @@ class WorkerConfig(RoleConfig):
     max_batch_size: int = Field(default=64, ge=1, le=4096)
     """Most sequences generated at once per engine."""
     vllm_cpu_compile: bool = False
-    """Compile vLLM's model with torch inductor on a CPU: about 45 s more at start on 2 cores (minutes beside a
+    """Compile vLLM's model with torch inductor on a CPU: about 42 s more at start on 2 idle cores (minutes beside a
     busy trainer) for about 17% faster generation of a small model; worth it for long runs. GPUs always compile."""
     long_poll_s: float = Field(default=LONG_POLL_S, ge=0, le=MAX_LONG_POLL_S)
     """How long a lease request with nothing to lease waits at the ledger for a task (a long-poll: the worker
