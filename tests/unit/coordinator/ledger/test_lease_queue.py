@@ -61,22 +61,3 @@ async def test_a_lease_the_policy_overtook_says_so(make_harness: MakeHarness) ->
         await worker.renew(late.lease_id)
     for client in (worker, other, coordinator):
         await client.aclose()
-
-
-async def test_steps_ahead_leases_one_steps_worth_until_the_trainer_takes_it(make_harness: MakeHarness) -> None:
-    harness = make_harness(
-        scheduling__async_level=1,
-        scheduling__max_leases_per_node=8,
-        orchestrator__enabled=True,
-        orchestrator__groups_per_step=2,
-        orchestrator__steps_ahead=1,
-    )
-    worker, validator = await harness.worker(), await harness.validator()
-    first = (await worker.lease(LeaseRequest(max_tasks=8))).tasks
-    assert len(first) == 2  # without steps_ahead: async_level + 1 steps' worth, 4
-    for task in first:
-        await worker.submit(submission_for(task))
-    assert not (await worker.lease(LeaseRequest(max_tasks=8))).tasks  # accepted or not, they wait for the trainer
-    await validator.pending()
-    await validator.aclose()
-    await worker.aclose()

@@ -138,17 +138,22 @@ async def test_on_policy_leasing_stops_at_one_steps_worth_until_the_next_version
         await client.aclose()
 
 
-async def test_async_leasing_runs_ahead_of_training_by_k_plus_one_steps(make_harness: MakeHarness) -> None:
+@pytest.mark.parametrize(("steps_ahead", "window"), [(None, 6), (1, 2)])
+async def test_async_leasing_runs_ahead_of_training_by_k_plus_one_steps(
+    make_harness: MakeHarness, steps_ahead: int | None, window: int
+) -> None:
     harness = make_harness(
         scheduling__async_level=2,
         scheduling__max_leases_per_node=16,
         orchestrator__enabled=True,
         orchestrator__groups_per_step=2,
+        orchestrator__steps_ahead=steps_ahead,
     )
     worker, validator = await harness.worker(), await harness.validator()
     coordinator = harness.client(harness.coordinator)
     leased = (await worker.lease(LeaseRequest(max_tasks=10))).tasks
-    assert len(leased) == 6  # (k + 1) steps' worth, whatever the trainer does meanwhile
+    # (k + 1) steps' worth, whatever the trainer does meanwhile; steps_ahead = 1: the next step's worth only
+    assert len(leased) == window
     answers = [await worker.submit(submission_for(task)) for task in leased[:2]]
     await validator.pending(limit=256)
     for answer in answers:
@@ -160,6 +165,6 @@ async def test_async_leasing_runs_ahead_of_training_by_k_plus_one_steps(make_har
     # Versions moving past what the leases were for free their places too.
     for version in (1, 2, 3):
         await coordinator.publish(signed_manifest(harness.coordinator, version))
-    assert len((await worker.lease(LeaseRequest(max_tasks=10))).tasks) == 6
+    assert len((await worker.lease(LeaseRequest(max_tasks=10))).tasks) == window
     for client in (worker, validator, coordinator):
         await client.aclose()
