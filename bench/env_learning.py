@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.runs import run_coordinator
+from bench.runs import evaluate, run_coordinator
 from runtime.ports import free_port
 
 DATASET = "spell_backward"
@@ -58,22 +58,6 @@ def sft(out_dir: Path, seed: int, steps: int) -> Path:
         eval_examples=0,
     )
     return run_sft(config)
-
-
-def eval_reward(model: Path, num_examples: int, seed: int) -> dict[str, Any]:
-    from engines.base import GenerationRequest
-    from engines.hf import HFEngine
-    from environments.loader import load_environment
-    from trainer.config import EvalConfig
-    from trainer.model import load_tokenizer
-    from trainer.rollout import RolloutSampler
-
-    config = EvalConfig(model=str(model), environment=ENVIRONMENT, num_examples=num_examples, max_tokens=MAX_TOKENS)
-    environment = load_environment(config.environment)
-    sampler = RolloutSampler(
-        HFEngine(model, max_batch_size=64), GenerationRequest, environment, load_tokenizer(str(model)), 1.0, MAX_TOKENS
-    )
-    return sampler.evaluate(num_examples, 1, seed).as_dict()
 
 
 def rl(root: Path, start: Path, seed: int, steps: int, quick: bool, lr: float) -> Path:
@@ -148,10 +132,10 @@ def main() -> None:
         started = time.monotonic()
         log(f"seed {seed}: SFT {args.sft_steps} steps")
         start = sft(seed_dir / "sft", seed, args.sft_steps)
-        first = eval_reward(start, num_eval, seed)
+        first = evaluate(start, ENVIRONMENT, num_eval, 1, MAX_TOKENS, seed)
         log(f"seed {seed}: start eval reward {first['reward_mean']:.3f}; RL {steps} steps through the network")
         final = rl(seed_dir, start, seed, steps, args.quick, args.lr)
-        last = eval_reward(final, num_eval, seed)
+        last = evaluate(final, ENVIRONMENT, num_eval, 1, MAX_TOKENS, seed)
         log(f"seed {seed}: final eval reward {last['reward_mean']:.3f}")
         runs.append(
             {

@@ -42,7 +42,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.runs import REPO_ROOT, run_coordinator
+from bench.runs import REPO_ROOT, evaluate, run_coordinator
 from runtime.ports import free_port
 
 START = "builtin:small-qwen3-sort-start"
@@ -73,24 +73,6 @@ def ensure_trl_venv(venv: Path) -> Path:
     packages = [pinned("torch"), pinned("transformers"), *TRL_REQUIREMENTS]
     subprocess.run([str(python), "-m", "pip", "install", "-q", *packages], check=True, stdout=sys.stderr)
     return python
-
-
-def evaluate(model: Path, num_examples: int, num_samples: int, max_tokens: int) -> dict[str, Any]:
-    """Sampled (T = 1) exact-answer accuracy of ``model`` on the task's held-out split (fixed noise seed)."""
-    from engines.base import GenerationRequest
-    from engines.hf import HFEngine
-    from environments.config import BuiltinEnvConfig
-    from environments.loader import load_environment
-    from trainer.model import load_tokenizer
-    from trainer.rollout import RolloutSampler
-
-    environment = load_environment(BuiltinEnvConfig.model_validate(ENVIRONMENT))
-    engine = HFEngine(model, max_batch_size=512)
-    try:
-        sampler = RolloutSampler(engine, GenerationRequest, environment, load_tokenizer(str(model)), 1.0, max_tokens)
-        return sampler.evaluate(num_examples, num_samples, seed=0).as_dict()
-    finally:
-        engine.close()
 
 
 def network_config(root: Path, start: Path, seed: int, args: argparse.Namespace, level: int) -> dict[str, Any]:
@@ -249,7 +231,11 @@ def main() -> None:
     shutil.rmtree(root, ignore_errors=True)
     python = None if args.skip_trl else ensure_trl_venv(args.bench_venv)
     start = resolve_model_path(START)
-    first = evaluate(start, num_eval, args.eval_samples, args.max_tokens)
+
+    def score(model: Path) -> dict[str, Any]:
+        return evaluate(model, ENVIRONMENT, num_eval, args.eval_samples, args.max_tokens)
+
+    first = score(start)
     log(f"start: accuracy {first['accuracy']:.3f}, stop fraction {first['stop_fraction']:.3f}")
     runs: list[dict[str, Any]] = []
     for seed in seeds:
@@ -257,13 +243,13 @@ def main() -> None:
         for level in (1, 0):
             log(f"seed {seed}: {args.steps} steps through the network at async level {level}")
             network = run_network(root / f"seed{seed}" / f"level{level}", start, seed, args, level)
-            network["eval"] = evaluate(Path(network["final_policy"]), num_eval, args.eval_samples, args.max_tokens)
+            network["eval"] = score(Path(network["final_policy"]))
             log(f"seed {seed}, level {level}: accuracy {network['eval']['accuracy']:.3f}")
             run[f"network_level{level}"] = network
         if python is not None:
             log(f"seed {seed}: {args.steps} steps of TRL's GRPOTrainer")
             trl = run_trl(root / f"seed{seed}" / "trl", python, start, seed, args)
-            trl["eval"] = evaluate(Path(trl["final_policy"]), num_eval, args.eval_samples, args.max_tokens)
+            trl["eval"] = score(Path(trl["final_policy"]))
             log(f"seed {seed}, TRL: accuracy {trl['eval']['accuracy']:.3f}")
             run["trl"] = trl
         runs.append(run)

@@ -2,7 +2,8 @@
 
 The learning benches (``env_learning``, ``learning_vs_trl``) train through the real network this way: the
 coordinator starts its local network (workers, validator, relay) and trainer as children and exits when
-the run's steps are done; its output goes to ``coordinator.log`` beside the config.
+the run's steps are done; its output goes to ``coordinator.log`` beside the config. Both score a policy
+with :func:`evaluate`.
 """
 
 from __future__ import annotations
@@ -18,6 +19,30 @@ import tomli_w
 REPO_ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 RUN_TIMEOUT_S = 7200
+
+
+def evaluate(
+    model: Path, environment: dict[str, Any], num_examples: int, num_samples: int, max_tokens: int, seed: int = 0
+) -> dict[str, Any]:
+    """Sampled (T = 1) figures of ``model`` on the held-out split of ``environment`` (a ``[environment]`` table):
+    accuracy, reward, stop fraction, completion length; the HF engine, closed after."""
+    from engines.base import GenerationRequest
+    from engines.hf import HFEngine
+    from environments.loader import load_environment
+    from trainer.config import EvalConfig
+    from trainer.model import load_tokenizer
+    from trainer.rollout import RolloutSampler
+
+    config = EvalConfig(model=str(model), environment=environment, num_examples=num_examples, max_tokens=max_tokens)
+    engine = HFEngine(model, max_batch_size=512)
+    try:
+        tokenizer = load_tokenizer(str(model))
+        sampler = RolloutSampler(
+            engine, GenerationRequest, load_environment(config.environment), tokenizer, 1.0, max_tokens
+        )
+        return sampler.evaluate(num_examples, num_samples, seed=seed).as_dict()
+    finally:
+        engine.close()
 
 
 def run_coordinator(root: Path, config: dict[str, Any], what: str) -> None:
