@@ -15,7 +15,16 @@ from coordinator.config import CoordinatorConfig
 from environments.builtin import builtin_environment
 
 ARGS = argparse.Namespace(
-    prompts_per_task=4, groups_per_step=8, group_size=8, max_tokens=16, steps=20, lr=5e-4, warmup_steps=5
+    prompts_per_task=4,
+    groups_per_step=8,
+    group_size=8,
+    max_tokens=16,
+    steps=20,
+    lr=5e-4,
+    warmup_steps=5,
+    steps_ahead=1,
+    trainer_ranks=2,
+    audit_fraction=1.0,
 )
 
 
@@ -29,6 +38,8 @@ def test_the_network_runs_are_runs_of_the_same_task_and_settings(tmp_path: Path)
         assert config.orchestrator.trainer.optimizer.warmup_steps == 5
         assert config.orchestrator.trainer.seed == 2
         assert config.local_network.engines == ["vllm", "hf"]
+        assert config.orchestrator.steps_ahead == 1 and config.orchestrator.trainer_launch.nproc == 2
+        assert config.validation.audit_fraction == 1.0
 
 
 def test_the_trl_reward_reads_the_answer_as_the_environment_does() -> None:
