@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.runs import REPO_ROOT, evaluate, run_coordinator
+from bench.venvs import reference_venv
 from runtime.ports import free_port
 
 START = "builtin:small-qwen3-sort-start"
@@ -62,17 +63,10 @@ def pinned(package: str) -> str:
     return f"{package}=={version(package)}"
 
 
-def ensure_trl_venv(venv: Path) -> Path:
+def trl_venv(venv: Path) -> Path:
     """The bench venv with TRL, on the same torch and transformers as the project (created on first use)."""
-    python = venv / "bin" / "python"
-    probe = [str(python), "-c", f"import trl; assert trl.__version__ == '{TRL_VERSION}'"]
-    if python.exists() and subprocess.run(probe, capture_output=True, cwd=venv).returncode == 0:
-        return python
-    log(f"creating {venv} with trl=={TRL_VERSION} (once)")
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     packages = [pinned("torch"), pinned("transformers"), *TRL_REQUIREMENTS]
-    subprocess.run([str(python), "-m", "pip", "install", "-q", *packages], check=True, stdout=sys.stderr)
-    return python
+    return reference_venv(venv, "trl", TRL_VERSION, packages, log)
 
 
 def network_config(root: Path, start: Path, seed: int, args: argparse.Namespace, level: int) -> dict[str, Any]:
@@ -229,7 +223,7 @@ def main() -> None:
 
     root = args.dir.resolve()
     shutil.rmtree(root, ignore_errors=True)
-    python = None if args.skip_trl else ensure_trl_venv(args.bench_venv)
+    python = None if args.skip_trl else trl_venv(args.bench_venv)
     start = resolve_model_path(START)
 
     def score(model: Path) -> dict[str, Any]:

@@ -47,6 +47,7 @@ from typing import Any
 
 import blake3
 
+from bench.venvs import reference_venv
 from runtime.ports import free_port
 from shardcast.manifest import hash_file
 
@@ -353,23 +354,6 @@ def run_curl(work: Path, relay_urls: list[str], version: int, num_clients: int, 
     return {"clients_s": round(seconds, 3), "all_ok": sizes_ok and codes == [0] * num_clients}
 
 
-def ensure_reference_venv(venv: Path) -> Path:
-    """The benchmark venv with shardcast==0.3.2 (its import name clashes with ours, so never in .venv)."""
-    python = venv / "bin" / "python"
-    probe = [str(python), "-c", f"import shardcast; assert shardcast.__version__ == '{REFERENCE_VERSION}'"]
-    # run outside the repository: from its root, `import shardcast` would find ours
-    if python.exists() and subprocess.run(probe, capture_output=True, cwd=venv).returncode == 0:
-        return python
-    log(f"creating {venv} with shardcast=={REFERENCE_VERSION}")
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    subprocess.run(
-        [str(python), "-m", "pip", "install", "-q", f"shardcast=={REFERENCE_VERSION}"],
-        check=True,
-        stdout=sys.stderr,
-    )
-    return python
-
-
 def run_reference(work: Path, python: Path, checkpoint_file: Path, shard_size: int, num_clients: int) -> dict[str, Any]:
     if shutil.which("wget") is None:
         return {"error": "wget is not installed (the reference client shells out to it)"}
@@ -533,7 +517,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         log(f"writing a {size_mib} MiB checkpoint")
         checkpoint_dir = scratch / "checkpoint"
         checkpoint_file = make_checkpoint(checkpoint_dir, size_bytes)
-        python = None if args.skip_reference else ensure_reference_venv(args.bench_venv)
+        python = (
+            None
+            if args.skip_reference
+            else reference_venv(
+                args.bench_venv, "shardcast", REFERENCE_VERSION, [f"shardcast=={REFERENCE_VERSION}"], log
+            )
+        )
         for number in range(args.repeat):
             # alternate who goes first, so neither always meets the machine in the same state
             order = ["ours", "reference"] if number % 2 == 0 else ["reference", "ours"]
