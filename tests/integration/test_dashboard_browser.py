@@ -30,7 +30,6 @@ from typing import Any
 
 import httpx
 import pytest
-import tomli_w
 from selenium.webdriver.chrome.webdriver import WebDriver
 from selenium.webdriver.support.ui import WebDriverWait
 
@@ -44,6 +43,7 @@ from runtime.ports import free_port
 from tests.integration.network import Network, running_network, tiny_policy
 from tests.support.chromium import INSTALL_HINT, headless_chromium, missing_browser, panel_overlaps, set_viewport
 from tests.support.coordinator_process import CoordinatorProcess
+from tests.support.run_configs import write_small_run
 from tests.support.shardcast_nodes import wait_until
 from trainer.resolve import resolve_model_path
 
@@ -208,25 +208,8 @@ def test_dashboard_shows_the_live_worker_and_the_runs_rewards(tmp_path: Path, br
 
 def training_config(root: Path, port: int) -> Path:
     """A short RL run on a local network (one HF worker, one validator, a relay, the torchrun trainer)."""
-    config = {
-        "run_name": "dashboard-history-test",
-        "data_dir": str(root / "run"),
-        "environment": {"type": "builtin", "name": "reverse_text"},
-        "api": {"host": "127.0.0.1", "port": port, "node_burst": 10000, "ip_burst": 10000},
-        "scheduling": {"async_level": 1, "prompts_per_task": 2, "group_size": 4, "max_tokens": 8},
-        "trust": {"validators_open": True},
-        "policy": {"start_checkpoint": str(tiny_policy(root / "start", seed=7)), "shard_size_bytes": 16384},
-        "orchestrator": {
-            "enabled": True,
-            "num_steps": TRAINING_STEPS,
-            "groups_per_step": 1,
-            "trainer_launch": {"nproc": 1},
-        },
-        "local_network": {"enabled": True, "engines": ["hf"], "num_validators": 1},
-    }
-    path = root / "run.toml"
-    path.write_text(tomli_w.dumps(config))
-    return path
+    start = tiny_policy(root / "start", seed=7)
+    return write_small_run(root, port, "dashboard-history-test", start, TRAINING_STEPS)
 
 
 def run_status(url: str) -> RunStatus | None:

@@ -25,11 +25,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import tomli_w
 
 from runtime.ports import free_port
 from tests.integration.network import tiny_policy
 from tests.support.coordinator_process import CoordinatorProcess
+from tests.support.run_configs import write_small_run
 
 pytestmark = pytest.mark.slow
 
@@ -41,28 +41,17 @@ WANDB_FULL, WANDB_LAST = 1, 4
 
 
 def write_config(root: Path, port: int, start_checkpoint: Path) -> Path:
-    config = {
-        "run_name": "run-history-test",
-        "data_dir": str(root / "run"),
-        "environment": {"type": "builtin", "name": "reverse_text"},
-        "api": {"host": "127.0.0.1", "port": port, "node_burst": 10000, "ip_burst": 10000},
-        "scheduling": {"async_level": 1, "prompts_per_task": 2, "group_size": 4, "max_tokens": 8},
-        "trust": {"validators_open": True},
-        "policy": {"start_checkpoint": str(start_checkpoint), "shard_size_bytes": 16384},
-        "orchestrator": {
-            "enabled": True,
-            "num_steps": NUM_STEPS,
-            "groups_per_step": 1,
-            "trainer_launch": {"nproc": 1},
-            "eval_every_steps": 1,
-            "eval_num_examples": 4,
-            "tracking": {"tensorboard": True, "wandb": {"mode": "offline", "project": "prime-network-test"}},
-        },
-        "local_network": {"enabled": True, "engines": ["hf"], "num_validators": 1},
-    }
-    path = root / "run.toml"
-    path.write_text(tomli_w.dumps(config))
-    return path
+    tracking = {"tensorboard": True, "wandb": {"mode": "offline", "project": "prime-network-test"}}
+    return write_small_run(
+        root,
+        port,
+        "run-history-test",
+        start_checkpoint,
+        NUM_STEPS,
+        eval_every_steps=1,
+        eval_num_examples=4,
+        tracking=tracking,
+    )
 
 
 def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:

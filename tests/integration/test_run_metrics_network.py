@@ -21,11 +21,11 @@ from typing import Any
 
 import httpx
 import pytest
-import tomli_w
 
 from runtime.ports import free_port
 from tests.integration.network import SPEC, ledger_rows, tiny_policy
 from tests.support.coordinator_process import CoordinatorProcess
+from tests.support.run_configs import write_small_run
 
 pytestmark = pytest.mark.slow
 
@@ -53,28 +53,17 @@ def never_ending_policy(path: Path) -> Path:
 
 
 def write_config(root: Path, port: int, start_checkpoint: Path) -> Path:
-    config = {
-        "run_name": "run-metrics-test",
-        "data_dir": str(root / "run"),
-        "environment": {"type": "builtin", "name": "reverse_text"},
-        "api": {"host": "127.0.0.1", "port": port, "node_burst": 10000, "ip_burst": 10000},
-        "scheduling": {"async_level": 1, "prompts_per_task": 2, "group_size": 4, "max_tokens": MAX_TOKENS},
-        "trust": {"validators_open": True},
-        "policy": {"start_checkpoint": str(start_checkpoint), "shard_size_bytes": 16384},
-        "orchestrator": {
-            "enabled": True,
-            "num_steps": NUM_STEPS,
-            "groups_per_step": 1,
-            "trainer_launch": {"nproc": 1},
-            "progress_interval_s": 1,
-            "eval_every_steps": EVAL_EVERY_STEPS,
-            "eval_num_examples": EVAL_NUM_EXAMPLES,
-        },
-        "local_network": {"enabled": True, "engines": ["hf"], "num_validators": 1},
-    }
-    path = root / "run.toml"
-    path.write_text(tomli_w.dumps(config))
-    return path
+    return write_small_run(
+        root,
+        port,
+        "run-metrics-test",
+        start_checkpoint,
+        NUM_STEPS,
+        MAX_TOKENS,
+        progress_interval_s=1,
+        eval_every_steps=EVAL_EVERY_STEPS,
+        eval_num_examples=EVAL_NUM_EXAMPLES,
+    )
 
 
 def gauges(url: str) -> dict[str, float]:
