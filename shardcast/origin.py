@@ -343,6 +343,9 @@ class OriginSource:
             self._manifests[version] = cached
         return cached
 
+    def health_problems(self) -> list[str]:
+        return []  # the origin serves what was published; a publish fault is the publisher's error
+
     def versions_response(self) -> VersionsResponse:
         infos = []
         for version in self.store.versions():

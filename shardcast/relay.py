@@ -184,6 +184,8 @@ class RelayMirror:
         self.local_fault: str | None = None
         """The last local fault (disk full, read-only...), while mirroring waits for it to be fixed."""
         self._local_fault_until = 0.0
+        self.refusal: str | None = None
+        """Why the last manifest offered was refused, until a manifest is accepted again."""
         self.wake = asyncio.Event()
         """Set to poll the upstreams now rather than at the next interval."""
 
@@ -201,6 +203,15 @@ class RelayMirror:
         ]
         latest = max(self.versions) if self.versions else None
         return VersionsResponse(role="relay", latest=latest, versions=infos)
+
+    def health_problems(self) -> list[str]:
+        """A refused manifest (a wrong coordinator id, a forger upstream) and a local fault, one line each."""
+        problems = []
+        if self.refusal is not None:
+            problems.append(self.refusal)
+        if self.local_fault is not None:
+            problems.append(f"mirroring paused by a local fault: {self.local_fault}")
+        return problems
 
     def _held(self, version: int) -> MirroredVersion:
         mirrored = self.versions.get(version)
@@ -325,6 +336,7 @@ class RelayMirror:
             return
         mirrored = MirroredVersion(raw, signed.manifest, [False] * len(signed.manifest.shards))
         self.versions[version] = mirrored
+        self.refusal = None
         log.info("version %d: manifest verified; mirroring %d shards", version, len(mirrored.ready))
         self._ensure_mirroring(mirrored)
         self._update_gauges()
@@ -384,6 +396,7 @@ class RelayMirror:
 
     def _on_event(self, event: dict[str, Any]) -> None:
         if event["event"] == "manifest_refused":
+            self.refusal = f"refusing manifests: version {event['version']} from {event['source']}: {event['reason']}"
             self.metrics.manifests_rejected.inc()
             log.warning("refused manifest %d from %s: %s", event["version"], event["source"], event["reason"])
         if event["event"] in ("shard_failed", "shard_retry"):

@@ -2,7 +2,7 @@
 
 Routes (all GET, shards also HEAD)::
 
-    /healthz                    liveness and what is held
+    /healthz                    liveness, what is held, and why a relay is stuck (status "degraded")
     /metrics                    Prometheus text
     /versions                   VersionsResponse: latest version and the list (a hint, unsigned)
     /v/{N}/manifest.json        the signed manifest, byte for byte as the coordinator signed it
@@ -74,6 +74,10 @@ class ShardSource(Protocol):
     metrics: ShardcastMetrics
 
     def versions_response(self) -> VersionsResponse: ...
+
+    def health_problems(self) -> list[str]:
+        """Why this source cannot do its job right now, one line each; empty when it can."""
+        ...
 
     def manifest_bytes(self, version: int) -> bytes:
         """The signed manifest as stored; NotFoundError if the version is not held."""
@@ -173,7 +177,12 @@ def create_app(source: ShardSource) -> Starlette:
 
     async def healthz(request: Request) -> Response:
         listing = source.versions_response()
-        return JSONResponse({"status": "ok", "role": source.role, "latest": listing.latest})
+        problems = source.health_problems()
+        body: dict[str, object] = {"status": "degraded" if problems else "ok", "role": source.role}
+        body["latest"] = listing.latest
+        if problems:
+            body["problems"] = problems
+        return JSONResponse(body)
 
     async def metrics_route(request: Request) -> Response:
         return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")

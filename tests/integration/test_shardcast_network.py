@@ -154,6 +154,11 @@ def test_manifest_not_signed_by_the_coordinator_is_refused(
     _, forger = origin_with_version_1(tmp_path, nodes, impostor)
     relay, _ = nodes.relay([forger], coordinator.node_id)
     wait_until(lambda: metric(relay, "shardcast_manifests_rejected_total") >= 1, 30, "the relay to refuse it")
+    health = get_json(f"{relay}/healthz")
+    assert health["status"] == "degraded"  # the relay says why it serves nothing, for a probe or a person
+    [problem] = health["problems"]
+    assert problem.startswith(f"refusing manifests: version 1 from {forger}")
+    assert impostor.node_id in problem and coordinator.node_id in problem
     assert get_json(f"{relay}/versions")["versions"] == []
     assert httpx.get(f"{relay}/v/1/manifest.json", timeout=5).status_code == 404
     fetch = nodes.fetch(1, [forger], coordinator.node_id, tmp_path / "client")
