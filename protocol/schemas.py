@@ -428,6 +428,14 @@ class RunStatus(WireModel):
     step_truncated_fraction: float | None = Field(
         default=None, description="Fraction of the newest trained step's rollouts cut at max_tokens without EOS."
     )
+    step_loss: float | None = Field(default=None, description="The trainer's loss in the newest trained step.")
+    step_entropy: float | None = Field(default=None, description="Mean policy entropy in the newest trained step.")
+    step_mismatch_kl: float | None = Field(
+        default=None, description="KL between sampling and training logprobs in the newest trained step."
+    )
+    step_grad_norm: float | None = Field(
+        default=None, description="Gradient norm (before clipping) in the newest trained step."
+    )
     eval_step: int | None = Field(default=None, description="The newest trained step whose policy was evaluated.")
     eval_accuracy: float | None = Field(default=None, description="Its eval: fraction of exactly right answers.")
     eval_reward_mean: float | None = Field(default=None, description="Its eval: mean reward.")
@@ -619,6 +627,12 @@ class DashboardTrainStep(WireModel):
     truncated_fraction: float | None = Field(
         default=None, description="Fraction of the rollouts cut at max_tokens without EOS."
     )
+    loss: float | None = Field(default=None, description="The trainer's loss on the step's batch.")
+    entropy: float | None = Field(default=None, description="Mean entropy of the policy over the loss tokens.")
+    mismatch_kl: float | None = Field(
+        default=None, description="KL between the workers' sampling logprobs and the trainer's, per loss token."
+    )
+    grad_norm: float | None = Field(default=None, description="Gradient norm before clipping.")
 
 
 class DashboardEval(WireModel):

@@ -2,8 +2,8 @@
 
 Request counts and latencies are recorded by the API middleware (:mod:`runtime.http_metrics`);
 run-level gauges (policy version, live nodes, open tasks, submissions by status, how the newest
-step's rollouts ended, the newest eval of a policy) are read from the ledger when Prometheus
-scrapes, so they are right after a restart and across replicas.
+step's rollouts ended and what the trainer measured on it, the newest eval of a policy) are read from
+the ledger when Prometheus scrapes, so they are right after a restart and across replicas.
 """
 
 from __future__ import annotations
@@ -61,6 +61,16 @@ class _RunCollector(Collector):
             "prime_train_step_truncated_fraction": (
                 "Fraction of the newest trained step's rollouts cut at max_tokens without EOS.",
                 status.step_truncated_fraction,
+            ),
+            "prime_train_step_loss": ("The trainer's loss in the newest trained step.", status.step_loss),
+            "prime_train_step_entropy": ("Mean policy entropy in the newest trained step.", status.step_entropy),
+            "prime_train_step_mismatch_kl": (
+                "KL between the workers' sampling and the trainer's logprobs in the newest trained step.",
+                status.step_mismatch_kl,
+            ),
+            "prime_train_step_grad_norm": (
+                "Gradient norm before clipping in the newest trained step.",
+                status.step_grad_norm,
             ),
             "prime_train_eval_step": ("The newest step whose policy was evaluated.", status.eval_step),
             "prime_train_eval_accuracy": ("Exact-answer accuracy of the newest eval.", status.eval_accuracy),

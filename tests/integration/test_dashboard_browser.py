@@ -189,7 +189,7 @@ def test_dashboard_shows_the_live_worker_and_the_runs_rewards(tmp_path: Path, br
         assert text_of(browser, "#relays img, #relays b") is None  # shown as text, never parsed as markup
         assert text_of(browser, "#stat-relays") == "1 of 2"
         assert text_of(browser, "#step-chart text.no-data") == "no training steps yet"
-        for chart in ("length", "finish"):
+        for chart in ("length", "finish", "loss", "entropy", "kl"):
             assert text_of(browser, f"#{chart}-chart text.no-data") == "no training steps yet"
         assert text_of(browser, "#component-chart text.no-data") == "no named rewards yet"
         assert text_of(browser, "#eval-chart text.no-data") == "no eval yet (orchestrator.eval_every_steps)"
@@ -254,6 +254,8 @@ def test_a_page_opened_late_shows_the_whole_training_run(tmp_path: Path, browser
         times = tokens_chart_times(browser)
         assert len([at for at in times if at < opened_at]) >= 2, (times, opened_at)
         assert text_of(browser, "#step-chart circle.point") is not None  # the steps trained before the page
+        for chart in ("loss", "entropy", "kl"):  # the trainer's own figures per step
+            assert text_of(browser, f"#{chart}-chart circle.point") is not None, chart
 
         for width in LAYOUT_WIDTHS:
             set_viewport(browser, width, 1200)

@@ -139,5 +139,9 @@ def test_a_run_that_never_stops_a_completion_shows_it_in_every_place(tmp_path: P
     assert seen_gauges.get("prime_train_step_stop_fraction") == 0.0
     assert seen_gauges.get("prime_train_step_completion_tokens") == MAX_TOKENS
     assert seen_gauges.get("prime_train_eval_step", 0) >= 2
+    for gauge in ("loss", "entropy", "mismatch_kl", "grad_norm"):  # the trainer's own figures, as it reported them
+        assert f"prime_train_step_{gauge}" in seen_gauges, seen_gauges
+        assert seen_gauges[f"prime_train_step_{gauge}"] in {ledger[step][gauge] for step in ledger}, gauge
     assert [s["truncated_fraction"] for s in seen_training.get("steps", [])][:1] == [1.0], seen_training
+    assert all(s["entropy"] > 0 and s["grad_norm"] >= 0 for s in seen_training.get("steps", [])), seen_training
     assert 0 in [e["step"] for e in seen_training.get("evals", [])], seen_training

@@ -71,6 +71,10 @@ class TrainingHistory:
                         completion_tokens_mean=step_figure(metrics, "batch_completion_tokens_mean"),
                         stop_fraction=step_figure(metrics, "batch_stop_fraction"),
                         truncated_fraction=step_figure(metrics, "batch_truncated_fraction"),
+                        loss=step_figure(metrics, "loss"),
+                        entropy=step_figure(metrics, "entropy"),
+                        mismatch_kl=step_figure(metrics, "mismatch_kl"),
+                        grad_norm=step_figure(metrics, "grad_norm"),
                     )
                 )
         elif state == "published":

@@ -352,6 +352,10 @@ function drawRolloutCharts(data) {
   drawStepLines("component-chart", names.map((name, i) => [name, SERIES_CLASSES[i % SERIES_CLASSES.length],
     steps.filter((s) => s.rewards && name in s.rewards).map((s) => [s.step, s.rewards[name]])]), 2,
     "no named rewards yet");
+  drawStepLines("loss-chart", [["loss", "", known(steps, "loss")], ["grad norm", "alt", known(steps, "grad_norm")]],
+    3, "no training steps yet");
+  drawStepLines("entropy-chart", [["entropy", "", known(steps, "entropy")]], 3, "no training steps yet");
+  drawStepLines("kl-chart", [["mismatch KL", "", known(steps, "mismatch_kl")]], 4, "no training steps yet");
   drawStepLines("eval-chart", [["accuracy", "", known(evals, "accuracy")],
     ["reward", "alt", known(evals, "reward_mean")], ["stop", "c3", known(evals, "stop_fraction")]], 2,
     "no eval yet (orchestrator.eval_every_steps)");

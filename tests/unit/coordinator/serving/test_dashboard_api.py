@@ -238,7 +238,8 @@ async def test_rollout_endings_and_evals_show_on_the_dashboard_metrics_and_statu
             await judged(harness, worker, validator)
             assert steps.record_batch(step, groups_per_step=1, min_version=0) is not None
             summary = batch_summary(steps.groups(step), trained_version=step - 1)
-            steps.mark_trained(step, {"loss": 0.1, **{f"batch_{k}": v for k, v in summary.items()}})
+            trainer = {"loss": 0.1, "entropy": 1.5 - step / 10, "mismatch_kl": 0.002, "grad_norm": 0.75}
+            steps.mark_trained(step, {**trainer, **{f"batch_{k}": v for k, v in summary.items()}})
             steps.mark_published(step)
         steps.record_eval(1, {**figures, "eval_accuracy": 0.5, "eval_completion_tokens_mean": 6.0})
         training = Dashboard.model_validate_json((await http.get("/v1/dashboard")).content).training
@@ -248,6 +249,10 @@ async def test_rollout_endings_and_evals_show_on_the_dashboard_metrics_and_statu
     assert [(s.step, s.completion_tokens_mean, s.stop_fraction, s.truncated_fraction) for s in training.steps] == [
         (1, 3.0, 1.0, 0.0),
         (2, 3.0, 1.0, 0.0),
+    ]
+    assert [(s.loss, s.entropy, s.mismatch_kl, s.grad_norm) for s in training.steps] == [
+        (0.1, 1.4, 0.002, 0.75),
+        (0.1, 1.3, 0.002, 0.75),
     ]
     assert [(e.step, e.accuracy, e.reward_mean, e.completion_tokens_mean) for e in training.evals] == [
         (0, 0.25, 0.5, 4.0),
@@ -261,6 +266,10 @@ async def test_rollout_endings_and_evals_show_on_the_dashboard_metrics_and_statu
         "prime_train_step_completion_tokens 3.0",
         "prime_train_step_stop_fraction 1.0",
         "prime_train_step_truncated_fraction 0.0",
+        "prime_train_step_loss 0.1",
+        "prime_train_step_entropy 1.3",
+        "prime_train_step_mismatch_kl 0.002",
+        "prime_train_step_grad_norm 0.75",
         "prime_train_eval_step 1.0",
         "prime_train_eval_accuracy 0.5",
         "prime_train_eval_reward 0.5",
