@@ -306,8 +306,8 @@ class OrchestratorConfig(Section):
     poll_interval_s: float = Field(default=0.5, gt=0)
     """How often the loop looks at the ledger and the trainer's files while it waits."""
     progress_interval_s: float = Field(default=5.0, gt=0)
-    """How often a progress line (step, reward, accepted/rejected, tokens/s, staleness, the batch's mean length
-    and stop/truncated fractions, the newest eval) is printed."""
+    """How often a progress line (step, live workers and validators, reward, accepted/rejected, tokens/s,
+    staleness, the batch's mean length and stop/truncated fractions, the newest eval) is printed."""
     exit_when_done: bool = True
     """Stop the coordinator (and its local network) once `num_steps` are trained and published."""
     end_grace_s: float = Field(default=30.0, ge=0, le=3600)

@@ -68,8 +68,8 @@ def rollout_fields(last: dict[str, Any], newest_eval: tuple[int, dict[str, Any]]
 def progress_line(
     config: CoordinatorConfig, ledger: Ledger, elapsed_s: float, newest_eval: tuple[int, dict[str, Any]] | None = None
 ) -> str:
-    """Step, last batch reward, accepted/rejected, generation tokens/s, batch staleness, how the last batch's
-    rollouts ended and the newest eval (when known), on one line."""
+    """Step, live workers and validators, last batch reward, accepted/rejected, generation tokens/s, batch
+    staleness, how the last batch's rollouts ended and the newest eval (when known), on one line."""
     status = ledger.status()
     live_after = time.time() - config.scheduling.worker_live_s
     with ledger.db.read() as conn:
@@ -84,6 +84,7 @@ def progress_line(
     return (
         f"{elapsed_s:6.0f}s  step {num_trained}/{config.orchestrator.num_steps}"
         f"  policy v{status.current_policy_version}"
+        f"  workers {status.num_workers_live}  validators {status.num_validators_live}"
         f"  reward {reward}  accepted {status.num_submissions_accepted}  rejected {status.num_submissions_rejected}"
         f"  pending {status.num_submissions_pending}  tokens/s {tokens_per_s:.0f}  staleness {staleness}"
         f"  {rollout_fields(last, newest_eval)}"
@@ -287,6 +288,11 @@ class RunThread(threading.Thread):
         while self.network is not None and self.network.nodes_running() and time.monotonic() < deadline:
             if self.stop_event.wait(0.2):
                 break
+        for name, code in (self.network.node_exit_codes() if self.network is not None else {}).items():
+            if code is None:
+                log.info("local %s is still running after the end grace: stopping it", name)
+            else:
+                log.info("local %s exited by itself with code %d", name, code)
 
     def _idle(self) -> None:
         while not self.stop_event.wait(self.config.orchestrator.poll_interval_s):

@@ -44,7 +44,11 @@ class Processes:
 
     def nodes_running(self) -> list[str]:
         """The workers and validators still running (the relay serves until stopped, so it is not counted)."""
-        return [name for name, child in self.children.items() if name != "relay" and child.running]
+        return [name for name, code in self.node_exit_codes().items() if code is None]
+
+    def node_exit_codes(self) -> dict[str, int | None]:
+        """Each worker's and validator's exit code, None while it runs."""
+        return {name: child.returncode for name, child in self.children.items() if name != "relay"}
 
 
 def start_local_network(

@@ -216,10 +216,12 @@ def test_reduced_demo_network_trains_steps_from_accepted_rollouts(tmp_path: Path
     assert rc == 0, (tmp_path / "coordinator.log").read_text()[-4000:]
     assert seen_in_metrics >= 1, "/metrics never showed a completed step"
     check_completed_run(tmp_path, stdout)
-    # the run's end reached its nodes: the worker and the validator stopped by themselves, saying why
+    # the run's end reached its nodes: the worker and the validator stopped by themselves, saying why, with 0
+    coordinator_log = (tmp_path / "coordinator.log").read_text()
     for name in ("worker-hf", "validator"):
         child_log = (tmp_path / "run" / "network" / f"{name}.log").read_text()
         assert f"has ended: its {NUM_STEPS} steps are trained" in child_log and "stopping" in child_log, name
+        assert f"local {name} exited by itself with code 0" in coordinator_log, name
         assert "Traceback" not in child_log, child_log[-3000:]
 
     # The same command on a finished run reprints its curve and exits, starting nothing.

@@ -109,18 +109,23 @@ def test_one_coordinator_per_run_and_starting_over(tmp_path: Path, ledger_url: s
         again.stop()
 
 
+NODE_COMMANDS = {
+    "prime-worker": ["join", "--coordinator", "http://127.0.0.1:9", "--gpu", "none"],
+    "prime-validator": ["run", "--coordinator", "http://127.0.0.1:9"],
+}
+
+
 @pytest.mark.slow
-def test_a_second_worker_on_one_data_dir_is_refused(tmp_path: Path) -> None:
-    data_dir = tmp_path / "worker"
+@pytest.mark.parametrize("command", sorted(NODE_COMMANDS))
+def test_a_second_node_on_one_data_dir_is_refused(tmp_path: Path, command: str) -> None:
+    data_dir = tmp_path / "node"
     data_dir.mkdir()
     from runtime.data_dir_lock import hold_data_dir
 
-    with hold_data_dir(data_dir, "prime-worker"):
+    with hold_data_dir(data_dir, command):
         # the real command, against no coordinator at all: the lock is checked before anything is contacted
-        command = [str(BIN / "prime-worker"), "join", "--coordinator", "http://127.0.0.1:9", "--gpu", "none"]
-        result = subprocess.run(
-            [*command, "--data-dir", str(data_dir)], capture_output=True, text=True, env=ENV, timeout=120
-        )
+        argv = [str(BIN / command), *NODE_COMMANDS[command], "--data-dir", str(data_dir)]
+        result = subprocess.run(argv, capture_output=True, text=True, env=ENV, timeout=120)
     assert result.returncode != 0
-    assert f"the data dir {data_dir} is in use by prime-worker (pid {os.getpid()}" in result.stderr
+    assert f"the data dir {data_dir} is in use by {command} (pid {os.getpid()}" in result.stderr
     assert "--data-dir" in result.stderr

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
-from coordinator.loop.runner import reward_curve, rollout_fields
+import re
+
+import pytest
+
+from coordinator.loop.runner import progress_line, reward_curve, rollout_fields
 from coordinator.loop.train_steps import StepRecord
+from tests.unit.coordinator.conftest import LedgerHarness
 
 
 def test_progress_shows_length_stop_truncation_and_the_newest_eval() -> None:
@@ -31,3 +36,15 @@ def test_the_reward_curve_has_length_stop_and_eval_columns() -> None:
     assert header.split()[-4:] == ["length", "stop", "eval", "acc"]
     assert one.split()[-3:] == ["12.0", "0.25", "-"]
     assert two.split()[-3:] == ["12.0", "0.25", "0.375"]
+
+
+@pytest.mark.anyio
+async def test_the_progress_line_counts_the_live_workers_and_validators(harness: LedgerHarness) -> None:
+    # waiting for a first batch, an operator sees whether anyone has joined
+    assert "step 0/" in progress_line(harness.config, harness.ledger, 3.0)
+    assert "  workers 0  validators 0  " in progress_line(harness.config, harness.ledger, 3.0)
+    clients = [await harness.worker(), await harness.worker(), await harness.validator()]
+    line = progress_line(harness.config, harness.ledger, 4.0)
+    assert re.search(r"policy v0  workers 2  validators 1  reward -  accepted 0", line), line
+    for client in clients:
+        await client.aclose()
