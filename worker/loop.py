@@ -56,6 +56,9 @@ MIN_LEASE_INTERVAL_S = 0.2
 VERSION_WAIT_S = 120.0
 """How long a leased task waits for its policy version to reach a relay (or verify) before it is handed back."""
 HANDED_BACK_PAUSE_S = 5.0
+STOP_LEASE_GRACE_S = 1.0
+"""Stopped while asking for a lease: how long the answer may still take. A lease the ledger granted as the node
+stopped is handed back at once rather than held until it expires."""
 """Pause after handing a task back, so a version this node cannot get does not become a tight lease loop."""
 _VERSION_RETRY_MAX_S = 10.0
 
@@ -195,8 +198,11 @@ class TaskRunner:
                 self.state.work_available.clear()
                 asked = time.monotonic()
                 call = functools.partial(self.ledger.lease, request, self.long_poll_s)
-                leased = await unless_stopped(stop, with_retries("lease", call, stop))
-                if leased is None:  # stopped during a long-poll
+                asking = asyncio.ensure_future(with_retries("lease", call, stop))
+                leased = await unless_stopped(stop, asyncio.shield(asking))
+                if leased is None:  # stopped during a long-poll: abandon what the ledger granted meanwhile
+                    for task in await self._late_answer(asking):
+                        await self._abandon(task.lease_id)
                     break
                 if not leased.tasks:
                     # A long-poll that waited its time out says 0: ask again at once. A ledger that answered at
@@ -314,6 +320,17 @@ class TaskRunner:
                 deadline = (await self.ledger.renew(task.lease_id)).deadline
             except PrimeError as exc:
                 log.warning("could not renew lease %s: %s", task.lease_id, exc.message)
+
+    async def _late_answer(self, asking: asyncio.Future[Any]) -> list[Task]:
+        """The tasks of a lease call still in flight at the stop, if it answers within ``STOP_LEASE_GRACE_S``."""
+        done, _ = await asyncio.wait([asking], timeout=STOP_LEASE_GRACE_S)
+        if not done:
+            asking.cancel()
+            await asyncio.gather(asking, return_exceptions=True)
+            return []
+        if asking.cancelled() or asking.exception() is not None:
+            return []
+        return list(asking.result().tasks)
 
     async def _abandon(self, lease_id: str) -> None:
         try:
