@@ -127,6 +127,15 @@ def step_figure(step_metrics: object, key: str) -> float | None:
     return None
 
 
+TRAINER_FIGURES = ("loss", "entropy", "mismatch_kl", "grad_norm")
+"""What the trainer measures on a step's batch, among the step's metrics (the dashboard and /metrics show them)."""
+
+
+def trainer_figures(step_metrics: object) -> dict[str, float | None]:
+    """Each of :data:`TRAINER_FIGURES` of a step's metrics, read as :func:`step_figure` reads one."""
+    return {key: step_figure(step_metrics, key) for key in TRAINER_FIGURES}
+
+
 def named_reward_means(groups: list[AcceptedGroup]) -> dict[str, float]:
     """The mean of each named reward over the groups' rollouts that carry it."""
     values: dict[str, list[float]] = defaultdict(list)

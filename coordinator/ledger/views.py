@@ -14,7 +14,7 @@ from typing import Any
 from sqlalchemy import Connection, Row, func, select
 
 from coordinator.config import SchedulingConfig
-from coordinator.ledger.batches import EVAL_ACCURACY, named_rewards, step_figure
+from coordinator.ledger.batches import EVAL_ACCURACY, named_rewards, step_figure, trainer_figures
 from coordinator.ledger.storage.engine import Database
 from coordinator.ledger.storage.tables import events, nodes, policy_versions, run_state, submissions, tasks, train_steps
 from protocol.errors import NotFoundError
@@ -138,10 +138,7 @@ class LedgerViews:
             step_completion_tokens_mean=step_figure(step_metrics, "batch_completion_tokens_mean"),
             step_stop_fraction=step_figure(step_metrics, "batch_stop_fraction"),
             step_truncated_fraction=step_figure(step_metrics, "batch_truncated_fraction"),
-            step_loss=step_figure(step_metrics, "loss"),
-            step_entropy=step_figure(step_metrics, "entropy"),
-            step_mismatch_kl=step_figure(step_metrics, "mismatch_kl"),
-            step_grad_norm=step_figure(step_metrics, "grad_norm"),
+            **{f"step_{key}": value for key, value in trainer_figures(step_metrics).items()},
             eval_step=None if evaluated is None else int(evaluated.step),
             eval_accuracy=step_figure(eval_metrics, "eval_accuracy"),
             eval_reward_mean=step_figure(eval_metrics, "eval_reward_mean"),

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from collections import deque
 
-from coordinator.ledger.batches import named_rewards, step_figure
+from coordinator.ledger.batches import named_rewards, step_figure, trainer_figures
 from protocol.schemas import DashboardEval, DashboardTraining, DashboardTrainStep, Event
 
 MAX_STEP_POINTS = 500
@@ -71,10 +71,7 @@ class TrainingHistory:
                         completion_tokens_mean=step_figure(metrics, "batch_completion_tokens_mean"),
                         stop_fraction=step_figure(metrics, "batch_stop_fraction"),
                         truncated_fraction=step_figure(metrics, "batch_truncated_fraction"),
-                        loss=step_figure(metrics, "loss"),
-                        entropy=step_figure(metrics, "entropy"),
-                        mismatch_kl=step_figure(metrics, "mismatch_kl"),
-                        grad_norm=step_figure(metrics, "grad_norm"),
+                        **trainer_figures(metrics),
                     )
                 )
         elif state == "published":

@@ -41,8 +41,8 @@ def test_the_reward_curve_has_length_stop_and_eval_columns() -> None:
 @pytest.mark.anyio
 async def test_the_progress_line_counts_the_live_workers_and_validators(harness: LedgerHarness) -> None:
     # waiting for a first batch, an operator sees whether anyone has joined
-    assert "step 0/" in progress_line(harness.config, harness.ledger, 3.0)
-    assert "  workers 0  validators 0  " in progress_line(harness.config, harness.ledger, 3.0)
+    waiting = progress_line(harness.config, harness.ledger, 3.0)
+    assert "step 0/" in waiting and "  workers 0  validators 0  " in waiting, waiting
     clients = [await harness.worker(), await harness.worker(), await harness.validator()]
     line = progress_line(harness.config, harness.ledger, 4.0)
     assert re.search(r"policy v0  workers 2  validators 1  reward -  accepted 0", line), line
