@@ -56,10 +56,13 @@ MIN_LEASE_INTERVAL_S = 0.2
 VERSION_WAIT_S = 120.0
 """How long a leased task waits for its policy version to reach a relay (or verify) before it is handed back."""
 HANDED_BACK_PAUSE_S = 5.0
+"""Pause after handing a task back, so a version this node cannot get does not become a tight lease loop."""
 STOP_LEASE_GRACE_S = 1.0
 """Stopped while asking for a lease: how long the answer may still take. A lease the ledger granted as the node
 stopped is handed back at once rather than held until it expires."""
-"""Pause after handing a task back, so a version this node cannot get does not become a tight lease loop."""
+STOP_JOBS_GRACE_S = STOP_LEASE_GRACE_S + 0.5
+"""Stopped: how long the node's jobs may take to end by themselves (a runner hands back what it was granted)
+before they are cancelled (a runner cancelled while generating abandons its lease too)."""
 _VERSION_RETRY_MAX_S = 10.0
 
 
@@ -338,6 +341,31 @@ class TaskRunner:
             log.info("abandoned lease %s", lease_id)
         except (PrimeError, TimeoutError) as exc:
             log.warning("could not abandon lease %s (it will expire): %s", lease_id, exc)
+
+
+async def run_jobs_until_stopped(jobs: list[asyncio.Task[None]], stop: asyncio.Event) -> None:
+    """Wait until ``stop`` is set or one of the node's ``jobs`` ends; then end them all (see :func:`end_jobs`).
+    A job's exception is raised."""
+    stopped = asyncio.create_task(stop.wait())
+    try:
+        done, _pending = await asyncio.wait([*jobs, stopped], return_when=asyncio.FIRST_COMPLETED)
+        for job in done:
+            if job in jobs and job.exception() is not None:
+                raise job.exception()  # type: ignore[misc]
+    finally:
+        stopped.cancel()
+        stop.set()
+        await end_jobs(jobs)
+
+
+async def end_jobs(jobs: list[asyncio.Task[None]]) -> None:
+    """Let a stopped node's jobs end by themselves within STOP_JOBS_GRACE_S, then cancel the rest: cancelled at
+    once, a runner whose lease call was answered as it stopped would never hand that lease back."""
+    if jobs:
+        await asyncio.wait(jobs, timeout=STOP_JOBS_GRACE_S)
+    for job in jobs:
+        job.cancel()
+    await asyncio.gather(*jobs, return_exceptions=True)
 
 
 async def heartbeat_forever(

@@ -29,7 +29,15 @@ from runtime.first_contact import check_coordinator, check_relays
 from shardcast.cache import WeightsCache
 from worker.config import WorkerConfig
 from worker.devices import DeviceInfo, cpu_engine_threads, detect_devices
-from worker.loop import TaskHandedBackError, TaskRunner, WorkerState, fetch_policy, heartbeat_forever
+from worker.loop import (
+    TaskHandedBackError,
+    TaskRunner,
+    WorkerState,
+    end_jobs,
+    fetch_policy,
+    heartbeat_forever,
+    run_jobs_until_stopped,
+)
 
 log = logging.getLogger(__name__)
 PINNED_COORDINATOR_FILE = "coordinator_id"
@@ -164,17 +172,11 @@ async def _worker(config: WorkerConfig, stop: asyncio.Event, state: WorkerState,
                 start_version = await newer_policy_version(ledger, start_version, stop)
             jobs.append(asyncio.create_task(heartbeat_forever(ledger, weights, state, kind, stop)))
             jobs += [asyncio.create_task(runner.run(stop)) for runner in runners]
-            done, _pending = await asyncio.wait(
-                [*jobs, asyncio.create_task(stop.wait())], return_when=asyncio.FIRST_COMPLETED
-            )
-            for job in done:
-                if job in jobs and job.exception() is not None:
-                    raise job.exception()  # type: ignore[misc]
+            await run_jobs_until_stopped(jobs, stop)
         finally:
             stop.set()
-            for job in jobs:
-                job.cancel()
-            await asyncio.gather(*jobs, p2p, return_exceptions=True)
+            await end_jobs(jobs)
+            await asyncio.gather(p2p, return_exceptions=True)
             await weights.aclose()
             for engine in engines:
                 with contextlib.suppress(Exception):

@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 from protocol.schemas import LeaseResponse, Prompt, SamplingParams, Task
-from worker.loop import TaskRunner, WorkerState
+from worker.loop import TaskRunner, WorkerState, run_jobs_until_stopped
 
 
 def granted(lease_id: str) -> Task:
@@ -48,11 +48,14 @@ class NoWeights:
 
 
 def stop_while_leasing(answer_after_stop_s: float) -> list[str]:
+    """The lease ids a worker's runner abandoned, stopped while its lease call was in flight, as the node stops it
+    (its jobs are ended by the node, not only told to stop)."""
+
     async def scenario() -> list[str]:
         stop = asyncio.Event()
         ledger = GrantingAsItStops(stop, answer_after_stop_s)
         runner = TaskRunner(ledger, None, NoWeights(), WorkerState(), ())  # type: ignore[arg-type]
-        running = asyncio.create_task(runner.run(stop))
+        running = asyncio.create_task(run_jobs_until_stopped([asyncio.create_task(runner.run(stop))], stop))
         await asyncio.sleep(0.05)  # the lease call is in flight
         stop.set()
         started = time.monotonic()
