@@ -115,9 +115,9 @@ def step_times(root: Path) -> list[dict[str, Any]]:
             "recorded_at": recorded,
             "trained_at": trained,
             "published_at": published,
-            "reward_mean": json.loads(metrics or "{}").get("batch_reward_mean"),
+            **{key: figures.get(key) for key in ("batch_reward_mean", *TRAINER_PHASES)},
         }
-        for step, recorded, trained, published, metrics in rows
+        for step, recorded, trained, published, figures in ((*row[:4], json.loads(row[4] or "{}")) for row in rows)
     ]
 
 
@@ -138,16 +138,26 @@ def run_network(root: Path, start: Path, seed: int, args: argparse.Namespace, le
     }
 
 
+TRAINER_PHASES = ("step_time_s", "export_s", "checkpoint_s")
+"""The trainer's own times of a step: the optimizer step, writing the policy, saving the checkpoint."""
+
+
 def step_phases(steps: list[dict[str, Any]]) -> dict[str, float]:
     """Where a step's time goes, mean seconds: waiting for its batch after the step before was published
-    (generation and validation not hidden by the overlap), training, publishing (export and SHARDCAST)."""
+    (generation and validation not hidden by the overlap), training (split by the trainer into the optimizer
+    step, the policy export and the checkpoint), publishing (patch, signature, SHARDCAST)."""
     done = [s for s in steps if s["trained_at"] is not None and s["published_at"] is not None]
     waits = [b["recorded_at"] - a["published_at"] for a, b in itertools.pairwise(done)]
-    return {
+    phases = {
         "batch_wait": round(statistics.mean(max(0.0, w) for w in waits), 3) if waits else 0.0,
         "train": round(statistics.mean(s["trained_at"] - s["recorded_at"] for s in done), 3) if done else 0.0,
         "publish": round(statistics.mean(s["published_at"] - s["trained_at"] for s in done), 3) if done else 0.0,
     }
+    for key in TRAINER_PHASES:
+        times = [s[key] for s in done if s.get(key) is not None]
+        if times:
+            phases[f"train_{key.removesuffix('_s')}"] = round(statistics.mean(times), 3)
+    return phases
 
 
 def run_trl(root: Path, python: Path, start: Path, seed: int, args: argparse.Namespace) -> dict[str, Any]:

@@ -28,6 +28,7 @@ import os
 import shutil
 import signal
 import socket
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -145,16 +146,20 @@ def serve(train_dir: TrainDir, spec: ServiceSpec, coordinator_pid: int | None) -
         failpoint("batch", step)
         metrics = trainer.rl_step(batch.samples, spec.loss, batch.temperature)
         failpoint("trained", step)
+        exporting = time.perf_counter()
         export_step(step)
+        metrics["export_s"] = time.perf_counter() - exporting
         failpoint("exported", step)
         if info.is_main:
             train_dir.write_metrics(step, metrics)
         failpoint("metrics", step)
+        saving = time.perf_counter()
         trainer.save(train_dir.checkpoints)
         failpoint("saved", step)
         if info.is_main:
             prune_checkpoints(train_dir.checkpoints, spec.trainer.checkpoint.keep)
             failpoint("pruned", step)
+            metrics["checkpoint_s"] = time.perf_counter() - saving
             train_dir.write_done(step, metrics)
         release_free_memory()  # the step's transient buffers, back to the OS
         if info.is_main:

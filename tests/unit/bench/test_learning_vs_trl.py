@@ -85,3 +85,13 @@ def test_step_phases_say_where_a_step_goes() -> None:
         {"step": 3, "recorded_at": 21.0, "trained_at": 23.0, "published_at": 24.0},  # 4 s waiting for its batch
     ]
     assert step_phases(steps) == {"batch_wait": 2.0, "train": round(7 / 3, 3), "publish": 1.0}
+
+
+def test_step_phases_split_training_by_the_trainers_own_times() -> None:
+    steps = [
+        {"step": 1, "recorded_at": 0.0, "trained_at": 3.0, "published_at": 3.5, "step_time_s": 1.0, "export_s": 0.5},
+        {"step": 2, "recorded_at": 4.0, "trained_at": 7.0, "published_at": 7.5, "step_time_s": 2.0, "export_s": 1.5},
+    ]
+    phases = step_phases([{**s, "checkpoint_s": None} for s in steps])
+    assert phases["train_step_time"] == 1.5 and phases["train_export"] == 1.0
+    assert "train_checkpoint" not in phases  # a trainer that did not say is not reported as 0

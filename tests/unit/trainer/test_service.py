@@ -31,6 +31,7 @@ def test_service_trains_each_batch_once_and_finishes_a_step_saved_without_its_ma
     done = [train_dir.read_done(step) for step in (1, 2)]
     assert [d["step"] if d else None for d in done] == [1, 2]
     assert done[1] is not None and done[1]["reward_mean"] == pytest.approx(0.5)
+    assert all(done[1][phase] > 0 for phase in ("step_time_s", "export_s", "checkpoint_s"))  # where a step goes
     for step in (1, 2):
         assert (train_dir.policy_dir(step) / "model.safetensors").is_file()
     assert (train_dir.checkpoints / "latest").read_text().strip() == "step_2"
