@@ -72,6 +72,13 @@ class RotatingLog:
         self._file.close()
 
 
+def sharing_cores_env() -> dict[str, str]:
+    """This process's environment for a child that shares the machine's cores with others (the trainer's ranks,
+    the local network's nodes): one OpenMP thread, unless ``OMP_NUM_THREADS`` is set. Several processes each
+    computing with every core slow one another down more than their threads speed each up."""
+    return {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+
+
 def log_tail(path: Path, num_chars: int) -> str:
     """The last ``num_chars`` characters of a (rotated) log: the current file, topped up from ``.1``."""
     text = path.read_text(errors="replace") if path.exists() else ""

@@ -18,7 +18,7 @@ import shutil
 from pathlib import Path
 
 from coordinator.config import CoordinatorConfig
-from runtime.children import Child, LogLimits
+from runtime.children import Child, LogLimits, sharing_cores_env
 from runtime.ports import free_port
 from trainer.launch import TrainerNode, torchrun_command
 from trainer.service import ServiceSpec, write_spec
@@ -80,12 +80,11 @@ class TrainerProcess:
         if self.node.nnodes > 1:
             self._share_start_checkpoint()
         write_spec(self.train_dir, self.spec)
-        env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
         self.child = Child(
             "trainer",
             self.command(),
             self.train_dir.log_path,
-            env=env,
+            env=sharing_cores_env(),
             cpus=self.cpus,
             own_group=True,
             limits=self.limits,

@@ -104,3 +104,23 @@ def test_stopping_the_trainer_stops_its_whole_process_group(tmp_path: Path) -> N
     trainer.stop(timeout_s=10)
     time.sleep(0.2)
     assert not any(_alive(pid) for pid in grandchildren)
+
+
+@pytest.mark.parametrize(("operator", "expected"), [(None, "1"), ("2", "2")])
+def test_the_local_networks_nodes_compute_with_one_thread_unless_told(
+    operator: str | None, expected: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from coordinator.processes.local_network import Processes
+
+    if operator is None:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    else:
+        monkeypatch.setenv("OMP_NUM_THREADS", operator)
+    procs = Processes(tmp_path)
+    procs.start("validator", [sys.executable, "-c", "import os; print('threads', os.environ['OMP_NUM_THREADS'])"])
+    child = procs.children["validator"]
+    assert child.proc is not None and child.proc.wait(timeout=30) == 0
+    deadline = time.monotonic() + 10
+    while "threads" not in (text := (tmp_path / "validator.log").read_text()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert f"threads {expected}" in text
