@@ -100,7 +100,8 @@ def network_config(root: Path, start: Path, seed: int, args: argparse.Namespace,
 
 
 def step_times(root: Path) -> list[dict[str, Any]]:
-    """Each step's ledger times (recorded, trained, published) and reward from the run's SQLite ledger."""
+    """Each step's ledger times (recorded, trained, published), reward and the trainer's own phase times, from the
+    run's SQLite ledger."""
     from sqlalchemy import create_engine, text
 
     engine = create_engine(f"sqlite:///{root / 'run' / 'ledger.db'}")
@@ -109,16 +110,19 @@ def step_times(root: Path) -> list[dict[str, Any]]:
             text("SELECT step, recorded_at, trained_at, published_at, metrics_json FROM train_steps ORDER BY step")
         ).all()
     engine.dispose()
-    return [
-        {
-            "step": int(step),
-            "recorded_at": recorded,
-            "trained_at": trained,
-            "published_at": published,
-            **{key: figures.get(key) for key in ("batch_reward_mean", *TRAINER_PHASES)},
-        }
-        for step, recorded, trained, published, figures in ((*row[:4], json.loads(row[4] or "{}")) for row in rows)
-    ]
+    steps: list[dict[str, Any]] = []
+    for step, recorded, trained, published, metrics in rows:
+        figures = json.loads(metrics or "{}")
+        steps.append(
+            {
+                "step": int(step),
+                "recorded_at": recorded,
+                "trained_at": trained,
+                "published_at": published,
+                **{key: figures.get(key) for key in ("batch_reward_mean", *TRAINER_PHASES)},
+            }
+        )
+    return steps
 
 
 def run_network(root: Path, start: Path, seed: int, args: argparse.Namespace, level: int) -> dict[str, Any]:

@@ -33,7 +33,6 @@ from worker.loop import (
     TaskHandedBackError,
     TaskRunner,
     WorkerState,
-    end_jobs,
     fetch_policy,
     heartbeat_forever,
     run_jobs_until_stopped,
@@ -172,10 +171,9 @@ async def _worker(config: WorkerConfig, stop: asyncio.Event, state: WorkerState,
                 start_version = await newer_policy_version(ledger, start_version, stop)
             jobs.append(asyncio.create_task(heartbeat_forever(ledger, weights, state, kind, stop)))
             jobs += [asyncio.create_task(runner.run(stop)) for runner in runners]
-            await run_jobs_until_stopped(jobs, stop)
+            await run_jobs_until_stopped(jobs, stop)  # ends them all, however it ends
         finally:
             stop.set()
-            await end_jobs(jobs)
             await asyncio.gather(p2p, return_exceptions=True)
             await weights.aclose()
             for engine in engines:

@@ -35,8 +35,8 @@ class Processes:
         self.children: dict[str, Child] = {}
 
     def start(self, name: str, argv: list[str]) -> None:
-        env = sharing_cores_env()
-        child = Child(name, argv, self.root / f"{name}.log", cpus=self.cpus, limits=self.limits, env=env)
+        log_path = self.root / f"{name}.log"
+        child = Child(name, argv, log_path, cpus=self.cpus, limits=self.limits, env=sharing_cores_env())
         child.start()
         self.children[name] = child
 
