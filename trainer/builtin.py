@@ -10,12 +10,14 @@ from a fixed seed, and a small byte-level BPE tokenizer trained on the built-in 
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import re
 import shutil
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -270,17 +272,33 @@ def resolve_model_path(name: str, cache_dir: Path | None = None, builders: Mappi
             f"built-in model {name!r} is not built yet; build it once with `prime-trainer start-checkpoint`"
         )
     root.mkdir(parents=True, exist_ok=True)
-    log.info("building built-in model %s in %s (first use, once)", name, target)
-    staging = Path(tempfile.mkdtemp(prefix=f".{builtin}-", dir=root))
-    staging.chmod(0o755)
-    try:
-        builders[builtin](staging)
+    with _build_lock(root / f".{builtin}.lock", name):
+        if (target / "config.json").is_file():  # another process built it while this one waited
+            return target
+        log.info("building built-in model %s in %s (first use, once)", name, target)
+        staging = Path(tempfile.mkdtemp(prefix=f".{builtin}-", dir=root))
+        staging.chmod(0o755)
         try:
+            builders[builtin](staging)
             staging.rename(target)
-        except OSError:
-            if not (target / "config.json").is_file():  # another process won the race: fine
-                raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
     log.info("built-in model %s ready", name)
     return target
+
+
+@contextmanager
+def _build_lock(path: Path, name: str) -> Iterator[None]:
+    """An exclusive ``flock`` on ``path`` for one build: a second process that wants the same built-in (two roles
+    started at once on one machine) waits for the first one's build instead of doing it again. The kernel releases
+    it when the holder ends, however it ends."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log.info("built-in model %s is being built by another process; waiting for it", name)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)

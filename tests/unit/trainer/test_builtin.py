@@ -78,3 +78,41 @@ def test_builtin_prompts_are_plain_text_in_the_builtin_tokenizer(tiny_model_dir:
     assert not tokenizer.chat_template
     assert prompt_text(environment, example, tokenizer) == example.prompt
     assert tokenizer.decode(prompt_ids(environment, example, tokenizer)) == example.prompt
+
+
+def test_two_processes_wanting_one_builtin_build_it_once(tmp_path: Path) -> None:
+    """The second caller waits on the build lock and takes the first one's build; a failed build leaves nothing."""
+    import threading
+    import time
+
+    from trainer.builtin import resolve_model_path
+
+    builds: list[Path] = []
+    started = threading.Event()
+
+    def slow_build(directory: Path) -> None:
+        builds.append(directory)
+        started.set()
+        time.sleep(0.5)
+        (directory / "config.json").write_text("{}")
+
+    builders = {"tiny-qwen2": slow_build}
+    results: list[Path] = []
+    first = threading.Thread(
+        target=lambda: results.append(resolve_model_path("builtin:tiny-qwen2", tmp_path, builders))
+    )
+    first.start()
+    assert started.wait(10)
+    second = resolve_model_path("builtin:tiny-qwen2", tmp_path, builders)  # blocks until the first build is in place
+    first.join(10)
+    assert len(builds) == 1
+    assert results == [second] == [tmp_path / "tiny-qwen2"]
+    assert (second / "config.json").is_file()
+
+    def failing_build(directory: Path) -> None:
+        raise RuntimeError("out of disk")
+
+    with pytest.raises(RuntimeError, match="out of disk"):
+        resolve_model_path("builtin:small-qwen3", tmp_path, {"small-qwen3": failing_build})
+    assert not (tmp_path / "small-qwen3").exists()
+    assert [p.name for p in tmp_path.iterdir() if not p.name.endswith(".lock")] == ["tiny-qwen2"]
