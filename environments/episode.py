@@ -1,0 +1,206 @@
+"""Multi-turn episodes that anyone can replay: the environment's turns are a pure function of the transcript.
+
+A :class:`MultiTurnEnvironment` answers the policy: after each policy turn, :meth:`~MultiTurnEnvironment.reply`
+returns the environment's next messages (a tool's output, a game's move, a simulated user's answer), or None
+when the episode is over. A reply is a pure function of (environment config, example, transcript so far): no
+clock, network, randomness of its own or state kept between calls. That is what makes an episode from an
+untrusted worker checkable: the trusted side takes only the policy's sampled turns from the worker and
+replays every environment turn itself (:func:`replay`), so a tampered tool output, a turn the environment
+would not have allowed or an episode stopped early is found by comparison, not by trust.
+
+Tokens are the trusted side's too. The prompt of policy turn k is the chat template applied to every message
+before it (:func:`turn_prompt_ids`); the tokens the policy sampled are exactly the completions. When each
+turn's prompt extends the previous prompt plus its completion token for token, the turns merge into one
+training sample whose loss mask covers only the sampled tokens; where a re-rendered transcript does not
+extend (a template that rewrites earlier turns, a completion that re-tokenizes differently), a new sample
+starts (:func:`episode_samples`). Nothing a worker declares about spans or masks enters either.
+
+Limits per episode (:class:`EpisodeLimits`: policy turns, reply length, reply time) bound what a worker can
+make a validator compute.
+"""
+
+from __future__ import annotations
+
+import time
+from abc import abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from environments.base import ChatMessage, Environment, Example, Scores
+from environments.render import chat_messages, has_chat_template
+
+ENV_ROLES = frozenset({"tool", "user"})
+"""Roles an environment reply may speak in: the policy alone is ``assistant``; ``system`` is the prompt's."""
+
+
+class EpisodeError(ValueError):
+    """An episode that cannot be what it claims: the reason is one line for the worker's rejection."""
+
+
+@dataclass(frozen=True)
+class EpisodeLimits:
+    """Bounds on one episode, part of the run's settings."""
+
+    max_turns: int = 4
+    """Policy turns per episode; the episode ends after this many whatever the environment would say."""
+    max_reply_chars: int = 2000
+    """Characters of one environment reply (all its messages)."""
+    reply_time_s: float = 1.0
+    """Seconds one reply may take: a slower one is the environment's fault, and the episode is refused."""
+
+
+@dataclass(frozen=True)
+class PolicyTurn:
+    """What the policy wrote in one turn, as the trusted side reads it from the sampled tokens."""
+
+    text: str
+    """The completion decoded, end token dropped."""
+    truncated: bool
+    """Cut at the token budget without an end token: the episode ends with it."""
+
+
+class MultiTurnEnvironment(Environment):
+    """An environment that answers the policy's turns. :meth:`score` scores the final answer; override
+    :meth:`score_episode` to score the whole transcript."""
+
+    @abstractmethod
+    def reply(self, example: Example, transcript: tuple[ChatMessage, ...]) -> tuple[ChatMessage, ...] | None:
+        """The environment's messages after the policy's last turn (``transcript[-1]``, role ``assistant``),
+        or None when the episode is over. A pure function of (config, example, transcript)."""
+
+    def score_episode(self, example: Example, transcript: tuple[ChatMessage, ...]) -> Scores:
+        """The named rewards of the episode; by default :meth:`score` of the policy's last turn."""
+        last = next(m.content for m in reversed(transcript) if m.role == "assistant")
+        return self.score(example, last)
+
+
+@dataclass(frozen=True)
+class Episode:
+    """A replayed episode: the prompt's messages, then the policy's turns and the environment's replies."""
+
+    example: Example
+    messages: tuple[ChatMessage, ...]
+    """The whole transcript, the prompt's messages first."""
+    turn_starts: tuple[int, ...]
+    """Index in :attr:`messages` of each policy turn."""
+    ended_by: str
+    """``environment`` (it replied None), ``turn_limit`` or ``truncated`` (the last turn was cut)."""
+
+
+def _checked_reply(
+    environment: MultiTurnEnvironment, example: Example, transcript: tuple[ChatMessage, ...], limits: EpisodeLimits
+) -> tuple[ChatMessage, ...] | None:
+    started = time.perf_counter()
+    reply = environment.reply(example, transcript)
+    took = time.perf_counter() - started
+    if took > limits.reply_time_s:
+        raise EpisodeError(f"the environment took {took:.2f} s to reply, over the {limits.reply_time_s} s limit")
+    if reply is None:
+        return None
+    if not reply or not all(isinstance(m, ChatMessage) and m.role in ENV_ROLES for m in reply):
+        raise EpisodeError(f"the environment's reply must be one or more {sorted(ENV_ROLES)} messages")
+    size = sum(len(m.content) for m in reply)
+    if size > limits.max_reply_chars:
+        raise EpisodeError(f"the environment's reply has {size} characters, over the {limits.max_reply_chars} limit")
+    return tuple(reply)
+
+
+def replay(
+    environment: MultiTurnEnvironment,
+    example: Example,
+    turns: Sequence[PolicyTurn],
+    limits: EpisodeLimits,
+) -> Episode:
+    """The episode whose policy turns were ``turns``, every environment reply recomputed here.
+
+    EpisodeError when ``turns`` cannot be that episode: no turn, more turns than the episode allows (the
+    environment ended it, a turn was cut, or the turn limit was reached before them) or fewer (the environment
+    still expected an answer and the limit was not reached: an episode stopped early by its worker)."""
+    if not turns:
+        raise EpisodeError("an episode has at least one policy turn")
+    if len(turns) > limits.max_turns:
+        raise EpisodeError(f"{len(turns)} policy turns, over the episode limit of {limits.max_turns}")
+    messages = tuple(ChatMessage(m["role"], m["content"]) for m in chat_messages(example, environment.system_prompt))
+    starts: list[int] = []
+    for number, turn in enumerate(turns, start=1):
+        starts.append(len(messages))
+        messages = (*messages, ChatMessage("assistant", turn.text))
+        last = number == len(turns)
+        if turn.truncated:
+            if not last:
+                raise EpisodeError(f"policy turn {number} was cut at the token budget, which ends the episode")
+            return Episode(example, messages, tuple(starts), "truncated")
+        if number == limits.max_turns:
+            return Episode(example, messages, tuple(starts), "turn_limit")
+        reply = _checked_reply(environment, example, messages, limits)
+        if reply is None:
+            if not last:
+                raise EpisodeError(f"the environment ended the episode after policy turn {number} of {len(turns)}")
+            return Episode(example, messages, tuple(starts), "environment")
+        if last:
+            raise EpisodeError(
+                f"the episode stops after policy turn {number}, but the environment replied and the "
+                f"{limits.max_turns}-turn limit was not reached"
+            )
+        messages = (*messages, *reply)
+    raise AssertionError("unreachable: the last turn returns")
+
+
+def render_messages(messages: Sequence[ChatMessage], tokenizer: Any, generation_prompt: bool = True) -> str:
+    """``messages`` as the policy sees them: its chat template with the generation prompt, or without a template
+    the contents each ended by a newline."""
+    as_dicts = [{"role": m.role, "content": m.content} for m in messages]
+    if has_chat_template(tokenizer):
+        return str(tokenizer.apply_chat_template(as_dicts, tokenize=False, add_generation_prompt=generation_prompt))
+    return "".join(m.content + "\n" for m in messages)
+
+
+def turn_prompt_ids(episode: Episode, tokenizer: Any) -> list[list[int]]:
+    """The prompt token ids of each policy turn: every message before it, rendered and encoded."""
+    return [
+        list(tokenizer.encode(render_messages(episode.messages[:start], tokenizer), add_special_tokens=False))
+        for start in episode.turn_starts
+    ]
+
+
+@dataclass(frozen=True)
+class EpisodeSample:
+    """One training sample of an episode: its tokens, and which of them the policy sampled."""
+
+    token_ids: tuple[int, ...]
+    sampled: tuple[bool, ...]
+    """True where the policy sampled the token (the loss covers those); False for prompt and environment tokens."""
+    turns: tuple[int, ...]
+    """The policy turns (0-based) the sample holds."""
+
+    @property
+    def prompt_len(self) -> int:
+        """Tokens before the first sampled one."""
+        return self.sampled.index(True) if True in self.sampled else len(self.sampled)
+
+
+def episode_samples(prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]]) -> list[EpisodeSample]:
+    """Training samples of an episode from each policy turn's prompt and sampled completion token ids.
+
+    Turn k joins the sample of turn k - 1 when its prompt starts with that sample's tokens; the tokens in
+    between (the environment's reply, the template's markers) are not sampled. Otherwise turn k starts a
+    sample of its own."""
+    if len(prompts) != len(completions) or not prompts:
+        raise ValueError("an episode has one prompt per policy turn and at least one turn")
+    samples: list[EpisodeSample] = []
+    tokens: list[int] = []
+    sampled: list[bool] = []
+    turns: list[int] = []
+    for number, (prompt, completion) in enumerate(zip(prompts, completions, strict=True)):
+        if turns and list(prompt[: len(tokens)]) == tokens:
+            added = list(prompt[len(tokens) :])
+        else:
+            if turns:
+                samples.append(EpisodeSample(tuple(tokens), tuple(sampled), tuple(turns)))
+            tokens, sampled, turns, added = [], [], [], list(prompt)
+        tokens += added + list(completion)
+        sampled += [False] * len(added) + [True] * len(completion)
+        turns.append(number)
+    samples.append(EpisodeSample(tuple(tokens), tuple(sampled), tuple(turns)))
+    return samples
