@@ -32,6 +32,9 @@ class TrainSample:
     """One per completion token, from the engine that sampled it; None for SFT."""
     reward: float = 0.0
     """For metrics only."""
+    sampled: list[bool] | None = None
+    """One per completion token: True where the policy sampled it. None: all of them. A multi-turn episode's
+    sample holds the environment's replies between its turns; only sampled tokens carry loss."""
 
     @property
     def num_tokens(self) -> int:
@@ -68,7 +71,11 @@ def _sample_rows(sample: TrainSample) -> dict[str, list[Any]]:
         raise ValueError(f"{len(logprobs)} inference logprobs for {len(sample.completion_ids)} completion tokens")
     if not sample.prompt_ids:
         raise ValueError("a sample needs at least one prompt token")
-    in_completion = [first <= j < length - 1 for j in range(length)]
+    sampled = sample.sampled if sample.sampled is not None else [True] * len(sample.completion_ids)
+    if len(sampled) != len(sample.completion_ids):
+        raise ValueError(f"{len(sampled)} sampled flags for {len(sample.completion_ids)} completion tokens")
+    # position j predicts token j + 1: it carries loss when that token is a sampled completion token
+    in_completion = [first <= j < length - 1 and sampled[j - first] for j in range(length)]
     return {
         "input_ids": tokens,
         "position_ids": list(range(length)),

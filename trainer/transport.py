@@ -10,7 +10,8 @@ writing what the other waits for (``batch.bell``, ``done.bell``), so neither has
 
 A batch file holds the samples as flat safetensors arrays (token ids as int32, advantages,
 rewards and logprobs as float64, so they round-trip exactly) with an offsets array per ragged
-field, and the step, temperature and submission ids in its metadata: a 256-sample x 4,096-token
+field (a multi-turn sample's sampled-token flags as uint8, after those of the samples before it), and the
+step, temperature and submission ids in its metadata: a 256-sample x 4,096-token
 batch is a few tens of MB written and read in well under a second, where JSON took seconds.
 Batch files of older runs (``step_<n>.json``) are still read. :meth:`TrainDir.prune_published`
 removes what published steps no longer need (see docs/retention.md).
@@ -101,6 +102,8 @@ def encode_batch(batch: StepBatch) -> bytes:
         "inference_logprobs": logprobs,
         "logprob_offsets": logprob_offsets,
         "has_logprobs": np.array([s.inference_logprobs is not None for s in samples], dtype=np.uint8),
+        "sampled": _ragged([s.sampled or [] for s in samples], np.uint8)[0],
+        "has_sampled": np.array([s.sampled is not None for s in samples], dtype=np.uint8),
         "advantage": np.array([s.advantage for s in samples], dtype=np.float64),
         "reward": np.array([s.reward for s in samples], dtype=np.float64),
     }
@@ -130,6 +133,7 @@ def decode_batch(data: bytes) -> StepBatch:
     completions = _split(t["completion_ids"], t["completion_offsets"])
     logprobs = _split(t["inference_logprobs"], t["logprob_offsets"])
     has_logprobs = t["has_logprobs"].tolist()
+    sampled = _sampled_flags(t, completions)
     samples = [
         TrainSample(
             prompt_ids=prompt,
@@ -137,9 +141,17 @@ def decode_batch(data: bytes) -> StepBatch:
             advantage=advantage,
             inference_logprobs=lps if has else None,
             reward=reward,
+            sampled=flags,
         )
-        for prompt, completion, lps, has, advantage, reward in zip(
-            prompts, completions, logprobs, has_logprobs, t["advantage"].tolist(), t["reward"].tolist(), strict=True
+        for prompt, completion, lps, has, advantage, reward, flags in zip(
+            prompts,
+            completions,
+            logprobs,
+            has_logprobs,
+            t["advantage"].tolist(),
+            t["reward"].tolist(),
+            sampled,
+            strict=True,
         )
     ]
     return StepBatch(
@@ -148,6 +160,22 @@ def decode_batch(data: bytes) -> StepBatch:
         temperature=float(metadata["temperature"]),
         submission_ids=list(json.loads(metadata["submission_ids"])),
     )
+
+
+def _sampled_flags(tensors: dict[str, np.ndarray], completions: list[list[int]]) -> list[list[bool] | None]:
+    """Each sample's sampled-token flags (None: every completion token); the flags of the samples that have them
+    lie one after another in completion order."""
+    if "has_sampled" not in tensors:
+        return [None] * len(completions)
+    flat = [bool(v) for v in tensors["sampled"].tolist()]
+    flags: list[list[bool] | None] = []
+    at = 0
+    for completion, has in zip(completions, tensors["has_sampled"].tolist(), strict=True):
+        flags.append(flat[at : at + len(completion)] if has else None)
+        at += len(completion) if has else 0
+    if at != len(flat):
+        raise ValueError(f"{len(flat)} sampled flags for {at} completion tokens of the samples that have them")
+    return flags
 
 
 def _decode_json_batch(text: str) -> StepBatch:

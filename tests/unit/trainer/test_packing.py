@@ -112,3 +112,23 @@ def test_a_sample_longer_than_row_tokens_gets_a_wider_row() -> None:
     assert sorted(i for b in batches for i in b.sample_ids) == [0, 1]
     with pytest.raises(ValueError, match="exceeds"):
         make_micro_batches(samples, micro_batch_tokens=32, row_tokens=16)
+
+
+def test_only_sampled_completion_tokens_carry_loss() -> None:
+    """A multi-turn sample: an environment reply (tokens 30, 31) between two sampled turns gets no loss."""
+    episode = TrainSample(
+        prompt_ids=[5, 6],
+        completion_ids=[7, 8, 30, 31, 9],
+        advantage=2.0,
+        inference_logprobs=[-0.1, -0.2, 0.0, 0.0, -0.3],
+        sampled=[True, True, False, False, True],
+    )
+    for packed in (True, False):
+        (batch,) = make_micro_batches([episode], micro_batch_tokens=64, packed=packed)
+        mask = batch.loss_mask[0]
+        assert batch.targets[0][mask].tolist() == [7, 8, 9]
+        assert batch.inference_logprobs[0][mask].tolist() == pytest.approx([-0.1, -0.2, -0.3])
+        assert batch.advantages[0][mask].tolist() == [2.0] * 3
+        assert batch.num_loss_tokens == 3
+    with pytest.raises(ValueError, match="2 sampled flags for 5 completion tokens"):
+        make_micro_batches([TrainSample([1], [2, 3, 4, 5, 6], sampled=[True, False])], micro_batch_tokens=64)

@@ -30,6 +30,10 @@ def test_batches_round_trip_exactly_whatever_their_shape(tmp_path: Path) -> None
     train_dir.write_batch(batch)
     assert train_dir.has_batch(3) and not train_dir.has_batch(4)
     assert train_dir.read_batch(3) == batch
+    episode = TrainSample([1, 2], [3, 4, 5, 6], 0.5, [-0.1, 0.0, 0.0, -0.2], sampled=[True, False, False, True])
+    mixed = StepBatch(5, [sample(2), episode, TrainSample([1], [], sampled=[]), sample(3)], 1.0, ["a", "b", "c", "d"])
+    train_dir.write_batch(mixed)
+    assert train_dir.read_batch(5) == mixed
     empty = StepBatch(4, [], 1.0, [])
     train_dir.write_batch(empty)
     assert train_dir.read_batch(4) == empty
