@@ -29,6 +29,7 @@ from typing import Any
 
 from environments.base import ChatMessage, Environment, Example, Scores
 from environments.render import chat_messages, has_chat_template
+from environments.truncation import is_truncated
 
 ENV_ROLES = frozenset({"tool", "user"})
 """Roles an environment reply may speak in: the policy alone is ``assistant``; ``system`` is the prompt's."""
@@ -106,6 +107,57 @@ def _checked_reply(
     return tuple(reply)
 
 
+class EpisodeRun:
+    """An episode as it is played: the transcript so far, and whether the policy has another turn.
+
+    The worker plays one with its engine; :func:`replay` plays one from a submission's turns. Both go through
+    :meth:`add_turn`, so both build the same transcript from the same turns."""
+
+    def __init__(self, environment: MultiTurnEnvironment, example: Example, limits: EpisodeLimits) -> None:
+        self.environment, self.example, self.limits = environment, example, limits
+        prompt = chat_messages(example, environment.system_prompt)
+        self.messages: tuple[ChatMessage, ...] = tuple(ChatMessage(m["role"], m["content"]) for m in prompt)
+        self.turn_starts: list[int] = []
+        self.ended_by: str | None = None
+        """None while the policy has another turn; then as :attr:`Episode.ended_by`."""
+
+    def prompt_ids(self, tokenizer: Any) -> list[int]:
+        """The next policy turn's prompt: the transcript so far, rendered and encoded."""
+        return list(tokenizer.encode(render_messages(self.messages, tokenizer), add_special_tokens=False))
+
+    def add_turn(self, turn: PolicyTurn) -> None:
+        """The policy's next turn, and the environment's reply to it (or the episode's end)."""
+        if self.ended_by is not None:
+            raise EpisodeError(f"the episode ended ({self.ended_by}) after policy turn {len(self.turn_starts)}")
+        self.turn_starts.append(len(self.messages))
+        self.messages = (*self.messages, ChatMessage("assistant", turn.text))
+        if turn.truncated:
+            self.ended_by = "truncated"
+        elif len(self.turn_starts) >= self.limits.max_turns:
+            self.ended_by = "turn_limit"
+        else:
+            reply = _checked_reply(self.environment, self.example, self.messages, self.limits)
+            if reply is None:
+                self.ended_by = "environment"
+            else:
+                self.messages = (*self.messages, *reply)
+
+    def episode(self) -> Episode:
+        if self.ended_by is None:
+            raise EpisodeError(
+                f"the episode stops after policy turn {len(self.turn_starts)}, but the environment replied and "
+                f"the {self.limits.max_turns}-turn limit was not reached"
+            )
+        return Episode(self.example, self.messages, tuple(self.turn_starts), self.ended_by)
+
+
+_ENDED_EARLY = {
+    "truncated": "policy turn {n} was cut at the token budget, which ends the episode",
+    "environment": "the environment ended the episode after policy turn {n} of {total}",
+    "turn_limit": "{total} policy turns, over the episode limit of {n}",
+}
+
+
 def replay(
     environment: MultiTurnEnvironment,
     example: Example,
@@ -121,30 +173,21 @@ def replay(
         raise EpisodeError("an episode has at least one policy turn")
     if len(turns) > limits.max_turns:
         raise EpisodeError(f"{len(turns)} policy turns, over the episode limit of {limits.max_turns}")
-    messages = tuple(ChatMessage(m["role"], m["content"]) for m in chat_messages(example, environment.system_prompt))
-    starts: list[int] = []
+    run = EpisodeRun(environment, example, limits)
     for number, turn in enumerate(turns, start=1):
-        starts.append(len(messages))
-        messages = (*messages, ChatMessage("assistant", turn.text))
-        last = number == len(turns)
-        if turn.truncated:
-            if not last:
-                raise EpisodeError(f"policy turn {number} was cut at the token budget, which ends the episode")
-            return Episode(example, messages, tuple(starts), "truncated")
-        if number == limits.max_turns:
-            return Episode(example, messages, tuple(starts), "turn_limit")
-        reply = _checked_reply(environment, example, messages, limits)
-        if reply is None:
-            if not last:
-                raise EpisodeError(f"the environment ended the episode after policy turn {number} of {len(turns)}")
-            return Episode(example, messages, tuple(starts), "environment")
-        if last:
-            raise EpisodeError(
-                f"the episode stops after policy turn {number}, but the environment replied and the "
-                f"{limits.max_turns}-turn limit was not reached"
-            )
-        messages = (*messages, *reply)
-    raise AssertionError("unreachable: the last turn returns")
+        run.add_turn(turn)
+        if run.ended_by is not None and number < len(turns):
+            raise EpisodeError(_ENDED_EARLY[run.ended_by].format(n=number, total=len(turns)))
+    return run.episode()
+
+
+def policy_turn(tokenizer: Any, completion_ids: Sequence[int], eos_token_ids: Sequence[int]) -> PolicyTurn:
+    """A turn as the trusted side reads its sampled tokens: cut when the last is not an end token, else decoded
+    without it (special tokens skipped, as single-turn completions are scored)."""
+    ids = list(completion_ids)
+    truncated = is_truncated(ids, eos_token_ids)
+    text = tokenizer.decode(ids if truncated else ids[:-1], skip_special_tokens=True)
+    return PolicyTurn(str(text), truncated)
 
 
 def render_messages(messages: Sequence[ChatMessage], tokenizer: Any, generation_prompt: bool = True) -> str:

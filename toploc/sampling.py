@@ -4,8 +4,8 @@ A token is drawn as ``argmax(logits / T + g)`` where ``g[v] = -log(-log(u))`` an
 a uniform number hashed from (seed, stream, position, token id). The Gumbel-max trick makes
 that a sample from ``softmax(logits / T)``; because ``u`` is a pure function of integers, a
 validator can replay the exact draw from recomputed logits. ``stream`` separates samples
-within a task (``sample_stream(prompt_index, sample_index)``); ``position`` counts the
-completion tokens drawn so far.
+within a task (``sample_stream(prompt_index, sample_index)``, and ``turn_stream`` for each policy turn of a
+multi-turn episode); ``position`` counts the completion tokens drawn so far in the turn.
 
 The hash is a 32-bit multiply-xorshift mixer evaluated in int64 with every product kept
 below 2^63 (values < 2^32, constants < 2^31), so CPU and CUDA integer arithmetic give the
@@ -48,6 +48,18 @@ def sample_stream(prompt_index: int, sample_index: int) -> int:
     if not 0 <= sample_index < MAX_GROUP_STREAMS:
         raise ValueError(f"sample_index must be in [0, {MAX_GROUP_STREAMS})")
     return prompt_index * MAX_GROUP_STREAMS + sample_index
+
+
+MAX_EPISODE_TURNS = 256
+"""Policy turns of one multi-turn episode that get noise streams of their own."""
+
+
+def turn_stream(prompt_index: int, sample_index: int, turn: int) -> int:
+    """The noise stream of policy turn ``turn`` (0-based) of one sample's episode: turn 0's is the sample's own
+    :func:`sample_stream`, each later turn's is distinct from every stream of the task (streams are 64-bit)."""
+    if not 0 <= turn < MAX_EPISODE_TURNS:
+        raise ValueError(f"turn must be in [0, {MAX_EPISODE_TURNS})")
+    return sample_stream(prompt_index, sample_index) + (turn << 32)
 
 
 def stream_states(seeds: Sequence[int], streams: torch.Tensor, device: torch.device | str = "cpu") -> torch.Tensor:

@@ -22,6 +22,7 @@ from toploc.sampling import (
     sampling_gaps,
     stream_indices,
     stream_states,
+    turn_stream,
     uniform_noise,
 )
 
@@ -73,6 +74,16 @@ def test_sample_stream_bounds() -> None:
         sample_stream(0, 1 << 16)
     with pytest.raises(ValueError):
         draw_tokens(torch.zeros(1, 3), 0.0, 1, torch.zeros(1), torch.zeros(1))
+
+
+def test_each_turn_of_an_episode_draws_its_own_noise() -> None:
+    assert turn_stream(7, 3, 0) == sample_stream(7, 3)
+    streams = {turn_stream(p, s, t) for p in (0, 1, 255) for s in (0, 1, 63) for t in (0, 1, 255)}
+    assert len(streams) == 27
+    noise = uniform_noise(5, torch.tensor([turn_stream(2, 1, t) for t in range(4)]), torch.zeros(4), 64)
+    assert len({tuple(row.tolist()) for row in noise}) == 4
+    with pytest.raises(ValueError, match="turn must be in"):
+        turn_stream(0, 0, 256)
 
 
 @pytest.mark.parametrize(("vocab_size", "spread"), [(7, 1.0), (1024, 1.3), (1024, 8.0), (5000, 3.0)])

@@ -1,0 +1,116 @@
+"""Multi-turn episodes played with a real HF engine: the trusted side rebuilds every prompt and reply from the
+sampled tokens alone, and each turn's draw verifies on its own noise stream (and on no other)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from engines.hf import HFEngine
+from environments.base import ChatMessage, Example, Scores
+from environments.episode import (
+    EpisodeLimits,
+    MultiTurnEnvironment,
+    episode_samples,
+    policy_turn,
+    replay,
+    turn_prompt_ids,
+)
+from protocol.schemas import SamplingParams
+from tests.support.tiny_model import TinyModelSpec, save_tiny_model
+from toploc.proof import build_proofs
+from toploc.sampling import turn_stream
+from toploc.verify import verify_rollout
+from worker.episodes import EpisodeRequest, play_episodes
+
+LIMITS = EpisodeLimits(max_turns=3)
+SAMPLING = SamplingParams(temperature=1.0, max_tokens=6)
+SEED = 1234
+
+
+class Counting(MultiTurnEnvironment):
+    """Replies to every turn with what it read, until the turn limit ends the episode."""
+
+    name = "counting"
+
+    def example(self, index: int) -> Example:
+        return Example(index=index, prompt=(ChatMessage("user", f"count with me from {index}"),))
+
+    def reply(self, example: Example, transcript: tuple[ChatMessage, ...]) -> tuple[ChatMessage, ...] | None:
+        said = sum(len(m.content) for m in transcript if m.role == "assistant")
+        return (ChatMessage("tool", f"{example.index} heard {said}"),)
+
+    def score(self, example: Example, completion: str) -> Scores:
+        return Scores.single("length", float(len(completion)))
+
+
+@pytest.fixture(scope="module")
+def policy(tmp_path_factory: pytest.TempPathFactory) -> tuple[HFEngine, Any]:
+    """A random Qwen2 over a ChatML tokenizer trained here, and that tokenizer."""
+    from transformers import AutoTokenizer
+
+    from trainer.tokenizer import CHAT_TEMPLATE, save_hf_tokenizer, train_tokenizer
+
+    directory: Path = tmp_path_factory.mktemp("chat-policy")
+    corpus = [f"count with me from {i}; {i} heard {i * 7} tool assistant user" for i in range(300)]
+    save_hf_tokenizer(train_tokenizer(corpus, 300), directory, 512, CHAT_TEMPLATE)
+    tokenizer = AutoTokenizer.from_pretrained(str(directory))
+    save_tiny_model(directory, seed=3, spec=TinyModelSpec(vocab_size=len(tokenizer)))
+    return HFEngine(directory), tokenizer
+
+
+def test_played_episodes_are_rebuilt_and_verified_turn_by_turn(policy: tuple[HFEngine, Any]) -> None:
+    engine, tokenizer = policy
+    env = Counting()
+    eos = (tokenizer.convert_tokens_to_ids("<|im_end|>"), 1)  # the tiny model's biased id ends turns too
+    requests = [EpisodeRequest(f"t/{p}/{s}", env.example(10 + p), p, s) for p in range(2) for s in range(2)]
+    played = play_episodes(
+        engine.generate,
+        env,
+        requests,
+        tokenizer,
+        seed=SEED,
+        max_tokens=SAMPLING.max_tokens,
+        temperature=SAMPLING.temperature,
+        eos_token_ids=eos,
+        limits=LIMITS,
+    )
+    assert [p.uid for p in played] == [r.uid for r in requests]
+    assert sum(len(p.turns) for p in played) > len(played)  # some episodes went past their first turn
+    wrong_stream: list[bool] = []
+    for request, episode in zip(requests, played, strict=True):
+        assert episode.episode is not None
+        turns = [policy_turn(tokenizer, r.completion_ids, eos) for r in episode.turns]
+        rebuilt = replay(env, request.example, turns, LIMITS)
+        assert rebuilt == episode.episode
+        prompts = turn_prompt_ids(rebuilt, tokenizer)
+        assert prompts == episode.prompt_ids
+        completions = [r.completion_ids for r in episode.turns]
+        samples = episode_samples(prompts, completions)
+        trained = [t for s in samples for t, sampled in zip(s.token_ids, s.sampled, strict=True) if sampled]
+        assert trained == [t for c in completions for t in c]
+        proofs = build_proofs([r.hidden_states for r in episode.turns])
+        for turn, (prompt, result, proof) in enumerate(zip(prompts, episode.turns, proofs, strict=True)):
+
+            def verify(stream: int, prompt: list[int] = prompt, result: Any = result, proof: bytes = proof) -> Any:
+                return verify_rollout(
+                    sampling=SAMPLING,
+                    seed=SEED,
+                    stream=stream,
+                    prompt_ids=prompt,
+                    completion_ids=result.completion_ids,
+                    logprobs=result.logprobs,
+                    finish_reason=result.finish_reason,
+                    proof=proof,
+                    prefill=engine.prefill([prompt], [result.completion_ids])[0],
+                    eos_token_ids=eos,
+                )
+
+            honest = verify(turn_stream(request.prompt_index, request.sample_index, turn))
+            assert honest.accepted, honest.reasons
+            if turn > 0 and len(result.completion_ids) > 2:  # one or two likely tokens fit any noise
+                wrong_stream.append(verify(turn_stream(request.prompt_index, request.sample_index, 0)).accepted)
+    # a later turn's draw checked on the first turn's noise is not that draw
+    assert wrong_stream and not any(wrong_stream)
