@@ -31,6 +31,8 @@ MAX_POLICY_VERSION = 2**31 - 1  # the ledger stores versions as 32-bit INTEGERs
 MAX_PROMPTS_PER_TASK = 256
 MAX_GROUP_SIZE = 64
 MAX_TOKENS_PER_SAMPLE = 32768
+MAX_EPISODE_TURNS = 256
+"""Policy turns of one multi-turn episode: each gets a noise stream of its own (toploc.sampling.turn_stream)."""
 MAX_BYTES = 2**60
 """Largest byte count or offset any message may carry (1 EiB): far above any model, below SQL's BIGINT."""
 MAX_COUNT = 2**40
@@ -158,15 +160,27 @@ class LeaseRenewal(WireModel):
     lease_id: str = Field(max_length=128)
 
 
-class Rollout(WireModel):
-    """One sample: the tokens a worker generated for one prompt, with what proves them."""
+class TurnRollout(WireModel):
+    """The tokens the policy sampled in one turn, with what proves them. Only sampled tokens are sent: a prompt,
+    and in an episode every environment reply and template marker, is rebuilt by whoever checks it."""
 
-    prompt_index: int = Field(ge=0, lt=MAX_PROMPTS_PER_TASK)
-    sample_index: int = Field(ge=0, lt=MAX_GROUP_SIZE)
     completion_ids: list[TokenId] = Field(max_length=MAX_TOKENS_PER_SAMPLE)
     logprobs: list[Logprob] = Field(max_length=MAX_TOKENS_PER_SAMPLE)
     finish_reason: Literal["stop", "length"]
     proof_b64: str = Field(max_length=4 * MAX_TOKENS_PER_SAMPLE * 16, description="TOPLOC proof bytes, base64.")
+
+
+class Rollout(TurnRollout):
+    """One sample: the tokens a worker generated for one prompt (in an episode, its first policy turn), with what
+    proves them."""
+
+    prompt_index: int = Field(ge=0, lt=MAX_PROMPTS_PER_TASK)
+    sample_index: int = Field(ge=0, lt=MAX_GROUP_SIZE)
+    later_turns: list[TurnRollout] = Field(
+        default_factory=list,
+        max_length=MAX_EPISODE_TURNS - 1,
+        description="A multi-turn episode's policy turns after the first, in order; empty for a single turn.",
+    )
 
 
 class SubmitRequest(WireModel):

@@ -20,6 +20,8 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from protocol.schemas import MAX_EPISODE_TURNS
+
 _MASK32 = 0xFFFFFFFF
 _MUL_A = 0x7FEB352D
 _MUL_B = 0x2C1B3C6D
@@ -48,10 +50,6 @@ def sample_stream(prompt_index: int, sample_index: int) -> int:
     if not 0 <= sample_index < MAX_GROUP_STREAMS:
         raise ValueError(f"sample_index must be in [0, {MAX_GROUP_STREAMS})")
     return prompt_index * MAX_GROUP_STREAMS + sample_index
-
-
-MAX_EPISODE_TURNS = 256
-"""Policy turns of one multi-turn episode that get noise streams of their own."""
 
 
 def turn_stream(prompt_index: int, sample_index: int, turn: int) -> int:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 
-from protocol.schemas import Rollout
+from protocol.schemas import Rollout, TurnRollout
 
 
 def fair_share(max_open_leases: int, num_live_sources: int) -> int:
@@ -116,13 +116,15 @@ def rollout_problems(
     group_size: int,
     max_tokens: int,
     vocab_size: int | None = None,
+    max_turns: int = 1,
 ) -> list[str]:
     """What is wrong with a submitted group that no honest worker sends, checkable without the model.
 
-    Every (prompt, sample) exactly once; per rollout at least one and at most ``max_tokens``
-    tokens, one logprob per token, no logprob above 0 (a probability above 1) and, when the
-    policy's ``vocab_size`` is known, no token id outside its vocabulary. The wire schema has
-    already refused non-finite and absurd numbers; the validators check the rest with the model.
+    Every (prompt, sample) exactly once; at most ``max_turns`` policy turns per rollout (1: the run's environment
+    is single-turn); per turn at least one and at most ``max_tokens`` tokens, one logprob per token, no logprob
+    above 0 (a probability above 1) and, when the policy's ``vocab_size`` is known, no token id outside its
+    vocabulary. The wire schema has already refused non-finite and absurd numbers; the validators check the rest
+    with the model.
     """
     problems: list[str] = []
     expected = {(prompt, sample) for prompt in prompt_indices for sample in range(group_size)}
@@ -137,30 +139,41 @@ def rollout_problems(
         elif key in seen:
             problems.append(f"rollout {number}: (prompt {key[0]}, sample {key[1]}) appears twice")
         seen.add(key)
-        if len(rollout.logprobs) != len(rollout.completion_ids):
+        turns = [rollout, *rollout.later_turns]
+        if len(turns) > max_turns:
             problems.append(
-                f"rollout {number}: {len(rollout.logprobs)} logprobs for {len(rollout.completion_ids)} tokens"
+                f"rollout {number}: {len(turns)} policy turns, but this run's episodes have at most {max_turns}"
+                + (" (its environment is single-turn)" if max_turns == 1 else "")
             )
-        if not rollout.completion_ids:
-            problems.append(f"rollout {number}: completion_ids is empty (at least one token is always drawn)")
-        if len(rollout.completion_ids) > max_tokens:
-            problems.append(f"rollout {number}: {len(rollout.completion_ids)} tokens exceed max_tokens {max_tokens}")
-        positive = next((i for i, logprob in enumerate(rollout.logprobs) if logprob > 0), None)
-        if positive is not None:
-            problems.append(
-                f"rollout {number}: logprobs[{positive}] is {rollout.logprobs[positive]:g}, above 0 "
-                "(a log-probability is at most 0)"
-            )
-        if vocab_size is not None:
-            outside = next((token for token in rollout.completion_ids if token >= vocab_size), None)
-            if outside is not None:
-                problems.append(
-                    f"rollout {number}: completion_ids holds token id {outside}, outside the policy's vocabulary "
-                    f"[0, {vocab_size})"
-                )
+            continue
+        for turn_number, turn in enumerate(turns):
+            where = f"rollout {number}" + (f" turn {turn_number}" if len(turns) > 1 else "")
+            problems += _turn_problems(turn, where, max_tokens, vocab_size)
     missing = expected - seen
     if missing:
         problems.append(f"{len(missing)} of {len(expected)} samples missing, e.g. (prompt, sample) {min(missing)}")
+    return problems
+
+
+def _turn_problems(turn: TurnRollout, where: str, max_tokens: int, vocab_size: int | None) -> list[str]:
+    problems: list[str] = []
+    if len(turn.logprobs) != len(turn.completion_ids):
+        problems.append(f"{where}: {len(turn.logprobs)} logprobs for {len(turn.completion_ids)} tokens")
+    if not turn.completion_ids:
+        problems.append(f"{where}: completion_ids is empty (at least one token is always drawn)")
+    if len(turn.completion_ids) > max_tokens:
+        problems.append(f"{where}: {len(turn.completion_ids)} tokens exceed max_tokens {max_tokens}")
+    positive = next((i for i, logprob in enumerate(turn.logprobs) if logprob > 0), None)
+    if positive is not None:
+        problems.append(
+            f"{where}: logprobs[{positive}] is {turn.logprobs[positive]:g}, above 0 (a log-probability is at most 0)"
+        )
+    if vocab_size is not None:
+        outside = next((token for token in turn.completion_ids if token >= vocab_size), None)
+        if outside is not None:
+            problems.append(
+                f"{where}: completion_ids holds token id {outside}, outside the policy's vocabulary [0, {vocab_size})"
+            )
     return problems
 
 

@@ -158,8 +158,13 @@ def test_claims_checkable_at_the_door_are_refused_and_counted(net: Network) -> N
     def empty_completion(rollout: dict[str, Any]) -> None:
         rollout.update(completion_ids=[], logprobs=[])
 
+    def episode_in_a_single_turn_run(rollout: dict[str, Any]) -> None:
+        turn = {key: rollout[key] for key in ("completion_ids", "logprobs", "finish_reason", "proof_b64")}
+        rollout["later_turns"] = [turn]
+
     cheats: list[tuple[Callable[[dict[str, Any]], None], str]] = [
         (positive_logprob, "logprobs[2] is 0.5, above 0"),
+        (episode_in_a_single_turn_run, "2 policy turns, but this run's episodes have at most 1 (its environment is"),
         (token_outside_vocabulary, "completion_ids holds token id 5000, outside the policy's vocabulary [0, 1024)"),
         (empty_completion, "completion_ids is empty"),
     ]

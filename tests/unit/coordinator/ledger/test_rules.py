@@ -15,7 +15,7 @@ from coordinator.ledger.scheduling import (
 )
 from coordinator.ledger.seeds import new_run_secret, sampling_seed
 from coordinator.serving.ratelimit import RateLimiter
-from protocol.schemas import Rollout
+from protocol.schemas import Rollout, TurnRollout
 
 
 @pytest.mark.parametrize(
@@ -96,6 +96,27 @@ def test_rollout_problems_at_the_door() -> None:
     assert rollout_problems(outside, [0, 1], 2, 4) == []  # vocabulary unknown: left to the validators
     assert rollout_problems(outside, [0, 1], 2, 4, vocab_size=2) == [
         "rollout 3: completion_ids holds token id 2, outside the policy's vocabulary [0, 2)"
+    ]
+
+
+def test_later_turns_are_refused_in_a_single_turn_run_and_checked_like_the_first() -> None:
+    complete = [rollout(p, s) for p in (0, 1) for s in (0, 1)]
+    turn = TurnRollout(completion_ids=[1, 1], logprobs=[0.0, -1.0], finish_reason="stop", proof_b64="")
+    episode = complete[3].model_copy(update={"later_turns": [turn, turn]})
+    assert rollout_problems([*complete[:3], episode], [0, 1], 2, 4) == [
+        "rollout 3: 3 policy turns, but this run's episodes have at most 1 (its environment is single-turn)"
+    ]
+    assert rollout_problems([*complete[:3], episode], [0, 1], 2, 4, vocab_size=2, max_turns=3) == []
+    assert rollout_problems([*complete[:3], episode], [0, 1], 2, 4, max_turns=2) == [
+        "rollout 3: 3 policy turns, but this run's episodes have at most 2"
+    ]
+    bad = TurnRollout(completion_ids=[1, 7, 1], logprobs=[0.5, 0.0], finish_reason="stop", proof_b64="")
+    broken = complete[3].model_copy(update={"later_turns": [turn, bad]})
+    assert rollout_problems([*complete[:3], broken], [0, 1], 2, 2, vocab_size=2, max_turns=3) == [
+        "rollout 3 turn 2: 2 logprobs for 3 tokens",
+        "rollout 3 turn 2: 3 tokens exceed max_tokens 2",
+        "rollout 3 turn 2: logprobs[0] is 0.5, above 0 (a log-probability is at most 0)",
+        "rollout 3 turn 2: completion_ids holds token id 7, outside the policy's vocabulary [0, 2)",
     ]
 
 
