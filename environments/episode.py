@@ -27,9 +27,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from environments.base import ChatMessage, Environment, Example, Scores
+from environments.base import ChatMessage, Environment, Example, Scores, finite_scores
 from environments.render import chat_messages, has_chat_template
-from environments.truncation import is_truncated
+from environments.truncation import is_truncated, no_credit
 
 ENV_ROLES = frozenset({"tool", "user"})
 """Roles an environment reply may speak in: the policy alone is ``assistant``; ``system`` is the prompt's."""
@@ -247,3 +247,26 @@ def episode_samples(prompts: Sequence[Sequence[int]], completions: Sequence[Sequ
         turns.append(number)
     samples.append(EpisodeSample(tuple(tokens), tuple(sampled), tuple(turns)))
     return samples
+
+
+def rebuild_episode(
+    environment: MultiTurnEnvironment,
+    example: Example,
+    turn_ids: Sequence[Sequence[int]],
+    tokenizer: Any,
+    eos_token_ids: Sequence[int],
+    limits: EpisodeLimits,
+) -> tuple[Episode, list[list[int]]]:
+    """The episode whose policy turns sampled ``turn_ids``, and each turn's prompt ids: all the trusted side
+    needs, from the sampled tokens alone. EpisodeError when the turns cannot be that episode."""
+    episode = replay(environment, example, [policy_turn(tokenizer, ids, eos_token_ids) for ids in turn_ids], limits)
+    return episode, turn_prompt_ids(episode, tokenizer)
+
+
+def episode_scores(environment: MultiTurnEnvironment, episode: Episode) -> Scores:
+    """The episode's rewards under the run's truncation rule: an episode whose last turn was cut at the token
+    budget earns what a cut single-turn completion does (:mod:`environments.truncation`)."""
+    scores = finite_scores(environment.score_episode(episode.example, episode.messages))
+    if episode.ended_by == "truncated" and environment.truncated == "minimum":
+        return no_credit(scores)
+    return scores

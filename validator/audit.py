@@ -28,13 +28,21 @@ from typing import Any
 
 from engines.base import PrefillEngine
 from environments.base import Environment, Scores, failure_summary, finite_scores
-from environments.truncation import completion_scores, is_truncated
+from environments.episode import (
+    EpisodeError,
+    EpisodeLimits,
+    MultiTurnEnvironment,
+    episode_scores,
+    policy_turn,
+    rebuild_episode,
+)
+from environments.truncation import completion_scores
 from protocol.errors import BadSignatureError, ProofError
-from protocol.schemas import PendingSubmission, Verdict
+from protocol.schemas import PendingSubmission, TurnRollout, Verdict
 from protocol.signing import verify_document
 from toploc.calibrations import run_toploc_config
 from toploc.config import ToplocConfig
-from toploc.sampling import sample_stream
+from toploc.sampling import turn_stream
 from toploc.verify import Claim, RolloutVerdict, SampleTask, decode_proof_b64, precheck_claim, verify_claims
 
 MAX_VERDICT_REASONS = 64
@@ -56,31 +64,89 @@ class Thresholds:
         return run_toploc_config(self.precision, self.own, verifying_engine=self.verifying_engine)
 
 
-def claims_of(item: PendingSubmission, eos_token_ids: Sequence[int]) -> tuple[list[Claim], list[str]]:
-    """The rollouts of a submission as claims against the task the ledger issued; reasons for junk."""
+@dataclass(frozen=True)
+class Episodes:
+    """How the validator of a multi-turn run rebuilds episodes: the environment, the policy's tokenizer, the
+    run's episode limits."""
+
+    environment: MultiTurnEnvironment
+    tokenizer: Any
+    limits: EpisodeLimits
+
+
+@dataclass(frozen=True)
+class TurnClaim:
+    """One policy turn of a rollout as a claim against the prompt the trusted side rebuilt."""
+
+    position: int
+    """The rollout's position in the submission."""
+    turn: int
+    claim: Claim
+    label: str
+    """``rollout pP/sS`` (with `` turn T`` in an episode of several turns): how reasons name it."""
+
+
+def claims_of(
+    item: PendingSubmission, eos_token_ids: Sequence[int], episodes: Episodes | None = None
+) -> tuple[list[TurnClaim], list[str]]:
+    """The rollouts of a submission as claims, one per policy turn, against the task the ledger issued; reasons
+    for junk. A single turn's prompt is the task's; in a multi-turn run (``episodes``) every turn's prompt is
+    rebuilt from the environment and the sampled turns (:func:`environments.episode.rebuild_episode`), and the
+    first must be the task's."""
     task, submission = item.task, item.submission
-    prompts = {prompt.prompt_index: list(prompt.token_ids) for prompt in task.prompts}
-    claims: list[Claim] = []
+    prompts = {prompt.prompt_index: prompt for prompt in task.prompts}
+    claims: list[TurnClaim] = []
     reasons: list[str] = []
-    for rollout in submission.rollouts:
+    for position, rollout in enumerate(submission.rollouts):
         label = f"rollout p{rollout.prompt_index}/s{rollout.sample_index}"
         if rollout.prompt_index not in prompts:
             reasons.append(f"{label}: the task has no prompt {rollout.prompt_index}")
             continue
+        turns: list[TurnRollout] = [rollout, *rollout.later_turns]
+        issued = list(prompts[rollout.prompt_index].token_ids)
         try:
-            proof = decode_proof_b64(rollout.proof_b64)
-        except ProofError as exc:
-            reasons.append(f"{label}: {exc.message}")
+            turn_prompts = _turn_prompts(
+                issued, prompts[rollout.prompt_index].example_index, turns, eos_token_ids, episodes
+            )
+            proofs = [decode_proof_b64(turn.proof_b64) for turn in turns]
+        except (EpisodeError, ProofError) as exc:
+            reasons.append(f"{label}: {exc.message if isinstance(exc, ProofError) else f'episode: {exc}'}")
             continue
-        sample = SampleTask(
-            prompt_ids=prompts[rollout.prompt_index],
-            sampling=task.sampling,
-            seed=task.sampling_seed,
-            stream=sample_stream(rollout.prompt_index, rollout.sample_index),
-            eos_token_ids=tuple(eos_token_ids),
-        )
-        claims.append(Claim(sample, rollout.completion_ids, rollout.logprobs, rollout.finish_reason, proof))
+        for number, (turn, prompt_ids, proof) in enumerate(zip(turns, turn_prompts, proofs, strict=True)):
+            sample = SampleTask(
+                prompt_ids=prompt_ids,
+                sampling=task.sampling,
+                seed=task.sampling_seed,
+                stream=turn_stream(rollout.prompt_index, rollout.sample_index, number),
+                eos_token_ids=tuple(eos_token_ids),
+            )
+            claim = Claim(sample, turn.completion_ids, turn.logprobs, turn.finish_reason, proof)
+            claims.append(TurnClaim(position, number, claim, label + (f" turn {number}" if len(turns) > 1 else "")))
     return claims, reasons
+
+
+def _turn_prompts(
+    issued: list[int],
+    example_index: int | None,
+    turns: Sequence[TurnRollout],
+    eos_token_ids: Sequence[int],
+    episodes: Episodes | None,
+) -> list[list[int]]:
+    """Each turn's prompt ids, rebuilt by this validator; EpisodeError when the turns cannot be the episode."""
+    if episodes is None:
+        if len(turns) > 1:
+            raise EpisodeError(f"{len(turns)} policy turns in a run whose environment is single-turn")
+        return [issued]
+    if example_index is None:
+        raise EpisodeError("the prompt carries no example index, so its episode cannot be replayed")
+    example = episodes.environment.example(example_index)
+    turn_ids = [turn.completion_ids for turn in turns]
+    _episode, turn_prompts = rebuild_episode(
+        episodes.environment, example, turn_ids, episodes.tokenizer, eos_token_ids, episodes.limits
+    )
+    if turn_prompts[0] != issued:
+        raise EpisodeError("the task's prompt is not the environment's first prompt of this example")
+    return turn_prompts
 
 
 def submission_reasons(item: PendingSubmission) -> list[str]:
@@ -102,21 +168,27 @@ def submission_reasons(item: PendingSubmission) -> list[str]:
     return reasons
 
 
-RewardFn = Callable[[int, Sequence[int]], Scores]
-"""(example index, completion ids) -> the environment's named rewards, computed by the validator."""
+RewardFn = Callable[[int, Sequence[Sequence[int]]], Scores]
+"""(example index, each policy turn's sampled ids) -> the environment's named rewards, computed by the validator."""
 
 
-def environment_reward_fn(environment: Environment, tokenizer: Any, eos_token_ids: Sequence[int]) -> RewardFn:
+def environment_reward_fn(
+    environment: Environment, tokenizer: Any, eos_token_ids: Sequence[int], limits: EpisodeLimits | None = None
+) -> RewardFn:
     """Rewards of ``environment``, from completions decoded with the policy's tokenizer (EOS dropped), under the
-    run's truncation rule (a completion whose last token is not EOS was cut at max_tokens)."""
+    run's truncation rule (a completion whose last token is not EOS was cut at max_tokens). A multi-turn
+    environment's episode is replayed from its turns (with ``limits``) and scored whole."""
 
-    def reward(example_index: int, completion_ids: Sequence[int]) -> Scores:
-        ids = list(completion_ids)
-        truncated = is_truncated(ids, eos_token_ids)
-        if not truncated:
-            ids = ids[:-1]
-        text = tokenizer.decode(ids, skip_special_tokens=True)
-        return completion_scores(environment, environment.example(example_index), text, truncated)
+    def reward(example_index: int, turn_ids: Sequence[Sequence[int]]) -> Scores:
+        example = environment.example(example_index)
+        if isinstance(environment, MultiTurnEnvironment):
+            episode, _ = rebuild_episode(
+                environment, example, turn_ids, tokenizer, eos_token_ids, limits or EpisodeLimits()
+            )
+            return episode_scores(environment, episode)
+        (ids,) = turn_ids
+        turn = policy_turn(tokenizer, ids, eos_token_ids)
+        return completion_scores(environment, example, turn.text, turn.truncated)
 
     return reward
 
@@ -135,7 +207,8 @@ def recompute_rewards(item: PendingSubmission, reward_fn: RewardFn) -> tuple[lis
         if example_index is None:
             raise RewardsUnavailable(f"prompt {rollout.prompt_index} carries no example index")
         try:  # the environment is code the run chose, not the worker: whatever it raises is its own failure
-            scores = finite_scores(reward_fn(example_index, rollout.completion_ids))
+            turn_ids = [rollout.completion_ids, *(turn.completion_ids for turn in rollout.later_turns)]
+            scores = finite_scores(reward_fn(example_index, turn_ids))
         except Exception as exc:
             label = f"rollout p{rollout.prompt_index}/s{rollout.sample_index}"
             raise RewardsUnavailable(f"environment: scoring {label} failed: {failure_summary(exc)}") from exc
@@ -164,26 +237,30 @@ class _Audit:
 
     item: PendingSubmission
     reasons: list[str]
-    claims: list[tuple[int, Claim]]
-    """(rollout position, claim) of the rollouts to recompute."""
+    claims: list[TurnClaim]
+    """The turns of the rollouts to recompute."""
     rollout_verdicts: list[RolloutVerdict] = field(default_factory=list)
 
 
-def _start_audit(item: PendingSubmission, vocab_size: int, eos_token_ids: Sequence[int]) -> _Audit:
-    """The checks that need no model, on every rollout; the claims of the audited rollouts when all pass."""
+def _start_audit(
+    item: PendingSubmission, vocab_size: int, eos_token_ids: Sequence[int], episodes: Episodes | None
+) -> _Audit:
+    """The checks that need no model, on every turn of every rollout; the claims of the audited rollouts' turns
+    when all pass."""
     reasons = submission_reasons(item)
-    claims, junk = claims_of(item, eos_token_ids)
+    claims, junk = claims_of(item, eos_token_ids, episodes)
     reasons += junk
     if reasons:
         return _Audit(item, reasons, [])
-    for rollout, claim in zip(item.submission.rollouts, claims, strict=True):
-        found = precheck_claim(claim, vocab_size)
-        if any(not 0 <= t < vocab_size for t in claim.task.prompt_ids):
+    for turn in claims:
+        found = precheck_claim(turn.claim, vocab_size)
+        if any(not 0 <= t < vocab_size for t in turn.claim.task.prompt_ids):
             found.append("shape: prompt token ids outside the vocabulary")
-        reasons += [f"rollout p{rollout.prompt_index}/s{rollout.sample_index}: {reason}" for reason in found]
+        reasons += [f"{turn.label}: {reason}" for reason in found]
     if reasons:
         return _Audit(item, reasons, [])
-    return _Audit(item, reasons, [(i, claims[i]) for i in audited_positions(item)])
+    audited = set(audited_positions(item))
+    return _Audit(item, reasons, [turn for turn in claims if turn.position in audited])
 
 
 def audit_submissions(
@@ -192,20 +269,20 @@ def audit_submissions(
     eos_token_ids: Sequence[int],
     config: ToplocConfig | None = None,
     reward_fn: RewardFn | None = None,
+    episodes: Episodes | None = None,
 ) -> list[tuple[Verdict, list[RolloutVerdict]]]:
     """Verdicts on submissions of one policy version, with one batched prefill of all their audited rollouts.
 
     Only the rollouts the ledger picked (``audit_sample_indices``) are recomputed; the checks
     that need no model run on all of them, and rewards are recomputed for all of them.
     """
-    audits = [_start_audit(item, engine.vocab_size, eos_token_ids) for item in items]
-    batch = [(audit, position, claim) for audit in audits for position, claim in audit.claims]
+    audits = [_start_audit(item, engine.vocab_size, eos_token_ids, episodes) for item in items]
+    batch = [(audit, turn) for audit in audits for turn in audit.claims]
     if batch:
-        claims = [claim for _audit, _position, claim in batch]
+        claims = [turn.claim for _audit, turn in batch]
         prefills = engine.prefill([c.task.prompt_ids for c in claims], [c.completion_ids for c in claims])
-        for (audit, position, _claim), checked in zip(batch, verify_claims(claims, prefills, config), strict=True):
-            rollout = audit.item.submission.rollouts[position]
-            audit.reasons += [f"rollout p{rollout.prompt_index}/s{rollout.sample_index}: {r}" for r in checked.reasons]
+        for (audit, turn), checked in zip(batch, verify_claims(claims, prefills, config), strict=True):
+            audit.reasons += [f"{turn.label}: {r}" for r in checked.reasons]
             audit.rollout_verdicts.append(checked)
     results = []
     for audit in audits:
@@ -230,19 +307,20 @@ def audit_submissions_safely(
     eos_token_ids: Sequence[int],
     config: ToplocConfig | None = None,
     reward_fn: RewardFn | None = None,
+    episodes: Episodes | None = None,
 ) -> list[tuple[Verdict, list[RolloutVerdict]]]:
     """:func:`audit_submissions`, but a submission the engine cannot recompute (e.g. longer than the model's
     positions) is rejected with the reason instead of failing the whole batch and the validator with it, and
     a submission whose rewards cannot be recomputed gets an ``environment_error`` verdict (accepting nothing,
     with the failure in one line) instead of no verdict: it neither stays pending nor counts against the worker."""
     try:
-        return list(audit_submissions(items, engine, eos_token_ids, config, reward_fn))
+        return list(audit_submissions(items, engine, eos_token_ids, config, reward_fn, episodes))
     except (ValueError, RewardsUnavailable):
         pass  # find the submission(s) at fault, one at a time
     results: list[tuple[Verdict, list[RolloutVerdict]]] = []
     for item in items:
         try:
-            results += audit_submissions([item], engine, eos_token_ids, config, reward_fn)
+            results += audit_submissions([item], engine, eos_token_ids, config, reward_fn, episodes)
         except ValueError as exc:
             reason = f"audit: the rollouts cannot be recomputed: {exc}"[:512]
             results.append((Verdict(submission_id=item.submission_id, accepted=False, reasons=[reason]), []))
@@ -259,6 +337,7 @@ def audit_submission(
     eos_token_ids: Sequence[int],
     config: ToplocConfig | None = None,
     reward_fn: RewardFn | None = None,
+    episodes: Episodes | None = None,
 ) -> tuple[Verdict, list[RolloutVerdict]]:
     """The verdict on one submission (with recomputed rewards when accepted), and the audited rollouts' verdicts."""
-    return audit_submissions([item], engine, eos_token_ids, config, reward_fn)[0]
+    return audit_submissions([item], engine, eos_token_ids, config, reward_fn, episodes)[0]

@@ -160,6 +160,11 @@ def build_submission(task: Task, engine_name: str, results: list[GenerationResul
                 proof_b64=base64.b64encode(proof).decode(),
             )
         )
+    return submit_request(task, engine_name, rollouts)
+
+
+def submit_request(task: Task, engine_name: str, rollouts: list[Rollout]) -> SubmitRequest:
+    """The submission of ``rollouts`` for the leased ``task``."""
     return SubmitRequest(
         lease_id=task.lease_id,
         task_id=task.task_id,

@@ -59,12 +59,12 @@ def test_the_validator_recomputes_rewards_under_the_rule() -> None:
     example = environment.example(3)
     answer_ids = [ord(c) for c in example.answer or ""]
     reward = environment_reward_fn(environment, CharTokenizer(), [EOS])
-    assert reward(3, [*answer_ids, EOS]).total == 1.0  # stopped: scored as the text
+    assert reward(3, [[*answer_ids, EOS]]).total == 1.0  # stopped: scored as the text
     padded = answer_ids + [ord("x")] * 5  # cut at max_tokens: would score above 0
     assert environment.score(example, "".join(map(chr, padded))).total > 0.5
-    assert reward(3, padded) == Scores.single("lcs_ratio", 0.0)
+    assert reward(3, [padded]) == Scores.single("lcs_ratio", 0.0)
     environment.truncated = "score"
-    assert reward(3, padded).total == environment.score(example, "".join(map(chr, padded))).total
+    assert reward(3, [padded]).total == environment.score(example, "".join(map(chr, padded))).total
 
 
 def test_the_rule_is_a_signed_environment_setting() -> None:

@@ -93,7 +93,7 @@ FAULTS: dict[str, tuple[Any, str]] = {
 def test_an_environment_fault_is_an_environment_error_verdict_not_a_crash(policy: HFEngine, fault: str) -> None:
     make_result, summary = FAULTS[fault]
 
-    def reward(example_index: int, _completion_ids: Sequence[int]) -> Scores:
+    def reward(example_index: int, _turn_ids: Sequence[Sequence[int]]) -> Scores:
         return Scores.single("ratio", 0.25) if example_index == 0 else make_result()
 
     good, bad = pending(policy, make_task("good", 0)), pending(policy, make_task("bad", 1))
@@ -107,7 +107,7 @@ def test_an_environment_fault_is_an_environment_error_verdict_not_a_crash(policy
 
 
 def test_a_cheated_group_is_rejected_whatever_the_environment_does(policy: HFEngine) -> None:
-    def reward(_example_index: int, _completion_ids: Sequence[int]) -> Scores:
+    def reward(_example_index: int, _turn_ids: Sequence[Sequence[int]]) -> Scores:
         raise ZeroDivisionError("division by zero")
 
     (verdict, _), *_ = audit_submissions_safely(

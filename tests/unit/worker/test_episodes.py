@@ -9,17 +9,15 @@ from typing import Any
 import pytest
 
 from engines.hf import HFEngine
-from environments.base import ChatMessage, Example, Scores
 from environments.episode import (
     EpisodeLimits,
-    MultiTurnEnvironment,
     episode_samples,
     policy_turn,
     replay,
     turn_prompt_ids,
 )
 from protocol.schemas import SamplingParams
-from tests.support.tiny_model import TinyModelSpec, save_tiny_model
+from tests.support.episodes import Counting, save_chat_policy
 from toploc.proof import build_proofs
 from toploc.sampling import turn_stream
 from toploc.verify import verify_rollout
@@ -30,34 +28,11 @@ SAMPLING = SamplingParams(temperature=1.0, max_tokens=6)
 SEED = 1234
 
 
-class Counting(MultiTurnEnvironment):
-    """Replies to every turn with what it read, until the turn limit ends the episode."""
-
-    name = "counting"
-
-    def example(self, index: int) -> Example:
-        return Example(index=index, prompt=(ChatMessage("user", f"count with me from {index}"),))
-
-    def reply(self, example: Example, transcript: tuple[ChatMessage, ...]) -> tuple[ChatMessage, ...] | None:
-        said = sum(len(m.content) for m in transcript if m.role == "assistant")
-        return (ChatMessage("tool", f"{example.index} heard {said}"),)
-
-    def score(self, example: Example, completion: str) -> Scores:
-        return Scores.single("length", float(len(completion)))
-
-
 @pytest.fixture(scope="module")
 def policy(tmp_path_factory: pytest.TempPathFactory) -> tuple[HFEngine, Any]:
     """A random Qwen2 over a ChatML tokenizer trained here, and that tokenizer."""
-    from transformers import AutoTokenizer
-
-    from trainer.tokenizer import CHAT_TEMPLATE, save_hf_tokenizer, train_tokenizer
-
     directory: Path = tmp_path_factory.mktemp("chat-policy")
-    corpus = [f"count with me from {i}; {i} heard {i * 7} tool assistant user" for i in range(300)]
-    save_hf_tokenizer(train_tokenizer(corpus, 300), directory, 512, CHAT_TEMPLATE)
-    tokenizer = AutoTokenizer.from_pretrained(str(directory))
-    save_tiny_model(directory, seed=3, spec=TinyModelSpec(vocab_size=len(tokenizer)))
+    tokenizer = save_chat_policy(directory)
     return HFEngine(directory), tokenizer
 
 

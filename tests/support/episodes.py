@@ -1,0 +1,43 @@
+"""Multi-turn test doubles: an environment that always answers, and a small chat policy to play it with."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from environments.base import ChatMessage, Example, Scores
+from environments.episode import MultiTurnEnvironment
+from tests.support.tiny_model import TinyModelSpec, save_tiny_model
+
+
+class Counting(MultiTurnEnvironment):
+    """Replies to every turn with what it read (``tool: I heard N``), until the turn limit ends the episode; the
+    reward is the length of the last turn."""
+
+    name = "counting"
+
+    def __init__(self, heard: str = "heard") -> None:
+        self.heard = heard
+
+    def example(self, index: int) -> Example:
+        return Example(index=index, prompt=(ChatMessage("user", f"count with me from {index}"),))
+
+    def reply(self, example: Example, transcript: tuple[ChatMessage, ...]) -> tuple[ChatMessage, ...] | None:
+        said = sum(len(m.content) for m in transcript if m.role == "assistant")
+        return (ChatMessage("tool", f"{example.index} {self.heard} {said}"),)
+
+    def score(self, example: Example, completion: str) -> Scores:
+        return Scores.single("length", float(len(completion)))
+
+
+def save_chat_policy(directory: Path, seed: int = 3) -> Any:
+    """A random Qwen2 over a ChatML tokenizer trained here on :class:`Counting`'s words; returns the tokenizer."""
+    from transformers import AutoTokenizer
+
+    from trainer.tokenizer import CHAT_TEMPLATE, save_hf_tokenizer, train_tokenizer
+
+    corpus = [f"count with me from {i}; {i} heard {i * 7} tool assistant user" for i in range(300)]
+    save_hf_tokenizer(train_tokenizer(corpus, 300), directory, 512, CHAT_TEMPLATE)
+    tokenizer = AutoTokenizer.from_pretrained(str(directory))
+    save_tiny_model(directory, seed=seed, spec=TinyModelSpec(vocab_size=len(tokenizer)))
+    return tokenizer
