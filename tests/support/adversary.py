@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import random
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Literal
@@ -22,7 +23,9 @@ import torch
 
 from engines.base import Engine, GenerationRequest, GenerationResult
 from engines.hf import HFEngine
-from protocol.schemas import Rollout, SubmitRequest, Task
+from protocol.identity import NodeIdentity
+from protocol.schemas import PendingSubmission, Rollout, SubmitRequest, Task
+from protocol.signing import sign_document
 from toploc.proof import build_proofs
 from toploc.sampling import sample_stream, stream_indices
 from toploc.verify import Claim, SampleTask
@@ -249,4 +252,18 @@ def submission_of(task: Task, claims: Sequence[Claim], engine: Literal["vllm", "
         policy_version=task.policy_version,
         engine=engine,
         rollouts=rollouts,
+    )
+
+
+def signed_pending(task: Task, submission: SubmitRequest, worker: NodeIdentity | None = None) -> PendingSubmission:
+    """``submission`` for ``task``, signed by ``worker`` (a new identity by default), as the ledger hands it to a
+    validator."""
+    worker = worker or NodeIdentity.generate()
+    return PendingSubmission(
+        submission_id="s-1",
+        worker_id=worker.node_id,
+        task=task,
+        submission=submission,
+        submitted_at=time.time(),
+        worker_signature_b64=sign_document(worker, submission.model_dump(mode="json")),
     )

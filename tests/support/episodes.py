@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from engines.hf import HFEngine
 from environments.base import ChatMessage, Example, Scores
 from environments.episode import MultiTurnEnvironment
 from tests.support.tiny_model import TinyModelSpec, save_tiny_model
@@ -30,8 +31,9 @@ class Counting(MultiTurnEnvironment):
         return Scores.single("length", float(len(completion)))
 
 
-def save_chat_policy(directory: Path, seed: int = 3) -> Any:
-    """A random Qwen2 over a ChatML tokenizer trained here on :class:`Counting`'s words; returns the tokenizer."""
+def chat_policy(directory: Path, seed: int = 3) -> tuple[HFEngine, Any]:
+    """A random Qwen2 over a ChatML tokenizer trained here on :class:`Counting`'s words, saved in ``directory``:
+    its HF engine and the tokenizer."""
     from transformers import AutoTokenizer
 
     from trainer.tokenizer import CHAT_TEMPLATE, save_hf_tokenizer, train_tokenizer
@@ -40,4 +42,4 @@ def save_chat_policy(directory: Path, seed: int = 3) -> Any:
     save_hf_tokenizer(train_tokenizer(corpus, 300), directory, 512, CHAT_TEMPLATE)
     tokenizer = AutoTokenizer.from_pretrained(str(directory))
     save_tiny_model(directory, seed=seed, spec=TinyModelSpec(vocab_size=len(tokenizer)))
-    return tokenizer
+    return HFEngine(directory), tokenizer

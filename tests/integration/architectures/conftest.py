@@ -14,10 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from protocol.identity import NodeIdentity
 from protocol.schemas import PendingSubmission, Task
-from protocol.signing import sign_document
-from tests.support.adversary import sample_tasks_of, submission_of
+from tests.support.adversary import sample_tasks_of, signed_pending, submission_of
 from tests.support.tiny_model import ARCHITECTURES, TINY_EOS_TOKEN_ID, TinyModelSpec, save_tiny_model
 from toploc.verify import Claim, SampleTask
 
@@ -74,16 +72,7 @@ def sample_tasks(task: Task) -> list[SampleTask]:
 
 def pending(task: Task, claims: Sequence[Claim], engine: str = "hf") -> PendingSubmission:
     """A signed submission of ``claims`` for ``task``, as the ledger hands it to a validator."""
-    worker = NodeIdentity.generate()
-    submission = submission_of(task, claims, "vllm" if engine == "vllm" else "hf")
-    return PendingSubmission(
-        submission_id="s-1",
-        worker_id=worker.node_id,
-        task=task,
-        submission=submission,
-        submitted_at=time.time(),
-        worker_signature_b64=sign_document(worker, submission.model_dump(mode="json")),
-    )
+    return signed_pending(task, submission_of(task, claims, "vllm" if engine == "vllm" else "hf"))
 
 
 @pytest.fixture(scope="session")

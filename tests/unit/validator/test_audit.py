@@ -17,6 +17,7 @@ from tests.support.adversary import (
     honest_claims,
     other_temperature,
     sample_tasks_of,
+    signed_pending,
     submission_of,
 )
 from tests.support.tiny_model import TINY_EOS_TOKEN_ID, save_tiny_qwen2
@@ -54,15 +55,7 @@ def sample_tasks(task: Task) -> list[SampleTask]:
 
 
 def pending(task: Task, claims: list[Claim], worker: NodeIdentity, **changes: object) -> PendingSubmission:
-    submission = submission_of(task, claims).model_copy(update=changes)
-    return PendingSubmission(
-        submission_id="s-1",
-        worker_id=worker.node_id,
-        task=task,
-        submission=submission,
-        submitted_at=time.time(),
-        worker_signature_b64=sign_document(worker, submission.model_dump(mode="json")),
-    )
+    return signed_pending(task, submission_of(task, claims).model_copy(update=changes), worker)
 
 
 def test_honest_group_is_accepted(policy: HFEngine) -> None:

@@ -6,17 +6,15 @@ tokens off as sampled, or sends turns to a single-turn run is rejected with the 
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from engines.hf import HFEngine
 from environments.episode import EpisodeLimits, EpisodeRun, MultiTurnEnvironment, rebuild_episode
-from protocol.identity import NodeIdentity
 from protocol.schemas import PendingSubmission, SubmitRequest, Task, TurnRollout
-from protocol.signing import sign_document
-from tests.support.episodes import Counting, save_chat_policy
+from tests.support.adversary import signed_pending
+from tests.support.episodes import Counting, chat_policy
 from validator.audit import Episodes, audit_submission, environment_reward_fn
 from worker.episodes import EpisodeRequest, build_episode_submission, play_episodes
 
@@ -27,9 +25,7 @@ GROUP_SIZE = 2
 
 @pytest.fixture(scope="module")
 def policy(tmp_path_factory: pytest.TempPathFactory) -> tuple[HFEngine, Any]:
-    directory: Path = tmp_path_factory.mktemp("chat-policy")
-    tokenizer = save_chat_policy(directory)
-    return HFEngine(directory), tokenizer
+    return chat_policy(tmp_path_factory.mktemp("chat-policy"))
 
 
 def eos_of(tokenizer: Any) -> tuple[int, ...]:
@@ -83,18 +79,6 @@ def played_submission(
     return build_episode_submission(task, engine.name, played)
 
 
-def pending(task: Task, submission: SubmitRequest) -> PendingSubmission:
-    worker = NodeIdentity.generate()
-    return PendingSubmission(
-        submission_id="s-1",
-        worker_id=worker.node_id,
-        task=task,
-        submission=submission,
-        submitted_at=time.time(),
-        worker_signature_b64=sign_document(worker, submission.model_dump(mode="json")),
-    )
-
-
 def audit(policy: tuple[HFEngine, Any], item: PendingSubmission, episodes: bool = True) -> Any:
     engine, tokenizer = policy
     env = Counting()
@@ -113,10 +97,10 @@ def test_honest_episodes_are_accepted_and_scored_whole(policy: tuple[HFEngine, A
     task = make_task(Counting(), tokenizer)
     submission = played_submission(engine, tokenizer, task, Counting())
     assert any(r.later_turns for r in submission.rollouts)
-    verdict = audit(policy, pending(task, submission))
+    verdict = audit(policy, signed_pending(task, submission))
     assert verdict.accepted, verdict.reasons
     assert len(verdict.rewards) == len(EXAMPLES) * GROUP_SIZE
-    single_turn = audit(policy, pending(task, submission), episodes=False)
+    single_turn = audit(policy, signed_pending(task, submission), episodes=False)
     assert not single_turn.accepted
     assert "policy turns in a run whose environment is single-turn" in single_turn.reasons[0]
 
@@ -127,7 +111,7 @@ def test_a_worker_that_plays_another_environment_is_rejected_at_the_turn_that_di
     engine, tokenizer = policy
     task = make_task(Counting(), tokenizer)
     tampered = played_submission(engine, tokenizer, task, Counting(heard="saw"))  # other tool output
-    verdict = audit(policy, pending(task, tampered))
+    verdict = audit(policy, signed_pending(task, tampered))
     assert not verdict.accepted
     assert all(" turn " in reason and " turn 0" not in reason for reason in verdict.reasons), verdict.reasons
 
@@ -139,12 +123,12 @@ def test_episodes_cut_short_or_played_past_their_end_are_rejected(policy: tuple[
     position = next(i for i, r in enumerate(honest.rollouts) if len(r.later_turns) == LIMITS.max_turns - 1)
     rollouts = list(honest.rollouts)
     rollouts[position] = rollouts[position].model_copy(update={"later_turns": rollouts[position].later_turns[:-1]})
-    verdict = audit(policy, pending(task, honest.model_copy(update={"rollouts": rollouts})))
+    verdict = audit(policy, signed_pending(task, honest.model_copy(update={"rollouts": rollouts})))
     assert not verdict.accepted
     assert "episode: the episode stops after policy turn 2, but the environment replied" in verdict.reasons[0]
 
     longer = played_submission(engine, tokenizer, task, Counting(), EpisodeLimits(max_turns=4))
-    verdict = audit(policy, pending(task, longer))
+    verdict = audit(policy, signed_pending(task, longer))
     assert not verdict.accepted
     assert any("policy turns, over the episode limit of 3" in reason for reason in verdict.reasons), verdict.reasons
 
@@ -170,7 +154,7 @@ def test_environment_tokens_passed_off_as_sampled_are_rejected(policy: tuple[HFE
     rollouts = list(honest.rollouts)
     rollouts[position] = cheat
     big = task.model_copy(update={"sampling": task.sampling.model_copy(update={"max_tokens": len(folded_ids)})})
-    verdict = audit(policy, pending(big, honest.model_copy(update={"rollouts": rollouts})))
+    verdict = audit(policy, signed_pending(big, honest.model_copy(update={"rollouts": rollouts})))
     assert not verdict.accepted
     label = f"rollout p{cheat.prompt_index}/s{cheat.sample_index}"
     assert any(reason.startswith(label) for reason in verdict.reasons), verdict.reasons

@@ -3,7 +3,6 @@ sampled tokens alone, and each turn's draw verifies on its own noise stream (and
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,7 +16,7 @@ from environments.episode import (
     turn_prompt_ids,
 )
 from protocol.schemas import SamplingParams
-from tests.support.episodes import Counting, save_chat_policy
+from tests.support.episodes import Counting, chat_policy
 from toploc.proof import build_proofs
 from toploc.sampling import turn_stream
 from toploc.verify import verify_rollout
@@ -30,10 +29,7 @@ SEED = 1234
 
 @pytest.fixture(scope="module")
 def policy(tmp_path_factory: pytest.TempPathFactory) -> tuple[HFEngine, Any]:
-    """A random Qwen2 over a ChatML tokenizer trained here, and that tokenizer."""
-    directory: Path = tmp_path_factory.mktemp("chat-policy")
-    tokenizer = save_chat_policy(directory)
-    return HFEngine(directory), tokenizer
+    return chat_policy(tmp_path_factory.mktemp("chat-policy"))
 
 
 def test_played_episodes_are_rebuilt_and_verified_turn_by_turn(policy: tuple[HFEngine, Any]) -> None:
