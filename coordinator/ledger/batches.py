@@ -12,10 +12,12 @@ from __future__ import annotations
 import json
 import math
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from protocol.schemas import Rollout, SubmitRequest, Verdict
+from environments.episode import episode_samples
+from protocol.schemas import Rollout, SubmitRequest, TurnRollout, Verdict
 from trainer.advantages import group_advantages
 from trainer.packing import TrainSample
 
@@ -77,19 +79,54 @@ def scored_rollouts(group: AcceptedGroup, normalize_std: bool = False) -> list[t
     return scored
 
 
-def train_samples(groups: list[AcceptedGroup], normalize_std: bool = False) -> list[TrainSample]:
-    """Samples of every group, prompt by prompt, each prompt's samples in sample order."""
+TurnPrompts = Callable[[AcceptedGroup, Rollout], list[list[int]]]
+"""(group, rollout) -> each policy turn's prompt ids, rebuilt by the trusted side (for a multi-turn run:
+:func:`environments.episode.rebuild_episode` from the rollout's sampled turns)."""
+
+
+def task_prompt(group: AcceptedGroup, rollout: Rollout) -> list[list[int]]:
+    """The single turn's prompt: the task's, as the ledger issued it."""
+    if rollout.later_turns:
+        raise ValueError(f"submission {group.submission_id} has later turns in a single-turn run")
+    return [group.prompt_token_ids[rollout.prompt_index]]
+
+
+def train_samples(
+    groups: list[AcceptedGroup], normalize_std: bool = False, turn_prompts: TurnPrompts = task_prompt
+) -> list[TrainSample]:
+    """Samples of every group, prompt by prompt, each prompt's samples in sample order; a multi-turn episode
+    gives one sample per run of turns that extend each other (:func:`episode_train_samples`)."""
     return [
-        TrainSample(
-            prompt_ids=group.prompt_token_ids[rollout.prompt_index],
-            completion_ids=list(rollout.completion_ids),
-            advantage=advantage,
-            inference_logprobs=list(rollout.logprobs),
-            reward=reward,
-        )
+        sample
         for group in groups
         for rollout, reward, advantage in scored_rollouts(group, normalize_std)
+        for sample in episode_train_samples(turn_prompts(group, rollout), rollout, reward, advantage)
     ]
+
+
+def episode_train_samples(
+    prompts: list[list[int]], rollout: Rollout, reward: float, advantage: float
+) -> list[TrainSample]:
+    """The training samples of one rollout from its turns' trusted prompts: only the tokens the policy sampled
+    carry loss (:attr:`TrainSample.sampled`), each with the logprob the validator checked; a single turn gives
+    one sample whose every completion token was sampled (``sampled`` None)."""
+    turns: list[TurnRollout] = [rollout, *rollout.later_turns]
+    samples = []
+    for episode_sample in episode_samples(prompts, [turn.completion_ids for turn in turns]):
+        start = episode_sample.prompt_len
+        sampled = list(episode_sample.sampled[start:])
+        logprobs = iter([lp for number in episode_sample.turns for lp in turns[number].logprobs])
+        samples.append(
+            TrainSample(
+                prompt_ids=list(episode_sample.token_ids[:start]),
+                completion_ids=list(episode_sample.token_ids[start:]),
+                advantage=advantage,
+                inference_logprobs=[next(logprobs) if flag else 0.0 for flag in sampled],
+                reward=reward,
+                sampled=None if all(sampled) else sampled,
+            )
+        )
+    return samples
 
 
 NAMED_REWARD_PREFIX = "reward_mean/"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,7 @@ from coordinator.ledger.batches import (
 )
 from coordinator.ledger.scheduling import lease_room
 from coordinator.loop.train_steps import min_policy_version
-from protocol.schemas import Rollout, SubmitRequest, Verdict
+from protocol.schemas import Rollout, SubmitRequest, TurnRollout, Verdict
 from trainer.packing import TrainSample
 from trainer.transport import StepBatch, TrainDir
 
@@ -59,6 +60,35 @@ def test_samples_are_grouped_per_prompt_with_task_tokens_and_validator_rewards()
     summary = batch_summary([group], trained_version=5)
     assert summary["staleness_mean"] == 2 and summary["num_samples"] == 4
     assert summary["reward_mean"] == pytest.approx(0.35)
+
+
+def test_an_episode_trains_only_its_sampled_tokens_with_their_checked_logprobs() -> None:
+    """Turns 0 and 1 extend each other (one sample, the reply between them unsampled); turn 2's prompt does not
+    extend them (a sample of its own). Whatever the worker sent besides its sampled turns plays no part."""
+    prompts, body, verdict = group_columns([0.9, 0.4, 0.1, 0.0])
+    group = accepted_group("s", 3, prompts, body, verdict)
+    turn = TurnRollout(completion_ids=[7, 8], logprobs=[-0.7, -0.8], finish_reason="stop", proof_b64="AAAA")
+    last = TurnRollout(completion_ids=[9], logprobs=[-0.9], finish_reason="stop", proof_b64="AAAA")
+    rollouts = [r.model_copy(update={"later_turns": [turn, last]}) for r in group.submission.rollouts]
+    episodes = replace(group, submission=group.submission.model_copy(update={"rollouts": rollouts}))
+
+    def rebuilt(group: AcceptedGroup, rollout: Rollout) -> list[list[int]]:
+        first = [*group.prompt_token_ids[rollout.prompt_index], *rollout.completion_ids]
+        return [first[: -len(rollout.completion_ids)], [*first, 50, 51], [60]]
+
+    with pytest.raises(ValueError, match="later turns in a single-turn run"):
+        train_samples([episodes])
+    samples = train_samples([episodes], turn_prompts=rebuilt)
+    assert len(samples) == 8
+    merged, alone = samples[0], samples[1]  # prompt 0, sample 0: reward 0.0, advantage -0.2
+    assert merged.prompt_ids == [10, 11] and merged.completion_ids == [100, 50, 51, 7, 8]
+    assert merged.sampled == [True, False, False, True, True]
+    assert merged.inference_logprobs == pytest.approx([-0.1, 0.0, 0.0, -0.7, -0.8])
+    assert alone.prompt_ids == [60] and alone.completion_ids == [9] and alone.sampled is None
+    assert merged.advantage == alone.advantage == pytest.approx(-0.2)
+    assert train_samples([group]) == train_samples(
+        [group], turn_prompts=lambda g, r: [g.prompt_token_ids[r.prompt_index]]
+    )
 
 
 def test_each_named_reward_has_its_batch_mean_in_the_step_metrics() -> None:
