@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from environments.base import ChatMessage, Environment, Example, Scores, finite_scores
-from environments.render import chat_messages, has_chat_template
+from environments.render import chat_messages, has_chat_template, prompt_ids
 from environments.truncation import is_truncated, no_credit
 
 ENV_ROLES = frozenset({"tool", "user"})
@@ -122,7 +122,10 @@ class EpisodeRun:
         """None while the policy has another turn; then as :attr:`Episode.ended_by`."""
 
     def prompt_ids(self, tokenizer: Any) -> list[int]:
-        """The next policy turn's prompt: the transcript so far, rendered and encoded."""
+        """The next policy turn's prompt: the transcript so far, rendered and encoded. The first is the example's
+        prompt exactly as a single-turn task's (:func:`environments.render.prompt_ids`), which the ledger issues."""
+        if not self.turn_starts:
+            return prompt_ids(self.environment, self.example, tokenizer)
         return list(tokenizer.encode(render_messages(self.messages, tokenizer), add_special_tokens=False))
 
     def add_turn(self, turn: PolicyTurn) -> None:
@@ -199,12 +202,14 @@ def render_messages(messages: Sequence[ChatMessage], tokenizer: Any, generation_
     return "".join(m.content + "\n" for m in messages)
 
 
-def turn_prompt_ids(episode: Episode, tokenizer: Any) -> list[list[int]]:
-    """The prompt token ids of each policy turn: every message before it, rendered and encoded."""
-    return [
+def turn_prompt_ids(environment: MultiTurnEnvironment, episode: Episode, tokenizer: Any) -> list[list[int]]:
+    """The prompt token ids of each policy turn, as :meth:`EpisodeRun.prompt_ids` gave them while it was played."""
+    prompts = [prompt_ids(environment, episode.example, tokenizer)]
+    prompts += [
         list(tokenizer.encode(render_messages(episode.messages[:start], tokenizer), add_special_tokens=False))
-        for start in episode.turn_starts
+        for start in episode.turn_starts[1:]
     ]
+    return prompts
 
 
 @dataclass(frozen=True)
@@ -260,7 +265,7 @@ def rebuild_episode(
     """The episode whose policy turns sampled ``turn_ids``, and each turn's prompt ids: all the trusted side
     needs, from the sampled tokens alone. EpisodeError when the turns cannot be that episode."""
     episode = replay(environment, example, [policy_turn(tokenizer, ids, eos_token_ids) for ids in turn_ids], limits)
-    return episode, turn_prompt_ids(episode, tokenizer)
+    return episode, turn_prompt_ids(environment, episode, tokenizer)
 
 
 def episode_scores(environment: MultiTurnEnvironment, episode: Episode) -> Scores:

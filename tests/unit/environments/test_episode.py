@@ -145,7 +145,7 @@ def test_turns_that_extend_each_other_merge_and_only_sampled_tokens_are_trained(
     end = chat_tokenizer.convert_tokens_to_ids("<|im_end|>")
     completions = [[*chat_tokenizer.encode(t, add_special_tokens=False), end] for t in texts]
     episode = replay(env, example, [PolicyTurn(t, False) for t in texts], LIMITS)
-    prompts = turn_prompt_ids(episode, chat_tokenizer)
+    prompts = turn_prompt_ids(env, episode, chat_tokenizer)
     (sample,) = episode_samples(prompts, completions)
     assert sample.turns == (0, 1)
     assert sample.token_ids[: len(prompts[1])] == tuple(prompts[1])

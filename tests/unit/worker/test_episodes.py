@@ -56,7 +56,7 @@ def test_played_episodes_are_rebuilt_and_verified_turn_by_turn(policy: tuple[HFE
         turns = [policy_turn(tokenizer, r.completion_ids, eos) for r in episode.turns]
         rebuilt = replay(env, request.example, turns, LIMITS)
         assert rebuilt == episode.episode
-        prompts = turn_prompt_ids(rebuilt, tokenizer)
+        prompts = turn_prompt_ids(env, rebuilt, tokenizer)
         assert prompts == episode.prompt_ids
         completions = [r.completion_ids for r in episode.turns]
         samples = episode_samples(prompts, completions)
