@@ -14,12 +14,35 @@ from typing import Annotated, Literal
 from pydantic import Field, JsonValue
 
 from environments.base import TruncatedRule
+from protocol.schemas import MAX_EPISODE_TURNS
 from runtime.config import Section
 
 MODULE_ATTRIBUTE = r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_.]*$"
 
 
-class BuiltinEnvConfig(Section):
+class EpisodeLimits(Section):
+    """Bounds on one multi-turn episode, signed into the run spec with the rest of the section (a single-turn
+    environment has one policy turn whatever they say)."""
+
+    max_turns: int = Field(default=4, ge=1, le=MAX_EPISODE_TURNS)
+    """Policy turns per episode: the episode ends after this many, whatever the environment would reply."""
+    max_reply_chars: int = Field(default=2000, ge=1, le=1_000_000)
+    """Characters of one environment reply (all its messages); a longer reply fails the episode."""
+    reply_time_s: float = Field(default=1.0, gt=0, le=60)
+    """Seconds one environment reply may take; a slower one fails the episode (the environment's fault)."""
+
+
+class EnvironmentSection(Section):
+    """What every adapter's section has: the truncation rule and the episode limits."""
+
+    truncated: TruncatedRule = "minimum"
+    """A completion cut at max_tokens without EOS: ``minimum`` earns no credit (penalties kept), ``score`` is
+    scored like any other."""
+    episode: EpisodeLimits = Field(default_factory=EpisodeLimits)
+    """Bounds on a multi-turn environment's episodes."""
+
+
+class BuiltinEnvConfig(EnvironmentSection):
     """A built-in environment of this project."""
 
     type: Literal["builtin"] = "builtin"
@@ -28,12 +51,9 @@ class BuiltinEnvConfig(Section):
     """Which built-in environment."""
     seed: int = Field(default=0, ge=0, lt=2**63)
     """Seed of its example generator."""
-    truncated: TruncatedRule = "minimum"
-    """A completion cut at max_tokens without EOS: ``minimum`` earns no credit (penalties kept), ``score`` is
-    scored like any other."""
 
 
-class ReasoningGymEnvConfig(Section):
+class ReasoningGymEnvConfig(EnvironmentSection):
     """A reasoning-gym dataset (``pip install prime-network[envs]``); rewards are the dataset's ``score_answer``."""
 
     type: Literal["reasoning_gym"] = "reasoning_gym"
@@ -50,12 +70,9 @@ class ReasoningGymEnvConfig(Section):
     """The dataset's own config arguments (difficulty parameters, e.g. ``max_word_len = 5``)."""
     system_prompt: str | None = Field(default=None, max_length=4096)
     """System message for chat-templated policies (none: the user message only)."""
-    truncated: TruncatedRule = "minimum"
-    """A completion cut at max_tokens without EOS: ``minimum`` earns no credit (penalties kept), ``score`` is
-    scored like any other."""
 
 
-class VerifiersEnvConfig(Section):
+class VerifiersEnvConfig(EnvironmentSection):
     """An installed verifiers environment (``pip install prime-network[envs]`` plus the environment's package).
 
     ``api = "v1"``: a v1 ``Taskset``; ``api = "v0"``: a v0 environment whose ``load_environment()``
@@ -77,12 +94,9 @@ class VerifiersEnvConfig(Section):
     """The last this fraction of those tasks is the eval split, never trained on (v0: unless the
     environment has an ``eval_dataset``, which is then the eval split); eval tasks whose prompt a training task
     asks are dropped, and a split left empty is refused."""
-    truncated: TruncatedRule = "minimum"
-    """A completion cut at max_tokens without EOS: ``minimum`` earns no credit (penalties kept), ``score`` is
-    scored like any other."""
 
 
-class PythonEnvConfig(Section):
+class PythonEnvConfig(EnvironmentSection):
     """An operator's own environment class or factory."""
 
     type: Literal["python"] = "python"
@@ -91,9 +105,6 @@ class PythonEnvConfig(Section):
     """``module:attribute``: an Environment subclass or factory, called with ``args`` as keyword arguments."""
     args: dict[str, JsonValue] = Field(default_factory=dict)
     """Keyword arguments of the factory."""
-    truncated: TruncatedRule = "minimum"
-    """A completion cut at max_tokens without EOS: ``minimum`` earns no credit (penalties kept), ``score`` is
-    scored like any other."""
 
 
 EnvironmentConfig = Annotated[

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from environments.base import ChatMessage, Environment, Example, Scores, finite_scores
+from environments.config import EpisodeLimits
 from environments.render import chat_messages, has_chat_template, prompt_ids
 from environments.truncation import is_truncated, no_credit
 
@@ -37,18 +38,6 @@ ENV_ROLES = frozenset({"tool", "user"})
 
 class EpisodeError(ValueError):
     """An episode that cannot be what it claims: the reason is one line for the worker's rejection."""
-
-
-@dataclass(frozen=True)
-class EpisodeLimits:
-    """Bounds on one episode, part of the run's settings."""
-
-    max_turns: int = 4
-    """Policy turns per episode; the episode ends after this many whatever the environment would say."""
-    max_reply_chars: int = 2000
-    """Characters of one environment reply (all its messages)."""
-    reply_time_s: float = 1.0
-    """Seconds one reply may take: a slower one is the environment's fault, and the episode is refused."""
 
 
 @dataclass(frozen=True)
@@ -64,6 +53,9 @@ class PolicyTurn:
 class MultiTurnEnvironment(Environment):
     """An environment that answers the policy's turns. :meth:`score` scores the final answer; override
     :meth:`score_episode` to score the whole transcript."""
+
+    limits: EpisodeLimits = EpisodeLimits()
+    """The run's bounds on an episode; the loader sets the section's ``episode``."""
 
     @abstractmethod
     def reply(self, example: Example, transcript: tuple[ChatMessage, ...]) -> tuple[ChatMessage, ...] | None:

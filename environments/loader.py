@@ -25,6 +25,7 @@ from environments.config import (
     ReasoningGymEnvConfig,
     VerifiersEnvConfig,
 )
+from environments.episode import MultiTurnEnvironment
 from protocol.errors import ConfigError
 from protocol.schemas import EnvironmentIdentity
 from protocol.signing import canonical_json
@@ -59,6 +60,8 @@ def load_environment(config: EnvironmentConfig) -> Environment:
     when this process cannot have it."""
     environment = _load_adapter(config)
     environment.truncated = config.truncated
+    if isinstance(environment, MultiTurnEnvironment):
+        environment.limits = config.episode
     return environment
 
 
@@ -196,5 +199,10 @@ def check_deterministic(environment: Environment, num_examples: int = DETERMINIS
 def load_checked_environment(config: EnvironmentConfig) -> Environment:
     """:func:`load_environment`, then :func:`check_deterministic`: what a role runs at start-up."""
     environment = load_environment(config)
+    if isinstance(environment, MultiTurnEnvironment):
+        raise ConfigError(
+            f"environment {environment.name!r} is multi-turn, and runs take single-turn environments only: "
+            "this version's workers do not play episodes yet; give a single-turn environment"
+        )
     check_deterministic(environment)
     return environment

@@ -28,14 +28,8 @@ from typing import Any
 
 from engines.base import PrefillEngine
 from environments.base import Environment, Scores, failure_summary, finite_scores
-from environments.episode import (
-    EpisodeError,
-    EpisodeLimits,
-    MultiTurnEnvironment,
-    episode_scores,
-    policy_turn,
-    rebuild_episode,
-)
+from environments.config import EpisodeLimits
+from environments.episode import EpisodeError, MultiTurnEnvironment, episode_scores, policy_turn, rebuild_episode
 from environments.truncation import completion_scores
 from protocol.errors import BadSignatureError, ProofError
 from protocol.schemas import PendingSubmission, TurnRollout, Verdict

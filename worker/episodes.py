@@ -18,7 +18,8 @@ from typing import Any
 
 from engines.base import GenerationRequest, GenerationResult
 from environments.base import Example
-from environments.episode import Episode, EpisodeLimits, EpisodeRun, MultiTurnEnvironment, policy_turn
+from environments.config import EpisodeLimits
+from environments.episode import Episode, EpisodeRun, MultiTurnEnvironment, policy_turn
 from protocol.schemas import Rollout, SubmitRequest, Task, TurnRollout
 from toploc.proof import build_proofs
 from toploc.sampling import turn_stream

@@ -12,6 +12,7 @@ from environments.base import Example, Scores
 from environments.builtin import BUILTIN, builtin_environment
 from environments.builtin.reverse_text import lcs_length, lcs_ratio
 from environments.config import EnvironmentConfig, PythonEnvConfig, ReasoningGymEnvConfig, VerifiersEnvConfig
+from environments.episode import MultiTurnEnvironment
 from environments.loader import (
     check_deterministic,
     environment_identity,
@@ -125,6 +126,21 @@ def test_reasoning_gym_adapter_scores_with_the_datasets_own_score_answer() -> No
 def test_reasoning_gym_refuses_an_unknown_dataset() -> None:
     with pytest.raises(ConfigError, match="no_such_dataset"):
         load_environment(parse({"type": "reasoning_gym", "dataset": "no_such_dataset"}))
+
+
+def test_a_multi_turn_environment_gets_its_signed_limits_and_is_refused_for_a_run() -> None:
+    section = {"type": "python", "target": "tests.support.episodes:Counting", "episode": {"max_turns": 6}}
+    environment = load_environment(parse(section))
+    assert isinstance(environment, MultiTurnEnvironment) and environment.limits.max_turns == 6
+    assert environment_identity(parse(section)).arguments["episode"] == {
+        "max_turns": 6,
+        "max_reply_chars": 2000,
+        "reply_time_s": 1.0,
+    }
+    with pytest.raises(ConfigError, match="'counting' is multi-turn, and runs take single-turn environments only"):
+        load_checked_environment(parse(section))
+    with pytest.raises(ValidationError, match="max_turns"):
+        parse({"type": "builtin", "episode": {"max_turns": 257}})
 
 
 def test_python_adapter_loads_the_operators_class_with_its_arguments() -> None:

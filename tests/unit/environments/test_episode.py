@@ -11,9 +11,9 @@ import pytest
 
 from environments.base import ChatMessage, Example, Scores
 from environments.builtin.calculator import Calculator, CalculatorError, calculate
+from environments.config import EpisodeLimits
 from environments.episode import (
     EpisodeError,
-    EpisodeLimits,
     MultiTurnEnvironment,
     PolicyTurn,
     episode_samples,

@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from engines.hf import HFEngine
-from environments.episode import EpisodeLimits, EpisodeRun, MultiTurnEnvironment, rebuild_episode
+from environments.config import EpisodeLimits
+from environments.episode import EpisodeRun, MultiTurnEnvironment, rebuild_episode
 from protocol.schemas import PendingSubmission, SubmitRequest, Task, TurnRollout
 from tests.support.adversary import signed_pending
 from tests.support.episodes import Counting, chat_policy

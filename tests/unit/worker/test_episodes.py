@@ -8,13 +8,8 @@ from typing import Any
 import pytest
 
 from engines.hf import HFEngine
-from environments.episode import (
-    EpisodeLimits,
-    episode_samples,
-    policy_turn,
-    replay,
-    turn_prompt_ids,
-)
+from environments.config import EpisodeLimits
+from environments.episode import episode_samples, policy_turn, replay, turn_prompt_ids
 from protocol.schemas import SamplingParams
 from tests.support.episodes import Counting, chat_policy
 from toploc.proof import build_proofs
