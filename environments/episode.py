@@ -15,8 +15,10 @@ training sample whose loss mask covers only the sampled tokens; where a re-rende
 extend (a template that rewrites earlier turns, a completion that re-tokenizes differently), a new sample
 starts (:func:`episode_samples`). Nothing a worker declares about spans or masks enters either.
 
-Limits per episode (:class:`EpisodeLimits`: policy turns, reply length, reply time) bound what a worker can
-make a validator compute.
+Limits per episode (:class:`~environments.config.EpisodeLimits`: policy turns, reply length, reply time) bound
+what a worker can make a validator compute. An environment that fails its own limits (or raises) is an
+:class:`EnvironmentReplyError`, the run's matter; a transcript the environment would not have produced is an
+:class:`EpisodeError`, the worker's.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from environments.base import ChatMessage, Environment, Example, Scores, finite_scores
+from environments.base import ChatMessage, Environment, Example, Scores, failure_summary, finite_scores
 from environments.config import EpisodeLimits
 from environments.render import chat_messages, has_chat_template, prompt_ids
 from environments.truncation import is_truncated, no_credit
@@ -38,6 +40,11 @@ ENV_ROLES = frozenset({"tool", "user"})
 
 class EpisodeError(ValueError):
     """An episode that cannot be what it claims: the reason is one line for the worker's rejection."""
+
+
+class EnvironmentReplyError(Exception):
+    """The environment failed to reply within its limits (it raised, was too slow or too long, or replied with
+    something other than messages): the run's fault, never the worker's; the reason is one line."""
 
 
 @dataclass(frozen=True)
@@ -85,17 +92,26 @@ def _checked_reply(
     environment: MultiTurnEnvironment, example: Example, transcript: tuple[ChatMessage, ...], limits: EpisodeLimits
 ) -> tuple[ChatMessage, ...] | None:
     started = time.perf_counter()
-    reply = environment.reply(example, transcript)
+    try:
+        reply = environment.reply(example, transcript)
+    except Exception as exc:  # the environment's own code: whatever it raises is its failure, not the worker's
+        raise EnvironmentReplyError(f"the environment's reply failed: {failure_summary(exc)}") from exc
     took = time.perf_counter() - started
     if took > limits.reply_time_s:
-        raise EpisodeError(f"the environment took {took:.2f} s to reply, over the {limits.reply_time_s} s limit")
+        raise EnvironmentReplyError(
+            f"the environment took {took:.2f} s to reply, over the {limits.reply_time_s} s limit"
+        )
     if reply is None:
         return None
-    if not reply or not all(isinstance(m, ChatMessage) and m.role in ENV_ROLES for m in reply):
-        raise EpisodeError(f"the environment's reply must be one or more {sorted(ENV_ROLES)} messages")
+    if not isinstance(reply, tuple | list) or not reply:
+        raise EnvironmentReplyError(f"the environment's reply must be one or more {sorted(ENV_ROLES)} messages")
+    if not all(isinstance(m, ChatMessage) and m.role in ENV_ROLES and isinstance(m.content, str) for m in reply):
+        raise EnvironmentReplyError(f"the environment's reply must be one or more {sorted(ENV_ROLES)} messages")
     size = sum(len(m.content) for m in reply)
     if size > limits.max_reply_chars:
-        raise EpisodeError(f"the environment's reply has {size} characters, over the {limits.max_reply_chars} limit")
+        raise EnvironmentReplyError(
+            f"the environment's reply has {size} characters, over the {limits.max_reply_chars} limit"
+        )
     return tuple(reply)
 
 

@@ -29,7 +29,14 @@ from typing import Any
 from engines.base import PrefillEngine
 from environments.base import Environment, Scores, failure_summary, finite_scores
 from environments.config import EpisodeLimits
-from environments.episode import EpisodeError, MultiTurnEnvironment, episode_scores, policy_turn, rebuild_episode
+from environments.episode import (
+    EnvironmentReplyError,
+    EpisodeError,
+    MultiTurnEnvironment,
+    episode_scores,
+    policy_turn,
+    rebuild_episode,
+)
 from environments.truncation import completion_scores
 from protocol.errors import BadSignatureError, ProofError
 from protocol.schemas import PendingSubmission, TurnRollout, Verdict
@@ -103,6 +110,8 @@ def claims_of(
                 issued, prompts[rollout.prompt_index].example_index, turns, eos_token_ids, episodes
             )
             proofs = [decode_proof_b64(turn.proof_b64) for turn in turns]
+        except EnvironmentReplyError as exc:
+            raise RewardsUnavailable(f"environment: replaying {label}: {exc}") from exc
         except (EpisodeError, ProofError) as exc:
             reasons.append(f"{label}: {exc.message if isinstance(exc, ProofError) else f'episode: {exc}'}")
             continue

@@ -13,6 +13,7 @@ from environments.base import ChatMessage, Example, Scores
 from environments.builtin.calculator import Calculator, CalculatorError, calculate
 from environments.config import EpisodeLimits
 from environments.episode import (
+    EnvironmentReplyError,
     EpisodeError,
     MultiTurnEnvironment,
     PolicyTurn,
@@ -106,18 +107,24 @@ class Misbehaving(MultiTurnEnvironment):
         return Scores.single("none", 0.0)
 
 
+class Raising(Misbehaving):
+    def reply(self, example: Example, transcript: tuple[ChatMessage, ...]) -> tuple[ChatMessage, ...] | None:
+        raise KeyError("missing")
+
+
 @pytest.mark.parametrize(
     ("env", "reason"),
     [
+        (Raising(()), "the environment's reply failed: KeyError: 'missing'"),
         (Misbehaving((ChatMessage("tool", "x" * 2001),)), "2001 characters, over the 2000 limit"),
         (Misbehaving((ChatMessage("assistant", "I am the policy"),)), "must be one or more"),
         (Misbehaving(()), "must be one or more"),
         (Misbehaving((ChatMessage("tool", "late"),), delay_s=0.05), "to reply, over the 0.01 s limit"),
     ],
 )
-def test_an_environment_over_its_limits_is_refused(env: Misbehaving, reason: str) -> None:
+def test_an_environment_over_its_limits_is_its_own_fault(env: Misbehaving, reason: str) -> None:
     limits = EpisodeLimits(max_turns=3, reply_time_s=0.01)
-    with pytest.raises(EpisodeError, match=reason):
+    with pytest.raises(EnvironmentReplyError, match=reason):
         replay(env, env.example(0), [PolicyTurn("a", False), PolicyTurn("b", False)], limits)
 
 

@@ -16,7 +16,7 @@ from environments.episode import EpisodeRun, MultiTurnEnvironment, rebuild_episo
 from protocol.schemas import PendingSubmission, SubmitRequest, Task, TurnRollout
 from tests.support.adversary import signed_pending
 from tests.support.episodes import Counting, chat_policy
-from validator.audit import Episodes, audit_submission, environment_reward_fn
+from validator.audit import Episodes, audit_submission, audit_submissions_safely, environment_reward_fn
 from worker.episodes import EpisodeRequest, build_episode_submission, play_episodes
 
 LIMITS = EpisodeLimits(max_turns=3)
@@ -159,3 +159,30 @@ def test_environment_tokens_passed_off_as_sampled_are_rejected(policy: tuple[HFE
     assert not verdict.accepted
     label = f"rollout p{cheat.prompt_index}/s{cheat.sample_index}"
     assert any(reason.startswith(label) for reason in verdict.reasons), verdict.reasons
+
+
+class Failing(Counting):
+    """The run's environment breaks on replaying turn 1: the run's matter, never the worker's."""
+
+    def reply(self, example: Any, transcript: tuple[Any, ...]) -> tuple[Any, ...] | None:
+        raise ZeroDivisionError("division by zero")
+
+
+def test_an_environment_that_fails_to_reply_is_an_environment_error_not_a_rejection(
+    policy: tuple[HFEngine, Any],
+) -> None:
+    engine, tokenizer = policy
+    task = make_task(Counting(), tokenizer)
+    honest = signed_pending(task, played_submission(engine, tokenizer, task, Counting()))
+    eos = eos_of(tokenizer)
+    env = Failing()
+    ((verdict, _),) = audit_submissions_safely(
+        [honest],
+        engine,
+        eos,
+        reward_fn=environment_reward_fn(env, tokenizer, eos, LIMITS),
+        episodes=Episodes(env, tokenizer, LIMITS),
+    )
+    assert not verdict.accepted and not verdict.rewards
+    assert verdict.environment_error is not None
+    assert "the environment's reply failed: ZeroDivisionError: division by zero" in verdict.environment_error
