@@ -43,7 +43,7 @@ def test_two_fsdp_ranks_match_one_process_and_resume_on_one(model_dir: Path, tmp
         timeout=300,
         env=env,
     )
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == 0, done.stderr[-12000:]  # room for a rank's traceback before torchrun's report
     sharded = json.loads((sharded_dir / "metrics.json").read_text())
     assert sharded["world_size"] == 2
 
@@ -75,6 +75,6 @@ def test_two_fsdp_ranks_match_one_process_and_resume_on_one(model_dir: Path, tmp
         timeout=300,
         env=env,
     )
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == 0, done.stderr[-12000:]  # room for a rank's traceback before torchrun's report
     resumed_sharded = json.loads((sharded_dir / "resumed.json").read_text())
     assert resumed_sharded["loss"] == pytest.approx(sharded["steps"][1]["loss"], abs=1e-5)
