@@ -31,7 +31,7 @@ from typing import Any
 
 from environments.base import ChatMessage, Environment, Example, Scores, failure_summary, finite_scores
 from environments.config import EpisodeLimits
-from environments.render import chat_messages, has_chat_template, prompt_ids
+from environments.render import chat_messages, prompt_ids, render_messages
 from environments.truncation import is_truncated, no_credit
 
 ENV_ROLES = frozenset({"tool", "user"})
@@ -103,9 +103,10 @@ def _checked_reply(
         )
     if reply is None:
         return None
-    if not isinstance(reply, tuple | list) or not reply:
-        raise EnvironmentReplyError(f"the environment's reply must be one or more {sorted(ENV_ROLES)} messages")
-    if not all(isinstance(m, ChatMessage) and m.role in ENV_ROLES and isinstance(m.content, str) for m in reply):
+    messages = isinstance(reply, tuple | list) and bool(reply)
+    if not messages or not all(
+        isinstance(m, ChatMessage) and m.role in ENV_ROLES and isinstance(m.content, str) for m in reply
+    ):
         raise EnvironmentReplyError(f"the environment's reply must be one or more {sorted(ENV_ROLES)} messages")
     size = sum(len(m.content) for m in reply)
     if size > limits.max_reply_chars:
@@ -130,11 +131,8 @@ class EpisodeRun:
         """None while the policy has another turn; then as :attr:`Episode.ended_by`."""
 
     def prompt_ids(self, tokenizer: Any) -> list[int]:
-        """The next policy turn's prompt: the transcript so far, rendered and encoded. The first is the example's
-        prompt exactly as a single-turn task's (:func:`environments.render.prompt_ids`), which the ledger issues."""
-        if not self.turn_starts:
-            return prompt_ids(self.environment, self.example, tokenizer)
-        return list(tokenizer.encode(render_messages(self.messages, tokenizer), add_special_tokens=False))
+        """The next policy turn's prompt: the transcript so far, rendered and encoded."""
+        return _turn_prompt(self.environment, self.example, self.messages, not self.turn_starts, tokenizer)
 
     def add_turn(self, turn: PolicyTurn) -> None:
         """The policy's next turn, and the environment's reply to it (or the episode's end)."""
@@ -201,23 +199,22 @@ def policy_turn(tokenizer: Any, completion_ids: Sequence[int], eos_token_ids: Se
     return PolicyTurn(str(text), truncated)
 
 
-def render_messages(messages: Sequence[ChatMessage], tokenizer: Any, generation_prompt: bool = True) -> str:
-    """``messages`` as the policy sees them: its chat template with the generation prompt, or without a template
-    the contents each ended by a newline."""
-    as_dicts = [{"role": m.role, "content": m.content} for m in messages]
-    if has_chat_template(tokenizer):
-        return str(tokenizer.apply_chat_template(as_dicts, tokenize=False, add_generation_prompt=generation_prompt))
-    return "".join(m.content + "\n" for m in messages)
+def _turn_prompt(
+    environment: MultiTurnEnvironment, example: Example, before: Sequence[ChatMessage], first: bool, tokenizer: Any
+) -> list[int]:
+    """A policy turn's prompt ids from the messages ``before`` it. The first turn's is the example's prompt exactly
+    as a single-turn task's (:func:`environments.render.prompt_ids`), which the ledger issues."""
+    if first:
+        return prompt_ids(environment, example, tokenizer)
+    return list(tokenizer.encode(render_messages(before, tokenizer), add_special_tokens=False))
 
 
 def turn_prompt_ids(environment: MultiTurnEnvironment, episode: Episode, tokenizer: Any) -> list[list[int]]:
     """The prompt token ids of each policy turn, as :meth:`EpisodeRun.prompt_ids` gave them while it was played."""
-    prompts = [prompt_ids(environment, episode.example, tokenizer)]
-    prompts += [
-        list(tokenizer.encode(render_messages(episode.messages[:start], tokenizer), add_special_tokens=False))
-        for start in episode.turn_starts[1:]
+    return [
+        _turn_prompt(environment, episode.example, episode.messages[:start], number == 0, tokenizer)
+        for number, start in enumerate(episode.turn_starts)
     ]
-    return prompts
 
 
 @dataclass(frozen=True)

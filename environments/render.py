@@ -9,6 +9,7 @@ text encoded without adding special tokens (the template already wrote the ones 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from environments.base import ChatMessage, Environment, Example
@@ -26,16 +27,21 @@ def has_chat_template(tokenizer: Any) -> bool:
     return bool(getattr(tokenizer, "chat_template", None))
 
 
+def render_messages(messages: Sequence[ChatMessage], tokenizer: Any) -> str:
+    """``messages`` as the policy sees them, ready for its reply: its chat template with the generation prompt, or
+    without a template the contents each ended by a newline."""
+    if has_chat_template(tokenizer):
+        as_dicts = [{"role": m.role, "content": m.content} for m in messages]
+        return str(tokenizer.apply_chat_template(as_dicts, tokenize=False, add_generation_prompt=True))
+    return "".join(m.content + "\n" for m in messages)
+
+
 def prompt_text(environment: Environment, example: Example, tokenizer: Any) -> str:
     """The text of ``example``'s prompt for a policy with ``tokenizer``."""
-    if has_chat_template(tokenizer):
-        rendered = tokenizer.apply_chat_template(
-            chat_messages(example, environment.system_prompt), tokenize=False, add_generation_prompt=True
-        )
-        return str(rendered)
-    if isinstance(example.prompt, str):
+    if isinstance(example.prompt, str) and not has_chat_template(tokenizer):
         return example.prompt
-    return "\n".join(m["content"] for m in chat_messages(example, environment.system_prompt)) + "\n"
+    messages = chat_messages(example, environment.system_prompt)
+    return render_messages([ChatMessage(m["role"], m["content"]) for m in messages], tokenizer)
 
 
 def prompt_ids(environment: Environment, example: Example, tokenizer: Any) -> list[int]:
