@@ -11,7 +11,6 @@ reply from the policy's sampled tokens.
 
 from __future__ import annotations
 
-import base64
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,10 +19,9 @@ from engines.base import GenerationRequest, GenerationResult
 from environments.base import Example
 from environments.config import EpisodeLimits
 from environments.episode import Episode, EpisodeRun, MultiTurnEnvironment, policy_turn
-from protocol.schemas import Rollout, SubmitRequest, Task, TurnRollout
-from toploc.proof import build_proofs
+from protocol.schemas import SubmitRequest, Task
 from toploc.sampling import turn_stream
-from worker.loop import submit_request
+from worker.loop import build_turns_submission
 
 Generate = Callable[[list[GenerationRequest]], list[GenerationResult]]
 """An engine's batched generation (``Engine.generate``)."""
@@ -94,22 +92,5 @@ def play_episodes(
 
 
 def build_episode_submission(task: Task, engine_name: str, played: Sequence[PlayedEpisode]) -> SubmitRequest:
-    """The submission of a task's played episodes: per rollout its first turn, then its later turns, each with the
-    proof built from its own hidden states (all proofs in one batch). Only sampled tokens are sent."""
-    proofs = iter(build_proofs([result.hidden_states for episode in played for result in episode.turns]))
-    rollouts = []
-    for episode in played:
-        _task_id, prompt_index, sample_index = episode.uid.rsplit("/", 2)
-        first, *later = [
-            TurnRollout(
-                completion_ids=result.completion_ids,
-                logprobs=result.logprobs,
-                finish_reason=result.finish_reason,
-                proof_b64=base64.b64encode(next(proofs)).decode(),
-            )
-            for result in episode.turns
-        ]
-        rollouts.append(
-            Rollout(prompt_index=int(prompt_index), sample_index=int(sample_index), **dict(first), later_turns=later)
-        )
-    return submit_request(task, engine_name, rollouts)
+    """The submission of a task's played episodes (:func:`worker.loop.build_turns_submission`)."""
+    return build_turns_submission(task, engine_name, [(episode.uid, episode.turns) for episode in played])

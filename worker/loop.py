@@ -25,7 +25,7 @@ import base64
 import functools
 import logging
 import time
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -44,7 +44,16 @@ from protocol.errors import (
     VersionRefusedError,
 )
 from protocol.ledger_client import LedgerClient
-from protocol.schemas import LONG_POLL_S, MAX_TOKENS_PER_S, HeartbeatRequest, LeaseRequest, Rollout, SubmitRequest, Task
+from protocol.schemas import (
+    LONG_POLL_S,
+    MAX_TOKENS_PER_S,
+    HeartbeatRequest,
+    LeaseRequest,
+    Rollout,
+    SubmitRequest,
+    Task,
+    TurnRollout,
+)
 from shardcast.cache import WeightsCache
 from toploc.proof import build_proofs
 from toploc.sampling import sample_stream
@@ -145,26 +154,32 @@ def generation_requests(task: Task, eos_token_ids: tuple[int, ...]) -> list[Gene
 
 
 def build_submission(task: Task, engine_name: str, results: list[GenerationResult]) -> SubmitRequest:
-    """The submission of a task's generated group, with a proof per sample (built in one batch)."""
-    proofs = build_proofs([result.hidden_states for result in results])
+    """The submission of a task's generated group, one turn per sample, with a proof per sample."""
+    return build_turns_submission(task, engine_name, [(result.uid, [result]) for result in results])
+
+
+def build_turns_submission(
+    task: Task, engine_name: str, samples: Sequence[tuple[str, Sequence[GenerationResult]]]
+) -> SubmitRequest:
+    """The submission of a task's samples, each ``(uid, the engine's result of each policy turn)``: per rollout its
+    first turn, then any later turns, each with the proof built from its own hidden states (all proofs in one
+    batch). Only sampled tokens are sent."""
+    proofs = iter(build_proofs([result.hidden_states for _uid, turns in samples for result in turns]))
     rollouts = []
-    for result, proof in zip(results, proofs, strict=True):
-        _task_id, prompt_index, sample_index = result.uid.rsplit("/", 2)
-        rollouts.append(
-            Rollout(
-                prompt_index=int(prompt_index),
-                sample_index=int(sample_index),
+    for uid, turns in samples:
+        _task_id, prompt_index, sample_index = uid.rsplit("/", 2)
+        first, *later = [
+            TurnRollout(
                 completion_ids=result.completion_ids,
                 logprobs=result.logprobs,
                 finish_reason=result.finish_reason,
-                proof_b64=base64.b64encode(proof).decode(),
+                proof_b64=base64.b64encode(next(proofs)).decode(),
             )
+            for result in turns
+        ]
+        rollouts.append(
+            Rollout(prompt_index=int(prompt_index), sample_index=int(sample_index), **dict(first), later_turns=later)
         )
-    return submit_request(task, engine_name, rollouts)
-
-
-def submit_request(task: Task, engine_name: str, rollouts: list[Rollout]) -> SubmitRequest:
-    """The submission of ``rollouts`` for the leased ``task``."""
     return SubmitRequest(
         lease_id=task.lease_id,
         task_id=task.task_id,
