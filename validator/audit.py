@@ -28,7 +28,6 @@ from typing import Any
 
 from engines.base import PrefillEngine
 from environments.base import Environment, Scores, failure_summary, finite_scores
-from environments.config import EpisodeLimits
 from environments.episode import (
     EnvironmentReplyError,
     EpisodeError,
@@ -67,12 +66,11 @@ class Thresholds:
 
 @dataclass(frozen=True)
 class Episodes:
-    """How the validator of a multi-turn run rebuilds episodes: the environment, the policy's tokenizer, the
-    run's episode limits."""
+    """How the validator of a multi-turn run rebuilds episodes: the environment (with the run's episode limits,
+    ``environment.limits``) and the policy's tokenizer."""
 
     environment: MultiTurnEnvironment
     tokenizer: Any
-    limits: EpisodeLimits
 
 
 @dataclass(frozen=True)
@@ -145,7 +143,7 @@ def _turn_prompts(
     example = episodes.environment.example(example_index)
     turn_ids = [turn.completion_ids for turn in turns]
     _episode, turn_prompts = rebuild_episode(
-        episodes.environment, example, turn_ids, episodes.tokenizer, eos_token_ids, episodes.limits
+        episodes.environment, example, turn_ids, episodes.tokenizer, eos_token_ids, episodes.environment.limits
     )
     if turn_prompts[0] != issued:
         raise EpisodeError("the task's prompt is not the environment's first prompt of this example")
@@ -175,19 +173,15 @@ RewardFn = Callable[[int, Sequence[Sequence[int]]], Scores]
 """(example index, each policy turn's sampled ids) -> the environment's named rewards, computed by the validator."""
 
 
-def environment_reward_fn(
-    environment: Environment, tokenizer: Any, eos_token_ids: Sequence[int], limits: EpisodeLimits | None = None
-) -> RewardFn:
+def environment_reward_fn(environment: Environment, tokenizer: Any, eos_token_ids: Sequence[int]) -> RewardFn:
     """Rewards of ``environment``, from completions decoded with the policy's tokenizer (EOS dropped), under the
     run's truncation rule (a completion whose last token is not EOS was cut at max_tokens). A multi-turn
-    environment's episode is replayed from its turns (with ``limits``) and scored whole."""
+    environment's episode is replayed from its turns (within ``environment.limits``) and scored whole."""
 
     def reward(example_index: int, turn_ids: Sequence[Sequence[int]]) -> Scores:
         example = environment.example(example_index)
         if isinstance(environment, MultiTurnEnvironment):
-            episode, _ = rebuild_episode(
-                environment, example, turn_ids, tokenizer, eos_token_ids, limits or EpisodeLimits()
-            )
+            episode, _ = rebuild_episode(environment, example, turn_ids, tokenizer, eos_token_ids, environment.limits)
             return episode_scores(environment, episode)
         (ids,) = turn_ids
         turn = policy_turn(tokenizer, ids, eos_token_ids)

@@ -7,6 +7,7 @@ from typing import Any
 
 from engines.hf import HFEngine
 from environments.base import ChatMessage, Example, Scores
+from environments.config import EpisodeLimits
 from environments.episode import MultiTurnEnvironment
 from tests.support.tiny_model import TinyModelSpec, save_tiny_model
 
@@ -17,8 +18,10 @@ class Counting(MultiTurnEnvironment):
 
     name = "counting"
 
-    def __init__(self, heard: str = "heard") -> None:
+    def __init__(self, heard: str = "heard", limits: EpisodeLimits | None = None) -> None:
         self.heard = heard
+        if limits is not None:
+            self.limits = limits
 
     def example(self, index: int) -> Example:
         return Example(index=index, prompt=(ChatMessage("user", f"count with me from {index}"),))

@@ -82,14 +82,14 @@ def played_submission(
 
 def audit(policy: tuple[HFEngine, Any], item: PendingSubmission, episodes: bool = True) -> Any:
     engine, tokenizer = policy
-    env = Counting()
+    env = Counting(limits=LIMITS)
     eos = eos_of(tokenizer)
     return audit_submission(
         item,
         engine,
         eos,
-        reward_fn=environment_reward_fn(env, tokenizer, eos, LIMITS),
-        episodes=Episodes(env, tokenizer, LIMITS) if episodes else None,
+        reward_fn=environment_reward_fn(env, tokenizer, eos),
+        episodes=Episodes(env, tokenizer) if episodes else None,
     )[0]
 
 
@@ -175,13 +175,13 @@ def test_an_environment_that_fails_to_reply_is_an_environment_error_not_a_reject
     task = make_task(Counting(), tokenizer)
     honest = signed_pending(task, played_submission(engine, tokenizer, task, Counting()))
     eos = eos_of(tokenizer)
-    env = Failing()
+    env = Failing(limits=LIMITS)
     ((verdict, _),) = audit_submissions_safely(
         [honest],
         engine,
         eos,
-        reward_fn=environment_reward_fn(env, tokenizer, eos, LIMITS),
-        episodes=Episodes(env, tokenizer, LIMITS),
+        reward_fn=environment_reward_fn(env, tokenizer, eos),
+        episodes=Episodes(env, tokenizer),
     )
     assert not verdict.accepted and not verdict.rewards
     assert verdict.environment_error is not None
