@@ -60,7 +60,7 @@ from protocol.signing import sign_document
 from toploc.calibrations import toploc_config
 from toploc.config import ToplocConfig
 from toploc.proof import build_proofs
-from worker.loop import build_submission, generation_requests
+from worker.submission import build_submission, generation_requests
 
 ROOT = Path(__file__).resolve().parents[1]
 CACHE_DIR = ROOT / ".bench-cache" / "model_scale"

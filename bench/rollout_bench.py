@@ -36,7 +36,8 @@ from protocol.schemas import Hardware, RegisterRequest, SamplingParams, Task
 from runtime.ports import free_port
 from shardcast.cache import WeightsCache
 from tests.support.coordinator_process import CoordinatorProcess
-from worker.loop import TaskRunner, WorkerState, generation_requests
+from worker.loop import TaskRunner, WorkerState
+from worker.submission import generation_requests
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 

@@ -30,7 +30,7 @@ from protocol.schemas import PendingSubmission
 from protocol.signing import sign_document
 from trainer.resolve import resolve_model_path
 from validator.audit import audit_submissions
-from worker.loop import build_submission, generation_requests
+from worker.submission import build_submission, generation_requests
 
 BATCH_SIZE = 16  # ValidatorConfig.max_submissions_per_batch
 

@@ -75,6 +75,11 @@ class MultiTurnEnvironment(Environment):
         return self.score(example, last)
 
 
+def episode_turns(environment: Environment) -> int:
+    """The most policy turns an episode of ``environment`` may have: 1 unless it answers the policy."""
+    return environment.limits.max_turns if isinstance(environment, MultiTurnEnvironment) else 1
+
+
 @dataclass(frozen=True)
 class Episode:
     """A replayed episode: the prompt's messages, then the policy's turns and the environment's replies."""
@@ -89,8 +94,9 @@ class Episode:
 
 
 def _checked_reply(
-    environment: MultiTurnEnvironment, example: Example, transcript: tuple[ChatMessage, ...], limits: EpisodeLimits
+    environment: MultiTurnEnvironment, example: Example, transcript: tuple[ChatMessage, ...]
 ) -> tuple[ChatMessage, ...] | None:
+    limits = environment.limits
     started = time.perf_counter()
     try:
         reply = environment.reply(example, transcript)
@@ -122,8 +128,8 @@ class EpisodeRun:
     The worker plays one with its engine; :func:`replay` plays one from a submission's turns. Both go through
     :meth:`add_turn`, so both build the same transcript from the same turns."""
 
-    def __init__(self, environment: MultiTurnEnvironment, example: Example, limits: EpisodeLimits) -> None:
-        self.environment, self.example, self.limits = environment, example, limits
+    def __init__(self, environment: MultiTurnEnvironment, example: Example) -> None:
+        self.environment, self.example, self.limits = environment, example, environment.limits
         prompt = chat_messages(example, environment.system_prompt)
         self.messages: tuple[ChatMessage, ...] = tuple(ChatMessage(m["role"], m["content"]) for m in prompt)
         self.turn_starts: list[int] = []
@@ -145,7 +151,7 @@ class EpisodeRun:
         elif len(self.turn_starts) >= self.limits.max_turns:
             self.ended_by = "turn_limit"
         else:
-            reply = _checked_reply(self.environment, self.example, self.messages, self.limits)
+            reply = _checked_reply(self.environment, self.example, self.messages)
             if reply is None:
                 self.ended_by = "environment"
             else:
@@ -171,18 +177,19 @@ def replay(
     environment: MultiTurnEnvironment,
     example: Example,
     turns: Sequence[PolicyTurn],
-    limits: EpisodeLimits,
 ) -> Episode:
-    """The episode whose policy turns were ``turns``, every environment reply recomputed here.
+    """The episode whose policy turns were ``turns``, every environment reply recomputed here within
+    ``environment.limits``.
 
     EpisodeError when ``turns`` cannot be that episode: no turn, more turns than the episode allows (the
     environment ended it, a turn was cut, or the turn limit was reached before them) or fewer (the environment
     still expected an answer and the limit was not reached: an episode stopped early by its worker)."""
     if not turns:
         raise EpisodeError("an episode has at least one policy turn")
+    limits = environment.limits
     if len(turns) > limits.max_turns:
         raise EpisodeError(f"{len(turns)} policy turns, over the episode limit of {limits.max_turns}")
-    run = EpisodeRun(environment, example, limits)
+    run = EpisodeRun(environment, example)
     for number, turn in enumerate(turns, start=1):
         run.add_turn(turn)
         if run.ended_by is not None and number < len(turns):
@@ -265,11 +272,10 @@ def rebuild_episode(
     turn_ids: Sequence[Sequence[int]],
     tokenizer: Any,
     eos_token_ids: Sequence[int],
-    limits: EpisodeLimits,
 ) -> tuple[Episode, list[list[int]]]:
     """The episode whose policy turns sampled ``turn_ids``, and each turn's prompt ids: all the trusted side
     needs, from the sampled tokens alone. EpisodeError when the turns cannot be that episode."""
-    episode = replay(environment, example, [policy_turn(tokenizer, ids, eos_token_ids) for ids in turn_ids], limits)
+    episode = replay(environment, example, [policy_turn(tokenizer, ids, eos_token_ids) for ids in turn_ids])
     return episode, turn_prompt_ids(environment, episode, tokenizer)
 
 

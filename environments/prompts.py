@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from environments.base import Environment
+from environments.episode import episode_turns
 from environments.render import prompt_ids, prompt_text
 
 
@@ -30,6 +31,8 @@ class SourcePrompt:
 class PromptSource(Protocol):
     name: str
     """The environment's name, recorded as each task's ``task_name``."""
+    max_turns: int
+    """Policy turns a rollout may have: 1 for a single-turn environment (:func:`environments.episode.episode_turns`)."""
 
     def prompt_group(self, group_index: int, num_prompts: int) -> Sequence[SourcePrompt]:
         """The prompts of group ``group_index``; the same arguments always give the same prompts."""
@@ -43,6 +46,7 @@ class EnvironmentPrompts:
         self.environment = environment
         self.tokenizer = tokenizer
         self.name = environment.name[:64]
+        self.max_turns = episode_turns(environment)
 
     def prompt_group(self, group_index: int, num_prompts: int) -> Sequence[SourcePrompt]:
         first = group_index * num_prompts
@@ -58,6 +62,7 @@ class NoPrompts:
     """A source with no prompts, for ledger tools that never lease (``prime-coordinator publish``)."""
 
     name = "none"
+    max_turns = 1
 
     def prompt_group(self, group_index: int, num_prompts: int) -> Sequence[SourcePrompt]:
         return ()

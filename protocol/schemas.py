@@ -252,6 +252,9 @@ class RunSpec(WireModel):
     environment: EnvironmentIdentity
     precision: Precision = "float32"
     """The dtype workers generate in and validators recompute in; validators audit with its TOPLOC calibration."""
+    max_turns: int = Field(default=1, ge=1, le=MAX_EPISODE_TURNS)
+    """Policy turns an episode may have: 1 for a single-turn environment; above 1 the environment answers the
+    policy, and workers play each sample as an episode with it (the environment's ``[environment.episode]``)."""
 
 
 class SignedRunSpec(WireModel):

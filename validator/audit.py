@@ -142,9 +142,7 @@ def _turn_prompts(
         raise EpisodeError("the prompt carries no example index, so its episode cannot be replayed")
     example = episodes.environment.example(example_index)
     turn_ids = [turn.completion_ids for turn in turns]
-    _episode, turn_prompts = rebuild_episode(
-        episodes.environment, example, turn_ids, episodes.tokenizer, eos_token_ids, episodes.environment.limits
-    )
+    _episode, turn_prompts = rebuild_episode(episodes.environment, example, turn_ids, episodes.tokenizer, eos_token_ids)
     if turn_prompts[0] != issued:
         raise EpisodeError("the task's prompt is not the environment's first prompt of this example")
     return turn_prompts
@@ -181,7 +179,7 @@ def environment_reward_fn(environment: Environment, tokenizer: Any, eos_token_id
     def reward(example_index: int, turn_ids: Sequence[Sequence[int]]) -> Scores:
         example = environment.example(example_index)
         if isinstance(environment, MultiTurnEnvironment):
-            episode, _ = rebuild_episode(environment, example, turn_ids, tokenizer, eos_token_ids, environment.limits)
+            episode, _ = rebuild_episode(environment, example, turn_ids, tokenizer, eos_token_ids)
             return episode_scores(environment, episode)
         (ids,) = turn_ids
         turn = policy_turn(tokenizer, ids, eos_token_ids)

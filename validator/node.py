@@ -31,9 +31,11 @@ import functools
 import logging
 import time
 from collections import OrderedDict
+from dataclasses import dataclass
 
 from engines.base import PrefillEngine
 from environments.base import Environment
+from environments.episode import MultiTurnEnvironment
 from environments.pinning import run_environment
 from node.gossip import run_node_gossip
 from node.retry import sleep_unless_stopped, unless_stopped, with_retries
@@ -48,11 +50,22 @@ from runtime.first_contact import check_coordinator, check_relays
 from shardcast.cache import WeightsCache
 from toploc.calibrations import require_calibrated
 from toploc.config import ToplocConfig
-from validator.audit import RewardFn, Thresholds, audit_submissions_safely, environment_reward_fn
+from validator.audit import Episodes, RewardFn, Thresholds, audit_submissions_safely, environment_reward_fn
 from validator.config import ValidatorConfig
 from validator.progress import ValidatorState
 
 log = logging.getLogger("validator")
+
+
+@dataclass(frozen=True)
+class LoadedPolicy:
+    """A policy version ready to audit against: its prefill engine, end tokens and rewards, and for a multi-turn
+    run how its episodes are rebuilt."""
+
+    engine: PrefillEngine
+    eos_token_ids: tuple[int, ...]
+    reward_fn: RewardFn
+    episodes: Episodes | None
 
 
 class PolicyEngines:
@@ -75,9 +88,9 @@ class PolicyEngines:
         self.environment = environment
         self.max_loaded = max_loaded
         self.max_batch_size = max_batch_size
-        self._engines: OrderedDict[int, tuple[PrefillEngine, tuple[int, ...], RewardFn]] = OrderedDict()
+        self._engines: OrderedDict[int, LoadedPolicy] = OrderedDict()
 
-    async def get(self, version: int) -> tuple[PrefillEngine, tuple[int, ...], RewardFn]:
+    async def get(self, version: int) -> LoadedPolicy:
         if version in self._engines:
             self._engines.move_to_end(version)
             return self._engines[version]
@@ -88,12 +101,12 @@ class PolicyEngines:
             self.weights.unpin(version)
             raise
         while len(self._engines) > self.max_loaded:
-            old_version, (old, _eos, _reward) = self._engines.popitem(last=False)
-            old.close()
+            old_version, old = self._engines.popitem(last=False)
+            old.engine.close()
             self.weights.unpin(old_version)
         return self._engines[version]
 
-    async def _load(self, version: int) -> tuple[PrefillEngine, tuple[int, ...], RewardFn]:
+    async def _load(self, version: int) -> LoadedPolicy:
         path = await unless_stopped(self.stop, self.weights.ensure(version))
         if path is None:
             raise asyncio.CancelledError(f"stopped while downloading policy v{version}")
@@ -110,11 +123,12 @@ class PolicyEngines:
         engine = await in_thread_unless_stopped(self.stop, f"the start of the engine for policy v{version}", start)
         eos = eos_token_ids(path)
         tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, str(path))
-        return engine, eos, environment_reward_fn(self.environment, tokenizer, eos)
+        episodes = Episodes(self.environment, tokenizer) if isinstance(self.environment, MultiTurnEnvironment) else None
+        return LoadedPolicy(engine, eos, environment_reward_fn(self.environment, tokenizer, eos), episodes)
 
     def close(self) -> None:
-        for version, (engine, _eos, _reward) in self._engines.items():
-            engine.close()
+        for version, loaded in self._engines.items():
+            loaded.engine.close()
             self.weights.unpin(version)
         self._engines.clear()
 
@@ -161,14 +175,22 @@ async def _audit_version(
 ) -> None:
     """Audit the pending submissions of one policy version in one prefill batch, with the run's thresholds
     whatever engine each names, and post each verdict."""
-    engine, eos, reward_fn = await engines.get(version)
+    loaded = await engines.get(version)
     state.policy_version = version
     started = time.monotonic()
     thresholds = toploc if toploc is not None else Thresholds()
     config = thresholds.config() if isinstance(thresholds, Thresholds) else thresholds
     what = f"the audit of {len(items)} submission(s) of policy v{version}"  # their verdicts are left to the ledger
     audited = await in_thread_unless_stopped(
-        stop, what, audit_submissions_safely, items, engine, eos, config, reward_fn
+        stop,
+        what,
+        audit_submissions_safely,
+        items,
+        loaded.engine,
+        loaded.eos_token_ids,
+        config,
+        loaded.reward_fn,
+        loaded.episodes,
     )
     state.audit_s += time.monotonic() - started
     for item, (verdict, rollouts) in zip(items, audited, strict=True):

@@ -17,11 +17,10 @@ from typing import Any
 
 from engines.base import GenerationRequest, GenerationResult
 from environments.base import Example
-from environments.config import EpisodeLimits
-from environments.episode import Episode, EpisodeRun, MultiTurnEnvironment, policy_turn
+from environments.episode import Episode, EpisodeError, EpisodeRun, MultiTurnEnvironment, policy_turn
 from protocol.schemas import SubmitRequest, Task
 from toploc.sampling import turn_stream
-from worker.loop import build_turns_submission
+from worker.submission import build_turns_submission
 
 Generate = Callable[[list[GenerationRequest]], list[GenerationResult]]
 """An engine's batched generation (``Engine.generate``)."""
@@ -58,10 +57,10 @@ def play_episodes(
     max_tokens: int,
     temperature: float,
     eos_token_ids: tuple[int, ...],
-    limits: EpisodeLimits,
 ) -> list[PlayedEpisode]:
-    """Play ``requests`` to their ends, one batched generation per policy turn; results in request order."""
-    runs = {r.uid: EpisodeRun(environment, r.example, limits) for r in requests}
+    """Play ``requests`` to their ends (within ``environment.limits``), one batched generation per policy turn;
+    results in request order."""
+    runs = {r.uid: EpisodeRun(environment, r.example) for r in requests}
     played = {r.uid: PlayedEpisode(r.uid) for r in requests}
     going = list(requests)
     turn = 0
@@ -91,6 +90,42 @@ def play_episodes(
     return [played[r.uid] for r in requests]
 
 
+@dataclass(frozen=True)
+class EpisodePlayer:
+    """What a worker of a multi-turn run plays its tasks with: the run's environment and the policy's tokenizer."""
+
+    environment: MultiTurnEnvironment
+    tokenizer: Any
+
+    def play(self, generate: Generate, task: Task, eos_token_ids: tuple[int, ...]) -> list[PlayedEpisode]:
+        """Every sample of ``task`` played as an episode. EpisodeError when a prompt of the task is not its
+        example's first prompt here (this node's environment differs from the run's)."""
+        requests = []
+        for prompt in task.prompts:
+            if prompt.example_index is None:
+                raise EpisodeError(f"prompt {prompt.prompt_index} of task {task.task_id} names no example")
+            example = self.environment.example(prompt.example_index)
+            if EpisodeRun(self.environment, example).prompt_ids(self.tokenizer) != list(prompt.token_ids):
+                raise EpisodeError(
+                    f"prompt {prompt.prompt_index} of task {task.task_id} is not example {prompt.example_index}'s "
+                    "first prompt in this node's environment"
+                )
+            requests += [
+                EpisodeRequest(f"{task.task_id}/{prompt.prompt_index}/{s}", example, prompt.prompt_index, s)
+                for s in range(task.group_size)
+            ]
+        return play_episodes(
+            generate,
+            self.environment,
+            requests,
+            self.tokenizer,
+            seed=task.sampling_seed,
+            max_tokens=task.sampling.max_tokens,
+            temperature=task.sampling.temperature,
+            eos_token_ids=eos_token_ids,
+        )
+
+
 def build_episode_submission(task: Task, engine_name: str, played: Sequence[PlayedEpisode]) -> SubmitRequest:
-    """The submission of a task's played episodes (:func:`worker.loop.build_turns_submission`)."""
+    """The submission of a task's played episodes (:func:`worker.submission.build_turns_submission`)."""
     return build_turns_submission(task, engine_name, [(episode.uid, episode.turns) for episode in played])

@@ -21,18 +21,18 @@ weights cache, so newer versions fetched meanwhile never prune them.
 from __future__ import annotations
 
 import asyncio
-import base64
 import functools
 import logging
 import time
-from collections.abc import Coroutine, Sequence
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
-from engines.base import Engine, GenerationRequest, GenerationResult
+from engines.base import Engine
+from environments.episode import EnvironmentReplyError, EpisodeError
 from node.retry import sleep_unless_stopped, sleep_until_work, unless_stopped, with_retries
 from protocol.errors import (
     ForbiddenError,
@@ -49,14 +49,11 @@ from protocol.schemas import (
     MAX_TOKENS_PER_S,
     HeartbeatRequest,
     LeaseRequest,
-    Rollout,
-    SubmitRequest,
     Task,
-    TurnRollout,
 )
 from shardcast.cache import WeightsCache
-from toploc.proof import build_proofs
-from toploc.sampling import sample_stream
+from worker.episodes import EpisodePlayer
+from worker.submission import Sample, build_turns_submission, generation_requests
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -136,59 +133,6 @@ class WorkerState:
         return self.num_tokens / self.generation_s if self.generation_s > 0 else 0.0
 
 
-def generation_requests(task: Task, eos_token_ids: tuple[int, ...]) -> list[GenerationRequest]:
-    """One request per (prompt, sample) of a task, each on its own noise stream."""
-    return [
-        GenerationRequest(
-            uid=f"{task.task_id}/{prompt.prompt_index}/{sample}",
-            prompt_ids=list(prompt.token_ids),
-            max_tokens=task.sampling.max_tokens,
-            temperature=task.sampling.temperature,
-            seed=task.sampling_seed,
-            stream=sample_stream(prompt.prompt_index, sample),
-            eos_token_ids=eos_token_ids,
-        )
-        for prompt in task.prompts
-        for sample in range(task.group_size)
-    ]
-
-
-def build_submission(task: Task, engine_name: str, results: list[GenerationResult]) -> SubmitRequest:
-    """The submission of a task's generated group, one turn per sample, with a proof per sample."""
-    return build_turns_submission(task, engine_name, [(result.uid, [result]) for result in results])
-
-
-def build_turns_submission(
-    task: Task, engine_name: str, samples: Sequence[tuple[str, Sequence[GenerationResult]]]
-) -> SubmitRequest:
-    """The submission of a task's samples, each ``(uid, the engine's result of each policy turn)``: per rollout its
-    first turn, then any later turns, each with the proof built from its own hidden states (all proofs in one
-    batch). Only sampled tokens are sent."""
-    proofs = iter(build_proofs([result.hidden_states for _uid, turns in samples for result in turns]))
-    rollouts = []
-    for uid, turns in samples:
-        _task_id, prompt_index, sample_index = uid.rsplit("/", 2)
-        first, *later = [
-            TurnRollout(
-                completion_ids=result.completion_ids,
-                logprobs=result.logprobs,
-                finish_reason=result.finish_reason,
-                proof_b64=base64.b64encode(next(proofs)).decode(),
-            )
-            for result in turns
-        ]
-        rollouts.append(
-            Rollout(prompt_index=int(prompt_index), sample_index=int(sample_index), **dict(first), later_turns=later)
-        )
-    return SubmitRequest(
-        lease_id=task.lease_id,
-        task_id=task.task_id,
-        policy_version=task.policy_version,
-        engine="vllm" if engine_name == "vllm" else "hf",
-        rollouts=rollouts,
-    )
-
-
 class TaskRunner:
     """Runs leased tasks on one engine until stopped."""
 
@@ -201,8 +145,11 @@ class TaskRunner:
         eos_token_ids: tuple[int, ...],
         loaded_version: int | None = None,
         long_poll_s: float = LONG_POLL_S,
+        episodes: EpisodePlayer | None = None,
     ) -> None:
         self.long_poll_s = long_poll_s
+        self.episodes = episodes
+        """A multi-turn run's environment: each sample is played as an episode with it; None: single turns."""
         self.ledger = ledger
         self.engine = engine
         self.weights = weights
@@ -259,7 +206,8 @@ class TaskRunner:
         The lease is renewed from here until the submission is answered; a cancellation while
         generating abandons the lease so the ledger can re-issue it at once. A task whose policy
         version this node cannot get (refused, or on no relay within ``VERSION_WAIT_S``) is handed
-        back the same way, and None is returned: the node goes on with the next lease.
+        back the same way, and None is returned: the node goes on with the next lease. So is a task whose
+        episodes cannot be played here (a prompt that is not its example's, an environment that fails to reply).
         """
         self.state.current_task = task.task_id
         renewer = asyncio.create_task(self._renew_until_cancelled(task))
@@ -267,14 +215,14 @@ class TaskRunner:
         try:
             await self._load_version(task.policy_version, stop)
             self.weights.prefetch(task.policy_version + 1)
-            requests = generation_requests(task, self.eos_token_ids)
             started = time.monotonic()
-            results = await asyncio.to_thread(self.engine.generate, requests)
+            samples = await asyncio.to_thread(self._generate, task)
             self.state.generation_s += time.monotonic() - started
-        except TaskHandedBackError as exc:
+        except (TaskHandedBackError, EpisodeError, EnvironmentReplyError) as exc:
             renewer.cancel()
             await asyncio.gather(renewer, return_exceptions=True)
-            log.warning("handing task %s back: %s", task.task_id, exc)
+            self.state.last_error = f"handed task {task.task_id} back: {exc}"
+            log.warning("%s", self.state.last_error)
             await self._abandon(task.lease_id)
             if self.state.current_task == task.task_id:
                 self.state.current_task = None
@@ -286,13 +234,21 @@ class TaskRunner:
             raise
         finally:
             self.weights.unpin(task.policy_version)
-        return self._prove_and_submit(task, results, renewer, stop)
+        return self._prove_and_submit(task, samples, renewer, stop)
+
+    def _generate(self, task: Task) -> list[Sample]:
+        """Each sample of ``task``: its uid and the engine's result of each policy turn."""
+        if self.episodes is None:
+            results = self.engine.generate(generation_requests(task, self.eos_token_ids))
+            return [(result.uid, [result]) for result in results]
+        played = self.episodes.play(self.engine.generate, task, self.eos_token_ids)
+        return [(episode.uid, episode.turns) for episode in played]
 
     async def _prove_and_submit(
-        self, task: Task, results: list[GenerationResult], renewer: asyncio.Task[None], stop: asyncio.Event
+        self, task: Task, samples: list[Sample], renewer: asyncio.Task[None], stop: asyncio.Event
     ) -> None:
         try:
-            submission = await asyncio.to_thread(build_submission, task, self.engine.name, results)
+            submission = await asyncio.to_thread(build_turns_submission, task, self.engine.name, samples)
             answer = await with_retries("submit", lambda: self.ledger.submit(submission), stop)
         except ForbiddenError:
             raise
@@ -308,13 +264,13 @@ class TaskRunner:
             log.warning("%s", self.state.last_error)
         else:
             self.state.num_tasks_done += 1
-            self.state.num_samples += len(results)
-            self.state.num_tokens += sum(len(result.completion_ids) for result in results)
+            self.state.num_samples += len(samples)
+            self.state.num_tokens += sum(len(turn.completion_ids) for _uid, turns in samples for turn in turns)
             log.info(
                 "submitted task %s (policy v%d, %d samples): %s",
                 task.task_id,
                 task.policy_version,
-                len(results),
+                len(samples),
                 answer.status + (" (duplicate)" if answer.duplicate else ""),
             )
         finally:

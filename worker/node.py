@@ -16,6 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from engines.base import Engine
+from environments.episode import MultiTurnEnvironment
+from environments.pinning import run_environment
 from node.gossip import run_node_gossip
 from node.retry import sleep_unless_stopped, with_retries
 from node.startup import eos_token_ids, software_version, trusted_coordinator_id
@@ -23,12 +25,13 @@ from node.stopping import in_thread_unless_stopped
 from protocol.errors import ConfigError, IdentityError, StartupError
 from protocol.identity import load_or_create_identity, public_key_from_node_id
 from protocol.ledger_client import LedgerClient
-from protocol.schemas import Hardware, RegisterRequest
+from protocol.schemas import Hardware, RegisterRequest, RunSpec
 from runtime.data_dir_lock import hold_data_dir
 from runtime.first_contact import check_coordinator, check_relays
 from shardcast.cache import WeightsCache
 from worker.config import WorkerConfig
 from worker.devices import DeviceInfo, cpu_engine_threads, detect_devices
+from worker.episodes import EpisodePlayer
 from worker.loop import (
     TaskHandedBackError,
     TaskRunner,
@@ -156,6 +159,10 @@ async def _worker(config: WorkerConfig, stop: asyncio.Event, state: WorkerState,
                     else:
                         # transformers' first import is slow too: off the event loop, where a stop is heard
                         eos = await in_thread_unless_stopped(stop, "reading the end tokens", eos_token_ids, checkpoint)
+                        episodes = None
+                        if run.max_turns > 1:
+                            what = "loading the run's environment"
+                            episodes = await in_thread_unless_stopped(stop, what, episode_player, run, checkpoint)
                         for device in devices:  # a start that cannot be interrupted is abandoned when stopped
                             what = f"the start of the {kind} engine on {device.device}"
                             compiled = config.vllm_cpu_compile
@@ -164,7 +171,7 @@ async def _worker(config: WorkerConfig, stop: asyncio.Event, state: WorkerState,
                         state.policy_version = start_version
                         log.info("%d %s engine(s) ready on policy v%d", len(engines), kind, start_version)
                         runners = [
-                            TaskRunner(ledger, engine, weights, state, eos, start_version, config.long_poll_s)
+                            TaskRunner(ledger, engine, weights, state, eos, start_version, config.long_poll_s, episodes)
                             for engine in engines
                         ]
                         break
@@ -179,6 +186,22 @@ async def _worker(config: WorkerConfig, stop: asyncio.Event, state: WorkerState,
             for engine in engines:
                 with contextlib.suppress(Exception):
                     engine.close()
+
+
+def episode_player(run: RunSpec, checkpoint: Path) -> EpisodePlayer:
+    """What a multi-turn run's tasks are played with here: the run's environment, loaded and checked against the
+    signed spec (ConfigError, one line, when it cannot be), and the policy's tokenizer."""
+    from transformers import AutoTokenizer
+
+    environment = run_environment(run, None)
+    if not isinstance(environment, MultiTurnEnvironment):
+        raise ConfigError(
+            f"the run's episodes have up to {run.max_turns} policy turns, but its environment "
+            f"{run.environment.name!r} loads here as a single-turn one; install the version the run names "
+            f"({run.environment.package} {run.environment.package_version})"
+        )
+    log.info("run episodes: up to %d policy turns with %s", run.max_turns, environment.name)
+    return EpisodePlayer(environment, AutoTokenizer.from_pretrained(str(checkpoint)))
 
 
 NEWER_VERSION_POLL_S = 5.0

@@ -12,11 +12,11 @@ from __future__ import annotations
 import json
 import math
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from environments.episode import episode_samples
+from environments.episode import MultiTurnEnvironment, episode_samples, rebuild_episode
 from protocol.schemas import Rollout, SubmitRequest, TurnRollout, Verdict
 from trainer.advantages import group_advantages
 from trainer.packing import TrainSample
@@ -35,6 +35,8 @@ class AcceptedGroup:
     """Per rollout of ``submission``, in its order."""
     reward_components: dict[str, list[float]] = field(default_factory=dict)
     """Each named reward of the environment, per rollout (what ``rewards`` weighs together)."""
+    example_indices: dict[int, int | None] = field(default_factory=dict)
+    """Prompt index -> the environment example the task's prompt is (from the ledger)."""
 
 
 def verdict_rewards(verdict_json: str | None, num_rollouts: int) -> list[float] | None:
@@ -62,6 +64,7 @@ def accepted_group(
         submission=submission,
         rewards=rewards,
         reward_components={k: list(v) for k, v in components.items() if len(v) == len(submission.rollouts)},
+        example_indices={int(p["prompt_index"]): p.get("example_index") for p in prompts},
     )
 
 
@@ -89,6 +92,25 @@ def task_prompt(group: AcceptedGroup, rollout: Rollout) -> list[list[int]]:
     if rollout.later_turns:
         raise ValueError(f"submission {group.submission_id} has later turns in a single-turn run")
     return [group.prompt_token_ids[rollout.prompt_index]]
+
+
+def episode_prompts(environment: MultiTurnEnvironment, tokenizer: Any, eos_token_ids: Sequence[int]) -> TurnPrompts:
+    """Each policy turn's prompt ids, rebuilt from the rollout's sampled turns by replaying the run's environment
+    (:func:`environments.episode.rebuild_episode`), the first checked against the task's prompt: a validator
+    has replayed the same episode, so a failure here is an environment that does not replay."""
+
+    def turn_prompts(group: AcceptedGroup, rollout: Rollout) -> list[list[int]]:
+        example_index = group.example_indices.get(rollout.prompt_index)
+        if example_index is None:
+            raise ValueError(f"submission {group.submission_id}: prompt {rollout.prompt_index} names no example")
+        turn_ids = [turn.completion_ids for turn in (rollout, *rollout.later_turns)]
+        example = environment.example(example_index)
+        _episode, prompts = rebuild_episode(environment, example, turn_ids, tokenizer, eos_token_ids)
+        if prompts[0] != group.prompt_token_ids[rollout.prompt_index]:
+            raise ValueError(f"submission {group.submission_id}: the environment's first prompt is not the task's")
+        return prompts
+
+    return turn_prompts
 
 
 def train_samples(
@@ -182,20 +204,36 @@ def named_reward_means(groups: list[AcceptedGroup]) -> dict[str, float]:
     return {f"{NAMED_REWARD_PREFIX}{name}": sum(v) / len(v) for name, v in sorted(values.items()) if v}
 
 
+def sampled_tokens(rollout: Rollout) -> int:
+    """The tokens the policy sampled in a rollout, over all its turns (environment tokens are not counted)."""
+    return len(rollout.completion_ids) + sum(len(turn.completion_ids) for turn in rollout.later_turns)
+
+
 def rollout_stats(groups: list[AcceptedGroup]) -> dict[str, float]:
-    """How the batch's rollouts ended: mean completion length (tokens), and the fractions that stopped (ended
-    with EOS) and were truncated (cut at ``max_tokens`` without EOS). Every rollout of an accepted submission
-    passed the validators' termination check (``stop`` ends with an EOS id, ``length`` has exactly
-    ``max_tokens`` tokens), so its finish reason is the ledger's word, not the worker's."""
+    """How the batch's rollouts ended: mean completion length (tokens the policy sampled, every turn of an
+    episode), policy turns per rollout, and the fractions that stopped (the last turn ended with EOS) and were
+    truncated (cut at ``max_tokens`` without EOS). Every turn of an accepted submission passed the validators'
+    termination check (``stop`` ends with an EOS id, ``length`` has exactly ``max_tokens`` tokens), so its
+    finish reason is the ledger's word, not the worker's."""
     rollouts = [rollout for group in groups for rollout in group.submission.rollouts]
     count = len(rollouts)
     if not count:
-        return {"completion_tokens_mean": 0.0, "stop_fraction": 0.0, "truncated_fraction": 0.0}
+        return {"completion_tokens_mean": 0.0, "turns_mean": 0.0, "stop_fraction": 0.0, "truncated_fraction": 0.0}
+    last = [(r.later_turns or [r])[-1] for r in rollouts]
     return {
-        "completion_tokens_mean": sum(len(r.completion_ids) for r in rollouts) / count,
-        "stop_fraction": sum(r.finish_reason == "stop" for r in rollouts) / count,
-        "truncated_fraction": sum(r.finish_reason == "length" for r in rollouts) / count,
+        "completion_tokens_mean": sum(sampled_tokens(r) for r in rollouts) / count,
+        "turns_mean": sum(1 + len(r.later_turns) for r in rollouts) / count,
+        "stop_fraction": sum(turn.finish_reason == "stop" for turn in last) / count,
+        "truncated_fraction": sum(turn.finish_reason == "length" for turn in last) / count,
     }
+
+
+def sampled_fraction(samples: Sequence[TrainSample]) -> float:
+    """The share of the batch's completion tokens (what follows each sample's prompt) that the policy sampled and
+    the loss covers; below 1 where episodes carry environment replies between their turns."""
+    total = sum(len(sample.completion_ids) for sample in samples)
+    sampled = sum(len(s.completion_ids) if s.sampled is None else sum(s.sampled) for s in samples)
+    return sampled / total if total else 1.0
 
 
 def batch_summary(groups: list[AcceptedGroup], trained_version: int) -> dict[str, float]:
@@ -208,9 +246,7 @@ def batch_summary(groups: list[AcceptedGroup], trained_version: int) -> dict[str
         **rollout_stats(groups),
         "reward_mean": sum(rewards) / len(rewards) if rewards else 0.0,
         "num_samples": float(len(rewards)),
-        "num_completion_tokens": float(
-            sum(len(r.completion_ids) for group in groups for r in group.submission.rollouts)
-        ),
+        "num_completion_tokens": float(sum(sampled_tokens(r) for group in groups for r in group.submission.rollouts)),
         "staleness_mean": sum(lags) / len(lags) if lags else 0.0,
         "staleness_max": float(max(lags, default=0)),
     }

@@ -145,6 +145,7 @@ class Ledger(ValidationLedger):
                 lease.group_size,
                 json.loads(lease.sampling_json)["max_tokens"],
                 self.vocab_size,
+                self.prompts.max_turns,
             )
             if problems:
                 raise Violation(ProtocolError("; ".join(problems[:5])))

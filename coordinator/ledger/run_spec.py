@@ -56,16 +56,18 @@ def trainer_section(config: CoordinatorConfig, model: str) -> TrainerSection:
     return section.model_copy(update={"model": model, "checkpoint": checkpoint, "parallel": parallel})
 
 
-def run_spec(config: CoordinatorConfig) -> RunSpec:
+def run_spec(config: CoordinatorConfig, max_turns: int = 1) -> RunSpec:
+    """The run spec of ``config``, whose environment gives episodes of at most ``max_turns`` policy turns."""
     return RunSpec(
         run_name=config.run_name,
         environment=environment_identity(config.environment),
         precision=run_precision(config),
+        max_turns=max_turns,
     )
 
 
-def signed_run_spec(config: CoordinatorConfig, identity: NodeIdentity) -> SignedRunSpec:
-    spec = run_spec(config)
+def signed_run_spec(config: CoordinatorConfig, identity: NodeIdentity, max_turns: int = 1) -> SignedRunSpec:
+    spec = run_spec(config, max_turns)
     return SignedRunSpec(
         spec=spec, signer=identity.node_id, signature_b64=sign_document(identity, spec.model_dump(mode="json"))
     )

@@ -33,13 +33,23 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from coordinator.config import CoordinatorConfig
-from coordinator.ledger.batches import batch_summary, train_samples
+from coordinator.ledger.batches import (
+    TurnPrompts,
+    batch_summary,
+    episode_prompts,
+    sampled_fraction,
+    task_prompt,
+    train_samples,
+)
 from coordinator.ledger.ledger import Ledger
 from coordinator.loop.evals import PolicyEvals
 from coordinator.loop.policies import publish_policy
 from coordinator.loop.run_metrics import RunMetricsFile
 from coordinator.loop.train_steps import StepRecord, TrainSteps, min_policy_version
 from coordinator.processes.trainer_process import TrainerProcess
+from environments.episode import MultiTurnEnvironment
+from environments.prompts import EnvironmentPrompts, PromptSource
+from node.startup import eos_token_ids
 from protocol.identity import NodeIdentity
 from runtime.memory import release_free_memory
 from shardcast.store import VersionStore
@@ -55,6 +65,16 @@ T = TypeVar("T")
 
 class StoppedError(Exception):
     """The coordinator is shutting down; the loop returns where it is (the ledger has the state)."""
+
+
+def run_turn_prompts(prompts: PromptSource, config: CoordinatorConfig) -> TurnPrompts:
+    """How the loop gets each policy turn's prompt: the task's for a single-turn run; for a multi-turn run, the
+    episode replayed from its sampled turns with the run's environment and the start checkpoint's tokenizer
+    and end tokens (:func:`coordinator.ledger.batches.episode_prompts`)."""
+    if not isinstance(prompts, EnvironmentPrompts) or not isinstance(prompts.environment, MultiTurnEnvironment):
+        return task_prompt
+    eos = eos_token_ids(resolve_model_path(config.policy.start_checkpoint))
+    return episode_prompts(prompts.environment, prompts.tokenizer, eos)
 
 
 @dataclass
@@ -73,10 +93,13 @@ class Orchestrator:
     evals: PolicyEvals | None = None
     """Where the policies due an eval are queued as they are published."""
     steps: TrainSteps = field(init=False)
+    turn_prompts: TurnPrompts = field(init=False)
+    """Each policy turn's prompt of a rollout, rebuilt on the trusted side (:func:`run_turn_prompts`)."""
     _done_bell: Doorbell = field(init=False)
 
     def __post_init__(self) -> None:
         self.steps = TrainSteps(self.ledger)
+        self.turn_prompts = run_turn_prompts(self.ledger.prompts, self.config)
         self._done_bell = Doorbell(self.train_dir.done_bell)
         self._done_bell.listen()  # before the trainer can ring it
 
@@ -146,7 +169,8 @@ class Orchestrator:
         groups = self.steps.groups(step)
         summary = batch_summary(groups, trained_version=step - 1)
         if self.train_dir.read_done(step) is None and not self.train_dir.has_batch(step):
-            samples = train_samples(groups, settings.normalize_std)
+            samples = train_samples(groups, settings.normalize_std, self.turn_prompts)
+            summary["sampled_fraction"] = sampled_fraction(samples)
             batch = StepBatch(step, samples, self.config.scheduling.temperature, record.submission_ids)
             self.train_dir.write_batch(batch)
             log.info(

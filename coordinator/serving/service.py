@@ -154,7 +154,7 @@ def serve_run(config: CoordinatorConfig, precision: str) -> None:
     config = with_vocab_size(config, start)
     builtin_validator = BuiltinValidator(config, identity.node_id)
     prompts = environment_prompts(config)
-    run_spec = signed_run_spec(config, identity)
+    run_spec = signed_run_spec(config, identity, prompts.max_turns)
     environment = run_spec.spec.environment
     log.info(
         "environment %s %r (%s %s, hash %s)",

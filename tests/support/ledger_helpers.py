@@ -37,6 +37,7 @@ class CountingPrompts:
     """The ledger's prompts in unit tests: group i of 'count' asks to count from i (deterministic, unbounded)."""
 
     name = TASK_NAME
+    max_turns = 1
 
     def prompt_group(self, group_index: int, num_prompts: int) -> Sequence[SourcePrompt]:
         return [

@@ -25,6 +25,13 @@ from environments.episode import (
 LIMITS = EpisodeLimits(max_turns=3)
 
 
+def calculator() -> Calculator:
+    """The calculator with a three-turn limit."""
+    env = Calculator(seed=0)
+    env.limits = LIMITS
+    return env
+
+
 def test_the_calculator_computes_with_precedence_and_refuses_what_it_does_not_take() -> None:
     assert calculate("347*29+58") == 347 * 29 + 58
     assert calculate(" 2 + 3*(4 - 6) ") == -4
@@ -42,22 +49,20 @@ def test_the_calculator_computes_with_precedence_and_refuses_what_it_does_not_ta
 
 
 def test_an_honest_episode_is_replayed_with_the_tools_own_output() -> None:
-    env = Calculator(seed=0)
+    env = calculator()
     example = env.example(0)
     assert isinstance(example.prompt, tuple) and example.answer is not None
-    episode = replay(
-        env, example, [PolicyTurn(f"calc {example.data}", False), PolicyTurn(example.answer, False)], LIMITS
-    )
+    episode = replay(env, example, [PolicyTurn(f"calc {example.data}", False), PolicyTurn(example.answer, False)])
     assert episode.ended_by == "environment"
     assert [m.role for m in episode.messages] == ["user", "assistant", "tool", "assistant"]
     assert episode.messages[2].content == f"= {example.answer}"
     assert episode.turn_starts == (1, 3)
     assert env.score_episode(example, episode.messages).total == 1.0
-    wrong = replay(env, example, [PolicyTurn("calc 1+", False), PolicyTurn("12", False)], LIMITS)
+    wrong = replay(env, example, [PolicyTurn("calc 1+", False), PolicyTurn("12", False)])
     assert wrong.messages[2].content == "error: expression ends too early"
     assert env.score_episode(example, wrong.messages).total == 0.0
     # replaying twice gives the same bytes: the reply is a function of the transcript alone
-    again = replay(env, example, [PolicyTurn(f"calc {example.data}", False), PolicyTurn(example.answer, False)], LIMITS)
+    again = replay(env, example, [PolicyTurn(f"calc {example.data}", False), PolicyTurn(example.answer, False)])
     assert again == episode
 
 
@@ -71,20 +76,20 @@ def test_an_honest_episode_is_replayed_with_the_tools_own_output() -> None:
     ],
 )
 def test_turns_the_environment_would_not_have_taken_are_refused(turns: list[str], reason: str) -> None:
-    env = Calculator(seed=0)
+    env = calculator()
     with pytest.raises(EpisodeError, match=reason):
-        replay(env, env.example(0), [PolicyTurn(t, False) for t in turns], LIMITS)
+        replay(env, env.example(0), [PolicyTurn(t, False) for t in turns])
 
 
 def test_a_cut_turn_ends_the_episode_and_the_turn_limit_ends_it_too() -> None:
-    env = Calculator(seed=0)
+    env = calculator()
     example = env.example(1)
-    cut = replay(env, example, [PolicyTurn("calc 1+1", True)], LIMITS)
+    cut = replay(env, example, [PolicyTurn("calc 1+1", True)])
     assert cut.ended_by == "truncated" and len(cut.messages) == 2
     with pytest.raises(EpisodeError, match="cut at the token budget"):
-        replay(env, example, [PolicyTurn("calc 1+1", True), PolicyTurn("2", False)], LIMITS)
+        replay(env, example, [PolicyTurn("calc 1+1", True), PolicyTurn("2", False)])
     limited = replay(
-        env, example, [PolicyTurn("calc 1", False), PolicyTurn("calc 2", False), PolicyTurn("calc 3", False)], LIMITS
+        env, example, [PolicyTurn("calc 1", False), PolicyTurn("calc 2", False), PolicyTurn("calc 3", False)]
     )
     assert limited.ended_by == "turn_limit"
     assert [m.role for m in limited.messages][-1] == "assistant"
@@ -123,9 +128,9 @@ class Raising(Misbehaving):
     ],
 )
 def test_an_environment_over_its_limits_is_its_own_fault(env: Misbehaving, reason: str) -> None:
-    limits = EpisodeLimits(max_turns=3, reply_time_s=0.01)
+    env.limits = EpisodeLimits(max_turns=3, reply_time_s=0.01)
     with pytest.raises(EnvironmentReplyError, match=reason):
-        replay(env, env.example(0), [PolicyTurn("a", False), PolicyTurn("b", False)], limits)
+        replay(env, env.example(0), [PolicyTurn("a", False), PolicyTurn("b", False)])
 
 
 @pytest.fixture(scope="module")
@@ -135,7 +140,7 @@ def chat_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
     from trainer.tokenizer import CHAT_TEMPLATE, save_hf_tokenizer, train_tokenizer
 
-    env = Calculator(seed=0)
+    env = calculator()
     examples = [env.example(i) for i in range(200)]
     corpus = [
         f"{m.content} calc {e.data} = {e.answer}" for e in examples for m in e.prompt if isinstance(m, ChatMessage)
@@ -146,12 +151,12 @@ def chat_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 
 def test_turns_that_extend_each_other_merge_and_only_sampled_tokens_are_trained(chat_tokenizer: Any) -> None:
-    env = Calculator(seed=0)
+    env = calculator()
     example = env.example(2)
     texts = [f"calc {example.data}", str(example.answer)]
     end = chat_tokenizer.convert_tokens_to_ids("<|im_end|>")
     completions = [[*chat_tokenizer.encode(t, add_special_tokens=False), end] for t in texts]
-    episode = replay(env, example, [PolicyTurn(t, False) for t in texts], LIMITS)
+    episode = replay(env, example, [PolicyTurn(t, False) for t in texts])
     prompts = turn_prompt_ids(env, episode, chat_tokenizer)
     (sample,) = episode_samples(prompts, completions)
     assert sample.turns == (0, 1)

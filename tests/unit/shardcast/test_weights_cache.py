@@ -5,11 +5,12 @@ from __future__ import annotations
 import asyncio
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
 from engines.base import GenerationRequest, GenerationResult
+from environments.base import Scores
 from environments.builtin import builtin_environment
 from protocol.errors import VersionRefusedError
 from protocol.schemas import Prompt, SamplingParams, Task
@@ -17,7 +18,7 @@ from shardcast import cache as cache_module
 from shardcast.cache import WeightsCache
 from shardcast.config import RelayConfig
 from shardcast.relay import RelayMirror
-from validator.node import PolicyEngines
+from validator.node import LoadedPolicy, PolicyEngines
 from worker.loop import TaskRunner, WorkerState
 
 pytestmark = pytest.mark.anyio
@@ -152,10 +153,10 @@ async def test_the_validator_pins_versions_whose_engine_is_loaded(
 ) -> None:
     engines = PolicyEngines(cache, max_loaded=2, max_batch_size=1, environment=builtin_environment("reverse_text"))
 
-    async def fake_load(version: int) -> Any:
+    async def fake_load(version: int) -> LoadedPolicy:
         path = await cache.ensure(version)
         assert path.is_dir()
-        return RecordingEngine(cache), (), lambda *args: 0.0
+        return LoadedPolicy(cast(Any, RecordingEngine(cache)), (), lambda *args: Scores.single("none", 0.0), None)
 
     monkeypatch.setattr(engines, "_load", fake_load)
     await engines.get(0)

@@ -29,6 +29,7 @@ from tests.support.tiny_model import TINY_EOS_TOKEN_ID, save_tiny_qwen2
 from tests.unit.validator.test_refusals import OneEngine, RefusingLedger, pending_item
 from validator import node
 from validator.audit import audit_submissions_safely
+from validator.node import LoadedPolicy
 from validator.progress import ValidatorState
 
 EOS = (TINY_EOS_TOKEN_ID,)
@@ -120,7 +121,7 @@ def test_a_cheated_group_is_rejected_whatever_the_environment_does(policy: HFEng
 class GoneVersion(OneEngine):
     """Version 0 can no longer be fetched from anyone; the others can."""
 
-    async def get(self, version: int) -> tuple[Any, tuple[int, ...], Any]:
+    async def get(self, version: int) -> LoadedPolicy:
         if version == 0:
             raise NotFoundError("no relay holds version 0 (origin: 404)")
         return await super().get(version)

@@ -38,7 +38,7 @@ def make_task(env: MultiTurnEnvironment, tokenizer: Any) -> Task:
     prompts = [
         {
             "prompt_index": i,
-            "token_ids": EpisodeRun(env, env.example(index), LIMITS).prompt_ids(tokenizer),
+            "token_ids": EpisodeRun(env, env.example(index)).prompt_ids(tokenizer),
             "example_index": index,
         }
         for i, index in enumerate(EXAMPLES)
@@ -58,9 +58,7 @@ def make_task(env: MultiTurnEnvironment, tokenizer: Any) -> Task:
     )
 
 
-def played_submission(
-    engine: HFEngine, tokenizer: Any, task: Task, env: MultiTurnEnvironment, limits: EpisodeLimits = LIMITS
-) -> SubmitRequest:
+def played_submission(engine: HFEngine, tokenizer: Any, task: Task, env: MultiTurnEnvironment) -> SubmitRequest:
     requests = [
         EpisodeRequest(f"{task.task_id}/{p.prompt_index}/{s}", env.example(p.example_index or 0), p.prompt_index, s)
         for p in task.prompts
@@ -75,7 +73,6 @@ def played_submission(
         max_tokens=task.sampling.max_tokens,
         temperature=task.sampling.temperature,
         eos_token_ids=eos_of(tokenizer),
-        limits=limits,
     )
     return build_episode_submission(task, engine.name, played)
 
@@ -95,8 +92,8 @@ def audit(policy: tuple[HFEngine, Any], item: PendingSubmission, episodes: bool 
 
 def test_honest_episodes_are_accepted_and_scored_whole(policy: tuple[HFEngine, Any]) -> None:
     engine, tokenizer = policy
-    task = make_task(Counting(), tokenizer)
-    submission = played_submission(engine, tokenizer, task, Counting())
+    task = make_task(Counting(limits=LIMITS), tokenizer)
+    submission = played_submission(engine, tokenizer, task, Counting(limits=LIMITS))
     assert any(r.later_turns for r in submission.rollouts)
     verdict = audit(policy, signed_pending(task, submission))
     assert verdict.accepted, verdict.reasons
@@ -110,8 +107,8 @@ def test_a_worker_that_plays_another_environment_is_rejected_at_the_turn_that_di
     policy: tuple[HFEngine, Any],
 ) -> None:
     engine, tokenizer = policy
-    task = make_task(Counting(), tokenizer)
-    tampered = played_submission(engine, tokenizer, task, Counting(heard="saw"))  # other tool output
+    task = make_task(Counting(limits=LIMITS), tokenizer)
+    tampered = played_submission(engine, tokenizer, task, Counting(heard="saw", limits=LIMITS))  # other tool output
     verdict = audit(policy, signed_pending(task, tampered))
     assert not verdict.accepted
     assert all(" turn " in reason and " turn 0" not in reason for reason in verdict.reasons), verdict.reasons
@@ -119,8 +116,8 @@ def test_a_worker_that_plays_another_environment_is_rejected_at_the_turn_that_di
 
 def test_episodes_cut_short_or_played_past_their_end_are_rejected(policy: tuple[HFEngine, Any]) -> None:
     engine, tokenizer = policy
-    task = make_task(Counting(), tokenizer)
-    honest = played_submission(engine, tokenizer, task, Counting())
+    task = make_task(Counting(limits=LIMITS), tokenizer)
+    honest = played_submission(engine, tokenizer, task, Counting(limits=LIMITS))
     position = next(i for i, r in enumerate(honest.rollouts) if len(r.later_turns) == LIMITS.max_turns - 1)
     rollouts = list(honest.rollouts)
     rollouts[position] = rollouts[position].model_copy(update={"later_turns": rollouts[position].later_turns[:-1]})
@@ -128,7 +125,7 @@ def test_episodes_cut_short_or_played_past_their_end_are_rejected(policy: tuple[
     assert not verdict.accepted
     assert "episode: the episode stops after policy turn 2, but the environment replied" in verdict.reasons[0]
 
-    longer = played_submission(engine, tokenizer, task, Counting(), EpisodeLimits(max_turns=4))
+    longer = played_submission(engine, tokenizer, task, Counting(limits=EpisodeLimits(max_turns=4)))
     verdict = audit(policy, signed_pending(task, longer))
     assert not verdict.accepted
     assert any("policy turns, over the episode limit of 3" in reason for reason in verdict.reasons), verdict.reasons
@@ -137,12 +134,13 @@ def test_episodes_cut_short_or_played_past_their_end_are_rejected(policy: tuple[
 def test_environment_tokens_passed_off_as_sampled_are_rejected(policy: tuple[HFEngine, Any]) -> None:
     """The worker folds the environment's reply and turn 1 into turn 0, as if the policy had sampled it all."""
     engine, tokenizer = policy
-    task = make_task(Counting(), tokenizer)
-    honest = played_submission(engine, tokenizer, task, Counting())
+    task = make_task(Counting(limits=LIMITS), tokenizer)
+    honest = played_submission(engine, tokenizer, task, Counting(limits=LIMITS))
     position, rollout = next((i, r) for i, r in enumerate(honest.rollouts) if r.later_turns)
     eos = eos_of(tokenizer)
     turn_ids = [rollout.completion_ids, *(t.completion_ids for t in rollout.later_turns)]
-    _episode, prompts = rebuild_episode(Counting(), Counting().example(EXAMPLES[0]), turn_ids, tokenizer, eos, LIMITS)
+    env = Counting(limits=LIMITS)
+    _episode, prompts = rebuild_episode(env, env.example(EXAMPLES[0]), turn_ids, tokenizer, eos)
     between = prompts[1][len(prompts[0]) + len(rollout.completion_ids) :]
     folded_ids = [*rollout.completion_ids, *between, *rollout.later_turns[0].completion_ids]
     folded = TurnRollout(
@@ -172,8 +170,8 @@ def test_an_environment_that_fails_to_reply_is_an_environment_error_not_a_reject
     policy: tuple[HFEngine, Any],
 ) -> None:
     engine, tokenizer = policy
-    task = make_task(Counting(), tokenizer)
-    honest = signed_pending(task, played_submission(engine, tokenizer, task, Counting()))
+    task = make_task(Counting(limits=LIMITS), tokenizer)
+    honest = signed_pending(task, played_submission(engine, tokenizer, task, Counting(limits=LIMITS)))
     eos = eos_of(tokenizer)
     env = Failing(limits=LIMITS)
     ((verdict, _),) = audit_submissions_safely(

@@ -11,7 +11,7 @@ import asyncio
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -27,6 +27,7 @@ from protocol.schemas import PendingSubmission, SamplingParams, Task, Verdict, V
 from shardcast.cache import WeightsCache
 from tests.support.ledger_helpers import submission_for
 from validator import node
+from validator.node import LoadedPolicy
 from validator.progress import ValidatorState
 
 
@@ -75,8 +76,8 @@ class OneEngine:
     def __init__(self, weights_dir: Path) -> None:
         self.weights = WeightsCache([], "coordinator", weights_dir)
 
-    async def get(self, version: int) -> tuple[Any, tuple[int, ...], Any]:
-        return object(), (), None
+    async def get(self, version: int) -> LoadedPolicy:
+        return LoadedPolicy(cast(Any, object()), (), cast(Any, None), None)
 
 
 def run_audit(monkeypatch: pytest.MonkeyPatch, answers: list[PrimeError | None]) -> RefusingLedger:

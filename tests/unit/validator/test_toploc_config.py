@@ -150,7 +150,7 @@ def test_every_submission_is_audited_with_the_run_thresholds_whatever_engine_it_
     given: dict[str, ToplocConfig] = {}
     num_calls = 0
 
-    def audited(items: list[Any], _engine: object, _eos: object, toploc: ToplocConfig, _reward: object) -> list[Any]:
+    def audited(items: list[Any], _engine: object, _eos: object, toploc: ToplocConfig, *_rest: object) -> list[Any]:
         nonlocal num_calls
         num_calls += 1
         for item in items:
@@ -183,7 +183,7 @@ def test_audit_pending_hands_the_thresholds_to_the_audit(tmp_path: Path, monkeyp
 
     given: list[object] = []
 
-    def audited(items: list[Any], _engine: object, _eos: object, toploc: object, _reward: object) -> list[Any]:
+    def audited(items: list[Any], _engine: object, _eos: object, toploc: object, *_rest: object) -> list[Any]:
         given.append(toploc)
         return [(Verdict(submission_id=item.submission_id, accepted=True), []) for item in items]
 

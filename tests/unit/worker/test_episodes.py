@@ -29,7 +29,7 @@ def policy(tmp_path_factory: pytest.TempPathFactory) -> tuple[HFEngine, Any]:
 
 def test_played_episodes_are_rebuilt_and_verified_turn_by_turn(policy: tuple[HFEngine, Any]) -> None:
     engine, tokenizer = policy
-    env = Counting()
+    env = Counting(limits=LIMITS)
     eos = (tokenizer.convert_tokens_to_ids("<|im_end|>"), 1)  # the tiny model's biased id ends turns too
     requests = [EpisodeRequest(f"t/{p}/{s}", env.example(10 + p), p, s) for p in range(2) for s in range(2)]
     played = play_episodes(
@@ -41,7 +41,6 @@ def test_played_episodes_are_rebuilt_and_verified_turn_by_turn(policy: tuple[HFE
         max_tokens=SAMPLING.max_tokens,
         temperature=SAMPLING.temperature,
         eos_token_ids=eos,
-        limits=LIMITS,
     )
     assert [p.uid for p in played] == [r.uid for r in requests]
     assert sum(len(p.turns) for p in played) > len(played)  # some episodes went past their first turn
@@ -49,7 +48,7 @@ def test_played_episodes_are_rebuilt_and_verified_turn_by_turn(policy: tuple[HFE
     for request, episode in zip(requests, played, strict=True):
         assert episode.episode is not None
         turns = [policy_turn(tokenizer, r.completion_ids, eos) for r in episode.turns]
-        rebuilt = replay(env, request.example, turns, LIMITS)
+        rebuilt = replay(env, request.example, turns)
         assert rebuilt == episode.episode
         prompts = turn_prompt_ids(env, rebuilt, tokenizer)
         assert prompts == episode.prompt_ids

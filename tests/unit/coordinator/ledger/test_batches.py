@@ -172,7 +172,8 @@ def test_rollout_stats_say_how_long_the_completions_are_and_how_they_ended() -> 
     assert stats["completion_tokens_mean"] == pytest.approx((3 + 5 + 16 + 16) / 4)
     assert stats["stop_fraction"] == pytest.approx(0.5)
     assert stats["truncated_fraction"] == pytest.approx(0.5)
-    assert rollout_stats([]) == {"completion_tokens_mean": 0.0, "stop_fraction": 0.0, "truncated_fraction": 0.0}
+    assert stats["turns_mean"] == 1.0
+    assert set(rollout_stats([]).values()) == {0.0}
     summary = batch_summary([stopped, cut], trained_version=0)
     assert {k: summary[k] for k in stats} == stats  # the step's metrics carry them (as batch_*)
 
@@ -181,7 +182,7 @@ def test_a_policy_that_never_emits_eos_shows_as_truncated() -> None:
     # what a reward-hacking policy that pads to the budget produces: every rollout cut at max_tokens
     padding = [finished_group([(16, "length")] * 8) for _ in range(4)]
     stats = rollout_stats(padding)
-    assert stats == {"completion_tokens_mean": 16.0, "stop_fraction": 0.0, "truncated_fraction": 1.0}
+    assert stats == {"completion_tokens_mean": 16.0, "turns_mean": 1.0, "stop_fraction": 0.0, "truncated_fraction": 1.0}
 
 
 def test_step_figures_are_read_defensively() -> None:
