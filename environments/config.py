@@ -47,8 +47,8 @@ class BuiltinEnvConfig(EnvironmentSection):
 
     type: Literal["builtin"] = "builtin"
     """The adapter: one of this project's built-in environments."""
-    name: Literal["reverse_text", "arithmetic", "sort_digits"] = "reverse_text"
-    """Which built-in environment."""
+    name: Literal["reverse_text", "arithmetic", "sort_digits", "calculator"] = "reverse_text"
+    """Which built-in environment (``calculator`` is multi-turn: its ``[environment.episode]`` limits apply)."""
     seed: int = Field(default=0, ge=0, lt=2**63)
     """Seed of its example generator."""
 

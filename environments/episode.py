@@ -69,6 +69,12 @@ class MultiTurnEnvironment(Environment):
         """The environment's messages after the policy's last turn (``transcript[-1]``, role ``assistant``),
         or None when the episode is over. A pure function of (config, example, transcript)."""
 
+    def probe_turns(self, example: Example) -> Sequence[str]:
+        """Policy turns that reach this environment's replies (a tool call, a move), for the start-up check that
+        plays episodes twice (:func:`environments.loader.check_replayable`); each is repeated until the episode
+        ends. The check also plays a few generic ones (the answer, an empty turn)."""
+        return ()
+
     def score_episode(self, example: Example, transcript: tuple[ChatMessage, ...]) -> Scores:
         """The named rewards of the episode; by default :meth:`score` of the policy's last turn."""
         last = next(m.content for m in reversed(transcript) if m.role == "assistant")

@@ -7,6 +7,9 @@ package that is not installed, a dataset that does not exist, a reward that need
 validators compare with their own. :func:`check_deterministic` scores a few examples twice and
 refuses an environment whose prompts or rewards differ between the two passes, or that raises
 anything or scores with something other than finite numbers, in one line naming the exception.
+A multi-turn environment also plays a few probe episodes twice (:func:`check_replayable`): one
+whose replies differ, fail or break the run's episode limits is refused, since validators replay
+every episode a worker submits.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from environments.config import (
     ReasoningGymEnvConfig,
     VerifiersEnvConfig,
 )
-from environments.episode import MultiTurnEnvironment
+from environments.episode import EnvironmentReplyError, EpisodeRun, MultiTurnEnvironment, PolicyTurn
 from protocol.errors import ConfigError
 from protocol.schemas import EnvironmentIdentity
 from protocol.signing import canonical_json
@@ -196,13 +199,46 @@ def check_deterministic(environment: Environment, num_examples: int = DETERMINIS
                 )
 
 
+def _probe_episode(environment: MultiTurnEnvironment, example: Example, turn: str) -> tuple[object, ...]:
+    """The episode whose every policy turn is ``turn`` (until the environment or the turn limit ends it): its
+    transcript, how it ended and its scores."""
+    run = EpisodeRun(environment, example)
+    while run.ended_by is None:
+        run.add_turn(PolicyTurn(turn, False))
+    scores = finite_scores(environment.score_episode(example, run.messages))
+    return run.messages, run.ended_by, dict(scores.rewards), dict(scores.weights)
+
+
+def check_replayable(environment: MultiTurnEnvironment, num_examples: int = DETERMINISM_EXAMPLES) -> None:
+    """ConfigError unless a few probe episodes play out the same twice: the same replies, the same end, the same
+    scores, every reply within the run's episode limits. Validators replay every episode a worker submits; an
+    environment whose replies vary (a clock, the network, a random draw, state kept between calls) would have
+    honest workers rejected."""
+    for i in range(num_examples):
+        example = environment.example(i)
+        for turn in [*_probe_completions(example), *environment.probe_turns(example)]:
+            try:
+                once, twice = _probe_episode(environment, example, turn), _probe_episode(environment, example, turn)
+            except EnvironmentReplyError as exc:
+                raise ConfigError(f"environment {environment.name!r} (example {i}, turns {turn!r}): {exc}") from exc
+            except Exception as exc:  # the environment's own code: whatever it raises is its failure
+                raise ConfigError(
+                    f"environment {environment.name!r} cannot score the episode of example {i} "
+                    f"(turns {turn!r}): {failure_summary(exc)}"
+                ) from exc
+            if once != twice:
+                raise ConfigError(
+                    f"environment {environment.name!r} is not replayable: the episode of example {i} with turns "
+                    f"{turn!r} played out differently twice; validators replay every episode, so its replies must "
+                    "be a function of the transcript alone (no clock, network, randomness or kept state)"
+                )
+
+
 def load_checked_environment(config: EnvironmentConfig) -> Environment:
-    """:func:`load_environment`, then :func:`check_deterministic`: what a role runs at start-up."""
+    """:func:`load_environment`, then :func:`check_deterministic` (and for a multi-turn environment
+    :func:`check_replayable`): what a role runs at start-up."""
     environment = load_environment(config)
-    if isinstance(environment, MultiTurnEnvironment):
-        raise ConfigError(
-            f"environment {environment.name!r} is multi-turn, and runs take single-turn environments only: "
-            "this version's workers do not play episodes yet; give a single-turn environment"
-        )
     check_deterministic(environment)
+    if isinstance(environment, MultiTurnEnvironment):
+        check_replayable(environment)
     return environment

@@ -1,5 +1,5 @@
 """The built-in environments, made by this project: ``reverse_text``, ``arithmetic`` and ``sort_digits``
-(offline, seeded)."""
+(single-turn), and ``calculator`` (multi-turn, with a tool); offline, seeded."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 from environments.base import SeededEnvironment
 from environments.builtin.arithmetic import Arithmetic
+from environments.builtin.calculator import Calculator
 from environments.builtin.reverse_text import ReverseText
 from environments.builtin.sort_digits import SortDigits
 
@@ -14,6 +15,7 @@ BUILTIN: dict[str, Callable[[int], SeededEnvironment]] = {
     "reverse_text": ReverseText,
     "arithmetic": Arithmetic,
     "sort_digits": SortDigits,
+    "calculator": Calculator,
 }
 """Built-in environment name -> factory of a seed."""
 

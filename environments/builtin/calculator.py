@@ -112,5 +112,8 @@ class Calculator(SeededEnvironment, MultiTurnEnvironment):
             answer = f"error: {exc}"
         return (ChatMessage("tool", answer),)
 
+    def probe_turns(self, example: Example) -> tuple[str, ...]:
+        return (f"calc {example.data}", "calc 1+", "calc " + "9" * 17)
+
     def score(self, example: Example, completion: str) -> Scores:
         return Scores.single("exact_match", 1.0 if first_line(completion) == example.answer else 0.0)

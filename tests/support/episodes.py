@@ -34,6 +34,26 @@ class Counting(MultiTurnEnvironment):
         return Scores.single("length", float(len(completion)))
 
 
+class Drifting(Counting):
+    """Keeps state between replies (how many it gave): an episode replayed later plays out differently."""
+
+    name = "drifting"
+    calls = 0
+
+    def reply(self, example: Example, transcript: tuple[ChatMessage, ...]) -> tuple[ChatMessage, ...] | None:
+        self.calls += 1
+        return (ChatMessage("tool", f"reply number {self.calls}"),)
+
+
+class Chatty(Counting):
+    """Replies with more text than the run's episode limits allow."""
+
+    name = "chatty"
+
+    def reply(self, example: Example, transcript: tuple[ChatMessage, ...]) -> tuple[ChatMessage, ...] | None:
+        return (ChatMessage("tool", "blah " * 1000),)
+
+
 def chat_policy(directory: Path, seed: int = 3) -> tuple[HFEngine, Any]:
     """A random Qwen2 over a ChatML tokenizer trained here on :class:`Counting`'s words, saved in ``directory``:
     its HF engine and the tokenizer."""

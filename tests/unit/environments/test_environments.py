@@ -39,7 +39,7 @@ def test_builtin_examples_are_pure_functions_of_seed_and_index() -> None:
         first, second = builtin_environment(name, seed=3), builtin_environment(name, seed=3)
         assert [first.example(i) for i in range(20)] == [second.example(i) for i in range(20)]
         assert [first.example(i) for i in range(20)] != [builtin_environment(name, 4).example(i) for i in range(20)]
-    with pytest.raises(ValueError, match="known: arithmetic, reverse_text, sort_digits"):
+    with pytest.raises(ValueError, match="known: arithmetic, calculator, reverse_text, sort_digits"):
         builtin_environment("nope")
 
 
@@ -128,7 +128,7 @@ def test_reasoning_gym_refuses_an_unknown_dataset() -> None:
         load_environment(parse({"type": "reasoning_gym", "dataset": "no_such_dataset"}))
 
 
-def test_a_multi_turn_environment_gets_its_signed_limits_and_is_refused_for_a_run() -> None:
+def test_a_multi_turn_environment_gets_its_signed_limits_and_must_replay() -> None:
     section = {"type": "python", "target": "tests.support.episodes:Counting", "episode": {"max_turns": 6}}
     environment = load_environment(parse(section))
     assert isinstance(environment, MultiTurnEnvironment) and environment.limits.max_turns == 6
@@ -137,8 +137,15 @@ def test_a_multi_turn_environment_gets_its_signed_limits_and_is_refused_for_a_ru
         "max_reply_chars": 2000,
         "reply_time_s": 1.0,
     }
-    with pytest.raises(ConfigError, match="'counting' is multi-turn, and runs take single-turn environments only"):
-        load_checked_environment(parse(section))
+    assert load_checked_environment(parse(section)).name == "counting"  # its replies are the transcript's alone
+    drifting = {**section, "target": "tests.support.episodes:Drifting"}
+    with pytest.raises(ConfigError, match="'drifting' is not replayable: the episode of example 0"):
+        load_checked_environment(parse(drifting))
+    chatty = {**section, "target": "tests.support.episodes:Chatty"}
+    with pytest.raises(ConfigError, match=r"'chatty' .*5000 characters, over the 2000 limit"):
+        load_checked_environment(parse(chatty))
+    calculator = load_checked_environment(parse({"type": "builtin", "name": "calculator"}))
+    assert isinstance(calculator, MultiTurnEnvironment) and calculator.limits.max_turns == 4
     with pytest.raises(ValidationError, match="max_turns"):
         parse({"type": "builtin", "episode": {"max_turns": 257}})
 

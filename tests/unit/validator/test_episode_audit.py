@@ -17,7 +17,7 @@ from protocol.schemas import PendingSubmission, SubmitRequest, Task, TurnRollout
 from tests.support.adversary import signed_pending
 from tests.support.episodes import Counting, chat_policy
 from validator.audit import Episodes, audit_submission, audit_submissions_safely, environment_reward_fn
-from worker.episodes import EpisodeRequest, build_episode_submission, play_episodes
+from worker.episodes import EpisodePlayer, build_episode_submission
 
 LIMITS = EpisodeLimits(max_turns=3)
 EXAMPLES = [4, 9]
@@ -59,21 +59,7 @@ def make_task(env: MultiTurnEnvironment, tokenizer: Any) -> Task:
 
 
 def played_submission(engine: HFEngine, tokenizer: Any, task: Task, env: MultiTurnEnvironment) -> SubmitRequest:
-    requests = [
-        EpisodeRequest(f"{task.task_id}/{p.prompt_index}/{s}", env.example(p.example_index or 0), p.prompt_index, s)
-        for p in task.prompts
-        for s in range(task.group_size)
-    ]
-    played = play_episodes(
-        engine.generate,
-        env,
-        requests,
-        tokenizer,
-        seed=task.sampling_seed,
-        max_tokens=task.sampling.max_tokens,
-        temperature=task.sampling.temperature,
-        eos_token_ids=eos_of(tokenizer),
-    )
+    played = EpisodePlayer(env, tokenizer).play(engine.generate, task, eos_of(tokenizer))
     return build_episode_submission(task, engine.name, played)
 
 

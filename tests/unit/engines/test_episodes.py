@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from engines.episodes import EpisodeRequest, play_episodes
 from engines.hf import HFEngine
 from environments.config import EpisodeLimits
 from environments.episode import episode_samples, policy_turn, replay, turn_prompt_ids
@@ -15,7 +16,6 @@ from tests.support.episodes import Counting, chat_policy
 from toploc.proof import build_proofs
 from toploc.sampling import turn_stream
 from toploc.verify import verify_rollout
-from worker.episodes import EpisodeRequest, play_episodes
 
 LIMITS = EpisodeLimits(max_turns=3)
 SAMPLING = SamplingParams(temperature=1.0, max_tokens=6)
