@@ -69,6 +69,10 @@ class MultiTurnEnvironment(Environment):
         """The environment's messages after the policy's last turn (``transcript[-1]``, role ``assistant``),
         or None when the episode is over. A pure function of (config, example, transcript)."""
 
+    def reference_turns(self, example: Example) -> Sequence[str] | None:
+        """The policy turns of a model episode of ``example`` (what SFT trains on), or None when there is none."""
+        return None
+
     def probe_turns(self, example: Example) -> Sequence[str]:
         """Policy turns that reach this environment's replies (a tool call, a move), for the start-up check that
         plays episodes twice (:func:`environments.loader.check_replayable`); each is repeated until the episode
@@ -244,6 +248,21 @@ class EpisodeSample:
     def prompt_len(self) -> int:
         """Tokens before the first sampled one."""
         return self.sampled.index(True) if True in self.sampled else len(self.sampled)
+
+    @property
+    def prompt_ids(self) -> list[int]:
+        return list(self.token_ids[: self.prompt_len])
+
+    @property
+    def completion_ids(self) -> list[int]:
+        """From the first sampled token on (environment tokens between turns included)."""
+        return list(self.token_ids[self.prompt_len :])
+
+    @property
+    def completion_sampled(self) -> list[bool] | None:
+        """Which of :attr:`completion_ids` the policy sampled; None when all of them (a single turn)."""
+        flags = list(self.sampled[self.prompt_len :])
+        return None if all(flags) else flags
 
 
 def episode_samples(prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]]) -> list[EpisodeSample]:

@@ -43,6 +43,8 @@ ARITHMETIC_START = "small-qwen3-arithmetic-start"
 """An RL start point for exact answers: small-qwen3 after a short SFT on arithmetic (trainer.start)."""
 SORT_START = "small-qwen3-sort-start"
 """The demo's RL start point: small-qwen3 stopped early in its SFT on sort_digits (trainer.start)."""
+CALCULATOR_START = "small-qwen3-calculator-start"
+"""A multi-turn RL start point: small-qwen3 stopped early in its SFT on calculator episodes (trainer.start)."""
 SMALL_QWEN3_SHAPE: dict[str, int] = {
     "hidden_size": 256,
     "intermediate_size": 768,
@@ -200,7 +202,7 @@ def build_small_qwen3(output_dir: Path) -> None:
 Builder = Callable[[Path], None]
 """Writes a built-in model's checkpoint directory into the given (empty) directory."""
 
-KNOWN_BUILTINS = (TINY_QWEN2, REVERSE_START, SMALL_QWEN3, ARITHMETIC_START, SORT_START)
+KNOWN_BUILTINS = (TINY_QWEN2, REVERSE_START, SMALL_QWEN3, ARITHMETIC_START, SORT_START, CALCULATOR_START)
 UNTRAINED_BUILDERS: Mapping[str, Builder] = {TINY_QWEN2: build_random_qwen2, SMALL_QWEN3: build_small_qwen3}
 """What this module builds itself; the trained start is built by :mod:`trainer.resolve` (it needs SFT)."""
 

@@ -40,6 +40,11 @@ class TrainSample:
     def num_tokens(self) -> int:
         return len(self.prompt_ids) + len(self.completion_ids)
 
+    @property
+    def num_trained(self) -> int:
+        """Completion tokens that carry loss (the sampled ones)."""
+        return len(self.completion_ids) if self.sampled is None else sum(self.sampled)
+
 
 @dataclass
 class MicroBatch:

@@ -2,8 +2,8 @@
 
 A name is a local HF checkpoint directory or a built-in: ``builtin:tiny-qwen2`` and
 ``builtin:small-qwen3`` (random weights, :mod:`trainer.builtin`), ``builtin:tiny-qwen2-reverse-start``,
-``builtin:small-qwen3-arithmetic-start`` and ``builtin:small-qwen3-sort-start`` (RL starts, early SFTs of
-those: :mod:`trainer.start`).
+``builtin:small-qwen3-arithmetic-start``, ``builtin:small-qwen3-sort-start`` and
+``builtin:small-qwen3-calculator-start`` (RL starts, early SFTs of those: :mod:`trainer.start`).
 Entry points (the CLIs, the coordinator, benches) resolve names here before a trainer or an engine
 loads them; :mod:`trainer.model` sits below the trainer and only loads directories and built-ins
 already built, so loading a model never runs SFT.
@@ -16,6 +16,7 @@ from pathlib import Path
 from trainer.builtin import (
     ARITHMETIC_START,
     BUILTIN_PREFIX,
+    CALCULATOR_START,
     REVERSE_START,
     SMALL_QWEN3,
     SORT_START,
@@ -25,12 +26,20 @@ from trainer.builtin import (
     build_small_qwen3,
 )
 from trainer.builtin import resolve_model_path as resolve_with
-from trainer.start import ARITHMETIC_RECIPE, REVERSE_RECIPE, SORT_RECIPE, StartRecipe, build_start_checkpoint
+from trainer.start import (
+    ARITHMETIC_RECIPE,
+    CALCULATOR_RECIPE,
+    REVERSE_RECIPE,
+    SORT_RECIPE,
+    StartRecipe,
+    build_start_checkpoint,
+)
 
 STARTS: dict[str, tuple[str, StartRecipe]] = {
     REVERSE_START: (TINY_QWEN2, REVERSE_RECIPE),
     ARITHMETIC_START: (SMALL_QWEN3, ARITHMETIC_RECIPE),
     SORT_START: (SMALL_QWEN3, SORT_RECIPE),
+    CALCULATOR_START: (SMALL_QWEN3, CALCULATOR_RECIPE),
 }
 """Each RL start checkpoint: the built-in it is made from and how (read when it is built)."""
 
@@ -50,6 +59,7 @@ BUILDERS: dict[str, Builder] = {
     SMALL_QWEN3: build_small_qwen3,
     ARITHMETIC_START: _start_builder(ARITHMETIC_START),
     SORT_START: _start_builder(SORT_START),
+    CALCULATOR_START: _start_builder(CALCULATOR_START),
 }
 
 

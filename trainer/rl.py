@@ -17,7 +17,9 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+from environments.episode import MultiTurnEnvironment
 from environments.loader import load_environment
+from protocol.errors import ConfigError
 from trainer.config import RlConfig
 from trainer.metrics import MetricsLogger
 from trainer.rollout import EvalReport, RequestFactory, RolloutEngine, RolloutSampler, step_seed, to_train_samples
@@ -43,10 +45,15 @@ def run_rl(
     trainer: Trainer | None = None,
 ) -> RlResult:
     """Train ``config.num_steps`` RL steps; ``engine`` must start from the same weights as the trainer."""
+    environment = load_environment(config.environment)
+    if isinstance(environment, MultiTurnEnvironment):
+        raise ConfigError(
+            f"environment {environment.name!r} is multi-turn: the local RL loop trains single-turn environments; "
+            "train it through the network (prime-coordinator start with [orchestrator] enabled)"
+        )
     trainer = trainer or Trainer(config.trainer, config.num_steps)
     if trainer.info.world_size != 1:
         raise ValueError("the local RL loop runs in one process; the network drives Trainer.rl_step on every rank")
-    environment = load_environment(config.environment)
     sampler = RolloutSampler(
         engine, make_request, environment, trainer.tokenizer, config.temperature, config.max_tokens
     )

@@ -15,9 +15,11 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
+from engines.episodes import EpisodeRequest, Generate, play_episodes
 from environments.base import Environment, Example
+from environments.episode import MultiTurnEnvironment, episode_scores
 from environments.render import prompt_ids
 from environments.truncation import completion_scores, is_truncated
 from toploc.sampling import sample_stream
@@ -113,11 +115,22 @@ class RolloutSampler:
     tokenizer: PreTrainedTokenizerBase
     temperature: float = 1.0
     max_tokens: int = 32
+    end_token_ids: tuple[int, ...] | None = None
+    """The tokens that end a completion; None: the tokenizer's EOS."""
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        if self.end_token_ids is not None:
+            return self.end_token_ids
+        eos = self.tokenizer.eos_token_id
+        return (int(eos),) if eos is not None else ()
 
     def sample(self, examples: list[Example], num_samples: int, seed: int) -> list[Rollout]:
-        """``num_samples`` completions of each example (prompt-major order), scored by the task."""
-        eos = self.tokenizer.eos_token_id
-        eos_ids = (int(eos),) if eos is not None else ()
+        """``num_samples`` completions of each example (prompt-major order), scored by the task; for a multi-turn
+        environment, each an episode (:meth:`play`)."""
+        if isinstance(self.environment, MultiTurnEnvironment):
+            return self.play(self.environment, examples, num_samples, seed)
+        eos_ids = self.eos_token_ids
         prompts = [prompt_ids(self.environment, ex, self.tokenizer) for ex in examples]
         requests = [
             self.make_request(
@@ -147,6 +160,45 @@ class RolloutSampler:
                     reward=completion_scores(self.environment, example, text, truncated).total,
                     finish_reason=result.finish_reason,
                     truncated=truncated,
+                )
+            )
+        return rollouts
+
+    def play(
+        self, environment: MultiTurnEnvironment, examples: list[Example], num_samples: int, seed: int
+    ) -> list[Rollout]:
+        """``num_samples`` episodes of each example, played as workers play them (:mod:`engines.episodes`) and
+        scored whole: a rollout's completion is every token the policy sampled, its text the last turn's. For
+        evals; the trainer never trains on these (the environment's replies are not in them)."""
+        requests = [
+            EpisodeRequest(f"{ex.index}-{j}", ex, i, j) for i, ex in enumerate(examples) for j in range(num_samples)
+        ]
+        # episodes need the engine interface itself (its requests and results), as workers use it
+        generate = cast(Generate, self.engine.generate)
+        played = play_episodes(
+            generate,
+            environment,
+            requests,
+            self.tokenizer,
+            seed=seed,
+            max_tokens=self.max_tokens,
+            temperature=self.temperature,
+            eos_token_ids=self.eos_token_ids,
+        )
+        rollouts = []
+        for request, episode in zip(requests, played, strict=True):
+            assert episode.episode is not None
+            turns = episode.turns
+            rollouts.append(
+                Rollout(
+                    example=request.example,
+                    prompt_ids=episode.prompt_ids[0],
+                    completion_ids=[t for turn in turns for t in turn.completion_ids],
+                    logprobs=[lp for turn in turns for lp in turn.logprobs],
+                    text=episode.episode.messages[episode.episode.turn_starts[-1]].content,
+                    reward=episode_scores(environment, episode.episode).total,
+                    finish_reason=turns[-1].finish_reason,
+                    truncated=episode.episode.ended_by == "truncated",
                 )
             )
         return rollouts

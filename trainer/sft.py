@@ -12,7 +12,8 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from environments.base import Environment
+from environments.base import Environment, Example
+from environments.episode import MultiTurnEnvironment, PolicyTurn, episode_samples, replay, turn_prompt_ids
 from environments.loader import load_environment
 from environments.render import prompt_ids
 from trainer.config import SftConfig
@@ -36,17 +37,43 @@ def sft_sample(tokenizer: PreTrainedTokenizerBase, prompt: list[int], answer: st
     return TrainSample(prompt_ids=list(prompt), completion_ids=completion_ids)
 
 
+def episode_sft_samples(
+    environment: MultiTurnEnvironment, tokenizer: PreTrainedTokenizerBase, example: Example
+) -> list[TrainSample]:
+    """The model episode of ``example`` (its :meth:`~MultiTurnEnvironment.reference_turns`, each followed by EOS,
+    the environment's replies replayed here): loss on the policy's turns only, never on the replies."""
+    turns = environment.reference_turns(example)
+    eos = tokenizer.eos_token_id
+    if not turns or eos is None:
+        raise ValueError(f"environment {environment.name!r} has no reference episode or the tokenizer no EOS token")
+    episode = replay(environment, example, [PolicyTurn(turn, False) for turn in turns])
+    completions = [[*tokenizer.encode(turn, add_special_tokens=False), int(eos)] for turn in turns]
+    return [
+        TrainSample(prompt_ids=s.prompt_ids, completion_ids=s.completion_ids, sampled=s.completion_sampled)
+        for s in episode_samples(turn_prompt_ids(environment, episode, tokenizer), completions)
+    ]
+
+
+def reference_samples(
+    environment: Environment, tokenizer: PreTrainedTokenizerBase, examples: list[Example]
+) -> list[TrainSample]:
+    """SFT samples of ``examples``: each prompt with its reference answer, or its model episode for a multi-turn
+    environment."""
+    if isinstance(environment, MultiTurnEnvironment):
+        return [sample for ex in examples for sample in episode_sft_samples(environment, tokenizer, ex)]
+    return [sft_sample(tokenizer, prompt_ids(environment, ex, tokenizer), ex.answer or "") for ex in examples]
+
+
 def sft_batch(
     environment: Environment, tokenizer: PreTrainedTokenizerBase, step: int, batch_size: int
 ) -> list[TrainSample]:
     """Training examples ``step * batch_size ...`` with their reference answers, prompts rendered for the policy."""
-    examples = environment.sft_examples(step * batch_size, batch_size)
-    return [sft_sample(tokenizer, prompt_ids(environment, ex, tokenizer), ex.answer or "") for ex in examples]
+    return reference_samples(environment, tokenizer, environment.sft_examples(step * batch_size, batch_size))
 
 
 def eval_samples(environment: Environment, tokenizer: PreTrainedTokenizerBase, num_examples: int) -> list[TrainSample]:
     examples = [ex for ex in environment.eval_examples(num_examples) if ex.answer is not None]
-    return [sft_sample(tokenizer, prompt_ids(environment, ex, tokenizer), ex.answer or "") for ex in examples]
+    return reference_samples(environment, tokenizer, examples)
 
 
 def train_sft(trainer: Trainer, config: SftConfig, metrics: MetricsLogger) -> dict[str, Any]:

@@ -3,10 +3,11 @@
 SFT alone solves the built-in tasks given enough steps, which would leave RL nothing to show; a
 start point is therefore stopped early. ``builtin:tiny-qwen2-reverse-start`` is tiny-qwen2 after
 200 steps of reverse_text (sampled reward about 0.5, no exact reversal);
-``builtin:small-qwen3-arithmetic-start`` and ``builtin:small-qwen3-sort-start`` are small-qwen3 after
-a short SFT on arithmetic and on sort_digits, right on a minority of held-out problems and stopping
-with EOS. Each is built on first use by :func:`build_start_checkpoint` with its :class:`StartRecipe`
-(one process, minutes on a CPU) and cached next to the built-in models.
+``builtin:small-qwen3-arithmetic-start``, ``builtin:small-qwen3-sort-start`` and
+``builtin:small-qwen3-calculator-start`` are small-qwen3 after a short SFT on arithmetic, on sort_digits and
+on calculator episodes, right on a minority of held-out problems and stopping with EOS. Each is built on first
+use by :func:`build_start_checkpoint` with its :class:`StartRecipe` (one process, minutes on a CPU) and cached
+next to the built-in models.
 """
 
 from __future__ import annotations
@@ -37,6 +38,9 @@ ARITHMETIC_RECIPE = StartRecipe(environment="arithmetic", num_steps=1000, batch_
 SORT_RECIPE = StartRecipe(environment="sort_digits", num_steps=120, batch_size=64, lr=2e-3)
 """Stopped in the middle of the task's SFT learning curve: at 120 steps about 0.43 of held-out samples (T = 1) are
 exact and 0.8 of prompts have an exact one among 8 samples; at 200 steps SFT alone is at 0.89."""
+CALCULATOR_RECIPE = StartRecipe(environment="calculator", num_steps=120, batch_size=64, lr=2e-3)
+"""SFT on the calculator's model episodes (ask the tool, answer with what it said), stopped as it starts to work:
+held-out exact answers (T = 1, 128 problems x 2) were 0.05 at 100 steps, 0.22 at 120, 0.33 at 140."""
 
 
 def start_sft_config(

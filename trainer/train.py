@@ -179,14 +179,14 @@ class Trainer:
 
     @torch.no_grad()
     def completion_loss(self, samples: list[TrainSample]) -> float:
-        """Mean teacher-forced NLL of the completion tokens of ``samples`` (no update)."""
+        """Mean teacher-forced NLL of the trained completion tokens of ``samples`` (no update)."""
         _, mine = self._micro_batches(samples)
         total = torch.zeros(1, dtype=torch.float64)
         for batch in mine:
             logprobs, _ = self._forward_logprobs(batch, 1.0)
             total += sft_objective(batch, logprobs).loss.item()
         total = all_reduce_sum(total, self.info)
-        return total.item() / max(1, sum(len(s.completion_ids) for s in samples))
+        return total.item() / max(1, sum(s.num_trained for s in samples))
 
     def save(self, directory: Path) -> Path:
         state = TrainerState(step=self.step, scheduler=self.scheduler.state_dict())

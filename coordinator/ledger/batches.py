@@ -135,17 +135,18 @@ def episode_train_samples(
     turns: list[TurnRollout] = [rollout, *rollout.later_turns]
     samples = []
     for episode_sample in episode_samples(prompts, [turn.completion_ids for turn in turns]):
-        start = episode_sample.prompt_len
-        sampled = list(episode_sample.sampled[start:])
+        completion = episode_sample.completion_ids
+        sampled = episode_sample.completion_sampled
         logprobs = iter([lp for number in episode_sample.turns for lp in turns[number].logprobs])
+        flags = sampled if sampled is not None else [True] * len(completion)
         samples.append(
             TrainSample(
-                prompt_ids=list(episode_sample.token_ids[:start]),
-                completion_ids=list(episode_sample.token_ids[start:]),
+                prompt_ids=episode_sample.prompt_ids,
+                completion_ids=completion,
                 advantage=advantage,
-                inference_logprobs=[next(logprobs) if flag else 0.0 for flag in sampled],
+                inference_logprobs=[next(logprobs) if flag else 0.0 for flag in flags],
                 reward=reward,
-                sampled=None if all(sampled) else sampled,
+                sampled=sampled,
             )
         )
     return samples
@@ -232,8 +233,7 @@ def sampled_fraction(samples: Sequence[TrainSample]) -> float:
     """The share of the batch's completion tokens (what follows each sample's prompt) that the policy sampled and
     the loss covers; below 1 where episodes carry environment replies between their turns."""
     total = sum(len(sample.completion_ids) for sample in samples)
-    sampled = sum(len(s.completion_ids) if s.sampled is None else sum(s.sampled) for s in samples)
-    return sampled / total if total else 1.0
+    return sum(sample.num_trained for sample in samples) / total if total else 1.0
 
 
 def batch_summary(groups: list[AcceptedGroup], trained_version: int) -> dict[str, float]:

@@ -112,6 +112,10 @@ class Calculator(SeededEnvironment, MultiTurnEnvironment):
             answer = f"error: {exc}"
         return (ChatMessage("tool", answer),)
 
+    def reference_turns(self, example: Example) -> tuple[str, ...]:
+        """Ask the calculator, then answer with what it said."""
+        return (f"calc {example.data}", str(example.answer))
+
     def probe_turns(self, example: Example) -> tuple[str, ...]:
         return (f"calc {example.data}", "calc 1+", "calc " + "9" * 17)
 
