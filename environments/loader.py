@@ -82,9 +82,9 @@ def _load_adapter(config: EnvironmentConfig) -> Environment:
     if isinstance(config, VerifiersEnvConfig):
         _require("verifiers", "verifiers")
         if config.api == "v0":
-            from environments.verifiers_v0 import VerifiersV0Environment
+            from environments.verifiers_v0_episodes import verifiers_v0_environment
 
-            return VerifiersV0Environment(config)
+            return verifiers_v0_environment(config)
         from environments.verifiers_env import VerifiersEnvironment
 
         return VerifiersEnvironment(config)

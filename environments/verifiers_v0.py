@@ -1,30 +1,29 @@
 """The ``verifiers`` adapter, v0 API: ``load_environment()`` returning a ``SingleTurnEnv``, scored by its ``Rubric``.
 
-A v0 environment (``api = "v0"``) is a module with ``load_environment(**args)`` (loaded as
-verifiers' own ``vf.load_environment`` does). The network is single-turn, so only a
-``SingleTurnEnv`` without tools is served. Examples are the rows of the environment's formatted
-dataset (its ``prompt`` messages, which already carry the environment's system prompt and
-few-shot messages, its ``answer`` and ``info``), the first ``limit`` of them read once. When the
-environment has an ``eval_dataset`` it is the eval split and the whole dataset is trained on;
-otherwise the last ``eval_fraction`` of the dataset is held out as in v1. Either way eval rows
-whose prompt a training row asks are dropped, and a split that holds nothing out is refused.
+A v0 environment (``api = "v0"``) is a module with ``load_environment(**args)`` (loaded as verifiers' own
+``vf.load_environment`` does). A ``SingleTurnEnv`` without tools is served here; a ``MultiTurnEnv`` is
+replayed episode by episode (:mod:`environments.verifiers_v0_episodes`). Examples are the rows of the
+environment's formatted dataset (its ``prompt`` messages, which already carry the environment's system prompt
+and few-shot messages, its ``answer`` and ``info``), the first ``limit`` of them read once. When the
+environment has an ``eval_dataset`` it is the eval split and the whole dataset is trained on; otherwise the
+last ``eval_fraction`` of the dataset is held out as in v1. Either way eval rows whose prompt a training row
+asks are dropped, and a split that holds nothing out is refused.
 
-A completion is scored as v0 scores a finished rollout: the rollout state is built from the row
-(as ``Environment.init_state`` builds it, without a client), the completion becomes the one
-assistant message of the one trajectory step, and each reward function of the rubric (of every rubric of a
-``RubricGroup``) is called through the rubric's own ``_call_individual_reward_func``, with the
-keyword arguments it picks from the function's signature (``prompt``, ``completion``,
-``answer``, ``state``, ``task``, ``info``, the ``parser``, the row's other columns...). The
-completion is parsed by the environment's parser where the reward asks it to
-(``parser.parse_answer(completion)``), as in v0. A reward that raises scores 0, as in v0. The
-named rewards are the functions' names with their rubric weights, including the metrics the
-environment adds itself (``num_turns``, weight 0); the total is their weighted sum, v0's ``reward``.
+A completion is scored as v0 scores a finished rollout: the rollout state is built from the row (as
+``Environment.init_state`` builds it, without a client), the completion becomes the one assistant message of
+the one trajectory step, and each reward function of the rubric (of every rubric of a ``RubricGroup``) is
+called through the rubric's own ``_call_individual_reward_func``, with the keyword arguments it picks from the
+function's signature (``prompt``, ``completion``, ``answer``, ``state``, ``task``, ``info``, the ``parser``,
+the row's other columns...). The completion is parsed by the environment's parser where the reward asks it to
+(``parser.parse_answer(completion)``), as in v0. A reward that raises scores 0, as in v0. The named rewards
+are the functions' names with their rubric weights, including the metrics the environment adds itself
+(``num_turns``, weight 0); the total is their weighted sum, v0's ``reward``.
 
-Refused at start-up, naming the reward: a ``JudgeRubric`` or a reward that asks for a client
-(a judge model or the network), a group reward (scored over a group of rollouts), a reward with a
-parameter no offline scorer can fill, and any environment that is not a tool-free
-``SingleTurnEnv`` (multi-turn, tools, sandboxes). The determinism check at start-up (score
-twice, compare) catches rewards whose answers vary. Building a v0 environment leaves the
+Refused at start-up, naming the reward: a ``JudgeRubric`` or a reward that asks for a client (a judge model or
+the network), a group reward (scored over a group of rollouts), a reward with a parameter no offline scorer
+can fill, an environment that serves tools, and one that is not a ``MultiTurnEnv``
+(:mod:`environments.verifiers_v0_episodes` refuses tool-calling and sandbox ones). The determinism check at
+start-up (score twice, compare) catches rewards whose answers vary. Building a v0 environment leaves the
 process's signal handlers alone (v0 would install its own), so it also works off the main thread.
 """
 
@@ -124,8 +123,8 @@ def offline_problems(env: Any, row: Mapping[str, Any]) -> list[str]:
     import verifiers as vf
 
     kind = type(env).__name__
-    if not isinstance(env, vf.SingleTurnEnv):
-        return [f"environment {kind} is not a SingleTurnEnv (the network is single-turn, without tools or sandboxes)"]
+    if not isinstance(env, vf.MultiTurnEnv):
+        return [f"environment {kind} is neither a SingleTurnEnv nor a MultiTurnEnv"]
     if env.tool_defs:
         return [f"environment {kind} serves tools"]
     problems: list[str] = []
@@ -167,25 +166,41 @@ def offline_problems(env: Any, row: Mapping[str, Any]) -> list[str]:
     return problems
 
 
+def load_v0_environment(config: VerifiersEnvConfig) -> Any:
+    """The verifiers v0 environment object ``config`` names (``load_environment(**args)``); ConfigError when not."""
+    try:
+        from verifiers.legacy.utils.env_utils import load_environment
+    except ImportError as exc:
+        raise ConfigError(
+            f"verifiers v0 environment {config.taskset!r} needs verifiers' v0 API (verifiers.legacy), "
+            f"which this verifiers does not have ({exc}): pip install verifiers==0.3.1"
+        ) from exc
+    try:
+        with _process_signals_kept():
+            return load_environment(config.taskset, **config.args)
+    except (ImportError, AttributeError, TypeError, ValueError, RuntimeError) as exc:
+        raise ConfigError(f"verifiers v0 environment {config.taskset!r} cannot be loaded: {exc}") from exc
+
+
+async def rubric_scores(rubric: Any, state: Any) -> Scores:
+    """Every reward function of ``rubric`` (of each rubric of a group) on the finished rollout ``state``, called by
+    the rubric itself, with its weight: one state for all of them, as in v0."""
+    values: dict[str, float] = {}
+    weights: dict[str, float] = {}
+    for leaf in _rubrics(rubric):
+        for func, weight in zip(leaf.funcs, leaf.weights, strict=True):
+            values[_reward_name(func)] = float(await leaf._call_individual_reward_func(func, state))
+            weights[_reward_name(func)] = float(weight)
+    return Scores(values, weights)
+
+
 class VerifiersV0Environment(Environment):
     default_max_tokens = 64
 
-    def __init__(self, config: VerifiersEnvConfig) -> None:
-        try:
-            from verifiers.legacy.utils.env_utils import load_environment
-        except ImportError as exc:
-            raise ConfigError(
-                f"verifiers v0 environment {config.taskset!r} needs verifiers' v0 API (verifiers.legacy), "
-                f"which this verifiers does not have ({exc}): pip install verifiers==0.3.1"
-            ) from exc
-
+    def __init__(self, config: VerifiersEnvConfig, env: Any) -> None:
         self.config = config
         self.name = environment_name(config.taskset)
-        try:
-            with _process_signals_kept():
-                self.env: Any = load_environment(config.taskset, **config.args)
-        except (ImportError, AttributeError, TypeError, ValueError, RuntimeError) as exc:
-            raise ConfigError(f"verifiers v0 environment {config.taskset!r} cannot be loaded: {exc}") from exc
+        self.env: Any = env
         if self.env.message_type != "chat":
             raise ConfigError(
                 f"verifiers v0 environment {config.taskset!r} uses message_type {self.env.message_type!r}: "
@@ -234,8 +249,9 @@ class VerifiersV0Environment(Environment):
     def eval_example(self, number: int) -> Example:
         return self._example(-1 - number, "eval", self._eval, number)
 
-    def _state(self, row: dict[str, Any], completion: str) -> Any:
-        """The state of a finished single-turn rollout of ``row``, as v0's ``init_state`` and rollout leave it."""
+    def _state(self, row: dict[str, Any], completion: str | None) -> Any:
+        """The state of a finished single-turn rollout of ``row``, as v0's ``init_state`` and rollout leave it;
+        ``completion`` None: the state before any turn."""
         import verifiers as vf
         from verifiers.types import flatten_task_input
         from verifiers.utils.message_utils import normalize_messages
@@ -247,25 +263,27 @@ class VerifiersV0Environment(Environment):
         state = vf.State(input=task)
         state["task"] = task
         prompt = normalize_messages(task["prompt"], field_name="input.prompt")
-        reply = vf.AssistantMessage(content=completion)
-        step = vf.TrajectoryStep(
-            prompt=prompt,
-            completion=[reply],
-            response=None,
-            tokens=None,
-            reward=None,
-            advantage=None,
-            is_truncated=False,
-            trajectory_id=TRAJECTORY_ID,
-            extras={},
-        )
+        replies = [] if completion is None else [vf.AssistantMessage(content=completion)]
+        steps = [
+            vf.TrajectoryStep(
+                prompt=prompt,
+                completion=replies,
+                response=None,
+                tokens=None,
+                reward=None,
+                advantage=None,
+                is_truncated=False,
+                trajectory_id=TRAJECTORY_ID,
+                extras={},
+            )
+        ]
         state.update(
             prompt=prompt,
-            completion=[reply],
+            completion=replies,
             tool_defs=[],
-            trajectory=[step],
+            trajectory=steps if replies else [],
             trajectory_id=TRAJECTORY_ID,
-            is_completed=True,
+            is_completed=completion is not None,
             is_truncated=False,
             stop_condition=None,
             reward=None,
@@ -276,17 +294,4 @@ class VerifiersV0Environment(Environment):
         return state
 
     def score(self, example: Example, completion: str) -> Scores:
-        row = self._row(example)
-
-        async def rewards() -> tuple[dict[str, float], dict[str, float]]:
-            values: dict[str, float] = {}
-            weights: dict[str, float] = {}
-            state = self._state(row, completion)  # one rollout: every reward sees the same state, as in v0
-            for rubric in _rubrics(self.env.rubric):
-                for func, weight in zip(rubric.funcs, rubric.weights, strict=True):
-                    values[_reward_name(func)] = float(await rubric._call_individual_reward_func(func, state))
-                    weights[_reward_name(func)] = float(weight)
-            return values, weights
-
-        values, weights = asyncio.run(rewards())
-        return Scores(values, weights)
+        return asyncio.run(rubric_scores(self.env.rubric, self._state(self._row(example), completion)))

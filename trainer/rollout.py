@@ -64,6 +64,8 @@ class Rollout:
     finish_reason: str
     truncated: bool = False
     """Cut at max_tokens: the last token is not EOS (the reward follows the environment's truncation rule)."""
+    turns: int = 1
+    """Policy turns: above 1 for an episode of a multi-turn environment."""
 
 
 def step_seed(seed: int, step: int) -> int:
@@ -100,6 +102,8 @@ class EvalReport:
     mean_completion_tokens: float
     truncated_fraction: float = 0.0
     """Fraction of samples cut at max_tokens without EOS (valued by the environment's truncation rule)."""
+    turns_mean: float = 1.0
+    """Policy turns per sample (above 1 where a multi-turn environment answered the policy)."""
 
     def as_dict(self) -> dict[str, Any]:
         return dict(vars(self))
@@ -199,6 +203,7 @@ class RolloutSampler:
                     reward=episode_scores(environment, episode.episode).total,
                     finish_reason=turns[-1].finish_reason,
                     truncated=episode.episode.ended_by == "truncated",
+                    turns=len(turns),
                 )
             )
         return rollouts
@@ -216,4 +221,5 @@ class RolloutSampler:
             stop_fraction=sum(r.finish_reason == "stop" for r in rollouts) / count,
             mean_completion_tokens=sum(len(r.completion_ids) for r in rollouts) / count,
             truncated_fraction=sum(r.truncated for r in rollouts) / count,
+            turns_mean=sum(r.turns for r in rollouts) / count,
         )

@@ -1,13 +1,15 @@
 """verifiers v0 environments validators cannot score offline (importable as ``vf0_refused_env``).
 
 ``load_environment(kind=...)``: ``judge`` (a JudgeRubric), ``group`` (a group reward),
-``missing`` (a reward asking for a parameter nobody provides), ``tools`` (a ToolEnv), and
-``flaky`` (a reward that draws a random number: loads, then fails the determinism check).
+``missing`` (a reward asking for a parameter nobody provides), ``tools`` (a ToolEnv), ``flaky`` (a reward that
+draws a random number: loads, then fails the determinism check) and ``clocked`` (a MultiTurnEnv whose reply
+reads the clock: loads, then fails the replay check).
 """
 
 from __future__ import annotations
 
 import random
+import time
 from typing import Any
 
 import verifiers as vf
@@ -37,8 +39,15 @@ def lookup(word: str) -> str:
     return word
 
 
+class Clocked(vf.MultiTurnEnv):
+    async def env_response(self, messages: Any, state: Any, **kwargs: Any) -> Any:
+        return [vf.UserMessage(content=f"it is {time.monotonic_ns()}")]
+
+
 def load_environment(kind: str) -> Any:
     dataset = rows(["abc", "dog", "cab"])
+    if kind == "clocked":
+        return Clocked(dataset=dataset, rubric=vf.Rubric(funcs=[exact]), max_turns=3)
     if kind == "tools":
         return vf.ToolEnv(dataset=dataset, tools=[lookup], rubric=vf.Rubric(funcs=[exact]))
     if kind == "judge":

@@ -12,7 +12,7 @@ from environments.base import Example, Scores
 from environments.builtin import BUILTIN, builtin_environment
 from environments.builtin.reverse_text import lcs_length, lcs_ratio
 from environments.config import EnvironmentConfig, PythonEnvConfig, ReasoningGymEnvConfig, VerifiersEnvConfig
-from environments.episode import MultiTurnEnvironment
+from environments.episode import EpisodeError, MultiTurnEnvironment
 from environments.loader import (
     check_deterministic,
     environment_identity,
@@ -322,7 +322,6 @@ def test_verifiers_v0_loads_off_the_main_thread_and_keeps_the_signal_handlers(mo
         ("judge", "reward 'judged' needs a judge model"),
         ("group", "reward 'relative' is a group reward"),
         ("missing", "reward 'runs_tests' needs test_cases, which validators cannot provide"),
-        ("tools", "environment ToolEnv is not a SingleTurnEnv"),
     ],
 )
 def test_verifiers_v0_environment_validators_cannot_score_is_refused_naming_the_reward(
@@ -332,6 +331,56 @@ def test_verifiers_v0_environment_validators_cannot_score_is_refused_naming_the_
     section = {"type": "verifiers", "api": "v0", "taskset": "vf0_refused_env", "args": {"kind": kind}}
     with pytest.raises(ConfigError, match="cannot be scored offline by validators: " + refusal) as refused:
         load_environment(parse(section))
+    assert "\n" not in refused.value.message
+
+
+V0_GUESS = {"type": "verifiers", "api": "v0", "taskset": "vf0-guess-env"}
+
+
+def test_a_verifiers_v0_multi_turn_env_is_replayed_from_the_transcript(monkeypatch: pytest.MonkeyPatch) -> None:
+    from environments.episode import PolicyTurn, replay
+
+    monkeypatch.syspath_prepend(str(TASKSETS_DIR))
+    environment = load_checked_environment(parse(V0_GUESS))
+    assert isinstance(environment, MultiTurnEnvironment)
+    example = environment.example(1)
+    assert example.answer == "5"
+    episode = replay(environment, example, [PolicyTurn(t, False) for t in ("1", "9", "5")])
+    assert [(m.role, m.content) for m in episode.messages[2:]] == [
+        ("assistant", "1"),
+        ("user", "higher"),
+        ("assistant", "9"),
+        ("user", "lower"),
+        ("assistant", "5"),
+    ]
+    assert episode.ended_by == "environment"  # the environment's own max_turns (3), checked before a reply
+    weights = {"correct": 1.0, "few_guesses": 0.5, "told_correct": 0.25, "num_turns": 0.0}
+    scores = environment.score_episode(example, episode.messages)
+    assert scores == Scores({"correct": 1.0, "few_guesses": 1 / 3, "told_correct": 0.0, "num_turns": 3.0}, weights)
+    # a correct guess ends the game with the environment's final response, which the rubric sees
+    quick = replay(environment, example, [PolicyTurn("7", False), PolicyTurn("5", False)])
+    assert quick.ended_by == "environment" and quick.messages[-1].content == "5"
+    assert environment.score_episode(example, quick.messages).rewards["told_correct"] == 1.0
+    # every reply is rebuilt from the transcript: the state of an earlier call is never reused
+    assert environment.reply(example, episode.messages[:3]) == environment.reply(example, episode.messages[:3])
+    with pytest.raises(EpisodeError, match="ended the episode after policy turn 1 of 2"):
+        replay(environment, example, [PolicyTurn("5", False), PolicyTurn("5", False)])
+
+
+@pytest.mark.parametrize(
+    ("kind", "refusal"),
+    [
+        ("tools", "cannot be replayed by validators: environment ToolEnv is a ToolEnv: its tools are called"),
+        ("clocked", "is not replayable: the episode of example 0"),
+    ],
+)
+def test_a_verifiers_v0_multi_turn_env_that_cannot_be_replayed_is_refused(
+    monkeypatch: pytest.MonkeyPatch, kind: str, refusal: str
+) -> None:
+    monkeypatch.syspath_prepend(str(TASKSETS_DIR))
+    section = {"type": "verifiers", "api": "v0", "taskset": "vf0_refused_env", "args": {"kind": kind}}
+    with pytest.raises(ConfigError, match=refusal) as refused:
+        load_checked_environment(parse({**section, "eval_fraction": 0.34}))
     assert "\n" not in refused.value.message
 
 
