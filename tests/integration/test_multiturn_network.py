@@ -4,8 +4,9 @@ policy calls), a worker that plays episodes, a validator that replays them, and 
 The run trains on episodes whose every reward the test recomputes here by replaying the environment, and its
 metrics show episodes of more than one policy turn and a loss on the sampled tokens only. Against a network
 serving the same task, a worker that cheats at episodes is refused at the door or rejected by the validator
-with the reason: a tampered tool reply, the tool's tokens passed off as sampled, an episode stopped early or
-played past its end or past the run's turn limit, and a mask declared by the worker.
+with the reason: a tampered tool reply, the tool's tokens passed off as sampled and sampled tokens passed off
+as the tool's, an episode stopped early or played past its end or past the run's turn limit, and a mask
+declared by the worker.
 """
 
 from __future__ import annotations
@@ -208,6 +209,14 @@ async def cheat_at_episodes(url: str, checkpoint: Path) -> dict[str, tuple[int |
         await submit("tool_tokens_claimed_as_sampled", folded(honest, task, tokenizer, eos, position))
 
         _task, honest, position, rollout = await two_turn_episode()
+        second = rollout.later_turns[0]
+        shortened = second.model_copy(
+            update={"completion_ids": second.completion_ids[2:], "logprobs": second.logprobs[2:]}
+        )  # its first two sampled tokens passed off as the environment's
+        cheat = rollout.model_copy(update={"later_turns": [shortened]})
+        await submit("sampled_tokens_claimed_as_the_tools", replaced(honest, position, cheat))
+
+        _task, honest, position, rollout = await two_turn_episode()
         early = rollout.model_copy(update={"later_turns": []})
         await submit("stopped_early", replaced(honest, position, early))
 
@@ -232,6 +241,7 @@ async def cheat_at_episodes(url: str, checkpoint: Path) -> dict[str, tuple[int |
 REJECTED_BY = {
     "tampered_tool_reply": "turn 1: toploc:",
     "tool_tokens_claimed_as_sampled": "rollout p",
+    "sampled_tokens_claimed_as_the_tools": "turn 1: ",
     "stopped_early": "episode: the episode stops after policy turn 1, but the environment replied",
     "played_past_its_end": "episode: the environment ended the episode after policy turn 2 of 3",
 }

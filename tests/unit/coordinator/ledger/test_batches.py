@@ -12,8 +12,10 @@ from coordinator.ledger.batches import (
     AcceptedGroup,
     accepted_group,
     batch_summary,
+    episode_prompts,
     named_rewards,
     rollout_stats,
+    sampled_fraction,
     step_figure,
     train_samples,
     verdict_rewards,
@@ -89,6 +91,51 @@ def test_an_episode_trains_only_its_sampled_tokens_with_their_checked_logprobs()
     assert train_samples([group]) == train_samples(
         [group], turn_prompts=lambda g, r: [g.prompt_token_ids[r.prompt_index]]
     )
+
+
+def test_the_loop_rebuilds_an_episodes_prompts_by_replaying_the_environment() -> None:
+    """A calculator episode as the ledger stores it: the trusted side replays the tool, rebuilds both turn prompts
+    with the policy's template, merges the turns and trains only the policy's tokens."""
+    from transformers import AutoTokenizer
+
+    from environments.builtin.calculator import Calculator
+    from environments.render import prompt_ids
+    from trainer.resolve import resolve_model_path
+
+    tokenizer = AutoTokenizer.from_pretrained(str(resolve_model_path("builtin:small-qwen3")))
+    eos = (tokenizer.eos_token_id,)
+    environment = Calculator(seed=0)
+    example = environment.example(5)
+    first, second = [[*tokenizer.encode(t, add_special_tokens=False), *eos] for t in (f"calc {example.data}", "7")]
+    rollout = Rollout(
+        prompt_index=0,
+        sample_index=0,
+        completion_ids=first,
+        logprobs=[-0.5] * len(first),
+        finish_reason="stop",
+        proof_b64="AAAA",
+        later_turns=[
+            TurnRollout(completion_ids=second, logprobs=[-0.25] * len(second), finish_reason="stop", proof_b64="AAAA")
+        ],
+    )
+    body = SubmitRequest(lease_id="l", task_id="t", policy_version=0, engine="hf", rollouts=[rollout])
+    verdict = Verdict(submission_id="s", accepted=True, rewards=[0.0])
+    issued = prompt_ids(environment, example, tokenizer)
+    task_prompts = json.dumps([{"prompt_index": 0, "token_ids": issued, "example_index": 5}])
+    group = accepted_group("s", 0, task_prompts, body.model_dump_json(), verdict.model_dump_json())
+    turn_prompts = episode_prompts(environment, tokenizer, eos)
+    (sample,) = train_samples([group], turn_prompts=turn_prompts)
+    assert sample.prompt_ids == issued and sample.sampled is not None
+    trained = [t for t, flag in zip(sample.completion_ids, sample.sampled, strict=True) if flag]
+    assert trained == first + second
+    reply = tokenizer.decode([t for t, flag in zip(sample.completion_ids, sample.sampled, strict=True) if not flag])
+    assert f"= {example.answer}" in reply  # the tool's real answer, computed here, not sent by the worker
+    assert sampled_fraction([sample]) == pytest.approx(len(trained) / len(sample.completion_ids))
+    stats = rollout_stats([group])
+    assert stats["turns_mean"] == 2.0 and stats["completion_tokens_mean"] == len(first) + len(second)
+    other = replace(group, example_indices={0: 6})  # the ledger's prompt is example 5's, not 6's
+    with pytest.raises(ValueError, match="the environment's first prompt is not the task's"):
+        turn_prompts(other, rollout)
 
 
 def test_each_named_reward_has_its_batch_mean_in_the_step_metrics() -> None:
