@@ -1,7 +1,8 @@
-"""Multi-turn episodes through the real network: `prime-coordinator start` with the built-in calculator (a tool the
-policy calls), a worker that plays episodes, a validator that replays them, and the trainer learning from them.
+"""Multi-turn episodes through the real network: `prime-coordinator start` with a multi-turn environment of each
+adapter (the built-in calculator, a tool the policy calls; a Python class; a verifiers v0 MultiTurnEnv), a
+worker that plays episodes, a validator that replays them, and the trainer learning from them.
 
-The run trains on episodes whose every reward the test recomputes here by replaying the environment, and its
+Each run trains on episodes whose every reward the test recomputes here by replaying the environment, and its
 metrics show episodes of more than one policy turn and a loss on the sampled tokens only. Against a network
 serving the same task, a worker that cheats at episodes is refused at the door or rejected by the validator
 with the reason: a tampered tool reply, the tool's tokens passed off as sampled and sampled tokens passed off
@@ -13,19 +14,24 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import sys
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 import tomli_w
+from pydantic import TypeAdapter
 from sqlalchemy import select
 
 from coordinator.ledger.storage.tables import submissions, tasks
 from engines.hf import HFEngine
 from environments.base import ChatMessage, Example
 from environments.builtin.calculator import Calculator
-from environments.episode import episode_scores, rebuild_episode
+from environments.config import EnvironmentConfig
+from environments.episode import MultiTurnEnvironment, episode_scores, rebuild_episode
+from environments.loader import load_environment
 from node.startup import eos_token_ids
 from protocol.errors import PrimeError
 from protocol.identity import NodeIdentity
@@ -34,7 +40,9 @@ from protocol.schemas import Hardware, LeaseRequest, RegisterRequest, Rollout, S
 from runtime.ports import free_port
 from tests.integration.malicious_worker import signed_post
 from tests.integration.network import ledger_rows, running_network
-from tests.integration.test_orchestrator_network import finish, start
+from tests.integration.test_environments_network import TASKSETS_DIR
+from tests.integration.test_orchestrator_network import REPO_ROOT, finish
+from tests.support.coordinator_process import CoordinatorProcess
 from tests.support.shardcast_nodes import wait_until
 from worker.episodes import EpisodePlayer, build_episode_submission
 
@@ -66,13 +74,25 @@ def episodes_of(root: Path) -> list[tuple[dict[int, dict[str, Any]], SubmitReque
     ]
 
 
-def test_a_calculator_run_trains_on_episodes_the_validator_replayed(tmp_path: Path) -> None:
+COUNTING: dict[str, Any] = {"type": "python", "target": "tests.support.episodes:Counting", "episode": {"max_turns": 3}}
+ADAPTERS: dict[str, tuple[dict[str, Any], str, int]] = {
+    "builtin": (CALCULATOR, "calculator", 4),
+    "python": (COUNTING, "counting", 3),
+    "verifiers": ({"type": "verifiers", "api": "v0", "taskset": "vf0-guess-env"}, "vf0-guess-env", 4),
+}
+"""A multi-turn environment of each adapter: the built-in calculator, a Python class that always replies (until its
+3-turn limit), and a verifiers v0 MultiTurnEnv (a guessing game with its own stop conditions)."""
+
+
+@pytest.mark.parametrize("adapter", sorted(ADAPTERS))
+def test_a_run_trains_on_episodes_the_validator_replayed(tmp_path: Path, adapter: str) -> None:
+    section, name, max_turns = ADAPTERS[adapter]
     checkpoint = start_checkpoint()
     port = free_port()
     config = {
-        "run_name": "calculator-test",
+        "run_name": f"episodes-{adapter}",
         "data_dir": str(tmp_path / "run"),
-        "environment": CALCULATOR,
+        "environment": section,
         "api": {"host": "127.0.0.1", "port": port, "node_burst": 10000, "ip_burst": 10000},
         "scheduling": {"async_level": 1, "prompts_per_task": 2, "group_size": 4, "max_tokens": 24, "lease_ttl_s": 60},
         "trust": {"validators_open": True},
@@ -88,20 +108,29 @@ def test_a_calculator_run_trains_on_episodes_the_validator_replayed(tmp_path: Pa
     }
     config_path = tmp_path / "run.toml"
     config_path.write_text(tomli_w.dumps(config))
-    coordinator = start(tmp_path, config_path, f"http://127.0.0.1:{port}", "coordinator")
+    path = os.pathsep.join([str(REPO_ROOT), str(TASKSETS_DIR)])
+    coordinator = CoordinatorProcess(
+        config_path, tmp_path / "coordinator.log", {"PYTHONPATH": path}, stdout_path=tmp_path / "coordinator.out"
+    )
+    coordinator.start(f"http://127.0.0.1:{port}", timeout_s=300)
     try:
         rc = finish(coordinator, 600)
     finally:
         coordinator.stop()
     assert rc == 0, (tmp_path / "coordinator.log").read_text()[-4000:]
     worker_log = (tmp_path / "run" / "network" / "worker-hf.log").read_text()
-    assert "run episodes: up to 4 policy turns with calculator" in worker_log, worker_log[-3000:]
+    assert f"run episodes: up to {max_turns} policy turns with {name}" in worker_log
 
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(checkpoint))
     eos = eos_token_ids(checkpoint)
-    environment = Calculator(seed=0)
+    sys.path.insert(0, str(TASKSETS_DIR))
+    try:
+        environment = load_environment(TypeAdapter(EnvironmentConfig).validate_python(section))
+    finally:
+        sys.path.remove(str(TASKSETS_DIR))
+    assert isinstance(environment, MultiTurnEnvironment)
     decided = episodes_of(tmp_path)
     accepted = [(p, s, v) for p, s, v, status in decided if status == "accepted"]
     assert len(accepted) >= NUM_STEPS
@@ -113,14 +142,14 @@ def test_a_calculator_run_trains_on_episodes_the_validator_replayed(tmp_path: Pa
             episode, _ = rebuild_episode(environment, example, turn_ids, tokenizer, eos)
             assert verdict["rewards"][position] == pytest.approx(episode_scores(environment, episode).total)
             turns_seen = max(turns_seen, len(turn_ids))
-    assert turns_seen >= 2, "no episode called the calculator"
+    assert turns_seen >= 2, "no episode went past its first turn"
 
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     steps = [row for row in rows if row["kind"] == "step"]
     assert [row["step"] for row in steps] == list(range(1, NUM_STEPS + 1))
     for row in steps:
-        assert row["batch_turns_mean"] > 1.0, row  # the start calls the tool before it answers
-        assert 0.0 < row["batch_sampled_fraction"] < 1.0, row  # the tool's replies are in the samples, untrained
+        assert row["batch_turns_mean"] > 1.0, row  # the environment answered the policy
+        assert 0.0 < row["batch_sampled_fraction"] < 1.0, row  # its replies are in the samples, untrained
         assert row["loss"] == row["loss"]
 
 
