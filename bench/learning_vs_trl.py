@@ -42,9 +42,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.runs import REPO_ROOT, evaluate, run_coordinator
+from bench.runs import REPO_ROOT, evaluate, network_run_config, run_coordinator, run_plan
 from bench.venvs import reference_venv
-from runtime.ports import free_port
 
 START = "builtin:small-qwen3-sort-start"
 ENVIRONMENT: dict[str, Any] = {"type": "builtin", "name": "sort_digits"}
@@ -70,33 +69,11 @@ def trl_venv(venv: Path) -> Path:
 
 
 def network_config(root: Path, start: Path, seed: int, args: argparse.Namespace, level: int) -> dict[str, Any]:
-    return {
-        "run_name": f"learning-vs-trl-{seed}-level{level}",
-        "data_dir": str(root / "run"),
-        "environment": ENVIRONMENT,
-        "api": {"host": "127.0.0.1", "port": free_port(), "node_burst": 10000, "ip_burst": 10000},
-        "scheduling": {
-            "async_level": level,
-            "prompts_per_task": args.prompts_per_task,
-            "group_size": args.group_size,
-            "max_tokens": args.max_tokens,
-            "temperature": 1.0,
-        },
-        "trust": {"validators_open": True},
-        "validation": {"audit_fraction": args.audit_fraction},
-        "sources": {"allow": ["127.0.0.0/8", "::1/128"]},
-        "policy": {"start_checkpoint": str(start), "shard_size_bytes": 262144},
-        "orchestrator": {
-            "enabled": True,
-            "num_steps": args.steps,
-            "groups_per_step": args.groups_per_step,
-            "steps_ahead": args.steps_ahead,
-            "trainer_launch": {"nproc": args.trainer_ranks},
-            "progress_interval_s": 30,
-            "trainer": {"seed": seed, "optimizer": {"lr": args.lr, "warmup_steps": args.warmup_steps}},
-        },
-        "local_network": {"enabled": True, "engines": ["vllm", "hf"], "num_validators": 1},
-    }
+    config = network_run_config(f"learning-vs-trl-{seed}-level{level}", root, start, ENVIRONMENT, seed, args)
+    config["scheduling"]["async_level"] = level
+    config["validation"] = {"audit_fraction": args.audit_fraction}
+    config["orchestrator"]["steps_ahead"] = args.steps_ahead
+    return config
 
 
 def step_times(root: Path) -> list[dict[str, Any]]:
@@ -222,6 +199,7 @@ def main() -> None:
         "--steps-ahead", type=int, default=1, help="orchestrator.steps_ahead: workers and trainer share the cores"
     )
     parser.add_argument("--max-tokens", type=int, default=16)
+    parser.add_argument("--engines", nargs="+", default=["vllm", "hf"], help="the local network's workers")
     parser.add_argument("--eval-examples", type=int, default=None, help="held-out prompts (default 256; quick 64)")
     parser.add_argument("--eval-samples", type=int, default=4, help="samples of each held-out prompt")
     parser.add_argument("--trl-threads", type=int, default=2, help="torch threads of the TRL process")
@@ -229,9 +207,7 @@ def main() -> None:
     parser.add_argument("--bench-venv", type=Path, default=REPO_ROOT / ".bench-venv-trl")
     parser.add_argument("--dir", type=Path, default=Path("runs/learning-vs-trl"))
     args = parser.parse_args()
-    args.steps = args.steps or (4 if args.quick else 30)
-    seeds = list(range(args.seeds or (1 if args.quick else 3)))
-    num_eval = args.eval_examples or (64 if args.quick else 256)
+    seeds, num_eval = run_plan(args, quick_eval=64)
 
     from trainer.resolve import resolve_model_path
 

@@ -36,8 +36,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.runs import run_coordinator
-from runtime.ports import free_port
+from bench.runs import network_run_config, run_coordinator, run_plan
 
 START = "builtin:small-qwen3-calculator-start"
 ENVIRONMENT: dict[str, Any] = {"type": "builtin", "name": "calculator"}
@@ -45,34 +44,6 @@ ENVIRONMENT: dict[str, Any] = {"type": "builtin", "name": "calculator"}
 
 def log(message: str) -> None:
     print(f"[multiturn_learning] {message}", file=sys.stderr, flush=True)
-
-
-def network_config(root: Path, start: Path, seed: int, args: argparse.Namespace) -> dict[str, Any]:
-    return {
-        "run_name": f"multiturn-{seed}",
-        "data_dir": str(root / "run"),
-        "environment": ENVIRONMENT,
-        "api": {"host": "127.0.0.1", "port": free_port(), "node_burst": 10000, "ip_burst": 10000},
-        "scheduling": {
-            "async_level": 1,
-            "prompts_per_task": args.prompts_per_task,
-            "group_size": args.group_size,
-            "max_tokens": args.max_tokens,
-            "temperature": 1.0,
-        },
-        "trust": {"validators_open": True},
-        "sources": {"allow": ["127.0.0.0/8", "::1/128"]},
-        "policy": {"start_checkpoint": str(start), "shard_size_bytes": 262144},
-        "orchestrator": {
-            "enabled": True,
-            "num_steps": args.steps,
-            "groups_per_step": args.groups_per_step,
-            "trainer_launch": {"nproc": args.trainer_ranks},
-            "progress_interval_s": 30,
-            "trainer": {"seed": seed, "optimizer": {"lr": args.lr, "warmup_steps": args.warmup_steps}},
-        },
-        "local_network": {"enabled": True, "engines": args.engines, "num_validators": 1},
-    }
 
 
 def evaluate_episodes(model: Path, num_examples: int, num_samples: int, max_tokens: int) -> dict[str, Any]:
@@ -106,9 +77,8 @@ def verify_cost(model: Path, args: argparse.Namespace) -> dict[str, Any]:
     from environments.builtin.calculator import Calculator
     from environments.prompts import EnvironmentPrompts
     from node.startup import eos_token_ids
-    from protocol.identity import NodeIdentity
-    from protocol.schemas import PendingSubmission, Task
-    from protocol.signing import sign_document
+    from protocol.schemas import Task
+    from tests.support.adversary import signed_pending
     from validator.audit import Episodes, audit_submissions, environment_reward_fn
     from worker.episodes import EpisodePlayer, build_episode_submission
 
@@ -140,15 +110,7 @@ def verify_cost(model: Path, args: argparse.Namespace) -> dict[str, Any]:
         generated = time.perf_counter()
         submission = build_episode_submission(task, engine.name, played)
         proved = time.perf_counter()
-        worker = NodeIdentity.generate()
-        item = PendingSubmission(
-            submission_id="s-cost",
-            worker_id=worker.node_id,
-            task=task,
-            submission=submission,
-            submitted_at=time.time(),
-            worker_signature_b64=sign_document(worker, submission.model_dump(mode="json")),
-        )
+        item = signed_pending(task, submission)
         reward_fn = environment_reward_fn(environment, tokenizer, eos)
         audit_started = time.perf_counter()
         ((verdict, _),) = audit_submissions([item], engine, eos, None, reward_fn, Episodes(environment, tokenizer))
@@ -191,9 +153,7 @@ def main() -> None:
     parser.add_argument("--eval-samples", type=int, default=4)
     parser.add_argument("--dir", type=Path, default=Path("runs/multiturn-learning"))
     args = parser.parse_args()
-    args.steps = args.steps or (4 if args.quick else 30)
-    seeds = list(range(args.seeds or (1 if args.quick else 3)))
-    num_eval = args.eval_examples or (32 if args.quick else 256)
+    seeds, num_eval = run_plan(args, quick_eval=32)
 
     from trainer.resolve import resolve_model_path
 
@@ -214,7 +174,8 @@ def main() -> None:
         seed_root = root / f"seed{seed}"
         seed_root.mkdir(parents=True)
         started = time.time()
-        run_coordinator(seed_root, network_config(seed_root, start, seed, args), "the network run")
+        config = network_run_config(f"multiturn-{seed}", seed_root, start, ENVIRONMENT, seed, args)
+        run_coordinator(seed_root, config, "the network run")
         steps = run_metrics(seed_root)
         final = score(seed_root / "run" / "final-policy")
         log(f"seed {seed}: accuracy {final['accuracy']:.3f} after {time.time() - started:.0f} s")

@@ -8,6 +8,7 @@ with :func:`evaluate`.
 
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 import sys
@@ -15,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import tomli_w
+
+from runtime.ports import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -43,6 +46,47 @@ def evaluate(
         return sampler.evaluate(num_examples, num_samples, seed=seed).as_dict()
     finally:
         engine.close()
+
+
+def network_run_config(
+    name: str, root: Path, start: Path, environment: dict[str, Any], seed: int, args: argparse.Namespace
+) -> dict[str, Any]:
+    """A learning bench's run through the local network: ``args`` give the steps, batch (prompts per task, groups
+    per step, group size), token budget, learning rate and warm-up, trainer ranks and ``engines`` (the local
+    network's workers); async level 1, temperature 1, every node on this machine trusted."""
+    return {
+        "run_name": name,
+        "data_dir": str(root / "run"),
+        "environment": environment,
+        "api": {"host": "127.0.0.1", "port": free_port(), "node_burst": 10000, "ip_burst": 10000},
+        "scheduling": {
+            "async_level": 1,
+            "prompts_per_task": args.prompts_per_task,
+            "group_size": args.group_size,
+            "max_tokens": args.max_tokens,
+            "temperature": 1.0,
+        },
+        "trust": {"validators_open": True},
+        "sources": {"allow": ["127.0.0.0/8", "::1/128"]},
+        "policy": {"start_checkpoint": str(start), "shard_size_bytes": 262144},
+        "orchestrator": {
+            "enabled": True,
+            "num_steps": args.steps,
+            "groups_per_step": args.groups_per_step,
+            "trainer_launch": {"nproc": args.trainer_ranks},
+            "progress_interval_s": 30,
+            "trainer": {"seed": seed, "optimizer": {"lr": args.lr, "warmup_steps": args.warmup_steps}},
+        },
+        "local_network": {"enabled": True, "engines": args.engines, "num_validators": 1},
+    }
+
+
+def run_plan(args: argparse.Namespace, quick_eval: int, full_eval: int = 256) -> tuple[list[int], int]:
+    """The seeds and the number of held-out eval prompts of a learning bench, from its ``--quick``, ``--seeds``,
+    ``--steps`` and ``--eval-examples`` (``args.steps`` is set: 4 quick, else 30 unless given)."""
+    args.steps = args.steps or (4 if args.quick else 30)
+    seeds = list(range(args.seeds or (1 if args.quick else 3)))
+    return seeds, args.eval_examples or (quick_eval if args.quick else full_eval)
 
 
 def run_coordinator(root: Path, config: dict[str, Any], what: str) -> None:

@@ -182,6 +182,23 @@ def load_v0_environment(config: VerifiersEnvConfig) -> Any:
         raise ConfigError(f"verifiers v0 environment {config.taskset!r} cannot be loaded: {exc}") from exc
 
 
+def trajectory_step(prompt: list[Any], completion: str) -> Any:
+    """One model turn of a rollout as v0 records it (no response object, no tokens: validators have neither)."""
+    import verifiers as vf
+
+    return vf.TrajectoryStep(
+        prompt=prompt,
+        completion=[vf.AssistantMessage(content=completion)],
+        response=None,
+        tokens=None,
+        reward=None,
+        advantage=None,
+        is_truncated=False,
+        trajectory_id=TRAJECTORY_ID,
+        extras={},
+    )
+
+
 async def rubric_scores(rubric: Any, state: Any) -> Scores:
     """Every reward function of ``rubric`` (of each rubric of a group) on the finished rollout ``state``, called by
     the rubric itself, with its weight: one state for all of them, as in v0."""
@@ -264,24 +281,11 @@ class VerifiersV0Environment(Environment):
         state["task"] = task
         prompt = normalize_messages(task["prompt"], field_name="input.prompt")
         replies = [] if completion is None else [vf.AssistantMessage(content=completion)]
-        steps = [
-            vf.TrajectoryStep(
-                prompt=prompt,
-                completion=replies,
-                response=None,
-                tokens=None,
-                reward=None,
-                advantage=None,
-                is_truncated=False,
-                trajectory_id=TRAJECTORY_ID,
-                extras={},
-            )
-        ]
         state.update(
             prompt=prompt,
             completion=replies,
             tool_defs=[],
-            trajectory=steps if replies else [],
+            trajectory=[trajectory_step(prompt, completion)] if completion is not None else [],
             trajectory_id=TRAJECTORY_ID,
             is_completed=completion is not None,
             is_truncated=False,

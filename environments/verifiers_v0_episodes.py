@@ -30,7 +30,7 @@ from environments.base import ChatMessage, Example, Scores
 from environments.config import VerifiersEnvConfig
 from environments.episode import MultiTurnEnvironment
 from environments.render import chat_messages
-from environments.verifiers_v0 import TRAJECTORY_ID, VerifiersV0Environment, load_v0_environment, rubric_scores
+from environments.verifiers_v0 import VerifiersV0Environment, load_v0_environment, rubric_scores, trajectory_step
 from protocol.errors import ConfigError
 
 REFUSED_CLASSES = {
@@ -95,25 +95,13 @@ class VerifiersV0EpisodeEnvironment(VerifiersV0Environment, MultiTurnEnvironment
     async def _replay(self, example: Example, transcript: tuple[ChatMessage, ...]) -> tuple[Any, Any]:
         """The rollout state after the transcript's policy turns, and the environment's reply to the last one
         (None when its stop conditions or a final response end the episode there)."""
-        import verifiers as vf
-
         state = self._state(self._row(example), None)
         state = await self.env.setup_state(state) or state
         start = self._prompt_len(example)
         turns = [i for i in range(start, len(transcript)) if transcript[i].role == "assistant"]
         reply: Any = None
         for i in turns:
-            step = vf.TrajectoryStep(
-                prompt=_vf_messages(transcript[:i]),
-                completion=[vf.AssistantMessage(content=transcript[i].content)],
-                response=None,
-                tokens=None,
-                reward=None,
-                advantage=None,
-                is_truncated=False,
-                trajectory_id=TRAJECTORY_ID,
-                extras={},
-            )
+            step = trajectory_step(_vf_messages(transcript[:i]), transcript[i].content)
             await self.env.add_trajectory_step(state, step)
             if await self.env.is_completed(state):
                 return state, None

@@ -26,7 +26,7 @@ from sqlalchemy import Executable, create_engine, text
 from runtime.children import stop_processes
 from runtime.ports import free_port
 from tests.support.coordinator_process import CoordinatorProcess
-from tests.support.shardcast_nodes import Nodes
+from tests.support.shardcast_nodes import Nodes, wait_until
 from tests.support.tiny_model import TinyModelSpec, save_tiny_qwen2
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -100,6 +100,19 @@ class Network:
     def verdicts(self) -> dict[str, dict[str, Any]]:
         """Each decided submission's verdict event data (accepted, reasons, worker_id, ...), by submission id."""
         return {event["subject"]: event["data"] for event in self.events("verdict")}
+
+    def expect_verdicts(
+        self, judged: dict[str, str], rejected_by: dict[str, str], control: str = "honest_control"
+    ) -> None:
+        """Wait for a verdict on each of ``judged`` (name -> submission id): ``control`` accepted, every name of
+        ``rejected_by`` rejected with a reason that holds its text."""
+        wait_until(lambda: set(judged.values()) <= set(self.verdicts()), 300, "verdicts on every submission")
+        verdicts = self.verdicts()
+        assert verdicts[judged[control]]["accepted"], verdicts[judged[control]]["reasons"]
+        for name, expected in rejected_by.items():
+            verdict = verdicts[judged[name]]
+            assert not verdict["accepted"], (name, verdict)
+            assert any(expected in reason for reason in verdict["reasons"]), (name, verdict["reasons"])
 
     def worker_log(self, name: str) -> str:
         return (self.root / f"{name}.log").read_text(errors="replace")[-4000:]

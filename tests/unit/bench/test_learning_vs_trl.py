@@ -25,6 +25,7 @@ ARGS = argparse.Namespace(
     steps_ahead=1,
     trainer_ranks=2,
     audit_fraction=1.0,
+    engines=["vllm", "hf"],
 )
 
 

@@ -322,15 +322,18 @@ def test_verifiers_v0_loads_off_the_main_thread_and_keeps_the_signal_handlers(mo
         ("judge", "reward 'judged' needs a judge model"),
         ("group", "reward 'relative' is a group reward"),
         ("missing", "reward 'runs_tests' needs test_cases, which validators cannot provide"),
+        ("tools", "cannot be replayed by validators: environment ToolEnv is a ToolEnv: its tools are called"),
+        ("clocked", "is not replayable: the episode of example 0"),
     ],
 )
-def test_verifiers_v0_environment_validators_cannot_score_is_refused_naming_the_reward(
+def test_verifiers_v0_environment_validators_cannot_score_or_replay_is_refused_with_the_reason(
     monkeypatch: pytest.MonkeyPatch, kind: str, refusal: str
 ) -> None:
     monkeypatch.syspath_prepend(str(TASKSETS_DIR))
     section = {"type": "verifiers", "api": "v0", "taskset": "vf0_refused_env", "args": {"kind": kind}}
-    with pytest.raises(ConfigError, match="cannot be scored offline by validators: " + refusal) as refused:
-        load_environment(parse(section))
+    offline = "" if kind in ("tools", "clocked") else "cannot be scored offline by validators: "
+    with pytest.raises(ConfigError, match=offline + refusal) as refused:
+        load_checked_environment(parse({**section, "eval_fraction": 0.34}))
     assert "\n" not in refused.value.message
 
 
@@ -365,23 +368,6 @@ def test_a_verifiers_v0_multi_turn_env_is_replayed_from_the_transcript(monkeypat
     assert environment.reply(example, episode.messages[:3]) == environment.reply(example, episode.messages[:3])
     with pytest.raises(EpisodeError, match="ended the episode after policy turn 1 of 2"):
         replay(environment, example, [PolicyTurn("5", False), PolicyTurn("5", False)])
-
-
-@pytest.mark.parametrize(
-    ("kind", "refusal"),
-    [
-        ("tools", "cannot be replayed by validators: environment ToolEnv is a ToolEnv: its tools are called"),
-        ("clocked", "is not replayable: the episode of example 0"),
-    ],
-)
-def test_a_verifiers_v0_multi_turn_env_that_cannot_be_replayed_is_refused(
-    monkeypatch: pytest.MonkeyPatch, kind: str, refusal: str
-) -> None:
-    monkeypatch.syspath_prepend(str(TASKSETS_DIR))
-    section = {"type": "verifiers", "api": "v0", "taskset": "vf0_refused_env", "args": {"kind": kind}}
-    with pytest.raises(ConfigError, match=refusal) as refused:
-        load_checked_environment(parse({**section, "eval_fraction": 0.34}))
-    assert "\n" not in refused.value.message
 
 
 def test_verifiers_v0_non_deterministic_reward_or_missing_module_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
