@@ -399,11 +399,13 @@ def test_every_example_environment_section_parses(path: Path) -> None:
     import tomllib
 
     section = tomllib.loads(path.read_text())["environment"]
-    kind, _, api = path.stem.partition("-")  # verifiers-v0.toml: the verifiers adapter with api = "v0"
+    kind, _, variant = path.stem.partition("-")  # verifiers-v0.toml: the verifiers adapter with api = "v0"
     parsed = parse(section)
     assert parsed.type == kind
-    if api:
-        assert isinstance(parsed, VerifiersEnvConfig) and parsed.api == api
+    if kind == "verifiers" and variant:
+        assert isinstance(parsed, VerifiersEnvConfig) and parsed.api == variant
+    if variant == "calculator":  # builtin-calculator.toml: the multi-turn built-in, with its episode limits
+        assert parsed.episode.max_turns == 4
 
 
 @pytest.mark.parametrize(
