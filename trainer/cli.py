@@ -93,7 +93,7 @@ def evaluate(
     sets: list[str] | None = EvalSetOption,
     model: str | None = typer.Option(None, help="HF checkpoint directory or built-in name to evaluate."),
     task: str | None = typer.Option(
-        None, help="Built-in environment whose eval set is run (reverse_text, arithmetic, sort_digits)."
+        None, help="Built-in environment whose eval set is run (reverse_text, arithmetic, sort_digits, calculator)."
     ),
     num_examples: int | None = typer.Option(None, help="Eval set size."),
     output: Path | None = typer.Option(None, help="Also write the JSON report to this file (atomically)."),
