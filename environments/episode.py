@@ -304,6 +304,27 @@ def rebuild_episode(
     return episode, turn_prompt_ids(environment, episode, tokenizer)
 
 
+def issued_turn_prompts(
+    environment: MultiTurnEnvironment,
+    example_index: int | None,
+    issued: Sequence[int],
+    turn_ids: Sequence[Sequence[int]],
+    tokenizer: Any,
+    eos_token_ids: Sequence[int],
+) -> list[list[int]]:
+    """Each policy turn's prompt ids of the episode of example ``example_index`` whose turns sampled ``turn_ids``
+    (:func:`rebuild_episode`), the first checked against ``issued``, the prompt the ledger issued. EpisodeError
+    when the prompt names no example, the first prompt is not the issued one, or the turns cannot be the
+    episode."""
+    if example_index is None:
+        raise EpisodeError("the prompt carries no example index, so its episode cannot be replayed")
+    example = environment.example(example_index)
+    _episode, prompts = rebuild_episode(environment, example, turn_ids, tokenizer, eos_token_ids)
+    if prompts[0] != list(issued):
+        raise EpisodeError(f"the environment's first prompt is not the task's (example {example_index})")
+    return prompts
+
+
 def episode_scores(environment: MultiTurnEnvironment, episode: Episode) -> Scores:
     """The episode's rewards under the run's truncation rule: an episode whose last turn was cut at the token
     budget earns what a cut single-turn completion does (:mod:`environments.truncation`)."""

@@ -33,6 +33,7 @@ from environments.episode import (
     EpisodeError,
     MultiTurnEnvironment,
     episode_scores,
+    issued_turn_prompts,
     policy_turn,
     rebuild_episode,
 )
@@ -138,14 +139,8 @@ def _turn_prompts(
         if len(turns) > 1:
             raise EpisodeError(f"{len(turns)} policy turns in a run whose environment is single-turn")
         return [issued]
-    if example_index is None:
-        raise EpisodeError("the prompt carries no example index, so its episode cannot be replayed")
-    example = episodes.environment.example(example_index)
     turn_ids = [turn.completion_ids for turn in turns]
-    _episode, turn_prompts = rebuild_episode(episodes.environment, example, turn_ids, episodes.tokenizer, eos_token_ids)
-    if turn_prompts[0] != issued:
-        raise EpisodeError("the task's prompt is not the environment's first prompt of this example")
-    return turn_prompts
+    return issued_turn_prompts(episodes.environment, example_index, issued, turn_ids, episodes.tokenizer, eos_token_ids)
 
 
 def submission_reasons(item: PendingSubmission) -> list[str]:

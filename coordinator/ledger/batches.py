@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from environments.episode import MultiTurnEnvironment, episode_samples, rebuild_episode
+from environments.episode import EpisodeError, MultiTurnEnvironment, episode_samples, issued_turn_prompts
 from protocol.schemas import Rollout, SubmitRequest, TurnRollout, Verdict
 from trainer.advantages import group_advantages
 from trainer.packing import TrainSample
@@ -101,14 +101,12 @@ def episode_prompts(environment: MultiTurnEnvironment, tokenizer: Any, eos_token
 
     def turn_prompts(group: AcceptedGroup, rollout: Rollout) -> list[list[int]]:
         example_index = group.example_indices.get(rollout.prompt_index)
-        if example_index is None:
-            raise ValueError(f"submission {group.submission_id}: prompt {rollout.prompt_index} names no example")
+        issued = group.prompt_token_ids[rollout.prompt_index]
         turn_ids = [turn.completion_ids for turn in (rollout, *rollout.later_turns)]
-        example = environment.example(example_index)
-        _episode, prompts = rebuild_episode(environment, example, turn_ids, tokenizer, eos_token_ids)
-        if prompts[0] != group.prompt_token_ids[rollout.prompt_index]:
-            raise ValueError(f"submission {group.submission_id}: the environment's first prompt is not the task's")
-        return prompts
+        try:
+            return issued_turn_prompts(environment, example_index, issued, turn_ids, tokenizer, eos_token_ids)
+        except EpisodeError as exc:
+            raise ValueError(f"submission {group.submission_id}, prompt {rollout.prompt_index}: {exc}") from exc
 
     return turn_prompts
 
