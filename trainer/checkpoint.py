@@ -1,6 +1,7 @@
 """Trainer checkpoints for exact resume, and export of the policy as an HF checkpoint directory.
 
-A trainer checkpoint ``<dir>/step_<n>/`` holds the full (unsharded) model and optimizer state,
+A trainer checkpoint ``<dir>/step_<n>/`` holds the full (unsharded) model and optimizer state (a LoRA
+model's trainable adapters alone: the frozen base is the start checkpoint's),
 the scheduler state and step in ``trainer_state.pt`` (written by rank 0), and each rank's RNG
 states in ``rng_rank<r>.pt``. Full state dicts make it independent of the world size: a run
 saved with 2 ranks resumes on 1 and vice versa. ``latest`` names the newest complete one
@@ -12,7 +13,8 @@ The exported policy is what SHARDCAST's origin publishes and what HF and vLLM lo
 The weights are in the architecture's checkpoint layout, the one ``save_pretrained`` writes and
 both engines read, which is not always the module layout the trainer holds: Qwen3-MoE's experts
 are one fused 3-D tensor per block in ``transformers`` but one tensor per expert on disk (see
-:func:`checkpoint_tensors`).
+:func:`checkpoint_tensors`). A LoRA policy exports as its adapter (:func:`export_adapter`, PEFT's
+layout) and, for the run's result, as the merged checkpoint (:func:`export_policy` with ``merged``).
 """
 
 from __future__ import annotations
@@ -28,6 +30,16 @@ import torch
 from torch import nn
 
 from trainer.fsdp import DistInfo, barrier
+from trainer.lora import (
+    ADAPTER_CONFIG_FILE,
+    ADAPTER_WEIGHTS_FILE,
+    adapter_config_json,
+    adapter_tensors,
+    base_model,
+    is_lora,
+    lora_scale,
+    merged_tensors,
+)
 from trainer.model import DTYPES
 
 if TYPE_CHECKING:
@@ -45,13 +57,17 @@ class TrainerState:
     scheduler: dict[str, Any]
 
 
-def _full_state_options(info: DistInfo, loading: bool) -> Any:
+def _full_state_options(info: DistInfo, loading: bool, trainable_only: bool = False) -> Any:
+    """Full (unsharded) state dicts; ``trainable_only``: without frozen parameters (a LoRA model's base), and
+    loading such a state leaves them as they are."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions
 
     return StateDictOptions(
         full_state_dict=True,
         cpu_offload=info.is_distributed,
         broadcast_from_rank0=loading and info.is_distributed,
+        ignore_frozen_params=trainable_only,
+        strict=not trainable_only,
     )
 
 
@@ -84,7 +100,8 @@ def save_checkpoint(
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     target = directory / f"step_{state.step}"
-    model_state, optim_state = get_state_dict(model, optimizer, options=_full_state_options(info, loading=False))
+    options = _full_state_options(info, loading=False, trainable_only=is_lora(model))
+    model_state, optim_state = get_state_dict(model, optimizer, options=options)
     if info.is_main:
         if target.exists():
             shutil.rmtree(target)
@@ -129,7 +146,7 @@ def load_checkpoint(target: Path, model: nn.Module, optimizer: torch.optim.Optim
     payload: dict[str, Any] = {}
     if info.is_main or not info.is_distributed:
         payload = torch.load(target / STATE_FILE, map_location="cpu", weights_only=False)
-    options = _full_state_options(info, loading=True)
+    options = _full_state_options(info, loading=True, trainable_only=is_lora(model))
     # Two calls, not set_state_dict: given an empty model dict (every rank but 0 when broadcasting),
     # set_state_dict loads only the optimizer there, while rank 0 broadcasts the model: a hang or a crash.
     set_model_state_dict(model, payload.get("model", {}), options=options)
@@ -173,12 +190,16 @@ def export_policy(
     info: DistInfo,
     dtype: str = "float32",
 ) -> Path:
-    """Write the policy as an HF checkpoint directory (rank 0 writes; every rank must call)."""
+    """Write the policy as an HF checkpoint directory (rank 0 writes; every rank must call); a LoRA model's
+    adapters are merged into its weights."""
     from safetensors.torch import save_file
 
     state = full_model_state(model, info)
     if info.is_main:
         directory.mkdir(parents=True, exist_ok=True)
+        if is_lora(model):  # the base with the adapters folded in, in the base model's names
+            state = merged_tensors(state, lora_scale(model))
+            model = base_model(model)
         tensors = {
             name: t.detach().to("cpu", DTYPES[dtype]).contiguous()
             for name, t in checkpoint_tensors(model, state).items()
@@ -191,5 +212,22 @@ def export_policy(
         if generation_config is not None:
             generation_config.save_pretrained(str(directory))
         tokenizer.save_pretrained(str(directory))
+    barrier(info)
+    return directory
+
+
+def export_adapter(directory: Path, model: nn.Module, info: DistInfo, dtype: str = "float32") -> Path:
+    """Write a LoRA model's adapter in PEFT's layout (rank 0 writes; every rank must call)."""
+    import json
+
+    from safetensors.torch import save_file
+
+    state = full_model_state(model, info)
+    if info.is_main:
+        directory.mkdir(parents=True, exist_ok=True)
+        tensors = {name: t.detach().to("cpu", DTYPES[dtype]).contiguous() for name, t in adapter_tensors(state).items()}
+        save_file(tensors, str(directory / ADAPTER_WEIGHTS_FILE), metadata={"format": "pt"})
+        text = json.dumps(adapter_config_json(model), indent=2, sort_keys=True) + "\n"
+        (directory / ADAPTER_CONFIG_FILE).write_text(text)
     barrier(info)
     return directory

@@ -102,6 +102,23 @@ class CheckpointConfig(Section):
     restart resumes from; a second one is a spare."""
 
 
+class LoraConfig(Section):
+    """Low-rank adapters (PEFT LoRA) in place of full-weight training: the base weights stay frozen, only the
+    adapters train, and a network run publishes each version as an adapter (a few MB) instead of the weights."""
+
+    enabled: bool = False
+    """Train LoRA adapters instead of every weight."""
+    rank: int = Field(default=16, ge=1, le=1024)
+    """Rank r of each adapter (A is r x in, B is out x r)."""
+    alpha: float = Field(default=32.0, gt=0)
+    """Scale numerator: an adapter adds (alpha / rank) * B @ A to its weight."""
+    dropout: float = Field(default=0.0, ge=0, lt=1)
+    """Dropout on the adapter's input in training (0 keeps the trainer's logprobs those the engines compute)."""
+    target_modules: list[str] | Literal["all-linear"] = "all-linear"
+    """Which linear layers get an adapter: `all-linear` (every attention and MLP projection, never the output
+    head), or module name suffixes such as `["q_proj", "v_proj"]`."""
+
+
 class TrainerSection(Section):
     """What a trainer needs, whatever drives it (SFT loop, RL loop, the coordinator)."""
 
@@ -122,6 +139,8 @@ class TrainerSection(Section):
     checkpoint: CheckpointConfig = CheckpointConfig()
     """How often the full trainer state is saved, how many saves are kept, the exported weights' dtype (in a
     coordinator's run: the run's precision, unless set)."""
+    lora: LoraConfig = LoraConfig()
+    """LoRA adapters instead of full-weight training (off by default)."""
 
 
 class SftConfig(RoleConfig):
@@ -150,6 +169,9 @@ class SftConfig(RoleConfig):
     """How samples are packed into rows and micro-batches (tokens per micro-batch, row width)."""
     checkpoint: CheckpointConfig = CheckpointConfig()
     """How often the full trainer state is saved, how many saves are kept, the exported weights' dtype."""
+    lora: LoraConfig = LoraConfig()
+    """LoRA adapters instead of full-weight training (off by default): output_dir/policy is then the adapter,
+    and output_dir/merged the base with the adapter folded in."""
     resume: bool = True
     """Continue from the latest trainer state in output_dir/checkpoints when there is one."""
     wandb_project: str | None = None
@@ -166,6 +188,7 @@ class SftConfig(RoleConfig):
             parallel=self.parallel,
             packing=self.packing,
             checkpoint=self.checkpoint,
+            lora=self.lora,
         )
 
 

@@ -25,8 +25,9 @@ def lr_factor(step: int, num_steps: int, config: OptimizerConfig) -> float:
 
 
 def build_optimizer(model: nn.Module, config: OptimizerConfig) -> torch.optim.AdamW:
+    """AdamW over the parameters that train (all of them, or a LoRA model's adapters)."""
     return torch.optim.AdamW(
-        model.parameters(),
+        [p for p in model.parameters() if p.requires_grad],
         lr=config.lr,
         betas=config.betas,
         eps=config.eps,

@@ -3,7 +3,8 @@
 Step ``s`` trains on pairs ``s * batch_size ...`` of the task's training stream, so the data
 order is a function of the step and a resumed run continues exactly where it stopped.
 The run writes ``metrics.jsonl``, trainer checkpoints under ``checkpoints/`` and the final
-policy as an HF checkpoint under ``policy/``.
+policy as an HF checkpoint under ``policy/``; with ``[lora]`` on, ``policy/`` is the adapter (PEFT's
+layout, loaded on top of the base) and ``merged/`` the base with the adapter folded in.
 """
 
 from __future__ import annotations
@@ -109,6 +110,10 @@ def run_sft(config: SftConfig) -> Path:
             metrics.log({"step": trainer.step, "eval_completion_loss": held_out})
     trainer.save(checkpoints)
     policy = trainer.export(config.output_dir / "policy")
+    if trainer.lora_enabled:
+        merged = trainer.export_merged(config.output_dir / "merged")
+        if trainer.info.is_main:
+            log.info("LoRA adapter in %s; the base with it merged in %s", policy, merged)
     if trainer.info.is_main:
         log.info("SFT done at step %d; policy exported to %s", trainer.step, policy)
     shutdown(trainer.info)

@@ -24,9 +24,17 @@ from typing import Any
 
 import torch
 
-from trainer.checkpoint import TrainerState, export_policy, latest_checkpoint, load_checkpoint, save_checkpoint
+from trainer.checkpoint import (
+    TrainerState,
+    export_adapter,
+    export_policy,
+    latest_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+)
 from trainer.config import LossConfig, TrainerSection
 from trainer.fsdp import DistInfo, all_reduce_sum, init_distributed, shard_model
+from trainer.lora import apply_lora
 from trainer.loss import LossSums, grpo_loss, sft_loss, token_logprobs_and_entropy
 from trainer.model import load_model, load_tokenizer
 from trainer.optim import build_optimizer, build_scheduler
@@ -83,7 +91,10 @@ class Trainer:
         if self.info.is_distributed:
             torch.distributed.barrier()
         self.tokenizer = load_tokenizer(config.model)
-        self.model = shard_model(load_model(config.model, config.dtype), config.parallel, self.info)
+        model = load_model(config.model, config.dtype)
+        if config.lora.enabled:  # adapters on the unsharded model, then FSDP2 shards base and adapters alike
+            model = apply_lora(model, config.lora, config.model)
+        self.model = shard_model(model, config.parallel, self.info)
         self.optimizer = build_optimizer(self.model, config.optimizer)
         self.scheduler = build_scheduler(self.optimizer, num_steps, config.optimizer)
         self.step = 0
@@ -141,7 +152,8 @@ class Trainer:
                 ],
                 dtype=torch.float64,
             )
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.optimizer.max_grad_norm)
+        trained = [p for p in self.model.parameters() if p.requires_grad]
+        grad_norm = torch.nn.utils.clip_grad_norm_(trained, self.config.optimizer.max_grad_norm)
         if hasattr(grad_norm, "full_tensor"):
             grad_norm = grad_norm.full_tensor()
         lr = self.scheduler.get_last_lr()[0]
@@ -203,6 +215,18 @@ class Trainer:
         log.info("resumed from %s (step %d)", target, self.step)
         return True
 
+    @property
+    def lora_enabled(self) -> bool:
+        return self.config.lora.enabled
+
     def export(self, directory: Path) -> Path:
-        """Write the current policy as an HF checkpoint directory (safetensors, config, tokenizer)."""
+        """Write the current policy: an HF checkpoint directory (safetensors, config, tokenizer), or for a LoRA
+        run its adapter (PEFT's layout), which engines load on top of the base."""
+        dtype = self.config.checkpoint.export_dtype
+        if self.lora_enabled:
+            return export_adapter(directory, self.model, self.info, dtype)
+        return export_policy(directory, self.model, self.tokenizer, self.info, dtype)
+
+    def export_merged(self, directory: Path) -> Path:
+        """Write the current policy as an HF checkpoint directory, a LoRA run's adapters folded into the weights."""
         return export_policy(directory, self.model, self.tokenizer, self.info, self.config.checkpoint.export_dtype)

@@ -2,6 +2,7 @@
 
     torchrun --standalone --nproc-per-node 2 tests/integration/trainer/fsdp_probe.py MODEL_DIR OUT_DIR [--ac]
     torchrun ... fsdp_probe.py MODEL_DIR OUT_DIR --resume   # step 2 again from OUT_DIR/ckpt
+    torchrun ... fsdp_probe.py MODEL_DIR OUT_DIR --lora [--resume]   # the same with LoRA adapters
 
 
 Rank 0 writes ``metrics.json`` (both steps' metrics) and the policy after step 2 under
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from environments.builtin import builtin_environment
-from trainer.config import LossConfig, OptimizerConfig, ParallelConfig, TrainerSection
+from trainer.config import LoraConfig, LossConfig, OptimizerConfig, ParallelConfig, TrainerSection
 from trainer.packing import TrainSample
 from trainer.train import Trainer
 
@@ -37,18 +38,21 @@ def probe_batch(trainer: Trainer, seed: int) -> list[TrainSample]:
     ]
 
 
-def probe_section(model_dir: Path, activation_checkpointing: bool = False) -> TrainerSection:
+def probe_section(model_dir: Path, activation_checkpointing: bool = False, lora: bool = False) -> TrainerSection:
     # Small rows and micro-batches: several micro-batches per rank, so accumulation is exercised.
     return TrainerSection(
         model=str(model_dir),
-        optimizer=OptimizerConfig(lr=1e-3, warmup_steps=1, schedule="linear"),
+        optimizer=OptimizerConfig(lr=1e-2 if lora else 1e-3, warmup_steps=1, schedule="linear"),
         parallel=ParallelConfig(activation_checkpointing=activation_checkpointing),
         packing={"micro_batch_tokens": 128, "row_tokens": 64},
+        lora=LoraConfig(enabled=lora, rank=4, alpha=8),
     )
 
 
-def run_probe(model_dir: Path, out_dir: Path, activation_checkpointing: bool = False) -> list[dict[str, Any]]:
-    trainer = Trainer(probe_section(model_dir, activation_checkpointing), num_steps=4)
+def run_probe(
+    model_dir: Path, out_dir: Path, activation_checkpointing: bool = False, lora: bool = False
+) -> list[dict[str, Any]]:
+    trainer = Trainer(probe_section(model_dir, activation_checkpointing, lora), num_steps=4)
     first = trainer.rl_step(probe_batch(trainer, 1), LOSS)
     trainer.save(out_dir / "ckpt")
     second = trainer.rl_step(probe_batch(trainer, 2), LOSS)
@@ -62,9 +66,9 @@ def run_probe(model_dir: Path, out_dir: Path, activation_checkpointing: bool = F
     return metrics
 
 
-def resume_probe(model_dir: Path, out_dir: Path) -> dict[str, Any]:
+def resume_probe(model_dir: Path, out_dir: Path, lora: bool = False) -> dict[str, Any]:
     """Resume from ``out_dir/ckpt`` and take step 2 again (rank 0 writes ``resumed.json``)."""
-    trainer = Trainer(probe_section(model_dir), num_steps=4)
+    trainer = Trainer(probe_section(model_dir, lora=lora), num_steps=4)
     assert trainer.resume(out_dir / "ckpt")
     again = trainer.rl_step(probe_batch(trainer, 2), LOSS)
     if trainer.info.is_main:
@@ -76,7 +80,8 @@ def resume_probe(model_dir: Path, out_dir: Path) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    if "--resume" in sys.argv[3:]:
-        resume_probe(Path(sys.argv[1]), Path(sys.argv[2]))
+    flags = sys.argv[3:]
+    if "--resume" in flags:
+        resume_probe(Path(sys.argv[1]), Path(sys.argv[2]), "--lora" in flags)
     else:
-        run_probe(Path(sys.argv[1]), Path(sys.argv[2]), "--ac" in sys.argv[3:])
+        run_probe(Path(sys.argv[1]), Path(sys.argv[2]), "--ac" in flags, "--lora" in flags)

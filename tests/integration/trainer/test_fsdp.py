@@ -78,3 +78,51 @@ def test_two_fsdp_ranks_match_one_process_and_resume_on_one(model_dir: Path, tmp
     assert done.returncode == 0, done.stderr[-12000:]  # room for a rank's traceback before torchrun's report
     resumed_sharded = json.loads((sharded_dir / "resumed.json").read_text())
     assert resumed_sharded["loss"] == pytest.approx(sharded["steps"][1]["loss"], abs=1e-5)
+
+
+@pytest.mark.slow
+def test_lora_under_two_fsdp_ranks_matches_one_process_and_resumes(model_dir: Path, tmp_path: Path) -> None:
+    """PEFT adapters sharded with the frozen base: the same steps and adapter as one process; the saved state
+    (the adapters and their optimizer state alone) resumes exactly on two ranks."""
+    from safetensors.torch import load_file
+
+    from trainer.lora import ADAPTER_WEIGHTS_FILE
+
+    sharded_dir, single_dir = tmp_path / "fsdp2", tmp_path / "single"
+    sharded_dir.mkdir()
+    single_dir.mkdir()
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(PROBE)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [*command, str(model_dir), str(sharded_dir), "--ac", "--lora"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr[-12000:]
+    sharded = json.loads((sharded_dir / "metrics.json").read_text())
+    single = run_probe(model_dir, single_dir, lora=True)
+    for got, want in zip(sharded["steps"], single, strict=True):
+        assert got["loss"] == pytest.approx(want["loss"], abs=1e-5)
+        assert got["grad_norm"] == pytest.approx(want["grad_norm"], rel=1e-4) and got["grad_norm"] > 0
+    adapter = load_file(str(sharded_dir / "policy" / ADAPTER_WEIGHTS_FILE))
+    reference = load_file(str(single_dir / "policy" / ADAPTER_WEIGHTS_FILE))
+    assert adapter.keys() == reference.keys() and any(".lora_B." in name for name in adapter)
+    for name, value in reference.items():
+        torch.testing.assert_close(adapter[name], value, atol=2e-5, rtol=1e-3)  # lr 1e-2: sums in another order
+    assert any(value.abs().max() > 0 for name, value in adapter.items() if ".lora_B." in name)  # it trained
+    saved = torch.load(sharded_dir / "ckpt" / "step_1" / "trainer_state.pt", weights_only=False)
+    assert saved["model"] and all("lora_" in name for name in saved["model"])  # the frozen base is not saved
+
+    done = subprocess.run(
+        [*command, str(model_dir), str(sharded_dir), "--lora", "--resume"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr[-12000:]
+    resumed = json.loads((sharded_dir / "resumed.json").read_text())
+    assert resumed["loss"] == pytest.approx(sharded["steps"][1]["loss"], abs=1e-5)
+    assert resumed["grad_norm"] == pytest.approx(sharded["steps"][1]["grad_norm"], rel=1e-4)
