@@ -435,5 +435,11 @@ class CoordinatorConfig(RoleConfig):
 
     @property
     def final_policy_dir(self) -> Path:
-        """The last step's policy as a full HF checkpoint (whatever ``policy.full_every`` published it as)."""
+        """The last step's policy as a full HF checkpoint (whatever ``policy.full_every`` published it as; a LoRA
+        run's with the adapter merged into the base)."""
         return self.data_dir / "final-policy"
+
+    @property
+    def final_adapter_dir(self) -> Path:
+        """A LoRA run's last adapter (PEFT's layout; load it on the start checkpoint)."""
+        return self.data_dir / "final-adapter"

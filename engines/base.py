@@ -7,6 +7,11 @@ prefill prompt + completion to recompute the same quantities (what validators do
 policy weights in place from a downloaded checkpoint directory. Prefill is a separate
 protocol (PrefillEngine) because not every backend offers it.
 
+LoRA: an engine started on a base model also serves adapters on top of it (PEFT's directory layout,
+``adapter_config.json`` + ``adapter_model.safetensors``), each under a name (:meth:`Engine.load_adapter`);
+a request names the adapter it is generated with (``GenerationRequest.adapter``, None: the base alone),
+so one copy of the base serves several adapters, e.g. several runs' policies.
+
 Row alignment, used by proofs and checks alike: for a completion of n tokens, row i of
 ``hidden_states`` and entry i of ``logprobs`` belong to the forward position that *drew*
 completion token i (the last prompt token for i = 0, completion token i - 1 after that).
@@ -32,6 +37,8 @@ class GenerationRequest:
     stream: int
     """The sample's noise stream: toploc.sampling.sample_stream(prompt_index, sample_index)."""
     eos_token_ids: tuple[int, ...] = ()
+    adapter: str | None = None
+    """The loaded LoRA adapter to generate with (:meth:`Engine.load_adapter`); None: the base weights alone."""
 
 
 @dataclass
@@ -68,6 +75,15 @@ class Engine(Protocol):
         """Replace the weights in place with those of an HF safetensors checkpoint directory."""
         ...
 
+    def load_adapter(self, name: str, adapter_dir: Path) -> None:
+        """Load the LoRA adapter of a PEFT adapter directory under ``name``, replacing in place the one loaded under
+        that name before; requests naming it are generated with it from the next call on."""
+        ...
+
+    def remove_adapter(self, name: str) -> None:
+        """Forget adapter ``name`` (nothing happens when none is loaded under it)."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -78,4 +94,6 @@ class PrefillEngine(Engine, Protocol):
     hidden state of every position), so validators prefill with HF.
     """
 
-    def prefill(self, prompts: list[list[int]], completions: list[list[int]]) -> list[PrefillResult]: ...
+    def prefill(
+        self, prompts: list[list[int]], completions: list[list[int]], adapter: str | None = None
+    ) -> list[PrefillResult]: ...

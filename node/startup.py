@@ -1,6 +1,7 @@
 """What every long-running node (worker, validator) settles at start: its version, the coordinator it trusts,
 and the end tokens of the policy it serves or checks (every one the checkpoint's configs, tokenizer and chat
-template name: workers stop on the same set validators check termination against)."""
+template name: workers stop on the same set validators check termination against), and in a LoRA run that the
+base it downloaded is the one the run spec pins."""
 
 from __future__ import annotations
 
@@ -12,9 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from node.retry import with_retries
-from protocol.errors import IdentityError
+from protocol.errors import IdentityError, StartupError
 from protocol.identity import public_key_from_node_id
 from protocol.ledger_client import LedgerClient
+from protocol.schemas import LoraPin
 
 log = logging.getLogger("node.startup")
 PINNED_COORDINATOR_FILE = "coordinator_id"
@@ -103,3 +105,17 @@ def eos_token_ids(checkpoint_dir: Path) -> tuple[int, ...]:
     sit unseen in the middle of a completion nor end an honest one that a validator would then refuse."""
     found = _config_eos(checkpoint_dir / "generation_config.json") + _config_eos(checkpoint_dir / "config.json")
     return tuple(dict.fromkeys(found + _tokenizer_end_tokens(checkpoint_dir)))
+
+
+def check_lora_base(checkpoint_dir: Path, lora: LoraPin) -> None:
+    """A StartupError (one line) unless ``checkpoint_dir``, a LoRA run's version 0, is the base its spec pins."""
+    from shardcast.manifest import checkpoint_digest
+
+    found = checkpoint_digest(checkpoint_dir)
+    if found != lora.base_hash:
+        raise StartupError(
+            f"the run's base model (policy v0 in {checkpoint_dir}) hashes to {found[:12]}, "
+            f"not the {lora.base_hash[:12]} its run spec pins",
+            "remove that folder so it is downloaded again, and tell the run's operator if it comes back the same",
+        )
+    log.info("LoRA run: base model v0 matches the pinned hash %s", lora.base_hash[:12])

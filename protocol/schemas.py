@@ -245,6 +245,25 @@ class EnvironmentIdentity(WireModel):
     config_hash: Sha256Hex = Field(description="SHA-256 of the canonical JSON of the other fields.")
 
 
+LORA_BASE_VERSION = 0
+"""A LoRA run's base model is its policy version 0; every later version is an adapter on it."""
+
+
+class LoraPin(WireModel):
+    """A LoRA run: version 0 is the base model, pinned by its hash, and each later version an adapter on it
+    (PEFT's layout), which workers load in place on the base and validators prefill with."""
+
+    base_hash: str = Field(
+        pattern=r"^[0-9a-f]{64}$",
+        description="blake3 over the base checkpoint's files (shardcast.manifest.checkpoint_digest): two runs "
+        "with the same base_hash share one copy of the base on a worker.",
+    )
+    rank: int = Field(ge=1, le=1024)
+    alpha: float = Field(gt=0, le=1e6)
+    target_modules: list[str] = Field(min_length=1, max_length=64)
+    """Module name suffixes the adapters sit on (``["all-linear"]``: every linear layer but the output head)."""
+
+
 class RunSpec(WireModel):
     """What every role of a run must agree on, signed by the coordinator (``GET /v1/run-spec``)."""
 
@@ -255,6 +274,8 @@ class RunSpec(WireModel):
     max_turns: int = Field(default=1, ge=1, le=MAX_EPISODE_TURNS)
     """Policy turns an episode may have: 1 for a single-turn environment; above 1 the environment answers the
     policy, and workers play each sample as an episode with it (the environment's ``[environment.episode]``)."""
+    lora: LoraPin | None = None
+    """A LoRA run's base and adapter shape; None: every version is a full checkpoint."""
 
 
 class SignedRunSpec(WireModel):

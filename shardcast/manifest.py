@@ -20,6 +20,7 @@ Everything here is pure except the functions that stat or hash files (:func:`lis
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -90,6 +91,12 @@ def result_files_of(directory: Path, algorithm: HashAlgorithm) -> list[ResultFil
         ResultFileEntry(path=path, size_bytes=size, hash=hash_file(algorithm, directory / path))
         for path, size in list_checkpoint_files(directory)
     ]
+
+
+def checkpoint_digest(directory: Path) -> str:
+    """One blake3 over a checkpoint directory's files (each path, size and blake3): what pins a LoRA run's base."""
+    listing = [(entry.path, entry.size_bytes, entry.hash) for entry in result_files_of(directory, "blake3")]
+    return hash_bytes("blake3", json.dumps(listing).encode())
 
 
 def file_list_mismatch(found: Sequence[tuple[str, int]], expected: Sequence[tuple[str, int]]) -> str | None:

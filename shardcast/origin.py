@@ -110,6 +110,9 @@ def choose_patch(
     base = store.announced()
     if base is None or base >= version or base not in store.versions():
         return None
+    base_files = {path for path, _ in list_checkpoint_files(checkpoint_dir_of(store, base))}
+    if base_files != {path for path, _ in list_checkpoint_files(new_dir)}:
+        return None  # other files (a LoRA run's first adapter after its base): nothing to patch against
     from shardcast.patch import encode_patch
 
     work_dir.mkdir(parents=True, exist_ok=True)

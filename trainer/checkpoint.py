@@ -29,10 +29,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from engines.adapters import CONFIG_FILE as ADAPTER_CONFIG_FILE
+from engines.adapters import WEIGHTS_FILE as ADAPTER_WEIGHTS_FILE
 from trainer.fsdp import DistInfo, barrier
 from trainer.lora import (
-    ADAPTER_CONFIG_FILE,
-    ADAPTER_WEIGHTS_FILE,
     adapter_config_json,
     adapter_tensors,
     base_model,

@@ -47,6 +47,22 @@ def _hf_engine(model_dir: Path) -> tuple[Any, Any]:
     return HFEngine(model_dir, max_batch_size=256), GenerationRequest
 
 
+def _policy_engine(model_dir: Path) -> tuple[Any, Any, Path]:
+    """The HF engine serving the policy in ``model_dir``, the request type, and the directory of its tokenizer: a
+    checkpoint's own, or for a LoRA adapter directory the base it names, with the adapter loaded on it."""
+    from engines.adapted import AdapterView
+    from engines.adapters import adapter_base, is_adapter_dir
+    from trainer.resolve import resolve_model_path
+
+    if not is_adapter_dir(model_dir):
+        return (*_hf_engine(model_dir), model_dir)
+    base = resolve_model_path(adapter_base(model_dir))
+    engine, request_type = _hf_engine(base)
+    view = AdapterView(engine, "policy")
+    view.load_weights(model_dir)
+    return view, request_type, base
+
+
 @app.command()
 def sft(
     config: Path | None = ConfigOption,
@@ -91,7 +107,9 @@ def rl(
 def evaluate(
     config: Path | None = ConfigOption,
     sets: list[str] | None = EvalSetOption,
-    model: str | None = typer.Option(None, help="HF checkpoint directory or built-in name to evaluate."),
+    model: str | None = typer.Option(
+        None, help="HF checkpoint directory, built-in name, or LoRA adapter directory (on the base it names)."
+    ),
     task: str | None = typer.Option(
         None, help="Built-in environment whose eval set is run (reverse_text, arithmetic, sort_digits, calculator)."
     ),
@@ -105,15 +123,18 @@ def evaluate(
     builtin = {"environment.type": "builtin", "environment.name": task} if task else {}
     flags = {"model": model, "num_examples": num_examples, **builtin}
     loaded = load_role_config(EvalConfig, config, sets, flags)
+    from engines.adapters import is_adapter_dir
     from environments.loader import load_environment
     from trainer.model import load_tokenizer
     from trainer.resolve import resolve_model_path
     from trainer.rollout import RolloutSampler
 
-    model_dir = resolve_model_path(loaded.model)  # a ConfigError is one line and exit code 2 (PrimeTyper)
+    given = Path(loaded.model)
+    # a ConfigError is one line and exit code 2 (PrimeTyper)
+    model_dir = given if is_adapter_dir(given) else resolve_model_path(loaded.model)
     environment = load_environment(loaded.environment)
-    engine, request_type = _hf_engine(model_dir)
-    tokenizer = load_tokenizer(str(model_dir))
+    engine, request_type, tokenizer_dir = _policy_engine(model_dir)
+    tokenizer = load_tokenizer(str(tokenizer_dir))
     sampler = RolloutSampler(engine, request_type, environment, tokenizer, loaded.temperature, loaded.max_tokens)
     report = sampler.evaluate(loaded.num_examples, loaded.num_samples, loaded.seed)
     found = {"model": str(model_dir), **report.as_dict()}

@@ -239,7 +239,8 @@ class EvalConfig(RoleConfig):
     model_config = SettingsConfigDict(env_prefix="PRIME_TRAINER_")
 
     model: str = "builtin:tiny-qwen2"
-    """HF checkpoint directory (or built-in name) to evaluate."""
+    """HF checkpoint directory (or built-in name) to evaluate, or a LoRA adapter directory (evaluated on the base
+    its adapter_config.json names)."""
     environment: EnvironmentConfig = BuiltinEnvConfig()
     """The environment whose eval set is run (the [environment] section, as every role reads it)."""
     num_examples: int = Field(default=128, ge=1)

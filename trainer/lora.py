@@ -18,14 +18,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from engines.adapters import PEFT_PREFIX
 from trainer.config import LoraConfig
 
 ADAPTER_NAME = "default"
 """PEFT's name of the one adapter the trainer trains (it appears in module names, never in files)."""
-PEFT_PREFIX = "base_model.model."
-"""What PEFT puts before the HF model's own module names."""
-ADAPTER_CONFIG_FILE = "adapter_config.json"
-ADAPTER_WEIGHTS_FILE = "adapter_model.safetensors"
 
 
 def apply_lora(model: nn.Module, config: LoraConfig, base_name: str) -> nn.Module:

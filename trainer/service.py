@@ -121,14 +121,16 @@ def serve(train_dir: TrainDir, spec: ServiceSpec, coordinator_pid: int | None) -
     group = control_group(info)
 
     def export_step(step: int) -> None:
-        staging = train_dir.staging_policy_dir(step)
-        if info.is_main and staging.exists():
-            shutil.rmtree(staging)
-        barrier(info)
-        trainer.export(staging)
-        if info.is_main:
-            train_dir.install_policy(step)
-        barrier(info)
+        # a LoRA run's last step is also exported merged: the run's result, for what knows no adapters
+        for merged in (False, True) if trainer.lora_enabled and step == spec.num_steps else (False,):
+            staging = train_dir.staging_policy_dir(step, merged)
+            if info.is_main and staging.exists():
+                shutil.rmtree(staging)
+            barrier(info)
+            (trainer.export_merged if merged else trainer.export)(staging)
+            if info.is_main:
+                train_dir.install_policy(step, merged)
+            barrier(info)
 
     resumed = trainer.resume(train_dir.checkpoints)
     if from_main(resumed and info.is_main and train_dir.read_done(trainer.step) is None, info, group):

@@ -283,8 +283,9 @@ class TrainDir:
         """Where runs before the safetensors transport kept the batch (JSON); still read."""
         return self.root / "batches" / f"step_{step}.json"
 
-    def policy_dir(self, step: int) -> Path:
-        return self.root / "policies" / f"step_{step}"
+    def policy_dir(self, step: int, merged: bool = False) -> Path:
+        """Step ``step``'s exported policy; ``merged``: a LoRA run's last policy with its adapter folded in."""
+        return self.root / ("merged" if merged else "policies") / f"step_{step}"
 
     def done_path(self, step: int) -> Path:
         return self.root / "done" / f"step_{step}.json"
@@ -341,24 +342,24 @@ class TrainDir:
     def read_metrics(self, step: int) -> dict[str, Any] | None:
         return read_json_object(self.metrics_path(step))
 
-    def staging_policy_dir(self, step: int) -> Path:
-        return self.root / "policies" / f".step_{step}.partial"
+    def staging_policy_dir(self, step: int, merged: bool = False) -> Path:
+        return self.policy_dir(step, merged).with_name(f".step_{step}.partial")
 
-    def install_policy(self, step: int) -> Path:
-        """Move a fully exported policy from its staging name to ``policy_dir(step)`` (rank 0)."""
-        target = self.policy_dir(step)
+    def install_policy(self, step: int, merged: bool = False) -> Path:
+        """Move a fully exported policy from its staging name to ``policy_dir(step, merged)`` (rank 0)."""
+        target = self.policy_dir(step, merged)
         if target.exists():
             shutil.rmtree(target)
-        self.staging_policy_dir(step).replace(target)
+        self.staging_policy_dir(step, merged).replace(target)
         return target
 
-    def keep_policy(self, step: int, target: Path) -> Path:
+    def keep_policy(self, step: int, target: Path, merged: bool = False) -> Path:
         """Put step ``step``'s exported policy at ``target`` too, whole or not at all (hard links where possible).
 
         Pruning removes the exported policies of published steps; the run's last one is its result, so it
         is kept apart from them. A kept copy already there is replaced only once the new one is complete.
         """
-        source = self.policy_dir(step)
+        source = self.policy_dir(step, merged)
         staging = target.with_name(f".{target.name}.partial")
         _remove(staging)
 

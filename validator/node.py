@@ -20,7 +20,10 @@ ledger (which expires submissions of versions the origin no longer keeps) while 
 (:mod:`validator.progress`): one log line per verdict and a periodic summary (verified
 samples/s and submissions/s, accepted, rejected and the most common rejection reasons).
 Each version with a loaded engine, and each version being audited, is pinned in the weights
-cache, so pruning never removes it from under an audit.
+cache, so pruning never removes it from under an audit. In a LoRA run one engine holds the base
+(version 0, checked against the hash the run spec pins) and each version audited is its adapter
+on that base, so a worker that generated with the base alone, an older adapter or another run's is
+caught by the same TOPLOC checks as any other substitution.
 """
 
 from __future__ import annotations
@@ -32,19 +35,21 @@ import logging
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
+from pathlib import Path
 
+from engines.adapted import AdapterView
 from engines.base import PrefillEngine
 from environments.base import Environment
 from environments.episode import MultiTurnEnvironment
 from environments.pinning import run_environment
 from node.gossip import run_node_gossip
 from node.retry import sleep_unless_stopped, unless_stopped, with_retries
-from node.startup import eos_token_ids, software_version, trusted_coordinator_id
+from node.startup import check_lora_base, eos_token_ids, software_version, trusted_coordinator_id
 from node.stopping import in_thread_unless_stopped
 from protocol.errors import ForbiddenError, PrimeError, ProtocolError, RequestRefused
 from protocol.identity import load_or_create_identity
 from protocol.ledger_client import LedgerClient
-from protocol.schemas import Hardware, PendingSubmission, RegisterRequest
+from protocol.schemas import LORA_BASE_VERSION, Hardware, LoraPin, PendingSubmission, RegisterRequest
 from runtime.data_dir_lock import hold_data_dir
 from runtime.first_contact import check_coordinator, check_relays
 from shardcast.cache import WeightsCache
@@ -70,7 +75,8 @@ class LoadedPolicy:
 
 class PolicyEngines:
     """One prefill engine per policy version (in the run's ``dtype``), the least recently used dropped beyond
-    ``max_loaded``."""
+    ``max_loaded``. In a LoRA run (``lora``) one HF engine holds the base (version 0, checked against the pinned
+    hash and kept for the whole run) and each version is its adapter on it, named ``v<N>``."""
 
     def __init__(
         self,
@@ -80,6 +86,7 @@ class PolicyEngines:
         environment: Environment,
         dtype: str = "float32",
         stop: asyncio.Event | None = None,
+        lora: LoraPin | None = None,
     ) -> None:
         self.weights = weights
         self.stop = stop or asyncio.Event()
@@ -88,7 +95,10 @@ class PolicyEngines:
         self.environment = environment
         self.max_loaded = max_loaded
         self.max_batch_size = max_batch_size
+        self.lora = lora
         self._engines: OrderedDict[int, LoadedPolicy] = OrderedDict()
+        self._base: tuple[PrefillEngine, Path] | None = None
+        """A LoRA run's base engine and directory, loaded with the first version audited."""
 
     async def get(self, version: int) -> LoadedPolicy:
         if version in self._engines:
@@ -106,12 +116,13 @@ class PolicyEngines:
             self.weights.unpin(old_version)
         return self._engines[version]
 
-    async def _load(self, version: int) -> LoadedPolicy:
+    async def _fetch(self, version: int) -> Path:
         path = await unless_stopped(self.stop, self.weights.ensure(version))
         if path is None:
             raise asyncio.CancelledError(f"stopped while downloading policy v{version}")
-        from transformers import AutoTokenizer
+        return path
 
+    async def _start_engine(self, path: Path, version: int) -> PrefillEngine:
         from engines.hf import HFEngine
 
         start = functools.partial(
@@ -120,7 +131,32 @@ class PolicyEngines:
             max_batch_size=self.max_batch_size,
             dtype=self.dtype,  # type: ignore[arg-type]  # a calibrated precision, checked at start-up
         )
-        engine = await in_thread_unless_stopped(self.stop, f"the start of the engine for policy v{version}", start)
+        engine: PrefillEngine = await in_thread_unless_stopped(
+            self.stop, f"the start of the engine for policy v{version}", start
+        )
+        return engine
+
+    async def _lora_base(self, lora: LoraPin) -> tuple[PrefillEngine, Path]:
+        """The base engine of a LoRA run, started on version 0 once its files match the pinned hash."""
+        if self._base is None:
+            self.weights.pin(LORA_BASE_VERSION)  # for the whole run: every version is served on it
+            path = await self._fetch(LORA_BASE_VERSION)
+            await asyncio.to_thread(check_lora_base, path, lora)
+            self._base = (await self._start_engine(path, LORA_BASE_VERSION), path)
+        return self._base
+
+    async def _load(self, version: int) -> LoadedPolicy:
+        path = policy = await self._fetch(version)
+        from transformers import AutoTokenizer
+
+        engine: PrefillEngine
+        if self.lora is None:
+            engine = await self._start_engine(policy, version)
+        else:
+            base, path = await self._lora_base(self.lora)  # end tokens and tokenizer: the base's
+            view = AdapterView(base, f"v{version}")
+            await asyncio.to_thread(view.load_weights, policy)
+            engine = view
         eos = eos_token_ids(path)
         tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, str(path))
         episodes = Episodes(self.environment, tokenizer) if isinstance(self.environment, MultiTurnEnvironment) else None
@@ -131,6 +167,10 @@ class PolicyEngines:
             loaded.engine.close()
             self.weights.unpin(version)
         self._engines.clear()
+        if self._base is not None:
+            self._base[0].close()
+            self.weights.unpin(LORA_BASE_VERSION)
+            self._base = None
 
 
 async def audit_pending(
@@ -256,7 +296,9 @@ async def _validator(config: ValidatorConfig, stop: asyncio.Event, state: Valida
         p2p = asyncio.create_task(
             run_node_gossip(config.p2p, config.coordinator_url, identity, coordinator_id, weights, stop)
         )
-        engines = PolicyEngines(weights, config.max_versions, config.max_batch_size, environment, spec.precision, stop)
+        engines = PolicyEngines(
+            weights, config.max_versions, config.max_batch_size, environment, spec.precision, stop, spec.lora
+        )
         thresholds = Thresholds(spec.precision, config.toploc)
         log.info("recomputing in %s, with its TOPLOC calibrations", spec.precision)
         last_summary = time.monotonic()

@@ -4,7 +4,9 @@ Order of start-up: load or create the node key; find the coordinator's id (the c
 the signer of the coordinator's latest manifest, pinned in the data dir on first contact so
 a later change is refused); register; download the current policy version through the
 relays; start one engine per selected device; then run a heartbeat and a task runner per
-engine until ``stop`` is set or the ledger bans the node.
+engine until ``stop`` is set or the ledger bans the node. In a LoRA run the engines start on the base
+(policy v0, checked against the hash the run spec pins, kept for the whole run) and each task runner
+loads the adapter of its task's version in place (:class:`engines.adapted.AdapterView`).
 """
 
 from __future__ import annotations
@@ -15,17 +17,18 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
+from engines.adapted import AdapterView
 from engines.base import Engine
 from environments.episode import MultiTurnEnvironment
 from environments.pinning import run_environment
 from node.gossip import run_node_gossip
 from node.retry import sleep_unless_stopped, with_retries
-from node.startup import eos_token_ids, software_version, trusted_coordinator_id
+from node.startup import check_lora_base, eos_token_ids, software_version, trusted_coordinator_id
 from node.stopping import in_thread_unless_stopped
 from protocol.errors import ConfigError, IdentityError, StartupError
 from protocol.identity import load_or_create_identity, public_key_from_node_id
 from protocol.ledger_client import LedgerClient
-from protocol.schemas import Hardware, RegisterRequest, RunSpec
+from protocol.schemas import LORA_BASE_VERSION, Hardware, RegisterRequest, RunSpec
 from runtime.data_dir_lock import hold_data_dir
 from runtime.first_contact import check_coordinator, check_relays
 from shardcast.cache import WeightsCache
@@ -43,9 +46,9 @@ from worker.loop import (
 
 log = logging.getLogger(__name__)
 PINNED_COORDINATOR_FILE = "coordinator_id"
-EngineFactory = Callable[[str, Path, DeviceInfo, int, str, bool], Engine]
-"""(engine kind, checkpoint, device, max batch size, the run's precision, compile vLLM on a CPU) -> a started
-engine."""
+EngineFactory = Callable[[str, Path, DeviceInfo, int, str, bool, int | None], Engine]
+"""(engine kind, checkpoint, device, max batch size, the run's precision, compile vLLM on a CPU, a LoRA run's
+adapter rank) -> a started engine."""
 
 
 def resolve_engine_kind(kind: str) -> str:
@@ -72,14 +75,26 @@ def require_vllm() -> None:
 
 
 def create_engine(
-    kind: str, checkpoint_dir: Path, device: DeviceInfo, max_batch_size: int, dtype: str, cpu_compile: bool = False
+    kind: str,
+    checkpoint_dir: Path,
+    device: DeviceInfo,
+    max_batch_size: int,
+    dtype: str,
+    cpu_compile: bool = False,
+    lora_rank: int | None = None,
 ) -> Engine:
-    """An engine of ``kind`` computing in ``dtype``, the run's precision (validators recompute in it too)."""
+    """An engine of ``kind`` computing in ``dtype``, the run's precision (validators recompute in it too); with
+    ``lora_rank``, ready to serve LoRA adapters up to that rank on ``checkpoint_dir``, the base."""
     if kind == "vllm":
         from engines.vllm import VllmEngine
 
         return VllmEngine(
-            checkpoint_dir, max_batch_size=max_batch_size, dtype=dtype, device=device.device, cpu_compile=cpu_compile
+            checkpoint_dir,
+            max_batch_size=max_batch_size,
+            dtype=dtype,
+            device=device.device,
+            cpu_compile=cpu_compile,
+            lora_rank=lora_rank,
         )
     from engines.hf import DTYPES, HFEngine
 
@@ -150,11 +165,28 @@ async def _worker(config: WorkerConfig, stop: asyncio.Event, state: WorkerState,
         jobs: list[asyncio.Task[None]] = []
         try:  # whenever it ends (stopped while downloading or starting an engine too): nothing left running
             start_version = registered.current_policy_version
+            lora_rank = None
+            if run.lora is not None:  # engines start on the base, v0, and load each version's adapter on it
+                log.info(
+                    "LoRA run (rank %d): the base model is policy v0 (hash %s), fetched once; every later version "
+                    "is an adapter loaded on it in place",
+                    run.lora.rank,
+                    run.lora.base_hash[:12],
+                )
+                start_version, lora_rank = LORA_BASE_VERSION, run.lora.rank
+                weights.pin(LORA_BASE_VERSION)  # for as long as the node runs
             while True:
                 with weights.pinned(start_version):  # engines read it while they start, and a cold start is slow
                     try:
                         checkpoint = await fetch_policy(weights, start_version, stop, state, wait_s=None)
+                        if run.lora is not None:
+                            await asyncio.to_thread(check_lora_base, checkpoint, run.lora)
                     except TaskHandedBackError as exc:  # refused for good: wait until a newer one is published
+                        if run.lora is not None:
+                            raise StartupError(
+                                f"this LoRA run's base model (policy v0) cannot be had: {exc}",
+                                "ask the run's operator to publish the start checkpoint again",
+                            ) from exc
                         log.warning("%s", exc)
                     else:
                         # transformers' first import is slow too: off the event loop, where a stop is heard
@@ -166,13 +198,14 @@ async def _worker(config: WorkerConfig, stop: asyncio.Event, state: WorkerState,
                         for device in devices:  # a start that cannot be interrupted is abandoned when stopped
                             what = f"the start of the {kind} engine on {device.device}"
                             compiled = config.vllm_cpu_compile
-                            args = (kind, checkpoint, device, config.max_batch_size, run.precision, compiled)
+                            args = (kind, checkpoint, device, config.max_batch_size, run.precision, compiled, lora_rank)
                             engines.append(await in_thread_unless_stopped(stop, what, engine_factory, *args))
                         state.policy_version = start_version
                         log.info("%d %s engine(s) ready on policy v%d", len(engines), kind, start_version)
+                        served = [run_policy(engine, run) for engine in engines]
                         runners = [
                             TaskRunner(ledger, engine, weights, state, eos, start_version, config.long_poll_s, episodes)
-                            for engine in engines
+                            for engine in served
                         ]
                         break
                 start_version = await newer_policy_version(ledger, start_version, stop)
@@ -186,6 +219,14 @@ async def _worker(config: WorkerConfig, stop: asyncio.Event, state: WorkerState,
             for engine in engines:
                 with contextlib.suppress(Exception):
                     engine.close()
+
+
+def run_policy(engine: Engine, run: RunSpec) -> Engine:
+    """What a run's task loop generates with on ``engine``: the engine itself, or for a LoRA run the view of the
+    run's adapter on it (the base alone until a version after v0 is loaded)."""
+    if run.lora is None:
+        return engine
+    return AdapterView(engine, run.run_name)
 
 
 def episode_player(run: RunSpec, checkpoint: Path) -> EpisodePlayer:

@@ -6,7 +6,8 @@ tokenizer for the ledger, and signs a :class:`protocol.schemas.RunSpec` naming t
 identity and the run's precision (:func:`run_precision`). ``GET /v1/run-spec`` serves it;
 validators refuse to judge a run whose environment they cannot load identically, workers and
 validators compute in its precision, and workers show it. A precision the validators have no
-TOPLOC calibration for is refused before anything starts (:func:`check_precision`).
+TOPLOC calibration for is refused before anything starts (:func:`check_precision`). A LoRA run's spec
+pins its base (version 0) by hash and names the adapters' shape (:func:`lora_pin`).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from environments.loader import environment_identity, load_checked_environment
 from environments.prompts import EnvironmentPrompts
 from protocol.errors import ConfigError
 from protocol.identity import NodeIdentity
-from protocol.schemas import Precision, RunSpec, SignedRunSpec
+from protocol.schemas import LoraPin, Precision, RunSpec, SignedRunSpec
 from protocol.signing import sign_document
 from toploc.calibrations import require_calibrated
 from trainer.config import TrainerSection
@@ -56,6 +57,19 @@ def trainer_section(config: CoordinatorConfig, model: str) -> TrainerSection:
     return section.model_copy(update={"model": model, "checkpoint": checkpoint, "parallel": parallel})
 
 
+def lora_pin(config: CoordinatorConfig) -> LoraPin | None:
+    """A LoRA run's pin: the start checkpoint's hash (its version 0, the base) and the adapters' shape."""
+    lora = config.orchestrator.trainer.lora
+    if not lora.enabled:
+        return None
+    from shardcast.manifest import checkpoint_digest
+    from trainer.resolve import resolve_model_path
+
+    targets = [lora.target_modules] if isinstance(lora.target_modules, str) else list(lora.target_modules)
+    base = resolve_model_path(config.policy.start_checkpoint)
+    return LoraPin(base_hash=checkpoint_digest(base), rank=lora.rank, alpha=lora.alpha, target_modules=targets)
+
+
 def run_spec(config: CoordinatorConfig, max_turns: int = 1) -> RunSpec:
     """The run spec of ``config``, whose environment gives episodes of at most ``max_turns`` policy turns."""
     return RunSpec(
@@ -63,6 +77,7 @@ def run_spec(config: CoordinatorConfig, max_turns: int = 1) -> RunSpec:
         environment=environment_identity(config.environment),
         precision=run_precision(config),
         max_turns=max_turns,
+        lora=lora_pin(config),
     )
 
 

@@ -13,7 +13,8 @@ For step s (1-based; step s turns policy v(s-1) into v(s)) the loop:
    trained with its metrics, and publishes ``policies/step_s`` as version s through
    :func:`coordinator.loop.policies.publish_policy` (origin store, then ledger; idempotent; the
    origin store is then pruned), records it as published and removes the step files that published steps no longer need
-   (:meth:`TrainDir.prune_published`, keeping ``orchestrator.keep_step_files``). The step's metrics also go
+   (:meth:`TrainDir.prune_published`, keeping ``orchestrator.keep_step_files``). The last step's policy is
+   kept as the run's result (a LoRA run's: the merged model, and its adapter apart). The step's metrics also go
    to the run's metrics file (:mod:`coordinator.loop.run_metrics`), and a policy due an eval is queued
    (:mod:`coordinator.loop.evals`) before its files can be pruned.
 
@@ -190,7 +191,10 @@ class Orchestrator:
                 self.metrics_file.append("step", step, self.ledger.clock(), metrics)
         publish_policy(self.train_dir.policy_dir(step), step, self.identity, self.store, self.ledger, self.config)
         if step == settings.num_steps:  # the run's result: kept whole, apart from the step files pruning removes
-            self.train_dir.keep_policy(step, self.config.final_policy_dir)
+            lora = self.config.orchestrator.trainer.lora.enabled
+            self.train_dir.keep_policy(step, self.config.final_policy_dir, merged=lora)
+            if lora:
+                self.train_dir.keep_policy(step, self.config.final_adapter_dir)
         self.steps.mark_published(step)
         if self.evals is not None and self.evals.due(step):
             self.evals.submit(step, self.train_dir.policy_dir(step))

@@ -12,7 +12,8 @@ What the origin store keeps is decided in one place, :func:`origin_versions_to_r
 applied after each publication by :func:`prune_origin`: the newest ``policy_keep_versions``
 (at least async_level + 1, so every version a lagging worker may still generate with stays
 downloadable), the current version, and every version a kept value patch's chain stands on,
-down to a full version (so a worker a few versions behind, or a new one, can rebuild it).
+down to a full version (so a worker a few versions behind, or a new one, can rebuild it), and in a
+LoRA run the base (version 0), which every adapter version is served on.
 Whether a version is published as a patch is ``policy.patches_enabled`` and ``policy.full_every``
 (:class:`shardcast.origin.PatchPolicy`).
 """
@@ -30,7 +31,7 @@ from coordinator.config import CoordinatorConfig
 from coordinator.ledger.ledger import Ledger
 from protocol.errors import ConflictError, NotFoundError
 from protocol.identity import NodeIdentity
-from protocol.schemas import SignedManifest
+from protocol.schemas import LORA_BASE_VERSION, SignedManifest
 from shardcast.manifest import parse_signed_manifest
 from shardcast.origin import PatchPolicy, chain_bases, publish_checkpoint, stored_version_differs
 from shardcast.store import VersionStore, versions_to_prune
@@ -105,7 +106,10 @@ def prune_origin(store: VersionStore, config: CoordinatorConfig, current: int) -
     returns the versions removed."""
     held = store.versions()
     kept = {current, *sorted(held, reverse=True)[: config.policy_keep_versions]}
-    doomed = origin_versions_to_remove(held, current, config.policy_keep_versions, chain_bases(store, kept))
+    bases = set(chain_bases(store, kept))
+    if config.orchestrator.trainer.lora.enabled:  # every adapter version is served on the base, version 0
+        bases.add(LORA_BASE_VERSION)
+    doomed = origin_versions_to_remove(held, current, config.policy_keep_versions, bases)
     for version in doomed:
         store.remove_version(version)
     if doomed:

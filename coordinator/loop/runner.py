@@ -209,6 +209,9 @@ class RunThread(threading.Thread):
                 f"\nevaluate it on the environment's held-out examples: prime-trainer eval -c {eval_config}",
                 flush=True,
             )
+        if config.orchestrator.trainer.lora.enabled and config.final_adapter_dir.is_dir():
+            adapter = config.final_adapter_dir.resolve()
+            print(f"final LoRA adapter (PEFT's layout, on the start checkpoint): {adapter}", flush=True)
         if not config.orchestrator.exit_when_done:
             self._idle()
 

@@ -30,13 +30,19 @@ def main() -> None:
     setup_logging("info", json_logs=True)
 
     def slow_engine(
-        kind: str, checkpoint: Path, device: DeviceInfo, max_batch_size: int, dtype: str, cpu_compile: bool
+        kind: str,
+        checkpoint: Path,
+        device: DeviceInfo,
+        max_batch_size: int,
+        dtype: str,
+        cpu_compile: bool,
+        lora_rank: int | None,
     ) -> Engine:
         log.info("engine starting on %s (slowly)", checkpoint)
         deadline = time.monotonic() + 600
         while not release.exists() and time.monotonic() < deadline:
             time.sleep(0.1)
-        return create_engine(kind, checkpoint, device, max_batch_size, dtype, cpu_compile)
+        return create_engine(kind, checkpoint, device, max_batch_size, dtype, cpu_compile, lora_rank)
 
     config = WorkerConfig(coordinator_url=coordinator_url, data_dir=data_dir, engine="hf", gpu="none")
     asyncio.run(run_worker(config, asyncio.Event(), engine_factory=slow_engine))

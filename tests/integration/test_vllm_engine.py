@@ -46,16 +46,20 @@ def engine(checkpoints: tuple[Path, Path]) -> Iterator[VllmEngine]:
     started.close()
 
 
-def _requests(temperature: float, max_tokens: int = 24, eos: tuple[int, ...] = ()) -> list[GenerationRequest]:
+def _requests(
+    temperature: float, max_tokens: int = 24, eos: tuple[int, ...] = (), adapter: str | None = None
+) -> list[GenerationRequest]:
+    """One request per prompt of PROMPTS (uids unique across adapters and temperatures)."""
     return [
         GenerationRequest(
-            uid=f"p{index}",
+            uid=f"p{index}" if adapter is None else f"{adapter}-{temperature}-p{index}",
             prompt_ids=prompt,
             max_tokens=max_tokens,
             temperature=temperature,
             seed=SEED,
             stream=sample_stream(index, 0),
             eos_token_ids=eos,
+            adapter=adapter,
         )
         for index, prompt in enumerate(PROMPTS)
     ]

@@ -86,7 +86,7 @@ def test_lora_under_two_fsdp_ranks_matches_one_process_and_resumes(model_dir: Pa
     (the adapters and their optimizer state alone) resumes exactly on two ranks."""
     from safetensors.torch import load_file
 
-    from trainer.lora import ADAPTER_WEIGHTS_FILE
+    from engines.adapters import WEIGHTS_FILE as ADAPTER_WEIGHTS_FILE
 
     sharded_dir, single_dir = tmp_path / "fsdp2", tmp_path / "single"
     sharded_dir.mkdir()

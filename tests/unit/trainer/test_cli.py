@@ -64,3 +64,12 @@ def test_lora_sft_writes_the_adapter_and_the_merged_model(tiny_model_dir: Path, 
         want = adapted(ids).logits
         torch.testing.assert_close(merged(ids).logits, want, atol=1e-5, rtol=1e-5)
     assert (want - base_logits).abs().max() > 1e-4  # the adapter trained: not the base
+
+    reports = []
+    for model in (out / "policy", out / "merged"):  # the adapter on its base, and the merged model: one policy
+        argv = ["eval", "--model", str(model), "--num-examples", "4", "--set", "max_tokens=8"]
+        result = CliRunner().invoke(app, argv)
+        assert result.exit_code == 0, result.output
+        report = json.loads(next(line for line in result.output.splitlines() if line.startswith("{")))
+        reports.append({k: v for k, v in report.items() if k != "model"})
+    assert reports[0] == reports[1]

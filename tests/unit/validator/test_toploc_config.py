@@ -77,7 +77,7 @@ class FakeLedger:
 
     async def run_spec(self, _coordinator_id: str) -> Any:
         environment = SimpleNamespace(kind="builtin", name="reverse_text", config_hash="0" * 64)
-        return SimpleNamespace(environment=environment, precision=self.precision, run_name="demo")
+        return SimpleNamespace(environment=environment, precision=self.precision, run_name="demo", lora=None)
 
     async def register(self, _request: object) -> None:
         return None
