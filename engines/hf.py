@@ -75,8 +75,10 @@ class HFEngine:
         self._decoder: Any = self.model.base_model
         self._head: Any = self.model.get_output_embeddings()
         self.pad_token_id = 0
-        self._adapters: dict[str, tuple[int, float, tuple[str, ...], tuple[str, ...]]] = {}
-        """Loaded adapter name -> its shape key (what a replacement must match to be copied in place)."""
+        self._adapters: dict[str, tuple[str, tuple[int, float, tuple[str, ...], tuple[str, ...]]]] = {}
+        """Loaded adapter name -> (its PEFT name in the model, its shape key: what a replacement must match to be
+        copied in place). PEFT names become module names, so they are ours (``adapter<N>``), not the callers'."""
+        self._next_slot = 0
         self._lock = threading.RLock()
 
     @property
@@ -328,7 +330,7 @@ class HFEngine:
             self.model.disable_adapters()
         else:
             self.model.enable_adapters()
-            self.model.set_adapter(name)
+            self.model.set_adapter(self._adapters[name][0])
 
     @torch.inference_mode()
     def load_adapter(self, name: str, adapter_dir: Path) -> None:
@@ -337,12 +339,14 @@ class HFEngine:
         LoRA; a ValueError for one whose modules or shapes are not this base's)."""
         adapter = read_adapter(adapter_dir)
         with self._lock:
-            if self._adapters.get(name) != adapter.shape_key:
+            if name not in self._adapters or self._adapters[name][1] != adapter.shape_key:
                 self._remove_adapter(name)
+                slot = f"adapter{self._next_slot}"
+                self._next_slot += 1
                 with warnings.catch_warnings():  # PEFT warns that a second adapter joins the first: that is the point
                     warnings.filterwarnings("ignore", message="Already found a `peft_config`")
-                    self.model.add_adapter(adapter.peft_config(), adapter_name=name)
-                self._adapters[name] = adapter.shape_key
+                    self.model.add_adapter(adapter.peft_config(), adapter_name=slot)
+                self._adapters[name] = (slot, adapter.shape_key)
                 self.model.eval()
             try:
                 self._copy_adapter(name, adapter)
@@ -354,17 +358,18 @@ class HFEngine:
     def _copy_adapter(self, name: str, adapter: LoraAdapter) -> None:
         """Copy every (A, B) of ``adapter`` into the layers injected for ``name``; the set of modules must be the
         injected one exactly, each matrix its layer's shape."""
+        slot = self._adapters[name][0]
         injected = {
             module_name
             for module_name, module in self.model.named_modules()
-            if hasattr(module, "lora_A") and name in module.lora_A
+            if hasattr(module, "lora_A") and slot in module.lora_A
         }
         if injected != set(adapter.weights):
             missing, extra = sorted(injected - set(adapter.weights)), sorted(set(adapter.weights) - injected)
             raise ValueError(f"adapter {name!r} does not fit the base: missing {missing[:3]}, unexpected {extra[:3]}")
         for module_name, (a, b) in adapter.weights.items():
             layer = self.model.get_submodule(module_name)
-            for target, value in ((layer.lora_A[name].weight, a), (layer.lora_B[name].weight, b)):
+            for target, value in ((layer.lora_A[slot].weight, a), (layer.lora_B[slot].weight, b)):
                 if target.shape != value.shape:
                     raise ValueError(
                         f"adapter {name!r}: {module_name} has {tuple(value.shape)}, the base {tuple(target.shape)}"
@@ -377,8 +382,7 @@ class HFEngine:
 
     def _remove_adapter(self, name: str) -> None:
         if name in self._adapters:
-            self.model.delete_adapter(name)
-            del self._adapters[name]
+            self.model.delete_adapter(self._adapters.pop(name)[0])
 
     def close(self) -> None:
         self.model = None

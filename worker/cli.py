@@ -79,12 +79,19 @@ def join(
     gpu: str | None = typer.Option(None, help="'all', 'none' or indices like '0,1': one engine per GPU."),
     engine: str | None = typer.Option(None, help="auto, vllm or hf."),
     relay: list[str] | None = typer.Option(None, help="Extra relay URL (repeatable)."),
+    also_join: list[str] | None = typer.Option(
+        None,
+        help="Coordinator URL of another LoRA run on the same base (repeatable): one copy of the base serves them all.",
+    ),
     data_dir: Path | None = typer.Option(None, help="Node key and downloaded weights."),
     no_p2p: bool = NoP2POption,
     log_level: str = LogLevelOption,
     json_logs: bool = JsonLogsOption,
 ) -> None:
     """Join a run: register, lease tasks, generate, prove and submit until stopped (Ctrl-C).
+
+    With --also-join, work for several LoRA runs on one base at once (each run its own coordinator and ledger;
+    their task loops take turns on the engines): `prime-worker join --coordinator URL_A --also-join URL_B`.
 
     Exit codes: 0 the run ended; 3 the coordinator refuses this node;
     4 it refused a request; 2 an invalid config; 1 any other error;
@@ -93,7 +100,8 @@ def join(
     """
     start_logging(log_level, json_logs)
     flags: dict[str, object] = {"coordinator_url": coordinator, "gpu": gpu, "engine": engine}
-    flags.update({"relays": relay or None, "data_dir": data_dir, "p2p.enabled": False if no_p2p else None})
+    flags.update({"relays": relay or None, "also_join": also_join or None, "data_dir": data_dir})
+    flags["p2p.enabled"] = False if no_p2p else None
     settings = load_role_config(WorkerConfig, config, sets, flags)
     code = run_join(settings, show_live_status=not json_logs)
     raise typer.Exit(code)

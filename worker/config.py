@@ -22,6 +22,10 @@ class WorkerConfig(RoleConfig):
     """Base URL of the coordinator's ledger API."""
     coordinator_id: str | None = None
     """Node id of the coordinator whose signatures to trust; learned and pinned on first contact when unset."""
+    also_join: list[str] = Field(default_factory=list, max_length=8)
+    """Coordinator URLs of more runs to work for at once. They must be LoRA runs on the same base as the first (one
+    base hash, one precision): the engines hold the base once and serve each run's adapter; each run's coordinator
+    id is learned and pinned on first contact."""
     relays: list[str] = Field(default_factory=list)
     """Extra SHARDCAST relay URLs to download policy weights from (the coordinator also announces relays)."""
     origin_fallback_enabled: bool = True

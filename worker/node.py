@@ -41,8 +41,8 @@ from worker.loop import (
     WorkerState,
     fetch_policy,
     heartbeat_forever,
-    run_jobs_until_stopped,
 )
+from worker.runs import JoinedRun, check_shared_base, run_data_dir, serve_runs
 
 log = logging.getLogger(__name__)
 PINNED_COORDINATOR_FILE = "coordinator_id"
@@ -126,107 +126,182 @@ async def _worker(config: WorkerConfig, stop: asyncio.Event, state: WorkerState,
     identity = load_or_create_identity(config.data_dir)
     kind = resolve_engine_kind(config.engine)
     devices = detect_devices(config.gpu)
-    log.info("node %s joining %s with %d %s engine(s)", identity.node_id, config.coordinator_url, len(devices), kind)
-    await check_coordinator(config.coordinator_url, config.first_contact_timeout_s, stop)
+    urls = [config.coordinator_url, *config.also_join]
+    log.info("node %s joining %s with %d %s engine(s)", identity.node_id, ", ".join(urls), len(devices), kind)
+    for url in urls:
+        await check_coordinator(url, config.first_contact_timeout_s, stop)
     await check_relays(config.relays)
-    async with LedgerClient(config.coordinator_url, identity) as ledger:
-        coordinator_id = await trusted_coordinator_id(ledger, config.data_dir, config.coordinator_id, stop)
-        run = await with_retries("run spec", lambda: ledger.run_spec(coordinator_id), stop)
-        spec = run.environment
-        log.info(
-            "run environment: %s %r from %s %s (hash %s); precision %s",
-            spec.kind,
-            spec.name,
-            spec.package,
-            spec.package_version,
-            spec.config_hash[:12],
-            run.precision,
-        )
-        hardware = Hardware(
-            accelerator=devices[0].name, num_devices=len(devices), memory_bytes=sum(d.memory_bytes for d in devices)
-        )
-        registration = RegisterRequest(
-            role="worker",
-            hardware=hardware,
-            engine="vllm" if kind == "vllm" else "hf",
-            software_version=software_version(),
-        )
-        registered = await with_retries("register", lambda: ledger.register(registration), stop)
-        relays = list(config.relays)
-        if config.origin_fallback_enabled or not relays:
-            relays.append(config.coordinator_url.rstrip("/") + "/shardcast")
-        weights = WeightsCache(relays, coordinator_id, config.data_dir / "policies", run_name=run.run_name)
-        p2p = asyncio.create_task(
-            run_node_gossip(
-                config.p2p, config.coordinator_url, identity, coordinator_id, weights, stop, state.work_available
-            )
-        )
-        engines: list[Engine] = []
-        jobs: list[asyncio.Task[None]] = []
+    hardware = Hardware(
+        accelerator=devices[0].name, num_devices=len(devices), memory_bytes=sum(d.memory_bytes for d in devices)
+    )
+    registration = RegisterRequest(
+        role="worker", hardware=hardware, engine="vllm" if kind == "vllm" else "hf", software_version=software_version()
+    )
+    runs: list[JoinedRun] = []
+    gossip: list[asyncio.Task[None]] = []
+    engines: list[Engine] = []
+    async with contextlib.AsyncExitStack() as clients:
         try:  # whenever it ends (stopped while downloading or starting an engine too): nothing left running
-            start_version = registered.current_policy_version
-            lora_rank = None
-            if run.lora is not None:  # engines start on the base, v0, and load each version's adapter on it
-                log.info(
-                    "LoRA run (rank %d): the base model is policy v0 (hash %s), fetched once; every later version "
-                    "is an adapter loaded on it in place",
-                    run.lora.rank,
-                    run.lora.base_hash[:12],
-                )
-                start_version, lora_rank = LORA_BASE_VERSION, run.lora.rank
-                weights.pin(LORA_BASE_VERSION)  # for as long as the node runs
-            while True:
-                with weights.pinned(start_version):  # engines read it while they start, and a cold start is slow
-                    try:
-                        checkpoint = await fetch_policy(weights, start_version, stop, state, wait_s=None)
-                        if run.lora is not None:
-                            await asyncio.to_thread(check_lora_base, checkpoint, run.lora)
-                    except TaskHandedBackError as exc:  # refused for good: wait until a newer one is published
-                        if run.lora is not None:
-                            raise StartupError(
-                                f"this LoRA run's base model (policy v0) cannot be had: {exc}",
-                                "ask the run's operator to publish the start checkpoint again",
-                            ) from exc
-                        log.warning("%s", exc)
-                    else:
-                        # transformers' first import is slow too: off the event loop, where a stop is heard
-                        eos = await in_thread_unless_stopped(stop, "reading the end tokens", eos_token_ids, checkpoint)
-                        episodes = None
-                        if run.max_turns > 1:
-                            what = "loading the run's environment"
-                            episodes = await in_thread_unless_stopped(stop, what, episode_player, run, checkpoint)
-                        for device in devices:  # a start that cannot be interrupted is abandoned when stopped
-                            what = f"the start of the {kind} engine on {device.device}"
-                            compiled = config.vllm_cpu_compile
-                            args = (kind, checkpoint, device, config.max_batch_size, run.precision, compiled, lora_rank)
-                            engines.append(await in_thread_unless_stopped(stop, what, engine_factory, *args))
-                        state.policy_version = start_version
-                        log.info("%d %s engine(s) ready on policy v%d", len(engines), kind, start_version)
-                        served = [run_policy(engine, run) for engine in engines]
-                        runners = [
-                            TaskRunner(ledger, engine, weights, state, eos, start_version, config.long_poll_s, episodes)
-                            for engine in served
-                        ]
-                        break
-                start_version = await newer_policy_version(ledger, start_version, stop)
-            jobs.append(asyncio.create_task(heartbeat_forever(ledger, weights, state, kind, stop)))
-            jobs += [asyncio.create_task(runner.run(stop)) for runner in runners]
-            await run_jobs_until_stopped(jobs, stop)  # ends them all, however it ends
+            for index, url in enumerate(urls):
+                ledger = await clients.enter_async_context(LedgerClient(url, identity))
+                run_state = state if index == 0 else WorkerState()
+                run = await join_run(config, index, url, ledger, registration, run_state, stop)
+                runs.append(run)
+                if index == 0:  # gossip with the first run's coordinator; the others are heard by long-polls
+                    gossip.append(
+                        asyncio.create_task(
+                            run_node_gossip(
+                                config.p2p, url, identity, run.coordinator_id, run.weights, stop, state.work_available
+                            )
+                        )
+                    )
+            check_shared_base(runs)
+            served = await start_engines(config, runs, kind, devices, engines, engine_factory, stop)
+            await serve_runs(served, stop)
         finally:
             stop.set()
-            await asyncio.gather(p2p, return_exceptions=True)
-            await weights.aclose()
+            await asyncio.gather(*gossip, return_exceptions=True)
+            for run in runs:
+                await run.weights.aclose()
             for engine in engines:
                 with contextlib.suppress(Exception):
                     engine.close()
 
 
-def run_policy(engine: Engine, run: RunSpec) -> Engine:
+async def join_run(
+    config: WorkerConfig,
+    index: int,
+    url: str,
+    ledger: LedgerClient,
+    registration: RegisterRequest,
+    state: WorkerState,
+    stop: asyncio.Event,
+) -> JoinedRun:
+    """Register with run ``index``'s coordinator at ``url``: its pinned id, signed run spec and weights cache."""
+    data_dir = run_data_dir(config.data_dir, index, url)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    configured_id = config.coordinator_id if index == 0 else None
+    coordinator_id = await trusted_coordinator_id(ledger, data_dir, configured_id, stop)
+    run = await with_retries("run spec", lambda: ledger.run_spec(coordinator_id), stop)
+    spec = run.environment
+    log.info(
+        "run %r environment: %s %r from %s %s (hash %s); precision %s",
+        run.run_name,
+        spec.kind,
+        spec.name,
+        spec.package,
+        spec.package_version,
+        spec.config_hash[:12],
+        run.precision,
+    )
+    if run.lora is not None:
+        log.info(
+            "LoRA run (rank %d): the base model is policy v0 (hash %s), fetched once; every later version "
+            "is an adapter loaded on it in place",
+            run.lora.rank,
+            run.lora.base_hash[:12],
+        )
+    registered = await with_retries("register", lambda: ledger.register(registration), stop)
+    relays = list(config.relays)
+    if config.origin_fallback_enabled or not relays:
+        relays.append(url.rstrip("/") + "/shardcast")
+    weights = WeightsCache(relays, coordinator_id, data_dir / "policies", run_name=run.run_name)
+    return JoinedRun(url, data_dir, ledger, coordinator_id, run, registered, weights, state)
+
+
+async def start_engines(
+    config: WorkerConfig,
+    runs: list[JoinedRun],
+    kind: str,
+    devices: list[DeviceInfo],
+    engines: list[Engine],
+    engine_factory: EngineFactory,
+    stop: asyncio.Event,
+) -> list[tuple[JoinedRun, list[asyncio.Task[None]]]]:
+    """Start one engine per device (appended to ``engines`` as they start) on the first run's start version (a LoRA
+    run's: the base, v0, kept for the whole run) and each run's task loops and heartbeat on them."""
+    first = runs[0]
+    start_version = first.registered.current_policy_version
+    lora_rank = max((run.spec.lora.rank for run in runs if run.spec.lora is not None), default=None)
+    if lora_rank is not None:  # engines start on the base, v0, and load each version's adapter on it
+        start_version = LORA_BASE_VERSION
+        for run in runs:
+            run.weights.pin(LORA_BASE_VERSION)  # for as long as the node runs
+    while True:
+        with first.weights.pinned(start_version):  # engines read it while they start, and a cold start is slow
+            try:
+                checkpoint = await fetch_policy(first.weights, start_version, stop, first.state, wait_s=None)
+            except TaskHandedBackError as exc:  # refused for good: wait until a newer one is published
+                if lora_rank is not None:
+                    raise StartupError(
+                        f"this LoRA run's base model (policy v0) cannot be had: {exc}",
+                        "ask the run's operator to publish the start checkpoint again",
+                    ) from exc
+                log.warning("%s", exc)
+            else:
+                if first.spec.lora is not None:
+                    await asyncio.to_thread(check_lora_base, checkpoint, first.spec.lora)
+                for device in devices:  # a start that cannot be interrupted is abandoned when stopped
+                    what = f"the start of the {kind} engine on {device.device}"
+                    args = (
+                        kind,
+                        checkpoint,
+                        device,
+                        config.max_batch_size,
+                        first.spec.precision,
+                        config.vllm_cpu_compile,
+                        lora_rank,
+                    )
+                    engines.append(await in_thread_unless_stopped(stop, what, engine_factory, *args))
+                first.state.policy_version = start_version
+                log.info("%d %s engine(s) ready on policy v%d", len(engines), kind, start_version)
+                break
+        start_version = await newer_policy_version(first.ledger, start_version, stop)
+    return [
+        (run, await run_jobs(config, run, kind, engines, start_version if run is first else LORA_BASE_VERSION, stop))
+        for run in runs
+    ]  # the first run's base was checked before the engines started on it; the others' are checked by run_jobs
+
+
+async def run_jobs(
+    config: WorkerConfig, run: JoinedRun, kind: str, engines: list[Engine], version: int, stop: asyncio.Event
+) -> list[asyncio.Task[None]]:
+    """A run's heartbeat and one task loop per engine, the engines holding ``version`` (another run's base is checked
+    against this run's pin first); its end tokens and episodes are the run's own."""
+    with run.weights.pinned(version):
+        checkpoint = await fetch_policy(run.weights, version, stop, run.state, wait_s=None)
+        if run.spec.lora is not None and run.data_dir != config.data_dir:
+            await asyncio.to_thread(check_lora_base, checkpoint, run.spec.lora)
+        # transformers' first import is slow too: off the event loop, where a stop is heard
+        eos = await in_thread_unless_stopped(stop, "reading the end tokens", eos_token_ids, checkpoint)
+        episodes = None
+        if run.spec.max_turns > 1:
+            what = "loading the run's environment"
+            episodes = await in_thread_unless_stopped(stop, what, episode_player, run.spec, checkpoint)
+    run.state.policy_version = version
+    runners = [
+        TaskRunner(
+            run.ledger,
+            run_policy(engine, run.spec, run.adapter_name),
+            run.weights,
+            run.state,
+            eos,
+            version,
+            config.long_poll_s,
+            episodes,
+        )
+        for engine in engines
+    ]
+    jobs = [asyncio.create_task(heartbeat_forever(run.ledger, run.weights, run.state, kind, stop))]
+    return jobs + [asyncio.create_task(runner.run(stop)) for runner in runners]
+
+
+def run_policy(engine: Engine, run: RunSpec, adapter_name: str) -> Engine:
     """What a run's task loop generates with on ``engine``: the engine itself, or for a LoRA run the view of the
-    run's adapter on it (the base alone until a version after v0 is loaded)."""
+    run's adapter (``adapter_name``) on it (the base alone until a version after v0 is loaded)."""
     if run.lora is None:
         return engine
-    return AdapterView(engine, run.run_name)
+    return AdapterView(engine, adapter_name)
 
 
 def episode_player(run: RunSpec, checkpoint: Path) -> EpisodePlayer:

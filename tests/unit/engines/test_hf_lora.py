@@ -96,10 +96,17 @@ def test_a_new_version_of_an_adapter_replaces_it_in_place(base_dir: Path, adapte
     engine = HFEngine(base_dir)
     reference = HFEngine(base_dir)
     reference.load_adapter("b", adapters["b"])
-    engine.load_adapter("run", adapters["a"])
-    layer = engine.model.get_submodule("model.layers.0.self_attn.q_proj").lora_A["run"]
+    engine.load_adapter("run.v1@host:1", adapters["a"])  # any name: PEFT's module names are the engine's own
+
+    def first_lora_a() -> torch.nn.Parameter:
+        found: torch.nn.Parameter = next(p for n, p in engine.model.named_parameters() if "q_proj.lora_A" in n)
+        return found
+
+    weight = first_lora_a()
+    engine.load_adapter("run.v1@host:1", adapters["b"])
+    assert first_lora_a() is weight  # copied in place
     engine.load_adapter("run", adapters["b"])
-    assert engine.model.get_submodule("model.layers.0.self_attn.q_proj").lora_A["run"] is layer  # copied in place
+    engine.remove_adapter("run.v1@host:1")
     want = [r.completion_ids for r in reference.generate(_requests("b"))]
     assert [r.completion_ids for r in engine.generate(_requests("run"))] == want
     engine.remove_adapter("run")
