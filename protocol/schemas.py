@@ -337,6 +337,9 @@ class PolicyManifest(WireModel):
     """The run this version belongs to (the ``run_name`` of the coordinator's signed run spec), so one key signing
     for several runs cannot have one run's version taken for another's; absent (and not serialized) when the
     publisher names no run."""
+    served_on: PolicyVersion | None = None
+    """A LoRA run's adapter version: the version holding the base model it is served on (the run's v0), which
+    origins and relays keep as long as they keep this one; absent (and not serialized) otherwise."""
 
     @model_validator(mode="after")
     def _kind_fields(self) -> PolicyManifest:
@@ -347,6 +350,8 @@ class PolicyManifest(WireModel):
                 raise ValueError("a patch version needs an encoding and result_files")
         elif self.base_version is not None or self.encoding is not None or self.result_files:
             raise ValueError("a full version has no base_version, encoding or result_files")
+        if self.served_on is not None and self.served_on >= self.version:
+            raise ValueError("an adapter version is served on an older version")
         return self
 
     @model_serializer(mode="wrap")
@@ -355,8 +360,9 @@ class PolicyManifest(WireModel):
         if self.kind == "full":
             for name in _PATCH_FIELDS:
                 data.pop(name, None)
-        if self.run_name is None:  # manifests that name no run sign the bytes they always did
-            data.pop("run_name", None)
+        for name in ("run_name", "served_on"):  # manifests without them sign the bytes they always did
+            if getattr(self, name) is None:
+                data.pop(name, None)
         return data
 
     @property

@@ -220,11 +220,13 @@ def make_manifest(
     created_at: float,
     patch: PatchOf | None = None,
     run_name: str | None = None,
+    served_on: int | None = None,
 ) -> PolicyManifest:
     """Assemble (and check) the manifest of a version whose shards hash to ``shard_hashes``.
 
     With ``patch`` the version is a patch: ``files`` is the patch file, ``patch`` says what it rebuilds.
-    ``run_name`` binds the version to its run (see :func:`verify_signed_manifest`).
+    ``run_name`` binds the version to its run (see :func:`verify_signed_manifest`); ``served_on`` names the
+    base model version a LoRA adapter version is loaded on.
     """
     entries = plan_files(files)
     total = sum(size for _, size in files)
@@ -244,6 +246,7 @@ def make_manifest(
         files=entries,
         shards=shards,
         run_name=run_name,
+        served_on=served_on,
         **(
             {}
             if patch is None
@@ -317,13 +320,16 @@ def check_patch_layout(manifest: PolicyManifest) -> None:
 
 
 def chain_closure(manifests: Mapping[int, PolicyManifest], keep: Iterable[int]) -> set[int]:
-    """The versions the patch chains of ``keep`` need: each patch's base, its base's base... down to a full one.
+    """The versions the ``keep`` versions stand on: each patch's base, its base's base... down to a full one, and
+    the base model a LoRA adapter version is served on (``served_on``).
 
     A version missing from ``manifests`` ends its chain (nothing more is known below it).
     """
     needed: set[int] = set()
     for version in keep:
         manifest = manifests.get(version)
+        if manifest is not None and manifest.served_on is not None:
+            needed.add(manifest.served_on)
         while manifest is not None and manifest.kind == "patch" and manifest.base_version is not None:
             base = manifest.base_version
             if base in needed:

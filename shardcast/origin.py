@@ -161,11 +161,13 @@ def publish_checkpoint(
     link_enabled: bool = True,
     patches: PatchPolicy | None = None,
     run_name: str | None = None,
+    served_on: int | None = None,
 ) -> SignedManifest:
     """Hash, sign and atomically publish ``checkpoint_dir`` as ``version``; then announce and prune.
 
     ``run_name`` is signed into the manifest: nodes of that run refuse other runs' versions (a coordinator key
-    that signs for several runs must give each its own run name).
+    that signs for several runs must give each its own run name). ``served_on``: the version is a LoRA adapter
+    loaded on that version's base model, which is kept (here and on relays) as long as this one is.
 
     ``keep_versions`` None leaves pruning to the caller (the coordinator has its own retention policy).
     ``patches`` None publishes a full version; else :func:`choose_patch` decides.
@@ -205,7 +207,15 @@ def publish_checkpoint(
             hashes = _hash_shards(staged / FILES_DIR, served, shard_size_bytes, hash_algorithm)
             created = time.time() if now is None else now
             manifest = make_manifest(
-                version, served, hashes, shard_size_bytes, hash_algorithm, created, patch, run_name=run_name
+                version,
+                served,
+                hashes,
+                shard_size_bytes,
+                hash_algorithm,
+                created,
+                patch,
+                run_name=run_name,
+                served_on=served_on,
             )
             signed = sign_manifest(identity, manifest)
             document = signed.model_dump_json().encode()

@@ -13,7 +13,7 @@ applied after each publication by :func:`prune_origin`: the newest ``policy_keep
 (at least async_level + 1, so every version a lagging worker may still generate with stays
 downloadable), the current version, and every version a kept value patch's chain stands on,
 down to a full version (so a worker a few versions behind, or a new one, can rebuild it), and in a
-LoRA run the base (version 0), which every adapter version is served on.
+LoRA run the base (version 0), which every adapter version names as the version it is served on.
 Whether a version is published as a patch is ``policy.patches_enabled`` and ``policy.full_every``
 (:class:`shardcast.origin.PatchPolicy`).
 """
@@ -106,15 +106,19 @@ def prune_origin(store: VersionStore, config: CoordinatorConfig, current: int) -
     returns the versions removed."""
     held = store.versions()
     kept = {current, *sorted(held, reverse=True)[: config.policy_keep_versions]}
-    bases = set(chain_bases(store, kept))
-    if config.orchestrator.trainer.lora.enabled:  # every adapter version is served on the base, version 0
-        bases.add(LORA_BASE_VERSION)
-    doomed = origin_versions_to_remove(held, current, config.policy_keep_versions, bases)
+    doomed = origin_versions_to_remove(held, current, config.policy_keep_versions, chain_bases(store, kept))
     for version in doomed:
         store.remove_version(version)
     if doomed:
         log.info("origin store: removed versions %s (keeping the newest %d)", doomed, config.policy_keep_versions)
     return doomed
+
+
+def lora_adapter(config: CoordinatorConfig, checkpoint_dir: Path) -> bool:
+    """Whether ``checkpoint_dir`` is a LoRA run's adapter version (served on the run's base, v0)."""
+    from engines.adapters import is_adapter_dir
+
+    return config.orchestrator.trainer.lora.enabled and is_adapter_dir(checkpoint_dir)
 
 
 def publish_policy(
@@ -151,6 +155,7 @@ def publish_policy(
             keep_versions=None,
             patches=PatchPolicy(enabled=config.policy.patches_enabled, full_every=config.policy.full_every),
             run_name=config.run_name,
+            served_on=LORA_BASE_VERSION if lora_adapter(config, checkpoint_dir) else None,
         )
     if published_version(ledger) != version:
         ledger.publish(signed)

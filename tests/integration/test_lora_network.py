@@ -71,6 +71,7 @@ def test_a_lora_run_trains_publishes_adapters_and_ends_with_the_merged_model(tmp
         assert sorted(f["path"] for f in files) == ["adapter_config.json", "adapter_model.safetensors"]
         assert version_bytes(tmp_path, version) * 20 < version_bytes(tmp_path, 0)
         assert manifest.get("kind", "full") == "full" or manifest["base_version"] == version - 1 >= 1
+        assert manifest["served_on"] == 0  # origins and relays keep the base as long as they keep the adapter
     # every honest submission accepted, on the base (v0) and on adapters
     rows = ledger_rows(tmp_path, "SELECT status, policy_version, body_json FROM submissions")
     verdicts = [(status, version, json.loads(body)["engine"]) for status, version, body in rows]

@@ -202,6 +202,7 @@ def make_mirrored(version: int) -> Any:
     manifest.total_size_bytes = 0  # type: ignore[attr-defined]
     manifest.kind = "full"  # type: ignore[attr-defined]
     manifest.base_version = None  # type: ignore[attr-defined]
+    manifest.served_on = None  # type: ignore[attr-defined]
     return MirroredVersion(b"{}", manifest, [])  # type: ignore[arg-type]
 
 
