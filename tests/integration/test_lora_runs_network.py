@@ -3,18 +3,23 @@
 Two coordinators (two runs, two ledgers) publish the same base as v0 and each its own adapter as v1. One HF
 `prime-worker join --also-join` registers with both, starts one engine on the base, and works for both runs
 through one adapter per run; each run's validator recomputes with its own adapter and accepts the worker's
-work at v1 in both runs. A worker asked to join a run on another base refuses in one line.
+work at v1 in both runs. A worker that skips the adapter (generating with the base alone, proofs honest) is
+rejected at v1. A worker asked to join a run on another base refuses in one line.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from tests.integration.network import BIN, Network, running_network, tiny_policy
+from protocol.identity import load_or_create_identity
+from tests.integration.network import BIN, REPO_ROOT, Network, running_network, tiny_policy
 from tests.support.lora import make_lora_adapter
 from tests.support.shardcast_nodes import wait_until
 
@@ -23,14 +28,24 @@ pytestmark = pytest.mark.slow
 LORA = {"orchestrator": {"trainer": {"lora": {"enabled": True, "rank": 4, "alpha": 8.0}}}}
 
 
-def accepted_v1(net: Network) -> list[dict[str, object]]:
-    """The verdicts of the run's submissions at version 1 (adapter work), from the run's event log."""
+def judged_v1(net: Network, node_id: str) -> list[dict[str, Any]]:
+    """The verdicts of ``node_id``'s submissions at version 1 (adapter work), from the run's event log."""
     verdicts = net.verdicts()
     return [
         verdicts[event["subject"]]
         for event in net.events("submit")
-        if event["data"].get("policy_version") == 1 and event["subject"] in verdicts
+        if event["data"].get("policy_version") == 1 and event["subject"] in verdicts and event["node_id"] == node_id
     ]
+
+
+def start_base_only_worker(net: Network, name: str) -> str:
+    """A worker of ``net`` that generates with the base alone (tests/integration/base_only_worker.py); its id."""
+    data_dir = net.root / name
+    log = open(net.root / f"{name}.log", "ab")  # noqa: SIM115 - lives as long as the process
+    argv = [sys.executable, "-m", "tests.integration.base_only_worker", net.url, str(data_dir)]
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    net.workers.append(subprocess.Popen(argv, stdout=log, stderr=log, env=env, cwd=REPO_ROOT))
+    return load_or_create_identity(data_dir).node_id
 
 
 def test_one_worker_serves_two_lora_runs_on_one_base(tmp_path: Path) -> None:
@@ -46,15 +61,20 @@ def test_one_worker_serves_two_lora_runs_on_one_base(tmp_path: Path) -> None:
             net.publish(1)
             net.start_validator()
         worker = run_a.start_worker("worker", "hf", [], "--also-join", run_b.url)
+        honest = load_or_create_identity(tmp_path / "a" / "worker").node_id
+        cheat = start_base_only_worker(run_b, "base-only")
 
-        def both_runs_accepted_adapter_work() -> bool:
+        def adapter_work_judged() -> bool:
             assert worker.poll() is None, run_a.worker_log("worker")
-            return all(accepted_v1(net) for net in (run_a, run_b))
+            return all(judged_v1(net, honest) for net in (run_a, run_b)) and bool(judged_v1(run_b, cheat))
 
-        wait_until(both_runs_accepted_adapter_work, 420, "adapter work judged in both runs")
+        wait_until(adapter_work_judged, 420, "adapter work judged in both runs")
         for net in (run_a, run_b):
-            verdicts = list(net.verdicts().values())
+            verdicts = [v for v in net.verdicts().values() if v["worker_id"] == honest]
             assert all(v["accepted"] for v in verdicts), [v["reasons"] for v in verdicts if not v["accepted"]]
+        for verdict in judged_v1(run_b, cheat):  # the base alone, where the version is an adapter
+            assert not verdict["accepted"], verdict
+            assert any(": toploc:" in r or ": sampling" in r for r in verdict["reasons"]), verdict["reasons"]
         log = (tmp_path / "a" / "worker.log").read_text(errors="replace")
         lines = [json.loads(line)["event"] for line in log.splitlines() if line.startswith("{")]
         assert sum("engine(s) ready" in line for line in lines) == 1, lines  # one engine, one copy of the base
