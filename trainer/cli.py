@@ -98,6 +98,10 @@ def rl(
     from trainer.rl import run_rl
 
     engine, request_type = _hf_engine(resolve_model_path(loaded.trainer.model))
+    if loaded.trainer.lora.enabled:  # the engine keeps the base and loads each exported adapter on it
+        from engines.adapted import AdapterView
+
+        engine = AdapterView(engine, "policy")
     result = run_rl(loaded, engine, request_type)
     curve = [(step, round(report.reward_mean, 4)) for step, report in result.evals]
     typer.echo(json.dumps({"eval_reward_curve": curve}))

@@ -47,3 +47,29 @@ def test_two_rl_steps_with_the_hf_engine(tiny_model_dir: Path, tmp_path: Path) -
     assert any(not torch.equal(now[k], start[k]) for k in start)
     lines = (tmp_path / "rl" / "metrics.jsonl").read_text().splitlines()
     assert sum("eval_reward_mean" in json.loads(line) for line in lines) == 3
+
+
+def test_lora_rl_steps_reload_the_adapter_and_agree_with_the_engine(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """The trainer's PEFT model and the engine's base + exported adapter are one policy: at step 2 (generated with
+    step 1's adapter) the trainer recomputes the engine's logprobs."""
+    from engines.adapted import AdapterView
+
+    config = RlConfig(
+        trainer={"model": str(tiny_model_dir), "optimizer": {"lr": 1e-2}, "lora": {"enabled": True, "rank": 4}},
+        environment={"type": "builtin", "name": "reverse_text", "truncated": "score"},
+        output_dir=tmp_path / "rl",
+        num_steps=2,
+        prompts_per_step=4,
+        group_size=4,
+        max_tokens=8,
+    )
+    engine = AdapterView(HFEngine(tiny_model_dir), "policy")
+    result = run_rl(config, engine, GenerationRequest)
+    assert engine.serving_adapter
+    assert sorted(p.name for p in (tmp_path / "rl" / "policy").iterdir()) == [
+        "adapter_config.json",
+        "adapter_model.safetensors",
+    ]
+    for record in result.steps:
+        assert record["mismatch_kl"] < 1e-6 and record["dropped_fraction"] == 0.0
+    assert result.steps[1]["grad_norm"] > 0
