@@ -28,6 +28,23 @@ in bf16 for a float32 run and the policy with int4 weights for a bf16 or float16
 it (toploc.calibrations); a unit test holds toploc.config.ToplocConfig's defaults to the
 float32 HF one. Without a GPU the engines run on CPU; bf16 there needs a CPU with bf16 matrix
 instructions (AVX512-BF16 or AMX) to be fast.
+
+``--against-stored`` verifies the holdout and the attacks against the kept calibration of the
+(dtype, engine) (toploc.calibrations.toploc_config: the thresholds validators use) instead of the
+freshly derived ones, and says how far the honest rollouts' largest values are from them.
+
+``--lora RANK``: a LoRA run. The policy is the base model plus a random rank-RANK adapter on every
+linear layer (tests.support.lora.make_lora_adapter, seed LORA_SEED: lora_A ~ N(0, 1/fan_in),
+lora_B ~ N(0, LORA_B_SCALE = 0.05), lora_alpha = 2 x RANK). The generator is the base engine of
+``--engine`` serving the adapter (an engines.adapted.AdapterView; vLLM started with lora_rank=RANK),
+the validator's prefill the HF engine on the base with the adapter loaded, as a validator audits a
+LoRA version. Variations, thresholds, holdout and attack suite are those of a full model, with the
+adapter policy as the policy (the noisy and lower-precision models are the base with 1% weight noise,
+in bf16, or with int4 / int8 weights, serving the same adapter); the LoRA substitutes are attacks
+too: the base without the adapter, an older adapter (every lora_B halved), another run's adapter
+(seed LORA_SEED + 1) and the policy merged into the base with int8 weights (in a bf16 or float16
+run int4 weights, int8 being a probe there, as for the base model).
+``--lora`` never writes a calibration: validators audit LoRA versions with the base's thresholds.
 """
 
 from __future__ import annotations
@@ -46,6 +63,7 @@ from typing import Any
 
 import torch
 
+from engines.adapted import AdapterView
 from engines.base import Engine, GenerationResult, PrefillResult
 from engines.hf import HFEngine
 from protocol.schemas import SamplingParams
@@ -56,6 +74,7 @@ from tests.support.adversary import (
     other_model,
     other_model_tokens_proven_by_policy,
 )
+from tests.support.lora import LORA_B_SCALE, int8_quantized, make_lora_adapter, merge_lora_adapter, scaled_adapter
 from tests.support.tiny_model import (
     TINY_EOS_TOKEN_ID,
     TinyModelSpec,
@@ -63,7 +82,7 @@ from tests.support.tiny_model import (
     quantize_checkpoint,
     save_tiny_qwen2,
 )
-from toploc.calibrations import CALIBRATION_DIR, CalibrationKey
+from toploc.calibrations import CALIBRATION_DIR, HONEST_MAXIMA, CalibrationKey, toploc_config
 from toploc.config import ToplocConfig
 from toploc.proof import ChunkCheck, build_proofs, check_proofs
 from toploc.sampling import sample_stream, sampling_gaps
@@ -83,6 +102,11 @@ vLLM workers of the 3.4M-parameter built-in small-qwen3 differ from the validato
 nats (other batches sum in other orders), and larger models by more. A claimed logprob only weighs its token's
 importance ratio, so 1e-3 nats moves a weight by 0.1%."""
 TEMPERATURES = (0.7, 1.0, 1.3)
+LORA_SEED = 1
+"""The seed of the ``--lora`` policy's random adapter (another run's adapter: LORA_SEED + 1)."""
+POLICY_ADAPTER = "policy"
+Prefiller = HFEngine | AdapterView
+"""A validator's prefill: the HF engine, or a view of one serving a LoRA version's adapter."""
 TOKEN_SUBSTITUTIONS = {"cheap_model_tokens_policy_proofs", "greedy_as_sampling", "other_temperature_half"}
 """Attacks whose claims are the policy's honest claim whenever their tokens happen to be the policy's draws."""
 MODELS = {
@@ -124,11 +148,26 @@ def make_tasks(num_prompts: int, group_size: int, max_tokens: int, vocab_size: i
     return tasks
 
 
+def _hf(engine: Engine | AdapterView) -> HFEngine | None:
+    """The HF engine that computes for ``engine`` (itself, or the base under an adapter view); None for vLLM."""
+    base = engine.base if isinstance(engine, AdapterView) else engine
+    return base if isinstance(base, HFEngine) else None
+
+
+def _serving(base: Engine, adapter: Path | None, name: str = POLICY_ADAPTER) -> AdapterView:
+    """A view of ``base`` serving ``adapter`` under ``name`` (None: the base alone)."""
+    view = AdapterView(base, name)
+    if adapter is not None:
+        view.load_weights(adapter)
+    return view
+
+
 def _generate(engine: Engine, tasks: list[SampleTask], batch_size: int, threads: int) -> list[GenerationResult]:
     """The tasks generated ``batch_size`` at a time (an HF engine's batches; a vLLM engine's submissions)."""
     torch.set_num_threads(threads)
-    if isinstance(engine, HFEngine):
-        engine.max_batch_size = batch_size
+    hf = _hf(engine)
+    if hf is not None:
+        hf.max_batch_size = batch_size
     requests = [generation_request(task, i) for i, task in enumerate(tasks)]
     results: list[GenerationResult] = []
     for first in range(0, len(requests), batch_size):
@@ -137,16 +176,22 @@ def _generate(engine: Engine, tasks: list[SampleTask], batch_size: int, threads:
 
 
 def _prefill(
-    engine: HFEngine, tasks: list[SampleTask], results: list[GenerationResult], batch_size: int, threads: int
+    engine: Prefiller, tasks: list[SampleTask], results: list[GenerationResult], batch_size: int, threads: int
 ) -> list[PrefillResult]:
     torch.set_num_threads(threads)
-    engine.max_batch_size = batch_size
+    _set_batch(engine, batch_size)
     return engine.prefill([t.prompt_ids for t in tasks], [r.completion_ids for r in results])
+
+
+def _set_batch(engine: Prefiller, batch_size: int) -> None:
+    hf = _hf(engine)
+    assert hf is not None
+    hf.max_batch_size = batch_size
 
 
 def _honest(
     generator: Engine,
-    verifier: HFEngine,
+    verifier: Prefiller,
     tasks: list[SampleTask],
     batch_sizes: list[int],
     gen_threads: list[int],
@@ -214,9 +259,11 @@ def _quantile(values: list[float], q: float) -> float:
     return float(torch.tensor(values, dtype=torch.float64).quantile(q)) if values else 0.0
 
 
-def _score_diff(engine: HFEngine, task: SampleTask, result: GenerationResult, prefill: PrefillResult) -> float:
+def _score_diff(engine: Prefiller, task: SampleTask, result: GenerationResult, prefill: PrefillResult) -> float:
+    hf = _hf(engine)  # the output head carries no adapter: the base's turns states into logits for every version
+    assert hf is not None
     with torch.no_grad():
-        generated_logits = engine._logits(result.hidden_states.to(engine.dtype))
+        generated_logits = hf._logits(result.hidden_states.to(hf.dtype))
     return float((generated_logits - prefill.logits).abs().max()) / task.sampling.temperature
 
 
@@ -247,27 +294,30 @@ def thresholds_from(honest: dict[str, Any], safety: float = SAFETY, replay_safet
     }
 
 
-def _verify(engine: HFEngine, claims: list[Claim], config: ToplocConfig) -> list[RolloutVerdict]:
-    engine.max_batch_size = 64
+def _verify(engine: Prefiller, claims: list[Claim], config: ToplocConfig) -> list[RolloutVerdict]:
+    _set_batch(engine, 64)
     prefills = engine.prefill([c.task.prompt_ids for c in claims], [c.completion_ids for c in claims])
     return verify_claims(claims, prefills, config)
 
 
 def _holdout(
-    generator: Engine, verifier: HFEngine, tasks: list[SampleTask], config: ToplocConfig, threads: int
+    generator: Engine, verifier: Prefiller, tasks: list[SampleTask], config: ToplocConfig, threads: int
 ) -> dict[str, Any]:
     """Fresh honest rollouts, generated as a worker does, verified against the thresholds: false rejections."""
     torch.set_num_threads(threads)
-    if isinstance(generator, HFEngine):
-        generator.max_batch_size = 64
+    hf = _hf(generator)
+    if hf is not None:
+        hf.max_batch_size = 64
     claims: list[Claim] = []
     started = time.perf_counter()
     for first in range(0, len(tasks), 256):
         claims += honest_claims(generator, tasks[first : first + 256])
     generation_s = time.perf_counter() - started
     verdicts: list[RolloutVerdict] = []
+    started = time.perf_counter()
     for first in range(0, len(claims), 256):
         verdicts += _verify(verifier, claims[first : first + 256], config)
+    verification_s = time.perf_counter() - started
     reasons = Counter(reason.split(":")[0] for v in verdicts for reason in v.reasons)
     chunks = [c for v in verdicts for c in v.chunks]
     return {
@@ -277,6 +327,7 @@ def _holdout(
         "false_rejections": sum(not v.accepted for v in verdicts),
         "rejections_by_check": dict(reasons),
         "generation_s": round(generation_s, 1),
+        "verification_s": round(verification_s, 1),
         "max_exp_mismatches": max((c.exp_mismatches for c in chunks), default=0),
         "max_sign_mismatches": max((c.sign_mismatches for c in chunks), default=0),
         "max_mant_err_mean": max((c.mant_err_mean for c in chunks), default=0.0),
@@ -286,28 +337,74 @@ def _holdout(
     }
 
 
+def _lora_models(model_dir: Path, work: Path, rank: int) -> dict[str, Path]:
+    """The ``--lora`` policy's adapter and the LoRA substitutes a cheating worker has at hand."""
+    adapter = make_lora_adapter(model_dir, work / "adapter", rank=rank, seed=LORA_SEED)
+    merged = merge_lora_adapter(model_dir, adapter, work / "merged")
+    return {
+        "adapter": adapter,
+        "older": scaled_adapter(adapter, work / "older_adapter", 0.5),
+        "other_run": make_lora_adapter(model_dir, work / "other_run_adapter", rank=rank, seed=LORA_SEED + 1),
+        "merged": merged,
+        "merged_int8": int8_quantized(merged, work / "merged_int8"),
+    }
+
+
 def _attacks(
-    model_dir: Path, work: Path, spec: TinyModelSpec, dtype: str, tasks: list[SampleTask], config: ToplocConfig
+    model_dir: Path,
+    work: Path,
+    spec: TinyModelSpec,
+    dtype: str,
+    tasks: list[SampleTask],
+    config: ToplocConfig,
+    lora: dict[str, Path] | None = None,
 ) -> dict[str, Any]:
+    """Every attack's trials verified against ``config``; with ``lora`` (:func:`_lora_models`) the policy is the base
+    serving the adapter, the noisy and lower-precision models serve it too, and the LoRA substitutes are attacks."""
     torch.set_num_threads(1)
-    policy = HFEngine(model_dir, dtype=dtype)  # type: ignore[arg-type]  # checked by argparse
+    adapter = lora["adapter"] if lora else None
+
+    def engine(checkpoint: Path, engine_dtype: str = dtype) -> Any:  # the policy's kind: HF, or HF serving the adapter
+        hf = HFEngine(checkpoint, dtype=engine_dtype)  # type: ignore[arg-type]  # checked by argparse
+        return hf if lora is None else _serving(hf, adapter)
+
+    policy = engine(model_dir)
     random_init = HFEngine(save_tiny_qwen2(work / "random_init", seed=1, spec=spec), dtype=dtype)  # type: ignore[arg-type]
-    noisy = HFEngine(perturb_checkpoint(model_dir, work / "noisy", relative_noise=0.01, seed=2), dtype=dtype)  # type: ignore[arg-type]
-    probes: dict[str, HFEngine] = {}
+    noisy = engine(perturb_checkpoint(model_dir, work / "noisy", relative_noise=0.01, seed=2))
+    probes: dict[str, Any] = {}
     if dtype == "float32":
-        low_precision, low_name = HFEngine(model_dir, dtype="bfloat16"), "lower_precision_bf16"
+        low_precision, low_name = engine(model_dir, "bfloat16"), "lower_precision_bf16"
     else:
         # Cheaper than a 16-bit run: weights in 4 bits (the attack), and in 8 bits (a probe: bf16's own
         # rounding of the activations is of the same size as int8's of the weights).
-        low_precision = HFEngine(quantize_checkpoint(model_dir, work / "int4", bits=4), dtype=dtype)  # type: ignore[arg-type]
+        low_precision = engine(quantize_checkpoint(model_dir, work / "int4", bits=4))
         low_name = "lower_precision_int4_weights"
-        probes["probe_lower_precision_int8_weights"] = HFEngine(
-            quantize_checkpoint(model_dir, work / "int8", bits=8),
-            dtype=dtype,  # type: ignore[arg-type]
-        )
+        probes["probe_lower_precision_int8_weights"] = engine(quantize_checkpoint(model_dir, work / "int8", bits=8))
     honest_claims_of = {id(c.task): c.completion_ids for c in honest_claims(policy, tasks)}
     honest_tokens = list(honest_claims_of.values())
     attacks = attack_suite(policy, random_init, noisy, low_precision, low_name)
+    if lora is not None:
+        # The substitutes for the version's adapter; the adapters on the policy's own base engine (one copy of it).
+        base = policy.base
+        substitutes: dict[str, Any] = {
+            "lora_base_without_adapter": _serving(base, None, "none"),
+            "lora_older_adapter_half_lora_b": _serving(base, lora["older"], "older"),
+            "lora_other_run_adapter": _serving(base, lora["other_run"], "other_run"),
+        }
+        merged_int8 = HFEngine(lora["merged_int8"], dtype=dtype)  # type: ignore[arg-type]
+        if dtype == "float32":
+            substitutes["lora_merged_int8_weights"] = merged_int8
+        else:  # as for the base: int8 weights err as much as 16-bit activations do (a probe), int4 is the attack
+            merged_int4 = quantize_checkpoint(lora["merged"], work / "merged_int4", bits=4)
+            substitutes["lora_merged_int4_weights"] = HFEngine(merged_int4, dtype=dtype)  # type: ignore[arg-type]
+            probes["probe_lora_merged_int8_weights"] = merged_int8
+        for attack_name, cheat in substitutes.items():
+            attacks[attack_name] = lambda t, cheat=cheat: other_model(policy, cheat, t)  # type: ignore[misc]
+        # A probe like the noisy one below: the older adapter's tokens, proofs and logprobs by the policy.
+        older = substitutes["lora_older_adapter_half_lora_b"]
+        attacks["probe_lora_older_adapter_tokens_policy_proofs"] = lambda t: other_model_tokens_proven_by_policy(
+            policy, older, t
+        )
     for probe_name, probe in probes.items():
         attacks[probe_name] = lambda t, engine=probe: other_model(policy, engine, t)  # type: ignore[misc]
     # Not one of the attack suite's attacks but a probe of the sampling check's reach: tokens from the policy
@@ -347,12 +444,20 @@ def _finite_min(values: list[float]) -> float | None:
     return min(finite) if finite else None
 
 
-def _generator(kind: str, model_dir: Path, dtype: str) -> Engine:
+def _generator(kind: str, model_dir: Path, dtype: str, lora_rank: int | None = None) -> Engine:
     if kind == "vllm":
         from engines.vllm import VllmEngine
 
-        return VllmEngine(model_dir, max_batch_size=64, dtype=dtype)
+        return VllmEngine(model_dir, max_batch_size=64, dtype=dtype, lora_rank=lora_rank)
     return HFEngine(model_dir, dtype=dtype)  # type: ignore[arg-type]  # checked by argparse
+
+
+def _against(honest: dict[str, Any], thresholds: dict[str, float]) -> dict[str, dict[str, float]]:
+    """Each threshold and the largest value the honest rollouts reached of what it bounds."""
+    return {
+        name: {"threshold": thresholds[name], "largest_honest": float(honest[field])}
+        for name, field in HONEST_MAXIMA.items()
+    }
 
 
 def main() -> None:
@@ -371,7 +476,17 @@ def main() -> None:
     parser.add_argument("--holdout", type=int, default=0, help="fresh honest rollouts checked against the thresholds")
     parser.add_argument("--attack-trials", type=int, default=None)
     parser.add_argument("--write", action="store_true", help=f"keep the JSON in {CALIBRATION_DIR}")
+    parser.add_argument(
+        "--lora", type=int, metavar="RANK", default=None, help="the policy: the base plus a random adapter of this rank"
+    )
+    parser.add_argument(
+        "--against-stored",
+        action="store_true",
+        help="verify the holdout and the attacks against the kept calibration of --dtype/--engine (validators' own)",
+    )
     args = parser.parse_args()
+    if args.lora is not None and args.write:
+        parser.error("--lora measures a LoRA policy against the base's thresholds; it writes no calibration")
     started = time.perf_counter()
     if args.quick:
         num_prompts, max_tokens, batch_sizes, attack_trials = 8, 48, [1, 4, 16], 8
@@ -392,20 +507,28 @@ def main() -> None:
         work = Path(tmp)
         model_dir = save_tiny_qwen2(work / "policy", seed=0, spec=spec)
         num_parameters = spec.vocab_size * spec.hidden_size * 2 + spec.num_hidden_layers * _layer_parameters(spec)
-        verifier = HFEngine(model_dir, dtype=args.dtype)
-        generator: Engine = verifier if args.engine == "hf" else _generator(args.engine, model_dir, args.dtype)
+        lora = _lora_models(model_dir, work, args.lora) if args.lora is not None else None
+        adapter = lora["adapter"] if lora else None
+        base_verifier = HFEngine(model_dir, dtype=args.dtype)
+        verifier: Prefiller = base_verifier if lora is None else _serving(base_verifier, adapter)
+        base_generator: Engine = base_verifier
+        generator: Engine = verifier  # HF generates with the validator's own engine (and adapter)
+        if args.engine != "hf":
+            base_generator = _generator(args.engine, model_dir, args.dtype, args.lora)
+            generator = base_generator if lora is None else _serving(base_generator, adapter)
         tasks = make_tasks(num_prompts, 2, max_tokens, verifier.vocab_size, seed=1)
         honest = _honest(generator, verifier, tasks, batch_sizes, gen_threads, prefill_threads)
         thresholds = thresholds_from(honest, args.safety, args.replay_safety)
-        config = ToplocConfig(**thresholds)
+        stored = toploc_config(args.dtype, args.engine) if args.against_stored else None
+        config = stored if stored is not None else ToplocConfig(**thresholds)
         holdout: dict[str, Any] | None = None
         if args.holdout:
             holdout_tasks = make_tasks((args.holdout + 1) // 2, 2, max_tokens, verifier.vocab_size, seed=3)
             holdout = _holdout(generator, verifier, holdout_tasks[: args.holdout], config, threads=2)
-        if generator is not verifier:
-            generator.close()
+        if base_generator is not base_verifier:
+            base_generator.close()
         attack_tasks = make_tasks(attack_trials, 1, max_tokens, verifier.vocab_size, seed=2)
-        attacks = _attacks(model_dir, work, spec, args.dtype, attack_tasks, config)
+        attacks = _attacks(model_dir, work, spec, args.dtype, attack_tasks, config, lora)
     scored = {name: a for name, a in attacks.items() if not name.startswith("probe_")}
     summary: dict[str, Any] = {
         "dtype": args.dtype,
@@ -422,13 +545,28 @@ def main() -> None:
     if holdout is not None:
         summary["holdout_honest_rollouts"] = holdout["rollouts"]
         summary["holdout_false_rejections"] = holdout["false_rejections"]
+    if args.lora is not None:
+        summary["lora_rank"] = args.lora
+    checked_with = config.model_dump(include=set(HONEST_MAXIMA))
+    if stored is not None:
+        summary["verified_against"] = f"toploc/calibration/{key.filename} (kept, toploc.calibrations)"
+        summary["stored_thresholds"] = checked_with
+        summary["honest_vs_stored"] = _against(honest, checked_with)
+        if holdout is not None:
+            summary["holdout_vs_stored"] = _against(holdout, checked_with)
+    model = f"tests.support.tiny_model.save_tiny_qwen2(seed=0, {spec}), {args.dtype}, sdpa attention"
+    if args.lora is not None:
+        model += (
+            f"; served with a rank-{args.lora} LoRA adapter on every linear layer (tests.support.lora.make_lora_adapter"
+            f"(seed={LORA_SEED}): lora_A ~ N(0, 1/fan_in), lora_B ~ N(0, {LORA_B_SCALE}), lora_alpha {2 * args.lora})"
+        )
     report = {
         "summary": summary,
         "rule": (
             f"threshold = max(floor, {args.safety} x largest honest value) for the proof, "
             f"{args.replay_safety} x for the sampling gap and logprob error; floors {FLOORS}"
         ),
-        "model": f"tests.support.tiny_model.save_tiny_qwen2(seed=0, {spec}), {args.dtype}, sdpa attention",
+        "model": model,
         "variations": {
             "generation_batch_sizes": batch_sizes,
             "generation_torch_threads": gen_threads if args.engine == "hf" else "vLLM's own",

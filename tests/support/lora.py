@@ -58,3 +58,30 @@ def merge_lora_adapter(base_dir: Path, adapter_dir: Path, out_dir: Path) -> Path
     out_dir.mkdir(parents=True, exist_ok=True)
     merged.save_pretrained(out_dir, safe_serialization=True)
     return out_dir
+
+
+def scaled_adapter(source: Path, target: Path, factor: float) -> Path:
+    """``source`` with every lora_B scaled by ``factor`` (an adapter trained part of the way)."""
+    from safetensors.torch import load_file, save_file
+
+    target.mkdir(parents=True, exist_ok=True)
+    (target / "adapter_config.json").write_text((source / "adapter_config.json").read_text())
+    tensors = load_file(str(source / "adapter_model.safetensors"))
+    scaled = {name: t * factor if ".lora_B." in name else t for name, t in tensors.items()}
+    save_file(scaled, str(target / "adapter_model.safetensors"))
+    return target
+
+
+def int8_quantized(source: Path, target: Path) -> Path:
+    """``source`` with each linear weight rounded to 8 bits per output row (symmetric), saved in float32."""
+    from transformers import AutoModelForCausalLM
+
+    model: Any = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, torch.nn.Linear):
+                weight = module.weight
+                scale = weight.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / 127
+                weight.copy_((weight / scale).round().clamp(-127, 127) * scale)
+    model.save_pretrained(target)
+    return target

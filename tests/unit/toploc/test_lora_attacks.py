@@ -10,47 +10,18 @@ from __future__ import annotations
 
 import zlib
 from pathlib import Path
-from typing import Any
 
 import pytest
-import torch
 
 from engines.adapted import AdapterView
 from engines.base import Engine
 from engines.hf import HFEngine
 from tests.support.adversary import honest_claims
-from tests.support.lora import make_lora_adapter, merge_lora_adapter
+from tests.support.lora import int8_quantized, make_lora_adapter, merge_lora_adapter, scaled_adapter
 from tests.support.tiny_model import save_tiny_qwen2
 from tests.unit.toploc.test_attacks import make_tasks
 from toploc.config import ToplocConfig
 from toploc.verify import Claim, RolloutVerdict
-
-
-def scaled_adapter(source: Path, target: Path, factor: float) -> Path:
-    """``source`` with every lora_B scaled by ``factor`` (an adapter trained part of the way)."""
-    from safetensors.torch import load_file, save_file
-
-    target.mkdir(parents=True, exist_ok=True)
-    (target / "adapter_config.json").write_text((source / "adapter_config.json").read_text())
-    tensors = load_file(str(source / "adapter_model.safetensors"))
-    scaled = {name: t * factor if ".lora_B." in name else t for name, t in tensors.items()}
-    save_file(scaled, str(target / "adapter_model.safetensors"))
-    return target
-
-
-def int8_quantized(source: Path, target: Path) -> Path:
-    """``source`` with each linear weight rounded to 8 bits per output row (symmetric), saved in float32."""
-    from transformers import AutoModelForCausalLM
-
-    model: Any = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
-    with torch.no_grad():
-        for module in model.modules():
-            if isinstance(module, torch.nn.Linear):
-                weight = module.weight
-                scale = weight.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / 127
-                weight.copy_((weight / scale).round().clamp(-127, 127) * scale)
-    model.save_pretrained(target)
-    return target
 
 
 @pytest.fixture(scope="module")
