@@ -255,12 +255,13 @@ async def start_engines(
                     engines.append(await in_thread_unless_stopped(stop, what, engine_factory, *args))
                 first.state.policy_version = start_version
                 log.info("%d %s engine(s) ready on policy v%d", len(engines), kind, start_version)
-                break
+                # still pinned: the task loops pin it as they start (a version newer ones would prune meanwhile)
+                versions = [start_version if run is first else LORA_BASE_VERSION for run in runs]
+                return [
+                    (run, await run_jobs(config, run, kind, engines, version, stop))
+                    for run, version in zip(runs, versions, strict=True)
+                ]
         start_version = await newer_policy_version(first.ledger, start_version, stop)
-    return [
-        (run, await run_jobs(config, run, kind, engines, start_version if run is first else LORA_BASE_VERSION, stop))
-        for run in runs
-    ]  # the first run's base was checked before the engines started on it; the others' are checked by run_jobs
 
 
 async def run_jobs(
