@@ -77,24 +77,27 @@ def is_adapter_dir(directory: Path) -> bool:
     return (directory / CONFIG_FILE).is_file()
 
 
-def adapter_base(directory: Path) -> str:
-    """The base model an adapter was trained on, as its config names it (a path or a model name)."""
-    try:
-        base = json.loads((directory / CONFIG_FILE).read_text()).get("base_model_name_or_path")
-    except (OSError, ValueError, AttributeError) as exc:
-        raise AdapterError(f"{directory / CONFIG_FILE} cannot be read as JSON ({exc})") from exc
-    if not isinstance(base, str) or not base:
-        raise AdapterError(f"{directory / CONFIG_FILE} names no base_model_name_or_path; evaluate the merged model")
-    return base
-
-
-def _config(directory: Path) -> tuple[int, float, tuple[str, ...]]:
+def _read_config(directory: Path) -> dict[str, Any]:
+    """``adapter_config.json`` as a JSON object; AdapterError (one line) when it is not one."""
     try:
         content = json.loads((directory / CONFIG_FILE).read_text())
     except (OSError, ValueError) as exc:
         raise AdapterError(f"{directory / CONFIG_FILE} cannot be read as JSON ({exc})") from exc
     if not isinstance(content, dict):
         raise AdapterError(f"{directory / CONFIG_FILE} is not a JSON object")
+    return content
+
+
+def adapter_base(directory: Path) -> str:
+    """The base model an adapter was trained on, as its config names it (a path or a model name)."""
+    base = _read_config(directory).get("base_model_name_or_path")
+    if not isinstance(base, str) or not base:
+        raise AdapterError(f"{directory / CONFIG_FILE} names no base_model_name_or_path; evaluate the merged model")
+    return base
+
+
+def _config(directory: Path) -> tuple[int, float, tuple[str, ...]]:
+    content = _read_config(directory)
     if content.get("peft_type", "LORA") != "LORA":
         raise AdapterError(f"{directory} holds a {content.get('peft_type')} adapter; only LoRA adapters are served")
     for key, plain in _SAME_AS_NONE.items():

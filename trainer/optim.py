@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from trainer.config import OptimizerConfig
+from trainer.lora import trainable_parameters
 
 
 def lr_factor(step: int, num_steps: int, config: OptimizerConfig) -> float:
@@ -27,7 +28,7 @@ def lr_factor(step: int, num_steps: int, config: OptimizerConfig) -> float:
 def build_optimizer(model: nn.Module, config: OptimizerConfig) -> torch.optim.AdamW:
     """AdamW over the parameters that train (all of them, or a LoRA model's adapters)."""
     return torch.optim.AdamW(
-        [p for p in model.parameters() if p.requires_grad],
+        trainable_parameters(model),
         lr=config.lr,
         betas=config.betas,
         eps=config.eps,

@@ -34,7 +34,7 @@ from trainer.checkpoint import (
 )
 from trainer.config import LossConfig, TrainerSection
 from trainer.fsdp import DistInfo, all_reduce_sum, init_distributed, shard_model
-from trainer.lora import apply_lora
+from trainer.lora import apply_lora, trainable_parameters
 from trainer.loss import LossSums, grpo_loss, sft_loss, token_logprobs_and_entropy
 from trainer.model import load_model, load_tokenizer
 from trainer.optim import build_optimizer, build_scheduler
@@ -152,8 +152,9 @@ class Trainer:
                 ],
                 dtype=torch.float64,
             )
-        trained = [p for p in self.model.parameters() if p.requires_grad]
-        grad_norm = torch.nn.utils.clip_grad_norm_(trained, self.config.optimizer.max_grad_norm)
+        grad_norm = torch.nn.utils.clip_grad_norm_(
+            trainable_parameters(self.model), self.config.optimizer.max_grad_norm
+        )
         if hasattr(grad_norm, "full_tensor"):
             grad_norm = grad_norm.full_tensor()
         lr = self.scheduler.get_last_lr()[0]

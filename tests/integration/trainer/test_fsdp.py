@@ -29,21 +29,25 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return resolve_model_path("builtin:tiny-qwen2", tmp_path_factory.mktemp("builtin"))
 
 
+def torchrun_probe(model_dir: Path, out_dir: Path, *flags: str) -> None:
+    """The probe on two FSDP2 ranks under torchrun, writing into ``out_dir``; fails the test if it fails."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(PROBE)]
+    done = subprocess.run(
+        [*command, str(model_dir), str(out_dir), *flags],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert done.returncode == 0, done.stderr[-12000:]  # room for a rank's traceback before torchrun's report
+
+
 @pytest.mark.slow
 def test_two_fsdp_ranks_match_one_process_and_resume_on_one(model_dir: Path, tmp_path: Path) -> None:
     sharded_dir, single_dir = tmp_path / "fsdp2", tmp_path / "single"
     sharded_dir.mkdir()
     single_dir.mkdir()
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(
-        [*command, str(PROBE), str(model_dir), str(sharded_dir), "--ac"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-    )
-    assert done.returncode == 0, done.stderr[-12000:]  # room for a rank's traceback before torchrun's report
+    torchrun_probe(model_dir, sharded_dir, "--ac")
     sharded = json.loads((sharded_dir / "metrics.json").read_text())
     assert sharded["world_size"] == 2
 
@@ -68,14 +72,7 @@ def test_two_fsdp_ranks_match_one_process_and_resume_on_one(model_dir: Path, tmp
     for name, value in resumed.model.state_dict().items():
         torch.testing.assert_close(value, sharded_weights[name], atol=2e-6, rtol=1e-4)
     # ... and on two ranks again (every rank takes part in loading what rank 0 read).
-    done = subprocess.run(
-        [*command, str(PROBE), str(model_dir), str(sharded_dir), "--resume"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-    )
-    assert done.returncode == 0, done.stderr[-12000:]  # room for a rank's traceback before torchrun's report
+    torchrun_probe(model_dir, sharded_dir, "--resume")
     resumed_sharded = json.loads((sharded_dir / "resumed.json").read_text())
     assert resumed_sharded["loss"] == pytest.approx(sharded["steps"][1]["loss"], abs=1e-5)
 
@@ -91,16 +88,7 @@ def test_lora_under_two_fsdp_ranks_matches_one_process_and_resumes(model_dir: Pa
     sharded_dir, single_dir = tmp_path / "fsdp2", tmp_path / "single"
     sharded_dir.mkdir()
     single_dir.mkdir()
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(PROBE)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(
-        [*command, str(model_dir), str(sharded_dir), "--ac", "--lora"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-    )
-    assert done.returncode == 0, done.stderr[-12000:]
+    torchrun_probe(model_dir, sharded_dir, "--ac", "--lora")
     sharded = json.loads((sharded_dir / "metrics.json").read_text())
     single = run_probe(model_dir, single_dir, lora=True)
     for got, want in zip(sharded["steps"], single, strict=True):
@@ -115,14 +103,7 @@ def test_lora_under_two_fsdp_ranks_matches_one_process_and_resumes(model_dir: Pa
     saved = torch.load(sharded_dir / "ckpt" / "step_1" / "trainer_state.pt", weights_only=False)
     assert saved["model"] and all("lora_" in name for name in saved["model"])  # the frozen base is not saved
 
-    done = subprocess.run(
-        [*command, str(model_dir), str(sharded_dir), "--lora", "--resume"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-    )
-    assert done.returncode == 0, done.stderr[-12000:]
+    torchrun_probe(model_dir, sharded_dir, "--lora", "--resume")
     resumed = json.loads((sharded_dir / "resumed.json").read_text())
     assert resumed["loss"] == pytest.approx(sharded["steps"][1]["loss"], abs=1e-5)
     assert resumed["grad_norm"] == pytest.approx(sharded["steps"][1]["grad_norm"], rel=1e-4)
