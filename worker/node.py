@@ -258,20 +258,27 @@ async def start_engines(
                 # still pinned: the task loops pin it as they start (a version newer ones would prune meanwhile)
                 versions = [start_version if run is first else LORA_BASE_VERSION for run in runs]
                 return [
-                    (run, await run_jobs(config, run, kind, engines, version, stop))
+                    (run, await run_jobs(config, run, kind, engines, version, stop, check_base=run is not first))
                     for run, version in zip(runs, versions, strict=True)
                 ]
         start_version = await newer_policy_version(first.ledger, start_version, stop)
 
 
 async def run_jobs(
-    config: WorkerConfig, run: JoinedRun, kind: str, engines: list[Engine], version: int, stop: asyncio.Event
+    config: WorkerConfig,
+    run: JoinedRun,
+    kind: str,
+    engines: list[Engine],
+    version: int,
+    stop: asyncio.Event,
+    check_base: bool,
 ) -> list[asyncio.Task[None]]:
-    """A run's heartbeat and one task loop per engine, the engines holding ``version`` (another run's base is checked
-    against this run's pin first); its end tokens and episodes are the run's own."""
+    """A run's heartbeat and one task loop per engine, the engines holding ``version``; with ``check_base`` (a run
+    whose base the engines were not started from) its v0 is checked against its own pin first. Its end tokens and
+    episodes are the run's own."""
     with run.weights.pinned(version):
         checkpoint = await fetch_policy(run.weights, version, stop, run.state, wait_s=None)
-        if run.spec.lora is not None and run.data_dir != config.data_dir:
+        if run.spec.lora is not None and check_base:
             await asyncio.to_thread(check_lora_base, checkpoint, run.spec.lora)
         # transformers' first import is slow too: off the event loop, where a stop is heard
         eos = await in_thread_unless_stopped(stop, "reading the end tokens", eos_token_ids, checkpoint)
