@@ -35,6 +35,7 @@ from typing import Any, Literal
 
 import torch
 
+from engines.adapters import AdapterError, read_adapter
 from engines.base import GenerationRequest, GenerationResult
 from protocol.errors import StartupError
 
@@ -276,6 +277,11 @@ class VllmEngine:
             raise ValueError(
                 f"cannot load adapter {name!r}: this vLLM engine was started without LoRA;"
                 " restart it with lora_rank set to the adapters' rank (lora_rank=...)"
+            )
+        if read_adapter(adapter_dir).target_parameters:
+            raise AdapterError(
+                f"cannot load adapter {name!r}: it adapts stacked expert parameters, which vLLM does not serve;"
+                " serve this run with the HF engine (--engine hf)"
             )
         previous = self._adapters.get(name)
         if previous is None and len(self._adapters) >= MAX_CPU_LORAS:

@@ -37,7 +37,7 @@ from trainer.lora import (
     adapter_tensors,
     base_model,
     is_lora,
-    lora_scale,
+    lora_sites,
     merged_tensors,
 )
 from trainer.model import DTYPES
@@ -198,7 +198,7 @@ def export_policy(
     if info.is_main:
         directory.mkdir(parents=True, exist_ok=True)
         if is_lora(model):  # the base with the adapters folded in, in the base model's names
-            state = merged_tensors(state, lora_scale(model))
+            state = merged_tensors(state, lora_sites(model))
             model = base_model(model)
         tensors = {
             name: t.detach().to("cpu", DTYPES[dtype]).contiguous()

@@ -113,6 +113,22 @@ def test_unknown_adapter_is_refused(engine: VllmEngine) -> None:
         engine.generate(_requests(None) + _requests("missing"))
 
 
+def test_adapters_of_stacked_experts_are_sent_to_the_hf_engine(
+    engine: VllmEngine, models: LoraModels, tmp_path: Path
+) -> None:
+    import json
+    import shutil
+
+    from engines.adapters import CONFIG_FILE, AdapterError
+
+    experts = shutil.copytree(models.adapters[0], tmp_path / "experts")
+    config = json.loads((experts / CONFIG_FILE).read_text())
+    (experts / CONFIG_FILE).write_text(json.dumps({**config, "target_parameters": ["experts.down_proj"]}))
+    with pytest.raises(AdapterError, match=r"stacked expert parameters.*--engine hf"):
+        engine.load_adapter("experts", experts)
+    assert engine.generate(_requests("first"))  # the engine keeps serving
+
+
 def test_engine_without_lora_says_how_to_enable_it(engine: VllmEngine, models: LoraModels) -> None:
     plain = VllmEngine(models.base, max_batch_size=4, max_model_len=256)
     try:

@@ -6,7 +6,8 @@
 
 
 Rank 0 writes ``metrics.json`` (both steps' metrics) and the policy after step 2 under
-``OUT_DIR/policy``; the trainer state after step 1 goes to ``OUT_DIR/ckpt``.
+``OUT_DIR/policy`` (with LoRA: the adapter, and the merged model under ``OUT_DIR/merged``); the
+trainer state after step 1 goes to ``OUT_DIR/ckpt``.
 """
 
 from __future__ import annotations
@@ -57,6 +58,8 @@ def run_probe(
     trainer.save(out_dir / "ckpt")
     second = trainer.rl_step(probe_batch(trainer, 2), LOSS)
     trainer.export(out_dir / "policy")
+    if lora:
+        trainer.export_merged(out_dir / "merged")
     metrics = [first, second]
     if trainer.info.is_main:
         (out_dir / "metrics.json").write_text(json.dumps({"world_size": trainer.info.world_size, "steps": metrics}))

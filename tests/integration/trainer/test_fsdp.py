@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -77,13 +78,35 @@ def test_two_fsdp_ranks_match_one_process_and_resume_on_one(model_dir: Path, tmp
     assert resumed_sharded["loss"] == pytest.approx(sharded["steps"][1]["loss"], abs=1e-5)
 
 
+@pytest.fixture(scope="module")
+def moe_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny Qwen3-MoE (4 experts, top 2, in every layer) with the built-in tokenizer beside it."""
+    from tests.support.tiny_model import TinyModelSpec, save_tiny_model
+    from trainer.builtin import builtin_tokenizer
+    from trainer.tokenizer import save_hf_tokenizer
+
+    spec = TinyModelSpec(architecture="qwen3_moe", num_attention_heads=2, num_key_value_heads=1)
+    start = save_tiny_model(tmp_path_factory.mktemp("moe"), seed=0, spec=spec)
+    save_hf_tokenizer(builtin_tokenizer(), start, spec.max_position_embeddings)
+    return start
+
+
 @pytest.mark.slow
-def test_lora_under_two_fsdp_ranks_matches_one_process_and_resumes(model_dir: Path, tmp_path: Path) -> None:
-    """PEFT adapters sharded with the frozen base: the same steps and adapter as one process; the saved state
-    (the adapters and their optimizer state alone) resumes exactly on two ranks."""
+@pytest.mark.parametrize("architecture", ["qwen2", "qwen3_moe"])
+def test_lora_under_two_fsdp_ranks_matches_one_process_and_resumes(
+    architecture: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """PEFT adapters sharded with the frozen base (Qwen3-MoE: its stacked experts and router adapted too): the same
+    steps and adapter as one process; the adapter on the base serves what the merged export serves; the saved
+    state (the adapters and their optimizer state alone) resumes exactly on two ranks."""
     from safetensors.torch import load_file
 
     from engines.adapters import WEIGHTS_FILE as ADAPTER_WEIGHTS_FILE
+    from engines.hf import HFEngine
+    from tests.integration.architectures.conftest import ledger_task, sample_tasks
+    from tests.support.adversary import generation_request
+
+    model_dir: Path = request.getfixturevalue("moe_model_dir" if architecture == "qwen3_moe" else "model_dir")
 
     sharded_dir, single_dir = tmp_path / "fsdp2", tmp_path / "single"
     sharded_dir.mkdir()
@@ -100,6 +123,14 @@ def test_lora_under_two_fsdp_ranks_matches_one_process_and_resumes(model_dir: Pa
     for name, value in reference.items():
         torch.testing.assert_close(adapter[name], value, atol=2e-5, rtol=1e-3)  # lr 1e-2: sums in another order
     assert any(value.abs().max() > 0 for name, value in adapter.items() if ".lora_B." in name)  # it trained
+    if architecture == "qwen3_moe":
+        assert any(".mlp.experts." in name for name in adapter)
+    requests = [generation_request(t, i) for i, t in enumerate(sample_tasks(ledger_task()))]
+    on_base = HFEngine(model_dir, max_batch_size=8)
+    on_base.load_adapter("run", sharded_dir / "policy")
+    served = [r.completion_ids for r in on_base.generate([replace(r, adapter="run") for r in requests])]
+    merged = HFEngine(sharded_dir / "merged", max_batch_size=8)
+    assert served == [r.completion_ids for r in merged.generate(requests)]
     saved = torch.load(sharded_dir / "ckpt" / "step_1" / "trainer_state.pt", weights_only=False)
     assert saved["model"] and all("lora_" in name for name in saved["model"])  # the frozen base is not saved
 

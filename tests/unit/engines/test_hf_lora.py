@@ -14,7 +14,7 @@ import torch
 from engines.adapters import AdapterError, read_adapter
 from engines.base import GenerationRequest
 from engines.hf import HFEngine
-from tests.support.lora import make_lora_adapter
+from tests.support.lora import make_lora_adapter, merge_lora_adapter
 from tests.support.tiny_model import TINY_EOS_TOKEN_ID, TinyModelSpec, save_tiny_model
 from toploc.sampling import sample_stream
 
@@ -147,3 +147,34 @@ def test_adapters_that_are_not_plain_lora_of_this_base_are_refused(
     engine.load_adapter("run", adapters["a"])  # the engine is still usable
     with pytest.raises(ValueError, match="does not reload the base"):
         engine.load_weights(base_dir)
+
+
+@pytest.fixture(scope="module")
+def moe_base(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    spec = TinyModelSpec(architecture="qwen3_moe", num_attention_heads=2, num_key_value_heads=1)
+    return save_tiny_model(tmp_path_factory.mktemp("moe"), seed=0, spec=spec)
+
+
+def test_an_moe_adapter_adapts_every_expert_and_the_router(moe_base: Path, tmp_path: Path) -> None:
+    """PEFT's all-linear on Qwen3-MoE adapts the stacked experts and the router as parameters (fused gate-and-up at
+    twice the rank); the engine serves that adapter as PEFT's merge of it computes, and loads it in place."""
+    adapter_dir = make_lora_adapter(moe_base, tmp_path / "adapter", rank=4, seed=1)
+    adapter = read_adapter(adapter_dir)
+    assert {"gate_up_proj", "down_proj", "gate.weight"} <= set(adapter.target_parameters)
+    experts = adapter.weights["model.layers.0.mlp.experts"]  # down_proj: 4 experts of rank 4 in one A and B
+    assert experts[0].shape == (16, 64) and experts[1].shape == (64, 16)
+    assert adapter.weights["model.layers.0.mlp.experts.base_layer"][0].shape == (32, 64)  # gate_up_proj: rank 8
+
+    engine = HFEngine(moe_base)
+    engine.load_adapter("run", adapter_dir)
+    engine.load_adapter("run", adapter_dir)  # a new version of the same shape: copied in place
+    reference = HFEngine(merge_lora_adapter(moe_base, adapter_dir, tmp_path / "merged"))
+    got, want = engine.generate(_requests("run")), reference.generate(_requests(None))
+    assert [g.completion_ids for g in got] == [w.completion_ids for w in want]
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g.hidden_states, w.hidden_states, atol=1e-4, rtol=1e-4)
+    base = [r.completion_ids for r in HFEngine(moe_base).generate(_requests(None))]
+    assert base != [w.completion_ids for w in want]
+
+    with pytest.raises(AdapterError, match="not plain LoRA"):  # a pattern with its own scale
+        read_adapter(_copy_with_config(adapter_dir, tmp_path / "scale", alpha_pattern={".*\\.gate_up_proj": 4}))
