@@ -3,8 +3,11 @@
 The run spec pins the base (v0) by hash; a 2-rank torchrun trainer trains PEFT adapters under FSDP2 and
 each step is published as an adapter version (a few KB beside the base's MB); a vLLM worker starts its
 engine on the base and loads each version's adapter in place; the validator prefills with the
-base and the submission's adapter, and accepts every honest submission. The run ends with the merged
-model as its final policy and the adapter beside it, the two computing the same logits.
+base and the submission's adapter, and accepts every honest submission. The coordinator is SIGKILLed
+after the first step and the same command resumes the run (the trainer from its adapters-only
+checkpoint, the worker on the base it checks again) with the steps recorded before the crash
+unchanged. The run ends with the merged model as its final policy and the adapter beside it, the two
+computing the same logits.
 """
 
 from __future__ import annotations
@@ -23,14 +26,22 @@ import torch
 from runtime.ports import free_port
 from shardcast.manifest import checkpoint_digest
 from tests.integration.network import ledger_rows
-from tests.integration.test_orchestrator_network import NUM_STEPS, finish, start, wait_for, write_config
+from tests.integration.test_orchestrator_network import (
+    NUM_STEPS,
+    finish,
+    metric,
+    start,
+    steps_by_state,
+    wait_for,
+    write_config,
+)
 from trainer.resolve import resolve_model_path
 
 pytestmark = pytest.mark.slow
 
 LORA = {"enabled": True, "rank": 4, "alpha": 8.0}
 ENGINES = ("vllm",)
-"""The HF worker's side of a LoRA run: tests/integration/test_lora_attacks_network.py."""
+"""The HF worker's side of a LoRA run: tests/integration/test_lora_runs_network.py."""
 
 
 def version_bytes(root: Path, version: int) -> int:
@@ -58,9 +69,21 @@ def test_a_lora_run_trains_publishes_adapters_and_ends_with_the_merged_model(tmp
         "alpha": 8.0,
         "target_modules": ["all-linear"],
     }
+    try:
+        wait_for(lambda: (metric(url, "prime_train_steps_done") or 0) >= 1, coordinator, timeout_s=600)
+        before = steps_by_state(tmp_path, "'recorded', 'trained', 'published'")
+        coordinator.kill()
+    finally:
+        coordinator.stop()
+    coordinator = start(tmp_path, config, url, "second")
     wait_for(lambda: coordinator.proc is not None and coordinator.proc.poll() is not None, coordinator, 900)
     assert finish(coordinator, 10) == 0, coordinator.log_path.read_text()[-4000:]
-    stdout = (tmp_path / "coordinator.out").read_text()
+    stdout = (tmp_path / "second.out").read_text()
+    assert "resuming the RL loop" in coordinator.log_path.read_text()
+    published = steps_by_state(tmp_path, "'published'")
+    assert sorted(published) == list(range(1, NUM_STEPS + 1))
+    for step, ids in before.items():
+        assert published[step] == ids, f"step {step} was recorded with {ids} before the crash"
 
     # every version after the base is an adapter, a small fraction of the base's bytes; the base stays published
     store = tmp_path / "run" / "policies"
@@ -79,7 +102,7 @@ def test_a_lora_run_trains_publishes_adapters_and_ends_with_the_merged_model(tmp
     assert {engine for status, version, engine in verdicts if status == "accepted" and version >= 1} == set(ENGINES)
     for engine in ENGINES:
         logs = list((tmp_path / "run").rglob(f"worker-{engine}.log"))
-        assert logs and "LoRA run (rank 4)" in logs[0].read_text(errors="replace"), engine
+        assert logs and logs[0].read_text(errors="replace").count("LoRA run (rank 4)") == 2, engine  # both starts
 
     # the result: the merged model, and the adapter, which PEFT loads on the base to the same logits
     final, adapter = tmp_path / "run" / "final-policy", tmp_path / "run" / "final-adapter"
