@@ -142,10 +142,31 @@ class TrustConfig(Section):
     """Signed requests whose timestamp is further than this from the server clock are refused."""
 
 
+class AdaptiveAuditConfig(Section):
+    """Audit by record (BOINC's adaptive replication): a worker's submissions are recomputed whole until it has
+    `full_audit_results` accepted in a row for its engine and software version, then `1 / results` of their
+    samples, never below `floor`; a rejection starts its record over. Signed into the run spec; the bound on
+    what cheating gets through is on the dashboard (docs/trust-model.md, "Adaptive audit")."""
+
+    enabled: bool = False
+    """Audit by record instead of `validation.audit_fraction` of every submission."""
+    full_audit_results: int = Field(default=10, ge=1, le=1_000_000)
+    """Accepted submissions in a row before a worker's submissions are sampled instead of recomputed whole."""
+    floor: float = Field(default=0.05, gt=0, le=1)
+    """The smallest share of a submission's samples recomputed (at least one sample always is)."""
+    trusted_nodes: list[Annotated[str, Field(min_length=40, max_length=64)]] = Field(default_factory=list)
+    """Node ids of the operator's own workers: audited at `trusted_floor` from their first submission."""
+    trusted_floor: float = Field(default=0.05, gt=0, le=1)
+    """The share of a trusted worker's samples recomputed (at least one sample always is)."""
+
+
 class ValidationConfig(Section):
     audit_fraction: float = Field(default=1.0, gt=0, le=1)
     """Share of each submission's samples validators re-check (at least one), picked by the ledger from the
-    run secret after the submission is stored, so workers cannot predict them; 1.0 checks every sample."""
+    run secret after the submission is stored, so workers cannot predict them; 1.0 checks every sample.
+    With `validation.adaptive` enabled the share follows each worker's record instead."""
+    adaptive: AdaptiveAuditConfig = AdaptiveAuditConfig()
+    """Audit by record: less of the work of workers with a long record of accepted submissions."""
     validators_per_submission: int = Field(default=1, ge=1, le=16)
     """Verdicts from distinct validators that must agree before a submission is accepted or rejected."""
     builtin_enabled: bool = False

@@ -264,6 +264,22 @@ class LoraPin(WireModel):
     """Module name suffixes the adapters sit on (``["all-linear"]``: every linear layer but the output head)."""
 
 
+class AuditPolicy(WireModel):
+    """How much of each submission validators recompute, a run setting every worker can read (signed in the
+    run spec). Fixed: ``fixed_share`` of every submission's samples. Adaptive: a share that falls with the
+    worker's record per (node, engine, software version): every sample until ``full_audit_results`` accepted
+    submissions in a row, then ``1 / results`` of them, never below ``floor`` (``trusted_floor`` for the operator's
+    ``trusted_nodes``), back to every sample after a rejection. At least one sample of every submission is
+    always recomputed, chosen by the ledger after the submission is stored."""
+
+    adaptive: bool = False
+    fixed_share: float = Field(default=1.0, gt=0, le=1)
+    full_audit_results: int = Field(default=10, ge=1, le=1_000_000)
+    floor: float = Field(default=0.05, gt=0, le=1)
+    trusted_floor: float = Field(default=0.05, gt=0, le=1)
+    trusted_nodes: list[NodeId] = Field(default_factory=list, max_length=1024)
+
+
 class RunSpec(WireModel):
     """What every role of a run must agree on, signed by the coordinator (``GET /v1/run-spec``)."""
 
@@ -276,6 +292,8 @@ class RunSpec(WireModel):
     policy, and workers play each sample as an episode with it (the environment's ``[environment.episode]``)."""
     lora: LoraPin | None = None
     """A LoRA run's base and adapter shape; None: every version is a full checkpoint."""
+    audit: AuditPolicy = Field(default_factory=AuditPolicy)
+    """How much of each submission validators recompute (docs/trust-model.md, "Adaptive audit")."""
 
 
 class SignedRunSpec(WireModel):
@@ -543,6 +561,12 @@ class NodeStats(WireModel):
     flagged: bool = Field(
         default=False, description="A validator that keeps voting against the decisions (handed fewer submissions)."
     )
+    credit_samples: int = Field(default=0, description="A worker's verified work: samples of accepted submissions.")
+    credit_tokens: int = Field(default=0, description="Completion tokens of those samples.")
+    credit_lost_samples: int = Field(
+        default=0, description="Verified samples a worker lost because work of its was caught cheating."
+    )
+    credit_lost_tokens: int = Field(default=0, description="Completion tokens of those samples.")
 
 
 class RunStats(WireModel):
@@ -606,6 +630,12 @@ class DashboardNode(WireModel):
     flagged: bool = Field(
         default=False, description="A validator that keeps voting against the decisions (handed fewer submissions)."
     )
+    credit_samples: int = Field(default=0, description="A worker's verified work: samples of accepted submissions.")
+    credit_tokens: int = Field(default=0, description="Completion tokens of those samples.")
+    credit_lost_samples: int = Field(
+        default=0, description="Verified samples a worker lost because work of its was caught cheating."
+    )
+    credit_lost_tokens: int = Field(default=0, description="Completion tokens of those samples.")
 
 
 class DashboardVerdict(WireModel):
@@ -706,6 +736,21 @@ class SeriesPoint(WireModel):
     value: float
 
 
+class DashboardAudit(WireModel):
+    """The run's audit policy and the bound on what cheating gets through it (docs/trust-model.md)."""
+
+    adaptive: bool
+    lowest_share: float = Field(description="The smallest share of an untrusted submission's samples recomputed.")
+    full_audit_results: int = Field(description="Accepted in a row before an adaptive audit starts sampling.")
+    samples_per_submission: int
+    detection_power: float = Field(description="The smallest share of any calibration attack's trials caught.")
+    detection_trials: int
+    cheated_fraction_bound: float = Field(
+        description="The largest expected share of a cheating worker's trained samples that are cheated."
+    )
+    deterrent_share: float = Field(description="The audit share above which cheating a sample does not pay.")
+
+
 class Dashboard(WireModel):
     """Everything the /dashboard page draws, in one read."""
 
@@ -724,3 +769,4 @@ class Dashboard(WireModel):
     )
     relays: list[DashboardRelay] = Field(default_factory=list, description="Relays heard on gossip, newest first.")
     training: DashboardTraining | None = Field(default=None, description="None while no training step is recorded.")
+    audit: DashboardAudit | None = Field(default=None, description="None when the run spec is not known here.")

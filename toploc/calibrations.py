@@ -149,6 +149,37 @@ def honest_worst(key: CalibrationKey, directory: Path = CALIBRATION_DIR) -> dict
     return {name: max(float(part[field]) for part in measured) for name, field in HONEST_MAXIMA.items()}
 
 
+@dataclass(frozen=True)
+class DetectionPower:
+    """How often the kept calibrations' attacks were caught: the smallest share of any attack's cheating trials
+    rejected (probes, named ``probe_*``, are measurements, not attacks), over the calibrations of one dtype."""
+
+    power: float
+    weakest_attack: str
+    trials: int
+    """Cheating trials of the weakest attack."""
+
+
+def detection_power(
+    dtype: str,
+    engines: Sequence[str] = GENERATING_ENGINES,
+    verifying_engine: str = "hf",
+    directory: Path = CALIBRATION_DIR,
+) -> DetectionPower:
+    """The measured detection power of the proofs in ``dtype`` (what the cheating bound of an audit policy uses)."""
+    found: list[tuple[float, str, int]] = []
+    for engine in engines:
+        for name, attack in calibration(CalibrationKey(dtype, engine, verifying_engine), directory)["attacks"].items():
+            trials = int(attack.get("cheating_trials", attack["trials"]))
+            rejected = int(attack.get("cheating_trials_rejected", attack["rejected"]))
+            if not name.startswith("probe_") and trials > 0:
+                found.append((rejected / trials, f"{name} ({engine})", trials))
+    if not found:
+        raise ConfigError(f"precision {dtype}: the TOPLOC calibrations hold no attack trials")
+    power, name, trials = min(found)
+    return DetectionPower(power=power, weakest_attack=name, trials=trials)
+
+
 def missing(
     dtype: str,
     engines: Sequence[str] = GENERATING_ENGINES,

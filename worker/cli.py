@@ -167,7 +167,7 @@ def status(
     coordinator: str = typer.Option("http://127.0.0.1:8000", help="Coordinator URL."),
     data_dir: Path = typer.Option(WorkerConfig.model_fields["data_dir"].default, help="The worker's data dir."),
 ) -> None:
-    """Show this node's standing with a coordinator: accepted, rejected, banned."""
+    """Show this node's standing with a coordinator: accepted, rejected, credit (verified work), banned."""
     import asyncio
 
     from protocol.errors import PrimeError
@@ -186,6 +186,10 @@ def status(
             typer.echo(f"node {identity.node_id} is not registered with this coordinator (or not seen recently)")
             return 0
         typer.echo(f"node {mine.node_id} ({mine.role}): {mine.num_accepted} accepted, {mine.num_rejected} rejected")
+        if mine.role == "worker":
+            credit = f"credit: {mine.credit_samples:,} verified samples ({mine.credit_tokens:,} tokens)"
+            lost = f", {mine.credit_lost_samples:,} samples lost to caught cheating" if mine.credit_lost_samples else ""
+            typer.echo(credit + lost)
         if mine.banned:
             typer.echo(f"banned: {mine.ban_reason}")
             return EXIT_BANNED

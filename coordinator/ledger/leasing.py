@@ -334,6 +334,7 @@ class LeasingLedger(LedgerViews):
             if row is None:
                 new_node = {"versions_held_json": "[]", "tokens_per_s": 0.0, "num_accepted": 0, "num_rejected": 0}
                 new_node |= {"num_votes_agreed": 0, "num_votes_outvoted": 0, "num_forfeited": 0}
+                new_node |= {"credit_samples": 0, "credit_tokens": 0, "credit_lost_samples": 0, "credit_lost_tokens": 0}
                 new_node |= {"node_id": node_id, "registered_at": now, "banned": False, **values}
                 conn.execute(_INSERT_NODE, new_node)
             else:

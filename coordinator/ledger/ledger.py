@@ -107,7 +107,7 @@ class Ledger(ValidationLedger):
         body_sha256 = hashlib.sha256(body).hexdigest()
         now = self.clock()
         with self._write(nonce) as conn:
-            self._node(conn, node_id, "worker")
+            worker = self._node(conn, node_id, "worker")
             lease = self._lease_row(conn, request.lease_id)
             if lease.node_id != node_id:  # a Violation here, unlike _own_lease: only a cheat submits another's
                 raise Violation(ForbiddenError(f"lease {request.lease_id} belongs to another node"))
@@ -163,6 +163,7 @@ class Ledger(ValidationLedger):
                     "worker_signature": worker_signature,
                     "submitted_at": now,
                     "status": "pending",
+                    "audit_share": self.submission_audit_share(conn, worker, request.engine),
                 },
             )
             conn.execute(_MARK_LEASE_SUBMITTED, {"b_lease_id": request.lease_id})

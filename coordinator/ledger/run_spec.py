@@ -7,12 +7,15 @@ identity and the run's precision (:func:`run_precision`). ``GET /v1/run-spec`` s
 validators refuse to judge a run whose environment they cannot load identically, workers and
 validators compute in its precision, and workers show it. A precision the validators have no
 TOPLOC calibration for is refused before anything starts (:func:`check_precision`). A LoRA run's spec
-pins its base (version 0) by hash and names the adapters' shape (:func:`lora_pin`).
+pins its base (version 0) by hash and names the adapters' shape (:func:`lora_pin`). The audit policy
+(:func:`coordinator.ledger.audit_policy.audit_policy`) is in the spec too: every worker can read the odds
+its work is checked at.
 """
 
 from __future__ import annotations
 
 from coordinator.config import CoordinatorConfig
+from coordinator.ledger.audit_policy import audit_policy
 from environments.loader import environment_identity, load_checked_environment
 from environments.prompts import EnvironmentPrompts
 from protocol.errors import ConfigError
@@ -78,6 +81,7 @@ def run_spec(config: CoordinatorConfig, max_turns: int = 1) -> RunSpec:
         precision=run_precision(config),
         max_turns=max_turns,
         lora=lora_pin(config),
+        audit=audit_policy(config.validation),
     )
 
 

@@ -27,6 +27,7 @@ worker (:mod:`coordinator.ledger.voiding`): an environment that cannot score the
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
@@ -38,6 +39,8 @@ from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from coordinator.ledger.audit_choice import audit_sample_indices
+from coordinator.ledger.audit_policy import audit_policy, audit_share
+from coordinator.ledger.audit_records import accepted_in_a_row, count_decision
 from coordinator.ledger.leasing import LeasingLedger
 from coordinator.ledger.quorum import Decision, Vote, agrees_with, decide
 from coordinator.ledger.replay import NonceClaim
@@ -61,7 +64,14 @@ from protocol.errors import (
     ProtocolError,
     ReplayedNonceError,
 )
-from protocol.schemas import PendingSubmission, PendingSubmissions, SubmitRequest, Verdict, VerdictResponse
+from protocol.schemas import (
+    AuditPolicy,
+    PendingSubmission,
+    PendingSubmissions,
+    SubmitRequest,
+    Verdict,
+    VerdictResponse,
+)
 
 log = logging.getLogger("coordinator.ledger.validation")
 UNREADABLE_SUBMISSION = "ledger: the stored submission no longer passes the wire schema; the task is re-issued"
@@ -125,9 +135,21 @@ def vote_of(validator_id: str, verdict: Verdict) -> Vote:
 class ValidationLedger(LeasingLedger):
     """Pending lists and verdicts over the ledger's database (see the module docstring)."""
 
-    def audit_indices(self, submission_id: str, num_rollouts: int) -> list[int]:
-        """The rollout positions of a submission that validators must re-check (deterministic per run)."""
-        return audit_sample_indices(self._secret, submission_id, num_rollouts, self.config.validation.audit_fraction)
+    @functools.cached_property
+    def audit_policy(self) -> AuditPolicy:
+        return audit_policy(self.config.validation)
+
+    def submission_audit_share(self, conn: Connection, worker: Row[Any], engine: str) -> float:
+        """The share of a new submission's samples to recompute, from its worker's record now."""
+        policy = self.audit_policy
+        record = accepted_in_a_row(conn, worker.node_id, engine, worker.software_version) if policy.adaptive else 0
+        return audit_share(policy, record, trusted=worker.node_id in policy.trusted_nodes)
+
+    def audit_indices(self, submission_id: str, num_rollouts: int, share: float | None = None) -> list[int]:
+        """The rollout positions of a submission that validators must re-check (deterministic per run): ``share``
+        of them (the one fixed when it was stored; the run's fixed share for a submission stored without one)."""
+        share = self.audit_policy.fixed_share if share is None else share
+        return audit_sample_indices(self._secret, submission_id, num_rollouts, share)
 
     @property
     def validator_record(self) -> ValidatorRecordPolicy:
@@ -177,7 +199,9 @@ class ValidationLedger(LeasingLedger):
                         submission=submission,
                         submitted_at=row.submitted_at,
                         worker_signature_b64=row.worker_signature,
-                        audit_sample_indices=self.audit_indices(row.submission_id, len(submission.rollouts)),
+                        audit_sample_indices=self.audit_indices(
+                            row.submission_id, len(submission.rollouts), row.audit_share
+                        ),
                     )
                 )
         for submission_id in unreadable:
@@ -379,6 +403,7 @@ class ValidationLedger(LeasingLedger):
             .values(status=status, verdict_by=validator_id, verdict_at=now, verdict_json=final.model_dump_json())
         )
         banned = bool(worker.banned)
+        count_decision(conn, sub, worker, decision.accepted)
         if decision.accepted:
             conn.execute(
                 insert(accepted_groups).values(task_id=sub.task_id, submission_id=sub.submission_id, accepted_at=now)

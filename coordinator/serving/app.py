@@ -30,6 +30,7 @@ from starlette.concurrency import run_in_threadpool
 from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 from coordinator.config import CoordinatorConfig
+from coordinator.ledger.audit_policy import audit_summary
 from coordinator.ledger.ledger import Ledger
 from coordinator.ledger.replay import DatabaseReplayCache
 from coordinator.ledger.sources import SourcePolicy
@@ -284,7 +285,12 @@ def create_app(
         """Prometheus text format."""
         return Response(metrics.render(), media_type="text/plain; version=0.0.4")
 
-    app.include_router(dashboard_router(ledger, relays, run_status))
+    audit = None
+    if run_spec is not None:
+        scheduling = config.scheduling
+        samples = scheduling.prompts_per_task * scheduling.group_size
+        audit = audit_summary(run_spec.spec.audit, run_spec.spec.precision, samples)
+    app.include_router(dashboard_router(ledger, relays, run_status, audit))
     return app
 
 

@@ -82,8 +82,8 @@ def test_a_lora_run_trains_publishes_adapters_and_ends_with_the_merged_model(tmp
     assert "resuming the RL loop" in coordinator.log_path.read_text()
     published = steps_by_state(tmp_path, "'published'")
     assert sorted(published) == list(range(1, NUM_STEPS + 1))
-    for step, ids in before.items():
-        assert published[step] == ids, f"step {step} was recorded with {ids} before the crash"
+    for step, submission_ids in before.items():
+        assert published[step] == submission_ids, f"step {step} was recorded with {submission_ids} before the crash"
 
     # every version after the base is an adapter, a small fraction of the base's bytes; the base stays published
     store = tmp_path / "run" / "policies"

@@ -25,6 +25,10 @@ rather than misread.
   lease ended (``leases.end_reason``), and an index to find a task's earlier leases by node.
 - v8: the operator's decisions on validators made on a live run (``validator_approvals``: approved or
   revoked, overriding ``trust.approved_validators``).
+- v9: adaptive audit: each worker's record per engine and software version (``audit_records``), the
+  share of each submission's samples to recompute, fixed when it is stored (``submissions.audit_share``),
+  and each node's credit: verified samples and tokens, and what cheating made it lose
+  (``nodes.credit_samples``, ``credit_tokens``, ``credit_lost_samples``, ``credit_lost_tokens``).
 """
 
 from __future__ import annotations
@@ -136,6 +140,17 @@ _V8 = [
         node_id TEXT PRIMARY KEY, approved {bool} NOT NULL, changed_at {float} NOT NULL, note TEXT NOT NULL)""",
 ]
 
+_V9 = [
+    """CREATE TABLE audit_records (
+        node_id TEXT NOT NULL, engine TEXT NOT NULL, software_version TEXT NOT NULL,
+        accepted_in_a_row INTEGER NOT NULL, PRIMARY KEY (node_id, engine, software_version))""",
+    "ALTER TABLE submissions ADD COLUMN audit_share {float}",
+    "ALTER TABLE nodes ADD COLUMN credit_samples BIGINT NOT NULL DEFAULT 0",
+    "ALTER TABLE nodes ADD COLUMN credit_tokens BIGINT NOT NULL DEFAULT 0",
+    "ALTER TABLE nodes ADD COLUMN credit_lost_samples BIGINT NOT NULL DEFAULT 0",
+    "ALTER TABLE nodes ADD COLUMN credit_lost_tokens BIGINT NOT NULL DEFAULT 0",
+]
+
 _SPELLING = {
     "sqlite": {"id": "INTEGER PRIMARY KEY AUTOINCREMENT", "float": "REAL", "bool": "BOOLEAN"},
     "postgresql": {"id": "BIGSERIAL PRIMARY KEY", "float": "DOUBLE PRECISION", "bool": "BOOLEAN"},
@@ -147,11 +162,11 @@ def steps(dialect: str) -> list[Sequence[str]]:
     v2_specific = _V2_SQLITE if dialect == "sqlite" else _V2_POSTGRESQL
     v3 = [] if dialect == "sqlite" else _V3_POSTGRESQL
     spelling = _SPELLING[dialect]
-    all_steps = (_V1, _V2_COMMON + v2_specific, v3, _V4, _V5, _V6, _V7, _V8)
+    all_steps = (_V1, _V2_COMMON + v2_specific, v3, _V4, _V5, _V6, _V7, _V8, _V9)
     return [[statement.format(**spelling) for statement in step] for step in all_steps]
 
 
-LATEST_VERSION = 8
+LATEST_VERSION = 9
 
 
 def events_guard(dialect: str) -> tuple[list[str], list[str]]:

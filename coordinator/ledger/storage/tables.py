@@ -52,6 +52,10 @@ nodes = Table(
     Column("num_votes_agreed", Integer, nullable=False),
     Column("num_votes_outvoted", Integer, nullable=False),
     Column("num_forfeited", Integer, nullable=False),
+    Column("credit_samples", BigInteger, nullable=False),
+    Column("credit_tokens", BigInteger, nullable=False),
+    Column("credit_lost_samples", BigInteger, nullable=False),
+    Column("credit_lost_tokens", BigInteger, nullable=False),
 )
 
 tasks = Table(
@@ -100,6 +104,16 @@ submissions = Table(
     Column("verdict_by", Text),
     Column("verdict_at", Float),
     Column("verdict_json", Text),
+    Column("audit_share", Float),
+)
+
+audit_records = Table(
+    "audit_records",
+    metadata,
+    Column("node_id", Text, primary_key=True),
+    Column("engine", Text, primary_key=True),
+    Column("software_version", Text, primary_key=True),
+    Column("accepted_in_a_row", Integer, nullable=False),
 )
 
 verdict_votes = Table(

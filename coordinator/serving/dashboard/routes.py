@@ -21,7 +21,7 @@ from coordinator.serving.dashboard.relays import RelayWatch
 from coordinator.serving.dashboard.source import DashboardSource
 from protocol import routes
 from protocol.errors import NotFoundError
-from protocol.schemas import Dashboard, RunStatus
+from protocol.schemas import Dashboard, DashboardAudit, RunStatus
 
 _CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
@@ -35,11 +35,15 @@ def _static(name: str) -> bytes:
 
 
 def dashboard_router(
-    views: LedgerViews, relays: RelayWatch | None = None, status: Callable[[], RunStatus] | None = None
+    views: LedgerViews,
+    relays: RelayWatch | None = None,
+    status: Callable[[], RunStatus] | None = None,
+    audit: DashboardAudit | None = None,
 ) -> APIRouter:
     """The dashboard for one ledger (include it in the ledger's app); ``relays``: those heard on gossip;
-    ``status``: the run's status as ``GET /v1/status`` gives it (with the run's steps in all, for the ETA)."""
-    source = DashboardSource(views, relays, status)
+    ``status``: the run's status as ``GET /v1/status`` gives it (with the run's steps in all, for the ETA);
+    ``audit``: the run's audit policy and its cheating bound."""
+    source = DashboardSource(views, relays, status, audit)
     page = _static("index.html")
     assets = {name: _static(name) for name in _ASSETS}
     headers = {"Content-Security-Policy": _CSP, "X-Content-Type-Options": "nosniff", "Cache-Control": "no-cache"}

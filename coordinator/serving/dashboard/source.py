@@ -26,6 +26,7 @@ from protocol.schemas import (
     MAX_POLICY_VERSION,
     MAX_TOKENS_PER_S,
     Dashboard,
+    DashboardAudit,
     DashboardNode,
     DashboardRelay,
     RunStatus,
@@ -42,9 +43,14 @@ class DashboardSource:
     """Builds :class:`~protocol.schemas.Dashboard` snapshots for one ledger; safe to call from several threads."""
 
     def __init__(
-        self, views: LedgerViews, relays: RelayWatch | None = None, status: Callable[[], RunStatus] | None = None
+        self,
+        views: LedgerViews,
+        relays: RelayWatch | None = None,
+        status: Callable[[], RunStatus] | None = None,
+        audit: DashboardAudit | None = None,
     ) -> None:
         self.views = views
+        self.audit = audit
         self.relays = relays
         self.status = status or views.status
         """What ``GET /v1/status`` says (the run's steps in all and whether it ended: the page's ETA)."""
@@ -69,6 +75,7 @@ class DashboardSource:
                 tokens_per_s=self.history.generated_tokens_per_s(now),
                 relays=relay_views,
                 training=self.history.training.summary(),
+                audit=self.audit,
             )
 
     def _catch_up(self) -> None:
@@ -106,6 +113,10 @@ class DashboardSource:
                     num_votes_agreed=row.num_votes_agreed,
                     num_votes_outvoted=row.num_votes_outvoted,
                     flagged=self.views.flagged(row),
+                    credit_samples=row.credit_samples,
+                    credit_tokens=row.credit_tokens,
+                    credit_lost_samples=row.credit_lost_samples,
+                    credit_lost_tokens=row.credit_lost_tokens,
                 )
             )
         return found

@@ -97,6 +97,12 @@ function renderSummary(data) {
   setText("stat-environment-errors", s.num_submissions_environment_error);
   setText("stat-expired", s.num_submissions_expired);
   setText("stat-tasks", s.num_tasks_open);
+  const audit = data.audit;
+  if (audit) {
+    const share = `${(100 * audit.lowest_share).toFixed(1)}%`;
+    setText("stat-audit", audit.adaptive ? `by record, down to ${share}` : `${share} of each`);
+    setText("stat-cheat-bound", `${(100 * audit.cheated_fraction_bound).toFixed(2)}%`);
+  }
   const training = data.training;
   setText("stat-step", training && training.current_step !== null ? training.current_step : "-");
   setText("stat-steps-done", training ? training.num_steps_done : "-");
@@ -117,6 +123,7 @@ function renderWorkers(data) {
     el("td", {}, fmt(n.tokens_per_s, 1)),
     el("td", { class: "good" }, n.num_accepted),
     el("td", { class: n.num_rejected ? "bad" : "" }, n.num_rejected),
+    el("td", { class: n.credit_lost_samples ? "bad" : "", title: n.credit_lost_samples ? `lost ${n.credit_lost_samples} to caught cheating` : "" }, n.credit_samples),
     el("td", { title: clock(n.last_seen) }, ago(n.last_seen, now)),
     el("td", { class: n.banned ? "bad" : "" }, nodeState(n)),
   ));
