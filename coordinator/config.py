@@ -158,6 +158,10 @@ class AdaptiveAuditConfig(Section):
     """Node ids of the operator's own workers: audited at `trusted_floor` from their first submission."""
     trusted_floor: float = Field(default=0.05, gt=0, le=1)
     """The share of a trusted worker's samples recomputed (at least one sample always is)."""
+    reaudit_share: float = Field(default=0.05, ge=0, le=1)
+    """Share of accepted submissions, with samples nobody recomputed, that validators audit again later on those
+    samples (picked from the run secret at acceptance): a cheat found then voids the worker's credit, record and
+    accepted work not yet trained."""
 
 
 class ValidationConfig(Section):

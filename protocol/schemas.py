@@ -210,6 +210,11 @@ class PendingSubmission(WireModel):
         description="Positions in submission.rollouts that the validator must re-check, chosen by the ledger after "
         "the submission was stored; empty means every rollout. Rewards are recomputed for all of them.",
     )
+    reaudit: bool = Field(
+        default=False,
+        description="An accepted submission audited again on the samples nobody recomputed (the run's "
+        "reaudit_share): a rejection catches its worker after the fact.",
+    )
 
 
 class Verdict(WireModel):
@@ -270,7 +275,9 @@ class AuditPolicy(WireModel):
     worker's record per (node, engine, software version): every sample until ``full_audit_results`` accepted
     submissions in a row, then ``1 / results`` of them, never below ``floor`` (``trusted_floor`` for the operator's
     ``trusted_nodes``), back to every sample after a rejection. At least one sample of every submission is
-    always recomputed, chosen by the ledger after the submission is stored."""
+    always recomputed, chosen by the ledger after the submission is stored. ``reaudit_share`` of the accepted
+    submissions with samples nobody recomputed are audited again later on those samples: a cheat found then
+    costs the worker its record, its credit and its accepted work not yet trained."""
 
     adaptive: bool = False
     fixed_share: float = Field(default=1.0, gt=0, le=1)
@@ -278,6 +285,7 @@ class AuditPolicy(WireModel):
     floor: float = Field(default=0.05, gt=0, le=1)
     trusted_floor: float = Field(default=0.05, gt=0, le=1)
     trusted_nodes: list[NodeId] = Field(default_factory=list, max_length=1024)
+    reaudit_share: float = Field(default=0.0, ge=0, le=1)
 
 
 class RunSpec(WireModel):
@@ -594,6 +602,7 @@ class Event(WireModel):
         "publish",
         "train_step",
         "void",
+        "reaudit",
         "approve",
         "revoke",
     ]

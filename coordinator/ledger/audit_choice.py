@@ -37,3 +37,15 @@ def audit_sample_indices(run_secret_hex: str, submission_id: str, num_samples: i
 
     chosen = sorted(range(num_samples), key=rank)[: num_audited(num_samples, fraction)]
     return sorted(chosen)
+
+
+_REAUDIT_DOMAIN = b"prime-network/reaudit/v1"
+
+
+def reaudit_chosen(run_secret_hex: str, submission_id: str, share: float) -> bool:
+    """Whether an accepted submission is audited again later: a keyed coin with probability ``share``, which
+    a worker cannot predict without the run secret (and the ledger can recompute at any time)."""
+    if share <= 0:
+        return False
+    digest = hmac.new(bytes.fromhex(run_secret_hex), _REAUDIT_DOMAIN + b"\n" + submission_id.encode(), hashlib.sha256)
+    return int.from_bytes(digest.digest()[:8], "big") < share * 2**64

@@ -15,7 +15,9 @@ sample with probability d (the detection power), a cheating submission is caught
 ``P = d (1 - C(n - c, k) / C(n, k))``; ``(1 - P) / P`` cheating submissions are accepted before the
 catch, which rejects its submission, starts the record over (every sample recomputed again,
 ``ramp_submissions`` honest submissions before the floor is back) and counts toward the worker's
-ban. The largest share of such a worker's trained samples that are cheated, over c, is
+ban. A re-audit (``reaudit_share`` of the accepted submissions, their other samples) catches a
+cheating submission the first audit missed with probability ``reaudit_share * d``, after it was
+accepted. The largest share of such a worker's trained samples that are cheated, over c, is
 :attr:`CheatBound.cheated_fraction` (c = 1 is the worst when one sample is recomputed); honest
 workers' samples only lower the run's share. The inspection game's condition for cheating not to
 pay, ``p >= g / (d (g + F))`` with the gain g of one cheated sample (its compute, 1) and the loss F
@@ -42,6 +44,7 @@ def audit_policy(validation: ValidationConfig) -> AuditPolicy:
         floor=adaptive.floor,
         trusted_floor=adaptive.trusted_floor,
         trusted_nodes=sorted(set(adaptive.trusted_nodes)),
+        reaudit_share=adaptive.reaudit_share if adaptive.enabled else 0.0,
     )
 
 
@@ -74,7 +77,7 @@ class CheatBound:
     catch_probability: float
     """P: the chance that a submission with c cheated samples is caught at the floor."""
     cheated_before_catch: float
-    """Expected cheated samples accepted before a catch: c (1 - P) / P."""
+    """Expected cheated samples accepted up to a catch (a re-audit's catch is of an accepted submission)."""
     honest_after_catch: int
     """Honest samples a caught worker submits to get back to the floor."""
     cheated_fraction: float
@@ -98,8 +101,12 @@ def cheat_bound(policy: AuditPolicy, samples_per_submission: int, detection_powe
     ramp = ramp_submissions(policy) * n
 
     def cheated_share(c: int) -> tuple[float, float, float]:
-        caught = _catch_probability(n, k, c, detection_power)
-        accepted = (1.0 - caught) / caught  # cheating submissions accepted before the catch
+        at_once = _catch_probability(n, k, c, detection_power)
+        # A re-audit recomputes the samples the first audit left, after acceptance: it catches, but the caught
+        # submission may have trained already, so it counts among the accepted ones.
+        later = policy.reaudit_share * detection_power if k < n else 0.0
+        caught = at_once + (1.0 - at_once) * later
+        accepted = (1.0 - at_once) / caught  # cheating submissions accepted up to the catch
         trained = n * accepted + ramp
         return (c * accepted / trained if trained > 0 else 0.0), caught, c * accepted
 

@@ -38,7 +38,8 @@ from sqlalchemy import Connection, Row, exists, insert, select, update
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
-from coordinator.ledger.audit_choice import audit_sample_indices
+from coordinator.ledger import reaudits
+from coordinator.ledger.audit_choice import audit_sample_indices, reaudit_chosen
 from coordinator.ledger.audit_policy import audit_policy, audit_share
 from coordinator.ledger.audit_records import accepted_in_a_row, count_decision
 from coordinator.ledger.leasing import LeasingLedger
@@ -174,20 +175,32 @@ class ValidationLedger(LeasingLedger):
             verdict_votes.c.submission_id == submissions.c.submission_id, verdict_votes.c.validator_id == validator_id
         )
         with self.db.read() as conn:
+            # Re-audits first (a cheat caught sooner trains on less), at most half the list; never to a flagged one.
+            again = [] if self.flagged(node) else reaudits.pending_for(conn, validator_id, max(1, limit // 2))
             rows = conn.execute(
                 select(submissions)
                 .where(submissions.c.status == "pending", ~judged)
                 .order_by(submissions.c.submitted_at)
-                .limit(limit)
+                .limit(max(0, limit - len(again)))
             ).all()
+            by_id = {
+                row.submission_id: row
+                for row in conn.execute(
+                    select(submissions).where(submissions.c.submission_id.in_([r.submission_id for r in again]))
+                ).all()
+            }
+            listed = [(by_id[r.submission_id], json.loads(r.positions_json)) for r in again if r.submission_id in by_id]
+            listed += [(row, None) for row in rows]
             found = []
             unreadable = []
-            for row in rows:
+            for row, positions in listed:
                 try:
                     submission = SubmitRequest.model_validate_json(row.body_json)
                 except ValidationError:
-                    unreadable.append(row.submission_id)
+                    if positions is None:
+                        unreadable.append(row.submission_id)
                     continue
+                chosen = positions or self.audit_indices(row.submission_id, len(submission.rollouts), row.audit_share)
                 found.append(
                     PendingSubmission(
                         submission_id=row.submission_id,
@@ -199,9 +212,8 @@ class ValidationLedger(LeasingLedger):
                         submission=submission,
                         submitted_at=row.submitted_at,
                         worker_signature_b64=row.worker_signature,
-                        audit_sample_indices=self.audit_indices(
-                            row.submission_id, len(submission.rollouts), row.audit_share
-                        ),
+                        audit_sample_indices=chosen,
+                        reaudit=positions is not None,
                     )
                 )
         for submission_id in unreadable:
@@ -267,6 +279,10 @@ class ValidationLedger(LeasingLedger):
             num_rollouts = len(json.loads(sub.body_json)["rollouts"])
             check_verdict_rewards(verdict, num_rollouts)
             worker = conn.execute(select(nodes).where(nodes.c.node_id == sub.node_id).with_for_update()).one()
+            reaudit = reaudits.open_reaudit(conn, sub.submission_id) if sub.status == "accepted" else None
+            if reaudit is not None and validator_id not in reaudits.voters(reaudit):
+                self._check_hand_out(conn, sub, validator_id, now)
+                return self._reaudit_verdict(conn, reaudit, sub, worker, validator_id, verdict)
             votes = self._votes(conn, sub.submission_id)
             earlier = next((vote for vote in votes if vote.validator_id == validator_id), None)
             if earlier is not None:  # the same validator again: idempotent, never a second vote
@@ -408,6 +424,7 @@ class ValidationLedger(LeasingLedger):
             conn.execute(
                 insert(accepted_groups).values(task_id=sub.task_id, submission_id=sub.submission_id, accepted_at=now)
             )
+            self._maybe_reaudit(conn, sub, now)
             conn.execute(update(tasks).where(tasks.c.task_id == sub.task_id).values(state="accepted"))
             conn.execute(
                 update(nodes).where(nodes.c.node_id == sub.node_id).values(num_accepted=nodes.c.num_accepted + 1)
@@ -429,6 +446,45 @@ class ValidationLedger(LeasingLedger):
             outvoted=outvoted,
         )
         return banned
+
+    def _maybe_reaudit(self, conn: Connection, sub: Row[Any], now: float) -> None:
+        """Schedule a later audit of the samples of an accepted submission nobody recomputed (the keyed coin)."""
+        share = self.audit_policy.reaudit_share
+        if share <= 0 or not reaudit_chosen(self._secret, sub.submission_id, share):
+            return
+        num_rollouts = len(json.loads(sub.body_json)["rollouts"])
+        checked = set(self.audit_indices(sub.submission_id, num_rollouts, sub.audit_share))
+        unchecked = [position for position in range(num_rollouts) if position not in checked]
+        if unchecked:
+            reaudits.schedule(conn, sub, unchecked, now)
+
+    def _reaudit_verdict(
+        self, conn: Connection, row: Row[Any], sub: Row[Any], worker: Row[Any], validator_id: str, verdict: Verdict
+    ) -> VerdictResponse:
+        """A validator's vote on a re-audit; a failed one catches the worker after the fact (module docstring)."""
+        now = self.clock()
+        outcome = reaudits.vote(conn, row, validator_id, verdict, self.config.validation.validators_per_submission, now)
+        self._touch(conn, validator_id)
+        banned = bool(worker.banned)
+        if outcome == "failed":
+            reason = f"re-audit of accepted submission {sub.submission_id} failed: {'; '.join(verdict.reasons[:3])}"
+            count_decision(conn, sub, worker, accepted=False)
+            voided = reaudits.void_untrained(conn, worker.node_id, reason, now)
+            banned = self._count_rejection(conn, worker, [reason])
+            self._event(
+                conn,
+                "reaudit",
+                validator_id,
+                sub.submission_id,
+                worker_id=worker.node_id,
+                passed=False,
+                reasons=verdict.reasons[:8],
+                voided=voided,
+            )
+        elif outcome == "passed":
+            self._event(conn, "reaudit", validator_id, sub.submission_id, worker_id=worker.node_id, passed=True)
+        status = "rejected" if outcome == "failed" else "accepted"
+        return VerdictResponse(submission_id=sub.submission_id, status=status, worker_banned=banned)
 
     def _ban_cleanup(self, conn: Connection, node_id: str) -> None:
         """A banned worker's open leases go back to the queue at once."""

@@ -26,7 +26,7 @@ from typing import Any, Literal
 
 from sqlalchemy import Connection, Row, select, update
 
-from coordinator.ledger.storage.tables import submissions, tasks
+from coordinator.ledger.storage.tables import reaudits, submissions, tasks
 from protocol.schemas import Verdict
 
 VoidStatus = Literal["environment_error", "expired"]
@@ -102,4 +102,18 @@ def expire_unauditable(
     for sub in rows:
         reason = version_gone_reason(sub.policy_version, keep_versions, current_version)
         close_submission(conn, sub, "expired", [reason], now, event)
+    # Re-audits of versions no validator can fetch any more lapse (their submissions stay accepted).
+    lapsed = (
+        conn.execute(
+            select(reaudits.c.submission_id)
+            .join(submissions, submissions.c.submission_id == reaudits.c.submission_id)
+            .where(reaudits.c.state == "pending", submissions.c.policy_version < oldest)
+        )
+        .scalars()
+        .all()
+    )
+    if lapsed:
+        conn.execute(
+            update(reaudits).where(reaudits.c.submission_id.in_(lapsed)).values(state="lapsed", decided_at=now)
+        )
     return [sub.submission_id for sub in rows]

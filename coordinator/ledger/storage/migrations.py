@@ -28,7 +28,8 @@ rather than misread.
 - v9: adaptive audit: each worker's record per engine and software version (``audit_records``), the
   share of each submission's samples to recompute, fixed when it is stored (``submissions.audit_share``),
   and each node's credit: verified samples and tokens, and what cheating made it lose
-  (``nodes.credit_samples``, ``credit_tokens``, ``credit_lost_samples``, ``credit_lost_tokens``).
+  (``nodes.credit_samples``, ``credit_tokens``, ``credit_lost_samples``, ``credit_lost_tokens``), and
+  the accepted submissions audited again on their unchecked samples (``reaudits``).
 """
 
 from __future__ import annotations
@@ -149,6 +150,11 @@ _V9 = [
     "ALTER TABLE nodes ADD COLUMN credit_tokens BIGINT NOT NULL DEFAULT 0",
     "ALTER TABLE nodes ADD COLUMN credit_lost_samples BIGINT NOT NULL DEFAULT 0",
     "ALTER TABLE nodes ADD COLUMN credit_lost_tokens BIGINT NOT NULL DEFAULT 0",
+    """CREATE TABLE reaudits (
+        submission_id TEXT PRIMARY KEY REFERENCES submissions (submission_id), node_id TEXT NOT NULL,
+        positions_json TEXT NOT NULL, state TEXT NOT NULL, votes_json TEXT NOT NULL, created_at {float} NOT NULL,
+        decided_at {float})""",
+    "CREATE INDEX reaudits_state ON reaudits (state, created_at)",
 ]
 
 _SPELLING = {

@@ -107,6 +107,18 @@ submissions = Table(
     Column("audit_share", Float),
 )
 
+reaudits = Table(
+    "reaudits",
+    metadata,
+    Column("submission_id", Text, primary_key=True),
+    Column("node_id", Text, nullable=False),
+    Column("positions_json", Text, nullable=False),
+    Column("state", Text, nullable=False),
+    Column("votes_json", Text, nullable=False),
+    Column("created_at", Float, nullable=False),
+    Column("decided_at", Float),
+)
+
 audit_records = Table(
     "audit_records",
     metadata,

@@ -60,6 +60,7 @@ def test_the_policy_is_signed_into_the_run_spec() -> None:
         "floor": 0.1,
         "trusted_floor": 0.05,
         "trusted_nodes": [trusted],
+        "reaudit_share": 0.05,
     }
 
 
@@ -118,3 +119,63 @@ async def test_trusted_nodes_are_audited_at_their_floor_from_the_start(make_harn
     assert await _judged(untrusted, validator, accept=True) == 16
     for client in (trusted, untrusted, validator):
         await client.aclose()
+
+
+async def _submitted(worker: LedgerClient) -> str:
+    (task,) = (await worker.lease(LeaseRequest())).tasks
+    return (await worker.submit(submission_for(task))).submission_id
+
+
+@pytest.mark.anyio
+async def test_a_failed_reaudit_catches_the_worker_after_the_fact(make_harness: MakeHarness) -> None:
+    from sqlalchemy import insert, select
+
+    from coordinator.ledger.storage.tables import accepted_groups, step_submissions, submissions, train_steps
+
+    harness = make_harness(
+        scheduling__group_size=8,
+        validation__adaptive__enabled=True,
+        validation__adaptive__full_audit_results=2,
+        validation__adaptive__floor=0.1,
+        validation__adaptive__reaudit_share=1.0,  # every accepted submission with unchecked samples
+        trust__ban_after_rejections=5,
+    )
+    worker, validator = await harness.worker(), await harness.validator()
+    ids = []
+    for _ in range(4):  # shares 1, 1, 1/2, 1/3: the last two leave samples nobody recomputed
+        ids.append(await _submitted(worker))
+        (item,) = [i for i in (await validator.pending()).submissions if i.submission_id == ids[-1]]
+        assert not item.reaudit
+        await validator.post_verdict(Verdict(submission_id=ids[-1], accepted=True))
+    first_check = harness.ledger.audit_indices(ids[2], 16, 0.5)
+    again = {i.submission_id: i for i in (await validator.pending()).submissions if i.reaudit}
+    assert sorted(again) == sorted(ids[2:])  # the same validator may audit again: other samples
+    assert sorted(again[ids[2]].audit_sample_indices) == sorted(set(range(16)) - set(first_check))
+    response = await validator.post_verdict(Verdict(submission_id=ids[2], accepted=True))
+    assert response.status == "accepted"
+    assert [i.submission_id for i in (await validator.pending()).submissions if i.reaudit] == [ids[3]]
+
+    with harness.database.write() as conn:  # ids[2] is in a training step; ids[3] is not trained yet
+        conn.execute(insert(train_steps).values(step=1, state="trained", min_policy_version=0, recorded_at=0.0))
+        conn.execute(insert(step_submissions).values(submission_id=ids[2], step=1, position=0))
+    later = await _submitted(worker)  # pending when the worker is caught: to be recomputed whole
+    mine = {n.node_id: n for n in (await worker.stats()).nodes}[worker.identity.node_id]
+    assert mine.credit_samples == 4 * 16
+
+    caught = await validator.post_verdict(
+        Verdict(submission_id=ids[3], accepted=False, reasons=["proof: rollout p1/s3 does not match"])
+    )
+    assert caught.status == "rejected"
+    with harness.database.read() as conn:
+        status = dict(conn.execute(select(submissions.c.submission_id, submissions.c.status)).all())
+        in_training = set(conn.execute(select(accepted_groups.c.submission_id)).scalars())
+    assert status[ids[3]] == "rejected" and ids[3] not in in_training  # caught: out of training, its task re-opened
+    assert status[ids[2]] == "accepted" and ids[2] in in_training  # trained already: stays
+    mine = {n.node_id: n for n in (await worker.stats()).nodes}[worker.identity.node_id]
+    assert (mine.credit_samples, mine.credit_lost_samples, mine.num_rejected) == (0, 4 * 16, 1)
+    (pending,) = [i for i in (await validator.pending()).submissions if i.submission_id == later]
+    assert len(pending.audit_sample_indices) == 16 and not pending.reaudit
+    events = [e for e in (await validator.events(after=0, limit=1000)).events if e.kind == "reaudit"]
+    assert [(e.subject, e.data["passed"]) for e in events] == [(ids[2], True), (ids[3], False)]
+    await worker.aclose()
+    await validator.aclose()

@@ -1,0 +1,111 @@
+"""Re-audits: accepted submissions audited again, after the fact, on the samples nobody recomputed.
+
+When adaptive audit accepts a submission of which validators recomputed only some samples, a
+keyed coin (:func:`coordinator.ledger.audit_choice.reaudit_chosen`, probability ``reaudit_share``)
+decides whether its other samples are recomputed later; :func:`schedule` stores that as a row of
+``reaudits``. Validators find re-audits in their pending list (``PendingSubmission.reaudit``) and
+judge them like any submission. ``validation.validators_per_submission`` agreeing votes decide one
+(:func:`vote`): passed changes nothing; failed catches the worker after the fact: the caller starts
+its record over, voids its credit, counts the rejection toward its ban, and :func:`void_untrained`
+takes its accepted work that no training step holds yet out of training (re-opening those tasks)
+and has its pending submissions recomputed whole.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any, Literal
+
+from sqlalchemy import Connection, Row, delete, insert, select, update
+
+from coordinator.ledger.storage.tables import accepted_groups, reaudits, step_submissions, submissions, tasks
+from protocol.schemas import Verdict
+
+Outcome = Literal["pending", "passed", "failed"]
+EventFn = Callable[..., None]
+
+
+def schedule(conn: Connection, sub: Row[Any], unchecked: list[int], now: float) -> None:
+    """Re-audit ``sub`` (just accepted) on the rollout positions ``unchecked``."""
+    conn.execute(
+        insert(reaudits).values(
+            submission_id=sub.submission_id,
+            node_id=sub.node_id,
+            positions_json=json.dumps(unchecked),
+            state="pending",
+            votes_json="[]",
+            created_at=now,
+        )
+    )
+
+
+def open_reaudit(conn: Connection, submission_id: str) -> Row[Any] | None:
+    """The pending re-audit of a submission, locked, or None."""
+    return conn.execute(
+        select(reaudits)
+        .where(reaudits.c.submission_id == submission_id, reaudits.c.state == "pending")
+        .with_for_update()
+    ).first()
+
+
+def pending_for(conn: Connection, validator_id: str, limit: int) -> list[Row[Any]]:
+    """Pending re-audits this validator has not voted on, oldest first."""
+    if limit <= 0:
+        return []
+    rows = conn.execute(
+        select(reaudits).where(reaudits.c.state == "pending").order_by(reaudits.c.created_at).limit(limit * 4)
+    ).all()
+    return [row for row in rows if validator_id not in voters(row)][:limit]
+
+
+def voters(row: Row[Any]) -> set[str]:
+    return {vote["validator_id"] for vote in json.loads(row.votes_json)}
+
+
+def vote(conn: Connection, row: Row[Any], validator_id: str, verdict: Verdict, quorum: int, now: float) -> Outcome:
+    """Record a validator's vote on a re-audit; the outcome once ``quorum`` votes agree."""
+    votes = json.loads(row.votes_json)
+    if validator_id not in voters(row):
+        votes.append({"validator_id": validator_id, "accepted": verdict.accepted, "reasons": verdict.reasons[:8]})
+    passed = sum(1 for v in votes if v["accepted"])
+    failed = len(votes) - passed
+    outcome: Outcome = "passed" if passed >= quorum else "failed" if failed >= quorum else "pending"
+    values: dict[str, Any] = {"votes_json": json.dumps(votes), "state": outcome}
+    if outcome != "pending":
+        values["decided_at"] = now
+    conn.execute(update(reaudits).where(reaudits.c.submission_id == row.submission_id).values(**values))
+    return outcome
+
+
+def void_untrained(conn: Connection, node_id: str, reason: str, now: float) -> list[str]:
+    """Take the worker's accepted submissions that no training step holds out of training (their tasks re-open,
+    each is marked rejected with ``reason``), and have its pending submissions recomputed whole. Returns the
+    voided submission ids."""
+    in_steps = select(step_submissions.c.submission_id)
+    untrained = conn.execute(
+        select(accepted_groups.c.submission_id, accepted_groups.c.task_id)
+        .join(submissions, submissions.c.submission_id == accepted_groups.c.submission_id)
+        .where(submissions.c.node_id == node_id, accepted_groups.c.submission_id.not_in(in_steps))
+    ).all()
+    verdict_json = Verdict(submission_id="-", accepted=False, reasons=[reason[:512]])
+    for submission_id, task_id in untrained:
+        conn.execute(delete(accepted_groups).where(accepted_groups.c.submission_id == submission_id))
+        final = verdict_json.model_copy(update={"submission_id": submission_id}).model_dump_json()
+        conn.execute(
+            update(submissions)
+            .where(submissions.c.submission_id == submission_id)
+            .values(status="rejected", verdict_at=now, verdict_json=final)
+        )
+        conn.execute(update(tasks).where(tasks.c.task_id == task_id).values(state="open"))
+        conn.execute(
+            update(reaudits)
+            .where(reaudits.c.submission_id == submission_id, reaudits.c.state == "pending")
+            .values(state="voided", decided_at=now)
+        )
+    conn.execute(
+        update(submissions)
+        .where(submissions.c.node_id == node_id, submissions.c.status == "pending")
+        .values(audit_share=1.0)
+    )
+    return [submission_id for submission_id, _ in untrained]
