@@ -81,6 +81,7 @@ class ValidatorState:
             "num_accepted": self.num_accepted,
             "num_rejected": self.num_rejected,
             "num_samples_verified": self.num_samples_verified,
+            "audit_s": round(self.audit_s, 3),
             "top_reasons": dict(self.reasons.most_common(3)),
             "num_environment_errors": self.num_environment_errors,
             "num_unfetchable": self.num_unfetchable,

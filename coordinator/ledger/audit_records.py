@@ -33,9 +33,9 @@ def accepted_in_a_row(conn: Connection, node_id: str, engine: str, software_vers
     return int(found or 0)
 
 
-def work_of(body_json: str) -> tuple[int, int]:
+def work_of(body: dict[str, Any]) -> tuple[int, int]:
     """(samples, completion tokens) of a stored submission body: the credit its acceptance earns."""
-    rollouts: list[dict[str, Any]] = json.loads(body_json).get("rollouts", [])
+    rollouts: list[dict[str, Any]] = body.get("rollouts", [])
     tokens = 0
     for rollout in rollouts:
         tokens += len(rollout.get("completion_ids", []))
@@ -46,7 +46,8 @@ def work_of(body_json: str) -> tuple[int, int]:
 def count_decision(conn: Connection, sub: Any, worker: Any, accepted: bool) -> None:
     """A decided submission in its worker's record and credit: one more accepted in a row and its work credited,
     or the record started over and the credit lost."""
-    engine = str(json.loads(sub.body_json).get("engine", ""))
+    body = json.loads(sub.body_json)
+    engine = str(body.get("engine", ""))
     key = {"node_id": worker.node_id, "engine": engine, "software_version": worker.software_version}
     column = audit_records.c.accepted_in_a_row
     insert = sqlite_insert if conn.dialect.name == "sqlite" else postgresql_insert
@@ -56,7 +57,7 @@ def count_decision(conn: Connection, sub: Any, worker: Any, accepted: bool) -> N
     )
     node = nodes.c
     if accepted:
-        samples, tokens = work_of(sub.body_json)
+        samples, tokens = work_of(body)
         values: dict[str, Any] = {
             "credit_samples": node.credit_samples + samples,
             "credit_tokens": node.credit_tokens + tokens,

@@ -116,3 +116,20 @@ def test_honest_work_of_every_engine_passes_the_run_thresholds_in_the_kept_calib
         worst, merged = honest_worst(key), run_thresholds(key.dtype)
         over = {name: (worst[name], merged[name]) for name in THRESHOLD_KEYS if worst[name] > merged[name]}
         assert not over, (key, over)
+
+
+def test_detection_power_is_the_weakest_attack_of_the_precision_s_calibrations(tmp_path: Path) -> None:
+    from toploc.calibrations import detection_power
+
+    shipped = detection_power("float32")
+    assert shipped.power == 1.0 and shipped.trials >= 15  # every attack trial was rejected
+    for name in ("float32_hf_hf.json", "float32_vllm_hf.json"):
+        shutil.copy(CALIBRATION_DIR / name, tmp_path / name)
+    found = json.loads((tmp_path / "float32_vllm_hf.json").read_text())
+    found["attacks"]["flipped_signs"] |= {"trials": 16, "rejected": 12}
+    for key in ("cheating_trials", "cheating_trials_rejected"):
+        found["attacks"]["flipped_signs"].pop(key, None)
+    found["attacks"]["probe_noisy_model_tokens_policy_proofs"] |= {"trials": 16, "rejected": 0}  # a probe: not counted
+    (tmp_path / "float32_vllm_hf.json").write_text(json.dumps(found))
+    weakest = detection_power("float32", directory=tmp_path)
+    assert (weakest.power, weakest.weakest_attack, weakest.trials) == (0.75, "flipped_signs (vllm)", 16)

@@ -294,3 +294,35 @@ async def test_the_dashboards_status_is_the_runs_own(make_harness: MakeHarness) 
         status = RunStatus.model_validate_json((await http.get("/v1/status")).content)
     assert dashboard.status.num_train_steps == status.num_train_steps == 12
     assert dashboard.status.run_ended == status.run_ended
+
+
+async def test_dashboard_shows_the_audit_policy_its_cheating_bound_and_each_worker_s_credit(
+    make_harness: MakeHarness,
+) -> None:
+    from coordinator.ledger.audit_policy import cheat_bound
+    from coordinator.ledger.run_spec import signed_run_spec
+    from coordinator.serving.app import create_app
+
+    harness = make_harness(validation__adaptive__enabled=True, validation__adaptive__floor=0.1)
+    spec = signed_run_spec(harness.config, harness.coordinator)
+    app = create_app(harness.config, harness.ledger, harness.replay_cache, run_spec=spec)
+    worker, validator = await harness.worker(), await harness.validator()
+    (task,) = (await worker.lease(LeaseRequest(max_tasks=1))).tasks
+    submission = submission_for(task)
+    answer = await worker.submit(submission)
+    await validator.pending(limit=256)
+    await validator.post_verdict(Verdict(submission_id=answer.submission_id, accepted=True))
+
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://ledger") as http:
+        dashboard = Dashboard.model_validate_json((await http.get("/v1/dashboard")).content)
+    audit = dashboard.audit
+    assert audit is not None and audit.adaptive and audit.lowest_share == 0.1
+    samples = harness.config.scheduling.prompts_per_task * harness.config.scheduling.group_size
+    assert audit.samples_per_submission == samples and audit.detection_power == 1.0
+    assert audit.cheated_fraction_bound == cheat_bound(spec.spec.audit, samples, 1.0).cheated_fraction
+    shown = {node.node_id: node for node in dashboard.nodes}[worker.identity.node_id]
+    assert shown.credit_samples == len(submission.rollouts) and shown.credit_tokens == sum(
+        len(rollout.completion_ids) for rollout in submission.rollouts
+    )
+    for client in (worker, validator):
+        await client.aclose()
