@@ -20,10 +20,8 @@ pytestmark = pytest.mark.slow
 
 
 def test_records_shrink_the_recomputed_share_and_cheaters_are_caught(tmp_path: Path) -> None:
-    args = parse_args(
-        ["--steps", "4", "--groups-per-step", "8", "--full-audit-results", "2", "--floor", "0.1"]
-        + ["--reaudit-share", "0.5", "--record-tasks", "4", "--rate", "0.3"]
-    )
+    short = "--steps 4 --groups-per-step 8 --full-audit-results 2 --floor 0.1 --reaudit-share 0.5"
+    args = parse_args([*short.split(), "--record-tasks", "4", "--rate", "0.3"])
     run = run_network(tmp_path, "adaptive", args)
     by = run["by_strategy"]
     assert run["honest_rejections"] == 0, by
