@@ -52,7 +52,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="a short smoke run (8 steps)")
     parser.add_argument("--steps", type=int, default=None, help="training steps per run (default 40; quick 8)")
     parser.add_argument("--groups-per-step", type=int, default=12)
-    parser.add_argument("--prompts-per-task", type=int, default=4)
+    parser.add_argument("--prompts-per-task", type=int, default=8)
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--full-audit-results", type=int, default=10)

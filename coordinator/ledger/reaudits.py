@@ -5,7 +5,8 @@ keyed coin (:func:`coordinator.ledger.audit_choice.reaudit_chosen`, probability 
 decides whether its other samples are recomputed later; :func:`schedule` stores that as a row of
 ``reaudits``. Validators find re-audits in their pending list (``PendingSubmission.reaudit``) and
 judge them like any submission. ``validation.validators_per_submission`` agreeing votes decide one
-(:func:`vote`): passed changes nothing; failed catches the worker after the fact: the caller starts
+(:func:`vote`): passed (or an environment that could not score it) changes nothing; failed catches
+the worker after the fact: the caller starts
 its record over, voids its credit, counts the rejection toward its ban, and :func:`void_untrained`
 takes its accepted work that no training step holds yet out of training (re-opening those tasks)
 and has its pending submissions recomputed whole.
@@ -65,6 +66,10 @@ def voters(row: Row[Any]) -> set[str]:
 
 def vote(conn: Connection, row: Row[Any], validator_id: str, verdict: Verdict, quorum: int, now: float) -> Outcome:
     """Record a validator's vote on a re-audit; the outcome once ``quorum`` votes agree."""
+    if verdict.environment_error is not None:  # the environment's failure, not the worker's: nothing to judge by
+        unscored = {"state": "environment_error", "decided_at": now}
+        conn.execute(update(reaudits).where(reaudits.c.submission_id == row.submission_id).values(**unscored))
+        return "passed"
     votes = json.loads(row.votes_json)
     if validator_id not in voters(row):
         votes.append({"validator_id": validator_id, "accepted": verdict.accepted, "reasons": verdict.reasons[:8]})

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.slow
 
 
 def test_records_shrink_the_recomputed_share_and_cheaters_are_caught(tmp_path: Path) -> None:
-    short = "--steps 4 --groups-per-step 8 --full-audit-results 2 --floor 0.1 --reaudit-share 0.5"
+    short = "--steps 4 --groups-per-step 8 --prompts-per-task 4 --full-audit-results 2 --floor 0.1 --reaudit-share 0.5"
     args = parse_args([*short.split(), "--record-tasks", "4", "--rate", "0.3"])
     run = run_network(tmp_path, "adaptive", args)
     by = run["by_strategy"]

@@ -179,3 +179,29 @@ async def test_a_failed_reaudit_catches_the_worker_after_the_fact(make_harness: 
     assert [(e.subject, e.data["passed"]) for e in events] == [(ids[2], True), (ids[3], False)]
     await worker.aclose()
     await validator.aclose()
+
+
+@pytest.mark.anyio
+async def test_a_reaudit_the_environment_cannot_score_judges_nobody(make_harness: MakeHarness) -> None:
+    harness = make_harness(
+        scheduling__group_size=8,
+        validation__adaptive__enabled=True,
+        validation__adaptive__full_audit_results=1,
+        validation__adaptive__floor=0.1,
+        validation__adaptive__reaudit_share=1.0,
+    )
+    worker, validator = await harness.worker(), await harness.validator()
+    ids = []
+    for _ in range(3):  # shares 1, 1, 1/2
+        ids.append(await _submitted(worker))
+        await validator.pending()
+        await validator.post_verdict(Verdict(submission_id=ids[-1], accepted=True))
+    (again,) = [i for i in (await validator.pending()).submissions if i.reaudit]
+    failure = "environment: scoring rollout p0/s0 failed: ValueError"
+    unscored = Verdict(submission_id=again.submission_id, accepted=False, reasons=[failure], environment_error=failure)
+    assert (await validator.post_verdict(unscored)).status == "accepted"
+    mine = {n.node_id: n for n in (await worker.stats()).nodes}[worker.identity.node_id]
+    assert (mine.num_rejected, mine.credit_lost_samples, mine.credit_samples) == (0, 0, 3 * 16)
+    assert not [i for i in (await validator.pending()).submissions if i.reaudit]
+    await worker.aclose()
+    await validator.aclose()
