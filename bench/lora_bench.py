@@ -6,12 +6,13 @@ Five parts, each its own keys of the one JSON object printed (``summary`` gather
   start`` with the local network, :mod:`bench.runs`) on ``sort_digits`` from ``builtin:small-qwen3-sort-start``
   (the task and start of ``bench.learning_vs_trl`` and ``make demo``), the same steps, batch, seed and warm-up:
   full-weight RL at ``--lr``, and LoRA RL (``[orchestrator.trainer.lora]``, ``--rank``, ``--alpha``) at
-  ``--lora-lr`` (default 10 x ``--lr``: LoRA's best learning rate is about ten times full fine-tuning's,
-  Schulman et al., "LoRA Without Regret", 2025). Each final policy (the LoRA run's with its adapter merged)
-  and the start are scored by one evaluator: ``--eval-samples`` samples at T = 1 of ``--eval-examples``
-  held-out prompts, exact answers. A gain is accuracy after minus before; ``lora_gain_over_full`` is the
-  mean LoRA gain over the mean full gain (null, with ``lora_gain_over_full_null_reason``, when the full
-  gain is not positive).
+  ``--lora-lr`` (default 6 x ``--lr``: LoRA's best learning rate is several times full fine-tuning's,
+  about ten on large models in Schulman et al., "LoRA Without Regret", 2025; on this small model 30 x
+  collapsed at step 4 and 10 x learned erratically, docs/benchmarks.md). Each final policy (the LoRA run's
+  with its adapter merged) and the start are scored by one evaluator: ``--eval-samples`` samples at T = 1
+  of ``--eval-examples`` held-out prompts, exact answers. A gain is accuracy after minus before;
+  ``lora_gain_over_full`` is the mean LoRA gain over the mean full gain (null, with
+  ``lora_gain_over_full_null_reason``, when the full gain is not positive).
 - **bytes** (``adapter_bytes``, ``full_bytes``, ``patch_bytes``): from the origin store's manifests
   (``<data_dir>/policies/v<N>/manifest.json``) of the LoRA run: the adapter's bytes per version (a patch
   version's rebuilt files counted), the bytes of a full version (the full run's full versions, else the
@@ -48,6 +49,8 @@ from pathlib import Path
 from typing import Any
 
 START = "builtin:small-qwen3-sort-start"
+LORA_LR_MULTIPLIER = 6
+"""The LoRA run's learning rate over the full run's (see the module docstring)."""
 ENVIRONMENT: dict[str, Any] = {"type": "builtin", "name": "sort_digits"}
 SERVE_MODEL = "builtin:small-qwen3"
 """The model the serving parts load by default: the learning runs' architecture (random weights; no SFT to build)."""
@@ -472,7 +475,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=None, help="RL steps of each run (default 30; quick 10)")
     parser.add_argument("--bytes-steps", type=int, default=3, help="steps of the LoRA run of --skip-learning")
     parser.add_argument("--lr", type=float, default=5e-4, help="the full run's learning rate")
-    parser.add_argument("--lora-lr", type=float, default=None, help="the LoRA run's learning rate (default 10 x --lr)")
+    parser.add_argument("--lora-lr", type=float, default=None, help="the LoRA run's learning rate (default 6 x --lr)")
     parser.add_argument("--rank", type=int, default=16, help="LoRA rank (the runs, the serving and memory parts)")
     parser.add_argument("--alpha", type=float, default=32.0, help="LoRA alpha (scale alpha / rank)")
     parser.add_argument("--warmup-steps", type=int, default=5, help="linear warm-up of both runs' learning rate")
@@ -502,7 +505,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     quick = args.quick
     args.seeds = args.seeds or (1 if quick else 3)
     args.steps = args.steps or (10 if quick else 30)
-    args.lora_lr = args.lora_lr if args.lora_lr is not None else 10 * args.lr
+    args.lora_lr = args.lora_lr if args.lora_lr is not None else LORA_LR_MULTIPLIER * args.lr
     args.trainer_ranks = args.trainer_ranks or (1 if quick else 2)
     args.eval_examples = args.eval_examples or (128 if quick else 256)
     args.eval_samples = args.eval_samples or (2 if quick else 4)

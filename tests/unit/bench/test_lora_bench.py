@@ -66,7 +66,7 @@ def test_gain_ratio_and_its_guard() -> None:
     assert figures["lora_gain_over_full"] is None and "not positive" in figures["lora_gain_over_full_null_reason"]
 
 
-def test_lora_lr_defaults_to_ten_times_the_full_lr() -> None:
+def test_lora_lr_defaults_to_six_times_the_full_lr() -> None:
     args = parse_args(["--quick", "--lr", "3e-4"])
-    assert args.lora_lr == pytest.approx(3e-3) and (args.seeds, args.steps, args.engines) == (1, 10, ["vllm"])
+    assert args.lora_lr == pytest.approx(1.8e-3) and (args.seeds, args.steps, args.engines) == (1, 10, ["vllm"])
     assert parse_args(["--lora-lr", "1e-3"]).lora_lr == 1e-3
