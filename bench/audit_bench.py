@@ -10,9 +10,11 @@ copied sample per task) and ``rarely`` (one copied sample in a task with probabi
 copied sample is generation saved; its draws do not follow its noise stream, so a recomputation
 catches it.
 
-Summary keys: ``validator_cost_ratio``: the validator's auditing seconds (prefill, checks and
-rewards; :class:`validator.progress.ValidatorState`) per accepted sample, adaptive over full (goal
-<= 0.2); ``cheated_trained_fraction``: cheated samples in training steps over all trained samples,
+Summary keys: ``validator_cost_ratio``: the validator's CPU seconds while auditing (prefill, checks
+and rewards, every thread of its process; :class:`validator.progress.ValidatorState`) per accepted
+sample, adaptive over full (goal <= 0.2; CPU time, as the workers and the trainer share the cores
+and stretch its wall-clock seconds unevenly; the wall-clock ratio is reported beside it);
+``cheated_trained_fraction``: cheated samples in training steps over all trained samples,
 adaptive run (goal <= 0.001 and within the bound); ``honest_rejections``: honest workers' rejected
 submissions in both runs (0); ``bound_cheated_fraction``: the policy's cheating bound
 (:func:`coordinator.ledger.audit_policy.cheat_bound`) with the calibrations' detection power. Per run
@@ -225,8 +227,12 @@ def measure(root: Path, mode: str, args: argparse.Namespace, elapsed_s: float) -
         "cheated_submissions_rejected": sum(mine.get("cheated_rejected", 0) for mine in per.values()),
         "honest_rejections": honest_rejections,
         "validator_audit_s": figures["audit_s"],
+        "validator_audit_cpu_s": figures["audit_cpu_s"],
         "validator_samples_recomputed": figures["num_samples_verified"],
         "validator_s_per_accepted_sample": figures["audit_s"] / accepted_samples if accepted_samples else None,
+        "validator_cpu_s_per_accepted_sample": (
+            figures["audit_cpu_s"] / accepted_samples if accepted_samples else None
+        ),
         "by_strategy": per,
     }
 
@@ -253,9 +259,11 @@ def main(argv: list[str] | None = None) -> None:
         }
     )
     bound = audit_summary(audit_policy(adaptive), "float32", args.prompts_per_task * args.group_size)
-    full_cost, adaptive_cost = (runs[m]["validator_s_per_accepted_sample"] for m in ("full", "adaptive"))
+    full_cost, adaptive_cost = (runs[m]["validator_cpu_s_per_accepted_sample"] for m in ("full", "adaptive"))
+    full_wall, adaptive_wall = (runs[m]["validator_s_per_accepted_sample"] for m in ("full", "adaptive"))
     summary = {
         "validator_cost_ratio": adaptive_cost / full_cost if full_cost and adaptive_cost is not None else None,
+        "validator_wall_ratio": adaptive_wall / full_wall if full_wall and adaptive_wall is not None else None,
         "cheated_trained_fraction": runs["adaptive"]["cheated_trained_fraction"],
         "honest_rejections": runs["full"]["honest_rejections"] + runs["adaptive"]["honest_rejections"],
         "bound_cheated_fraction": bound.cheated_fraction_bound,

@@ -217,7 +217,7 @@ async def _audit_version(
     whatever engine each names, and post each verdict."""
     loaded = await engines.get(version)
     state.policy_version = version
-    started = time.monotonic()
+    started, cpu_started = time.monotonic(), time.process_time()
     thresholds = toploc if toploc is not None else Thresholds()
     config = thresholds.config() if isinstance(thresholds, Thresholds) else thresholds
     what = f"the audit of {len(items)} submission(s) of policy v{version}"  # their verdicts are left to the ledger
@@ -233,6 +233,7 @@ async def _audit_version(
         loaded.episodes,
     )
     state.audit_s += time.monotonic() - started
+    state.audit_cpu_s += time.process_time() - cpu_started
     for item, (verdict, rollouts) in zip(items, audited, strict=True):
         state.record(verdict, len(item.submission.rollouts), len(rollouts))
         try:

@@ -39,6 +39,9 @@ class ValidatorState:
     num_samples_verified: int = 0
     """Samples recomputed by prefill (the ledger's audited ones)."""
     audit_s: float = 0.0
+    audit_cpu_s: float = 0.0
+    """The validator process's CPU seconds while auditing (all its threads): its work, whatever else shares the
+    machine's cores."""
     started_at: float = field(default_factory=time.monotonic)
     policy_version: int | None = None
     reasons: collections.Counter[str] = field(default_factory=collections.Counter)
@@ -82,6 +85,7 @@ class ValidatorState:
             "num_rejected": self.num_rejected,
             "num_samples_verified": self.num_samples_verified,
             "audit_s": round(self.audit_s, 3),
+            "audit_cpu_s": round(self.audit_cpu_s, 3),
             "top_reasons": dict(self.reasons.most_common(3)),
             "num_environment_errors": self.num_environment_errors,
             "num_unfetchable": self.num_unfetchable,

@@ -119,6 +119,7 @@ def test_worker_finishes_after_its_relay_restarts(network: Network) -> None:
     node_id = load_or_create_identity(net.root / "worker").node_id
     assert status.returncode == 0, status.stderr
     assert f"node {node_id} (worker): 0 accepted, 0 rejected" in status.stdout
+    assert "credit: 0 verified samples (0 tokens)" in status.stdout
 
 
 async def cheat_until_banned(url: str, checkpoint: Path) -> tuple[str, str, list[str]]:
