@@ -9,7 +9,6 @@ credit (kept as ``credit_lost_*``). Environment errors change neither.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from sqlalchemy import Connection, select, update
@@ -43,10 +42,9 @@ def work_of(body: dict[str, Any]) -> tuple[int, int]:
     return len(rollouts), tokens
 
 
-def count_decision(conn: Connection, sub: Any, worker: Any, accepted: bool) -> None:
-    """A decided submission in its worker's record and credit: one more accepted in a row and its work credited,
-    or the record started over and the credit lost."""
-    body = json.loads(sub.body_json)
+def count_decision(conn: Connection, body: dict[str, Any], worker: Any, accepted: bool) -> None:
+    """A decided submission (its stored body, parsed) in its worker's record and credit: one more accepted in a row
+    and its work credited, or the record started over and the credit lost."""
     engine = str(body.get("engine", ""))
     key = {"node_id": worker.node_id, "engine": engine, "software_version": worker.software_version}
     column = audit_records.c.accepted_in_a_row

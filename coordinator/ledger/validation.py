@@ -276,13 +276,13 @@ class ValidationLedger(LeasingLedger):
             ).first()
             if sub is None:
                 raise NotFoundError(f"no submission {verdict.submission_id!r}")
-            num_rollouts = len(json.loads(sub.body_json)["rollouts"])
-            check_verdict_rewards(verdict, num_rollouts)
+            body = json.loads(sub.body_json)  # parsed once for the whole verdict
+            check_verdict_rewards(verdict, len(body["rollouts"]))
             worker = conn.execute(select(nodes).where(nodes.c.node_id == sub.node_id).with_for_update()).one()
             reaudit = reaudits.open_reaudit(conn, sub.submission_id) if sub.status == "accepted" else None
             if reaudit is not None and validator_id not in reaudits.voters(reaudit):
                 self._check_hand_out(conn, sub, validator_id, now)
-                return self._reaudit_verdict(conn, reaudit, sub, worker, validator_id, verdict)
+                return self._reaudit_verdict(conn, reaudit, sub, body, worker, validator_id, verdict)
             votes = self._votes(conn, sub.submission_id)
             earlier = next((vote for vote in votes if vote.validator_id == validator_id), None)
             if earlier is not None:  # the same validator again: idempotent, never a second vote
@@ -312,7 +312,7 @@ class ValidationLedger(LeasingLedger):
             if decision is None:
                 self._touch(conn, validator_id)
                 return VerdictResponse(submission_id=sub.submission_id, status="pending", worker_banned=worker.banned)
-            banned = self._decide(conn, sub, worker, decision, validator_id, now, all_votes)
+            banned = self._decide(conn, sub, body, worker, decision, validator_id, now, all_votes)
         status = "environment_error" if decision.environment_error else "accepted" if decision.accepted else "rejected"
         return VerdictResponse(submission_id=sub.submission_id, status=status, worker_banned=banned)
 
@@ -386,6 +386,7 @@ class ValidationLedger(LeasingLedger):
         self,
         conn: Connection,
         sub: Row[Any],
+        body: dict[str, Any],
         worker: Row[Any],
         decision: Decision,
         validator_id: str,
@@ -419,12 +420,12 @@ class ValidationLedger(LeasingLedger):
             .values(status=status, verdict_by=validator_id, verdict_at=now, verdict_json=final.model_dump_json())
         )
         banned = bool(worker.banned)
-        count_decision(conn, sub, worker, decision.accepted)
+        count_decision(conn, body, worker, decision.accepted)
         if decision.accepted:
             conn.execute(
                 insert(accepted_groups).values(task_id=sub.task_id, submission_id=sub.submission_id, accepted_at=now)
             )
-            self._maybe_reaudit(conn, sub, now)
+            self._maybe_reaudit(conn, sub, len(body["rollouts"]), now)
             conn.execute(update(tasks).where(tasks.c.task_id == sub.task_id).values(state="accepted"))
             conn.execute(
                 update(nodes).where(nodes.c.node_id == sub.node_id).values(num_accepted=nodes.c.num_accepted + 1)
@@ -447,19 +448,25 @@ class ValidationLedger(LeasingLedger):
         )
         return banned
 
-    def _maybe_reaudit(self, conn: Connection, sub: Row[Any], now: float) -> None:
+    def _maybe_reaudit(self, conn: Connection, sub: Row[Any], num_rollouts: int, now: float) -> None:
         """Schedule a later audit of the samples of an accepted submission nobody recomputed (the keyed coin)."""
         share = self.audit_policy.reaudit_share
         if share <= 0 or not reaudit_chosen(self._secret, sub.submission_id, share):
             return
-        num_rollouts = len(json.loads(sub.body_json)["rollouts"])
         checked = set(self.audit_indices(sub.submission_id, num_rollouts, sub.audit_share))
         unchecked = [position for position in range(num_rollouts) if position not in checked]
         if unchecked:
             reaudits.schedule(conn, sub, unchecked, now)
 
     def _reaudit_verdict(
-        self, conn: Connection, row: Row[Any], sub: Row[Any], worker: Row[Any], validator_id: str, verdict: Verdict
+        self,
+        conn: Connection,
+        row: Row[Any],
+        sub: Row[Any],
+        body: dict[str, Any],
+        worker: Row[Any],
+        validator_id: str,
+        verdict: Verdict,
     ) -> VerdictResponse:
         """A validator's vote on a re-audit; a failed one catches the worker after the fact (module docstring)."""
         now = self.clock()
@@ -468,7 +475,7 @@ class ValidationLedger(LeasingLedger):
         banned = bool(worker.banned)
         if outcome == "failed":
             reason = f"re-audit of accepted submission {sub.submission_id} failed: {'; '.join(verdict.reasons[:3])}"
-            count_decision(conn, sub, worker, accepted=False)
+            count_decision(conn, body, worker, accepted=False)
             voided = reaudits.void_untrained(conn, worker.node_id, reason, now)
             banned = self._count_rejection(conn, worker, [reason])
             self._event(
