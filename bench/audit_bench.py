@@ -35,9 +35,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
-
-from bench.runs import BIN, REPO_ROOT, network_run_config
+from bench.runs import REPO_ROOT, network_run_config
+from runtime.children import stop_processes
+from tests.support.coordinator_process import CoordinatorProcess
 
 START = "builtin:small-qwen3-sort-start"
 ENVIRONMENT: dict[str, Any] = {"type": "builtin", "name": "sort_digits"}
@@ -91,30 +91,6 @@ def run_config(root: Path, mode: str, args: argparse.Namespace) -> dict[str, Any
     return config
 
 
-def wait_up(url: str, process: subprocess.Popen[bytes], timeout_s: float = 600) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise SystemExit(f"the coordinator exited ({process.returncode}) before its API answered")
-        try:
-            if httpx.get(f"{url}/v1/status", timeout=2).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(1)
-    raise SystemExit(f"the coordinator's API at {url} did not answer in {timeout_s:.0f} s")
-
-
-def stop(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-
 def node_id_of(data_dir: Path) -> str | None:
     from protocol.identity import key_path, load_identity
 
@@ -131,25 +107,23 @@ def run_network(root: Path, mode: str, args: argparse.Namespace) -> dict[str, An
     url = f"http://127.0.0.1:{config['api']['port']}"
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     started = time.monotonic()
-    with (root / "coordinator.log").open("wb") as out:
-        coordinator = subprocess.Popen(
-            [str(BIN / "prime-coordinator"), "start", "-c", str(root / "run.toml")], stdout=out, stderr=out, env=env
-        )
-    workers: dict[str, subprocess.Popen[bytes]] = {}
+    log_path = root / "coordinator.log"
+    coordinator = CoordinatorProcess(root / "run.toml", log_path, env, stdout_path=log_path)
+    workers: list[subprocess.Popen[bytes]] = []
     try:
-        wait_up(url, coordinator)
+        coordinator.start(url, timeout_s=600)
         for index, strategy in enumerate(("honest", *CHEATERS)):
             data_dir = root / "workers" / strategy
             data_dir.mkdir(parents=True, exist_ok=True)
             command = [sys.executable, "-m", "tests.support.cheating_worker", url, str(data_dir), strategy]
             command += ["--record-tasks", str(args.record_tasks), "--rate", str(args.rate), "--seed", str(index)]
             with (data_dir.parent / f"{strategy}.log").open("wb") as out:
-                workers[strategy] = subprocess.Popen(command, stdout=out, stderr=out, env=env)
-        rc = coordinator.wait(timeout=RUN_TIMEOUT_S)
+                workers.append(subprocess.Popen(command, stdout=out, stderr=out, env=env))
+        assert coordinator.proc is not None
+        rc = coordinator.proc.wait(timeout=RUN_TIMEOUT_S)
     finally:
-        stop(coordinator)
-        for process in workers.values():
-            stop(process)
+        coordinator.stop()
+        stop_processes(workers)
     if rc != 0:
         raise SystemExit(f"the {mode} run failed (exit {rc}); see {root / 'coordinator.log'}")
     return measure(root, mode, args, time.monotonic() - started)
