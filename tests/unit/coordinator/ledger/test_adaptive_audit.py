@@ -64,10 +64,14 @@ def test_the_policy_is_signed_into_the_run_spec() -> None:
     }
 
 
+async def _submitted(worker: LedgerClient) -> str:
+    (task,) = (await worker.lease(LeaseRequest())).tasks
+    return (await worker.submit(submission_for(task))).submission_id
+
+
 async def _judged(worker: LedgerClient, validator: LedgerClient, accept: bool) -> int:
     """Lease, submit and judge one task; how many of its samples the validator was asked to recompute."""
-    (task,) = (await worker.lease(LeaseRequest())).tasks
-    submission_id = (await worker.submit(submission_for(task))).submission_id
+    submission_id = await _submitted(worker)
     (item,) = [i for i in (await validator.pending()).submissions if i.submission_id == submission_id]
     reasons = [] if accept else ["proof: rollout p0/s0 does not match"]
     await validator.post_verdict(Verdict(submission_id=submission_id, accepted=accept, reasons=reasons))
@@ -119,11 +123,6 @@ async def test_trusted_nodes_are_audited_at_their_floor_from_the_start(make_harn
     assert await _judged(untrusted, validator, accept=True) == 16
     for client in (trusted, untrusted, validator):
         await client.aclose()
-
-
-async def _submitted(worker: LedgerClient) -> str:
-    (task,) = (await worker.lease(LeaseRequest())).tasks
-    return (await worker.submit(submission_for(task))).submission_id
 
 
 @pytest.mark.anyio
