@@ -13,6 +13,7 @@ made, gone.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import socket
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Connection, inspect, text
+from sqlalchemy.exc import SQLAlchemyError
 
 from coordinator.ledger.storage.engine import Database
 from coordinator.ledger.storage.tables import metadata
@@ -34,12 +36,19 @@ POSTGRES_EXTRAS = ("DROP SEQUENCE IF EXISTS group_index_seq", "DROP FUNCTION IF 
 class LedgerLock:
     """The coordinator's hold on its ledger, released by :meth:`release` or the process's end."""
 
-    def __init__(self, connection: Connection | None = None, file_lock: DataDirLock | None = None) -> None:
+    def __init__(
+        self, connection: Connection | None = None, key: int = 0, file_lock: DataDirLock | None = None
+    ) -> None:
         self._connection = connection
+        self._key = key
         self._file_lock = file_lock
 
     def release(self) -> None:
         if self._connection is not None:
+            # Unlock before disconnecting: the server ends a closed session's backend (and frees its locks)
+            # asynchronously, so a coordinator starting right after this one could still find the lock held.
+            with contextlib.suppress(SQLAlchemyError):  # a lost connection has already dropped the lock
+                self._connection.execute(text("SELECT pg_advisory_unlock(:key)"), {"key": self._key})
             self._connection.invalidate()  # closes the session for real (not back to the pool): the lock goes with it
             self._connection.close()
             self._connection = None
@@ -95,7 +104,7 @@ def hold_ledger(database: Database) -> LedgerLock:
         except BaseException:
             connection.close()
             raise
-        return LedgerLock(connection=connection)
+        return LedgerLock(connection=connection, key=key)
     path = database.engine.url.database
     if not path or path == ":memory:":
         return LedgerLock()
