@@ -9,8 +9,9 @@ yet, waits until an event of a kind it cares about has committed since that mark
 :meth:`~LedgerChanges.wait_async` (the API's long-polls on leases and pending submissions).
 Taking the mark first means a change that lands between the look and the wait is never missed.
 
-Only this process's commits are seen: with several API replicas on one database a change made
-by another replica wakes nobody here, so every waiter also re-checks on a bounded interval.
+Only this process's commits are counted here; on PostgreSQL :mod:`coordinator.ledger.change_feed`
+adds the other processes' (API replicas on the same database). Every waiter also re-checks on a
+bounded interval, which covers a feed that dropped its connection.
 """
 
 from __future__ import annotations

@@ -42,6 +42,7 @@ from sqlalchemy import Connection, Row, bindparam, exists, func, insert, select,
 
 from coordinator.config import CoordinatorConfig
 from coordinator.ledger.approvals import operator_approves
+from coordinator.ledger.change_feed import ChangeFeed
 from coordinator.ledger.changes import NODE_SCOPED_KINDS, LedgerChanges, node_kind
 from coordinator.ledger.replay import NonceClaim, claim_nonce
 from coordinator.ledger.reputation import BanPolicy, ProbationPolicy, lease_allowance, on_probation
@@ -179,6 +180,19 @@ class LeasingLedger(LedgerViews):
         self.changes = LedgerChanges()
         """Told the event kinds of each committed write (see :mod:`coordinator.ledger.changes`)."""
         self._transaction = threading.local()  # .kinds: the event kinds of this thread's open write
+        self.feed: ChangeFeed | None = None
+        """Carries commits between the processes on one PostgreSQL ledger, once :meth:`share_changes` started it."""
+
+    def share_changes(self) -> None:
+        """On PostgreSQL, announce this process's commits to the other processes on the ledger (API replicas, the
+        coordinator) and wake this one's waiters on theirs (:mod:`coordinator.ledger.change_feed`)."""
+        if not self.db.is_sqlite and self.feed is None:
+            self.feed = ChangeFeed(self.db, self.changes).start()
+
+    def stop_sharing_changes(self) -> None:
+        if self.feed is not None:
+            self.feed.close()
+            self.feed = None
 
     def _load_or_create_run(self) -> str:
         with self.db.write() as conn:
@@ -222,6 +236,8 @@ class LeasingLedger(LedgerViews):
                         f"nonce {nonce.nonce} was already used by node {nonce.node_id}; requests cannot be replayed"
                     )
                 yield conn
+                if self.feed is not None and kinds:
+                    self.feed.announce(conn, kinds)  # delivered to the other processes at the commit
         finally:
             self._transaction.kinds = outer
         self.changes.committed(kinds)  # only after the commit: a rolled-back write changed nothing

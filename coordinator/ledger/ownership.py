@@ -23,7 +23,7 @@ from typing import Any
 from sqlalchemy import Connection, inspect, text
 from sqlalchemy.exc import SQLAlchemyError
 
-from coordinator.ledger.storage.engine import Database
+from coordinator.ledger.storage.engine import Database, ledger_scope
 from coordinator.ledger.storage.tables import metadata
 from protocol.errors import NotFoundError, StartupError
 from runtime.data_dir_lock import DataDirLock, hold_lock_file
@@ -69,7 +69,7 @@ def shown_url(database: Database) -> str:
 
 def _advisory_key(connection: Connection) -> int:
     """A signed 64-bit key for the ledger's database and schema."""
-    where = connection.execute(text("SELECT current_database() || '.' || current_schema()")).scalar_one()
+    where = ledger_scope(connection)
     return int.from_bytes(hashlib.sha256(f"prime-network ledger {where}".encode()).digest()[:8], "big", signed=True)
 
 

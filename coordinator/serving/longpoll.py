@@ -15,7 +15,8 @@ worker's submissions never queue behind its own long-poll; a node holds at most
 plain request); a long-poll whose client has gone, or on a server shutting down, stops asking (so no task
 is leased to nobody, and shutdown is not held up);
 and each waiter asks the ledger again at most every :data:`RECHECK_S` when no change wakes it
-(the change of another API replica on the same database wakes nobody here).
+(on PostgreSQL another API replica's change wakes it through :mod:`coordinator.ledger.change_feed`;
+the re-check covers a dropped feed connection).
 """
 
 from __future__ import annotations

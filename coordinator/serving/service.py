@@ -169,6 +169,7 @@ def serve_run(config: CoordinatorConfig, precision: str) -> None:
     try:
         ledger_lock = hold_ledger(database)  # one coordinator per run, whatever data dir the other one has
         check_owner(ledger, identity.node_id, config.data_dir)
+        ledger.share_changes()  # PostgreSQL: API replicas' writes wake this process's long-polls, and ours theirs
         status = ledger.status()
         log.info(
             "ledger %s: run %r, policy version %d, %d submission(s) accepted",
@@ -229,6 +230,7 @@ def serve_run(config: CoordinatorConfig, precision: str) -> None:
             relays.stop()
     finally:
         builtin_validator.stop()
+        ledger.stop_sharing_changes()
         if ledger_lock is not None:
             ledger_lock.release()
         database.dispose()

@@ -21,10 +21,15 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Connection, Engine, create_engine, event
+from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlalchemy.engine import make_url
 
 _WRITE_OPTION = "prime_write"
+
+
+def ledger_scope(connection: Connection) -> str:
+    """``database.schema`` of a PostgreSQL connection: what names one ledger on its server (locks, channels)."""
+    return str(connection.execute(text("SELECT current_database() || '.' || current_schema()")).scalar_one())
 
 
 class Database:
