@@ -46,15 +46,26 @@ def start(
     port: int | None = typer.Option(None, help="Port for the ledger API (api.port)."),
     data_dir: Path | None = DataDirOption,
     ledger_url: str | None = LedgerUrlOption,
+    api_only: bool = typer.Option(
+        False,
+        "--api-only",
+        help="Serve only the ledger API of a run whose coordinator is already running on the same PostgreSQL "
+        "ledger.url: an API replica behind a load balancer (deploy/haproxy.cfg), with no trainer, origin or key.",
+    ),
     log_level: str = LogLevelOption,
     json_logs: bool = JsonLogsOption,
 ) -> None:
     """Start (or resume) the run: ledger API (uvicorn), SHARDCAST origin and, when configured, the RL loop
     with its trainer (config section orchestrator) and a local network of relay, workers and validator
-    (config section local_network)."""
+    (config section local_network). With --api-only: one more API process for a running run."""
     start_logging(log_level, json_logs)
     flags = {"api.host": host, "api.port": port, "data_dir": data_dir, "ledger.url": ledger_url}
     loaded = load_role_config(CoordinatorConfig, config, sets, flags)
+    if api_only:
+        from coordinator.serving.replica import run_api_replica
+
+        run_or_exit("coordinator", run_api_replica, loaded)
+        return
     from coordinator.serving.service import run
 
     run_or_exit("coordinator", run, loaded)

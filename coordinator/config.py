@@ -36,6 +36,9 @@ class ApiConfig(Section):
     max_long_polls_per_node: int = Field(default=4, ge=0, le=64)
     """Long-polls (`wait_s` on a lease or the pending list) one node may have waiting at once; further ones are
     answered at once, like a plain request (one per engine of a worker is the most a node needs)."""
+    long_poll_recheck_s: float = Field(default=2.0, ge=0.1, le=60.0)
+    """How often a waiting long-poll asks the ledger again when no change woke it. Changes wake it at once, those
+    of API replicas too (PostgreSQL's change feed); the re-check covers a feed that lost its connection."""
     num_threads: int = Field(default=4, ge=1, le=256)
     """Threads that run ledger calls. Few is faster: every call holds the GIL most of the time, so more
     threads only queue for it (bench/ledger_load.py on PostgreSQL here: p99 ~0.1 s with 4 threads, 18 s with 40)."""

@@ -164,7 +164,7 @@ def create_app(
         """Report liveness, engine and policy versions held."""
         return await in_thread(ledger.heartbeat, caller.node_id, body, caller.nonce)
 
-    long_polls = LongPolls(ledger.changes, api.max_long_polls_per_node)
+    long_polls = LongPolls(ledger.changes, api.max_long_polls_per_node, api.long_poll_recheck_s)
     app.state.long_polls = long_polls  # the service tells it when the server is closing
     WaitS = Annotated[  # noqa: N806 - a type alias, named like one
         float,

@@ -22,6 +22,9 @@ from coordinator.config import CoordinatorConfig
 from protocol.errors import StartupError
 
 if TYPE_CHECKING:
+    import uvicorn
+    from fastapi import FastAPI
+
     from coordinator.ledger.ledger import Ledger
     from coordinator.ledger.ownership import LedgerLock
     from coordinator.ledger.storage.engine import Database
@@ -39,17 +42,14 @@ SQLITE_URL_FIX = (
 )
 
 
-def open_ledger(config: CoordinatorConfig, prompts: PromptSource, node_id: str) -> tuple[Database, Ledger]:
-    """Open (and migrate) the run's ledger database; a database that cannot be used is a StartupError."""
-    from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError
+def open_database(config: CoordinatorConfig) -> Database:
+    """The run's ledger database; one that cannot be opened is a StartupError."""
+    from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
-    from coordinator.ledger.ledger import Ledger
     from coordinator.ledger.storage.engine import Database
 
-    shown = config.ledger_url.split("@")[-1] if "@" in config.ledger_url else config.ledger_url
-    fix = SQLITE_URL_FIX if config.ledger_url.startswith("sqlite") else LEDGER_URL_FIX
     try:
-        database = Database(config.ledger_url, config.ledger.sqlite_synchronous, config.ledger.pool_size)
+        return Database(config.ledger_url, config.ledger.sqlite_synchronous, config.ledger.pool_size)
     except (ArgumentError, NoSuchModuleError) as exc:
         raise StartupError(
             f"ledger.url {config.ledger_url!r} is not a database URL SQLAlchemy knows ({exc})", LEDGER_URL_FIX
@@ -59,21 +59,42 @@ def open_ledger(config: CoordinatorConfig, prompts: PromptSource, node_id: str) 
             f"the database driver {exc.name!r} for ledger.url is not installed", "pip install 'psycopg[binary]'"
         ) from exc
     except OSError as exc:
-        raise StartupError(f"cannot create the ledger database file of {shown}: {exc}", fix) from exc
+        raise StartupError(
+            f"cannot create the ledger database file of {shown(config)}: {exc}", url_fix(config)
+        ) from exc
+
+
+def shown(config: CoordinatorConfig) -> str:
+    """The ledger's URL without its credentials, for messages."""
+    return config.ledger_url.split("@")[-1] if "@" in config.ledger_url else config.ledger_url
+
+
+def url_fix(config: CoordinatorConfig) -> str:
+    return SQLITE_URL_FIX if config.ledger_url.startswith("sqlite") else LEDGER_URL_FIX
+
+
+def open_ledger(config: CoordinatorConfig, prompts: PromptSource, node_id: str) -> tuple[Database, Ledger]:
+    """Open (and migrate) the run's ledger database; a database that cannot be used is a StartupError."""
+    from sqlalchemy.exc import DBAPIError
+
+    from coordinator.ledger.ledger import Ledger
+
+    database = open_database(config)
     try:
         return database, Ledger(database, config, prompts, node_id)
     except OSError as exc:
         database.dispose()
-        raise StartupError(f"cannot create the ledger database at {shown}: {exc}", fix) from exc
+        raise StartupError(f"cannot create the ledger database at {shown(config)}: {exc}", url_fix(config)) from exc
     except DBAPIError as exc:
         database.dispose()
         reason = str(exc.orig).strip().splitlines()[0] if exc.orig is not None else str(exc)
         reason = reason.split("FATAL:")[-1].strip()
-        raise StartupError(f"cannot open the ledger database at {shown}: {reason}", fix) from exc
+        raise StartupError(f"cannot open the ledger database at {shown(config)}: {reason}", url_fix(config)) from exc
 
 
-def bind_api_socket(family: socket.AddressFamily, host: str, port: int) -> socket.socket:
+def bind_api_socket(host: str, port: int) -> socket.socket:
     """The API's listening socket (bound here so port 0 works); a port in use is a StartupError."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
@@ -111,6 +132,24 @@ def join_commands(url: str, coordinator_id: str) -> list[str]:
     ]
 
 
+def api_server(app: FastAPI) -> uvicorn.Server:
+    """The uvicorn server of the ledger API ``app``; its waiting long-polls end when it shuts down."""
+    import uvicorn
+
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            log_config=None,
+            access_log=False,
+            timeout_graceful_shutdown=5,
+            backlog=4096,
+            proxy_headers=False,  # X-Forwarded-For only from sources.trusted_proxies (see coordinator.serving.app)
+        )
+    )
+    app.state.long_polls.closing = lambda: bool(server.should_exit)
+    return server
+
+
 def run(config: CoordinatorConfig) -> None:
     from coordinator.ledger.run_spec import check_precision
     from coordinator.loop.tracking import check_tracking
@@ -125,10 +164,9 @@ def run(config: CoordinatorConfig) -> None:
 
 def serve_run(config: CoordinatorConfig, precision: str) -> None:
     """Open the run's ledger, publish v0 on the first start, and serve until the run ends or is stopped."""
-    import uvicorn
-
     from coordinator.ledger.ownership import check_owner, hold_ledger
     from coordinator.ledger.replay import DatabaseReplayCache
+    from coordinator.ledger.run_record import record_run
     from coordinator.ledger.run_spec import environment_prompts, signed_run_spec
     from coordinator.loop.policies import (
         policy_store,
@@ -169,6 +207,7 @@ def serve_run(config: CoordinatorConfig, precision: str) -> None:
     try:
         ledger_lock = hold_ledger(database)  # one coordinator per run, whatever data dir the other one has
         check_owner(ledger, identity.node_id, config.data_dir)
+        record_run(database, run_spec, config)  # what API replicas serve and lease by
         ledger.share_changes()  # PostgreSQL: API replicas' writes wake this process's long-polls, and ours theirs
         status = ledger.status()
         log.info(
@@ -188,11 +227,10 @@ def serve_run(config: CoordinatorConfig, precision: str) -> None:
             published = without_links(start, config.data_dir / "start-checkpoint")
             publish_policy(published, 0, identity, store, ledger, config)
         app.mount("/shardcast", create_shardcast_app(OriginSource(store)))
-        family = socket.AF_INET6 if ":" in config.api.host else socket.AF_INET
-        sock = bind_api_socket(family, config.api.host, config.api.port)
+        sock = bind_api_socket(config.api.host, config.api.port)
         host, port = sock.getsockname()[:2]
         log.info("ledger API listening on http://%s:%d (OpenAPI at /docs)", host, port)
-        url_host = f"[{host}]" if family == socket.AF_INET6 else host
+        url_host = f"[{host}]" if sock.family == socket.AF_INET6 else host
         if not config.local_network.enabled:  # the demo's nodes are its own children
             for line in join_commands(reachable_url(host, port, config.p2p.public_host), identity.node_id):
                 log.info("%s", line)
@@ -201,17 +239,7 @@ def serve_run(config: CoordinatorConfig, precision: str) -> None:
         )
         if gossip is not None:
             relays.start()  # asks the relays heard on gossip what they hold, for the dashboard
-        server = uvicorn.Server(
-            uvicorn.Config(
-                app,
-                log_config=None,
-                access_log=False,
-                timeout_graceful_shutdown=5,
-                backlog=4096,
-                proxy_headers=False,  # X-Forwarded-For only from sources.trusted_proxies (see coordinator.serving.app)
-            )
-        )
-        app.state.long_polls.closing = lambda: bool(server.should_exit)  # waiting long-polls end at shutdown
+        server = api_server(app)
         if config.validation.builtin_enabled:
             builtin_validator.start(local_url(host, port))
         runner = None

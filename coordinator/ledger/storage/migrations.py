@@ -30,6 +30,8 @@ rather than misread.
   and each node's credit: verified samples and tokens, and what cheating made it lose
   (``nodes.credit_samples``, ``credit_tokens``, ``credit_lost_samples``, ``credit_lost_tokens``), and
   the accepted submissions audited again on their unchecked samples (``reaudits``).
+- v10: the coordinator's signed run spec and the settings every API process of the run must share
+  (``run_state.run_spec_json``, ``run_state.api_settings_json``), which API replicas start from.
 """
 
 from __future__ import annotations
@@ -157,6 +159,11 @@ _V9 = [
     "CREATE INDEX reaudits_state ON reaudits (state, created_at)",
 ]
 
+_V10 = [
+    "ALTER TABLE run_state ADD COLUMN run_spec_json TEXT",
+    "ALTER TABLE run_state ADD COLUMN api_settings_json TEXT",
+]
+
 _SPELLING = {
     "sqlite": {"id": "INTEGER PRIMARY KEY AUTOINCREMENT", "float": "REAL", "bool": "BOOLEAN"},
     "postgresql": {"id": "BIGSERIAL PRIMARY KEY", "float": "DOUBLE PRECISION", "bool": "BOOLEAN"},
@@ -168,11 +175,11 @@ def steps(dialect: str) -> list[Sequence[str]]:
     v2_specific = _V2_SQLITE if dialect == "sqlite" else _V2_POSTGRESQL
     v3 = [] if dialect == "sqlite" else _V3_POSTGRESQL
     spelling = _SPELLING[dialect]
-    all_steps = (_V1, _V2_COMMON + v2_specific, v3, _V4, _V5, _V6, _V7, _V8, _V9)
+    all_steps = (_V1, _V2_COMMON + v2_specific, v3, _V4, _V5, _V6, _V7, _V8, _V9, _V10)
     return [[statement.format(**spelling) for statement in step] for step in all_steps]
 
 
-LATEST_VERSION = 9
+LATEST_VERSION = 10
 
 
 def events_guard(dialect: str) -> tuple[list[str], list[str]]:

@@ -29,6 +29,8 @@ run_state = Table(
     Column("current_policy_version", Integer, nullable=False),
     Column("next_group_index", BigInteger, nullable=False),
     Column("created_at", Float, nullable=False),
+    Column("run_spec_json", Text),
+    Column("api_settings_json", Text),
 )
 
 nodes = Table(
