@@ -30,6 +30,7 @@ from starlette.concurrency import run_in_threadpool
 from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 from coordinator.config import CoordinatorConfig
+from coordinator.ledger.api_processes import ApiProcesses
 from coordinator.ledger.audit_policy import audit_summary
 from coordinator.ledger.ledger import Ledger
 from coordinator.ledger.replay import DatabaseReplayCache
@@ -107,13 +108,27 @@ def create_app(
     ``run_spec`` is served at ``GET /v1/run-spec`` (404 without one)."""
     api = config.api
 
+    limiters = [
+        RateLimiter(api.ip_rate_per_s, api.ip_burst),
+        RateLimiter(api.node_rate_per_s, api.node_burst),
+        RateLimiter(config.sources.register_rate_per_s, config.sources.register_burst),
+        RateLimiter(config.sources.prefix_register_rate_per_s, config.sources.prefix_register_burst),
+    ]
+    ip_limiter, node_limiter, address_registrations, prefix_registrations = limiters
+    # PostgreSQL: API replicas may share the ledger, each enforcing its share of the rate limits.
+    processes = None if ledger.db.is_sqlite else ApiProcesses(ledger.db, api.maintenance_interval_s)
+
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
-        task = asyncio.create_task(_maintain(ledger, replay_cache, api.maintenance_interval_s))
+        if processes is not None:
+            _share_limits(limiters, await run_in_threadpool(processes.beat))
+        task = asyncio.create_task(_maintain(ledger, replay_cache, api.maintenance_interval_s, processes, limiters))
         try:
             yield
         finally:
             task.cancel()
+            if processes is not None:
+                await run_in_threadpool(processes.leave)
 
     app = FastAPI(
         title="prime-network ledger",
@@ -133,17 +148,13 @@ def create_app(
         max_in_flight=sources.max_requests_in_flight,
         max_waiting=sources.max_requests_waiting,
     )
-    app.add_middleware(IpRateLimit, limiter=RateLimiter(api.ip_rate_per_s, api.ip_burst), exempt_paths=_UNMETERED_PATHS)
+    app.add_middleware(IpRateLimit, limiter=ip_limiter, exempt_paths=_UNMETERED_PATHS)
     app.add_middleware(BodySizeLimit, max_body_bytes=api.max_body_bytes)  # before anything reads
     if sources.trusted_proxies:  # outermost: every layer inside sees the client, not the proxy
         app.add_middleware(ProxyHeadersMiddleware, trusted_hosts=sources.trusted_proxies)
-    registrations = RegistrationLimit(
-        source_policy,
-        RateLimiter(sources.register_rate_per_s, sources.register_burst),
-        RateLimiter(sources.prefix_register_rate_per_s, sources.prefix_register_burst),
-    )
+    registrations = RegistrationLimit(source_policy, address_registrations, prefix_registrations)
     in_thread = LedgerThreads(api.num_threads)
-    caller = SignedCaller(config.trust.max_clock_skew_s, RateLimiter(api.node_rate_per_s, api.node_burst))
+    caller = SignedCaller(config.trust.max_clock_skew_s, node_limiter)
     Caller = Annotated[SignedRequest, Depends(caller)]  # noqa: N806 - a type alias, named like one
 
     @app.post(routes.NODES_REGISTER, tags=["nodes"])
@@ -294,10 +305,23 @@ def create_app(
     return app
 
 
-async def _maintain(ledger: Ledger, replay_cache: DatabaseReplayCache, interval_s: float) -> None:
+def _share_limits(limiters: list[RateLimiter], num_processes: int) -> None:
+    for limiter in limiters:
+        limiter.share = 1.0 / num_processes
+
+
+async def _maintain(
+    ledger: Ledger,
+    replay_cache: DatabaseReplayCache,
+    interval_s: float,
+    processes: ApiProcesses | None,
+    limiters: list[RateLimiter],
+) -> None:
     while True:
         await asyncio.sleep(interval_s)
         try:
+            if processes is not None:
+                _share_limits(limiters, await run_in_threadpool(processes.beat))
             expired = await run_in_threadpool(ledger.expire_overdue)
             pruned = await run_in_threadpool(replay_cache.prune)
             if expired:

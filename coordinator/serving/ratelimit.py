@@ -3,7 +3,9 @@
 Each key gets a bucket of ``burst`` tokens refilled at ``rate_per_s``; a request takes one
 token or is told how long to wait. The table is bounded: when full, the least recently used
 keys are dropped (a dropped key starts again with a full bucket, which only errs towards
-letting a request through). Limits are per coordinator process; replicas each enforce their own.
+letting a request through). Behind a load balancer over N API processes on one ledger each process
+enforces ``share`` = 1/N of the rate and burst (:mod:`coordinator.ledger.api_processes`), so a source's
+requests summed over the processes stay within the setting.
 :class:`RegistrationLimit` caps new identities per source address and per network prefix.
 """
 
@@ -27,20 +29,23 @@ class RateLimiter:
         self._clock = clock
         self._buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()
         self._lock = threading.Lock()
+        self.share = 1.0
+        """The part of the limit this process enforces: 1/N when N API processes serve the ledger."""
 
     def retry_after_s(self, key: str) -> float | None:
         """Take one token for ``key``: None when allowed, else the seconds until one is available."""
         now = self._clock()
+        rate, burst = self.rate_per_s * self.share, max(1.0, self.burst * self.share)
         with self._lock:
-            tokens, last = self._buckets.pop(key, (float(self.burst), now))
-            tokens = min(float(self.burst), tokens + (now - last) * self.rate_per_s)
+            tokens, last = self._buckets.pop(key, (burst, now))
+            tokens = min(burst, tokens + (now - last) * rate)
             allowed = tokens >= 1.0
             if allowed:
                 tokens -= 1.0
             self._buckets[key] = (tokens, now)
             while len(self._buckets) > self.max_keys:
                 self._buckets.popitem(last=False)
-        return None if allowed else (1.0 - tokens) / self.rate_per_s
+        return None if allowed else (1.0 - tokens) / rate
 
 
 class RegistrationLimit:

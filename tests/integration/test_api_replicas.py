@@ -16,10 +16,10 @@ import httpx
 import pytest
 import tomli_w
 
-from protocol.errors import ReplayedNonceError
+from protocol.errors import RateLimitedError, ReplayedNonceError
 from protocol.identity import NodeIdentity, load_or_create_identity
 from protocol.ledger_client import LedgerClient
-from protocol.schemas import LeaseRequest, Task
+from protocol.schemas import HeartbeatRequest, LeaseRequest, Task
 from protocol.signing import sign_request
 from runtime.children import stop_processes
 from runtime.ports import free_port
@@ -34,6 +34,8 @@ from tests.support.ledger_helpers import (
 from tests.support.load_balancer import require_haproxy, start_haproxy
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
+NODE_RATE_PER_S, NODE_BURST = 1.0, 30
+"""A node's request rate limit, summed over the three API processes."""
 RECHECK_S = 60.0
 """The long-polls' re-check, set far beyond the test's waits: only the change feed can wake them in time."""
 
@@ -54,7 +56,14 @@ def replicated(tmp_path_factory: pytest.TempPathFactory, postgres_url: str) -> I
     config = {
         "run_name": "replicated",
         "data_dir": str(tmp / "run"),
-        "api": {"host": "127.0.0.1", "port": ports[1], "long_poll_recheck_s": RECHECK_S},
+        "api": {
+            "host": "127.0.0.1",
+            "port": ports[1],
+            "long_poll_recheck_s": RECHECK_S,
+            "maintenance_interval_s": 1.0,  # each process counts the others every second
+            "node_rate_per_s": NODE_RATE_PER_S,
+            "node_burst": NODE_BURST,
+        },
         "scheduling": {"prompts_per_task": 2, "group_size": 2, "max_tokens": 8, "lease_ttl_s": 600},
         "environment": {"type": "builtin", "name": "reverse_text"},
         "policy": {"start_checkpoint": str(tiny_policy(tmp / "policy", seed=0))},
@@ -155,3 +164,24 @@ def test_a_long_poll_on_one_replica_wakes_on_a_submission_through_another(replic
     woke_after_s, found = asyncio.run(main())
     assert found >= 1
     assert woke_after_s < 10.0  # the re-check is 60 s away and the wait 15 s: only the change feed woke it
+
+
+def test_a_nodes_rate_limit_is_summed_over_the_processes(replicated: Replicated) -> None:
+    time.sleep(2.0)  # two maintenance rounds: every process has counted all three
+
+    async def main() -> tuple[int, float]:
+        async with LedgerClient(replicated.balancer, NodeIdentity.generate()) as client:
+            started = time.monotonic()
+            await client.register(register_request())
+            allowed = 1
+            for _ in range(3 * NODE_BURST):  # round robin: a third to each process
+                try:
+                    await client.heartbeat(HeartbeatRequest(policy_versions_held=[], tokens_per_s=0.0))
+                    allowed += 1
+                except RateLimitedError:
+                    pass
+            return allowed, time.monotonic() - started
+
+    allowed, elapsed_s = asyncio.run(main())
+    # Each process alone would let the whole burst through (3 x 30); together they allow one burst and the refill.
+    assert NODE_BURST - 3 <= allowed <= NODE_BURST + NODE_RATE_PER_S * elapsed_s + 3

@@ -31,7 +31,8 @@ rather than misread.
   (``nodes.credit_samples``, ``credit_tokens``, ``credit_lost_samples``, ``credit_lost_tokens``), and
   the accepted submissions audited again on their unchecked samples (``reaudits``).
 - v10: the coordinator's signed run spec and the settings every API process of the run must share
-  (``run_state.run_spec_json``, ``run_state.api_settings_json``), which API replicas start from.
+  (``run_state.run_spec_json``, ``run_state.api_settings_json``), which API replicas start from, and
+  the API processes serving the ledger, each with its last heartbeat (``api_processes``).
 """
 
 from __future__ import annotations
@@ -162,6 +163,8 @@ _V9 = [
 _V10 = [
     "ALTER TABLE run_state ADD COLUMN run_spec_json TEXT",
     "ALTER TABLE run_state ADD COLUMN api_settings_json TEXT",
+    """CREATE TABLE api_processes (
+        process_id TEXT PRIMARY KEY, host TEXT NOT NULL, started_at {float} NOT NULL, last_seen {float} NOT NULL)""",
 ]
 
 _SPELLING = {

@@ -33,6 +33,15 @@ run_state = Table(
     Column("api_settings_json", Text),
 )
 
+api_processes = Table(
+    "api_processes",
+    metadata,
+    Column("process_id", Text, primary_key=True),
+    Column("host", Text, nullable=False),
+    Column("started_at", Float, nullable=False),
+    Column("last_seen", Float, nullable=False),
+)
+
 nodes = Table(
     "nodes",
     metadata,
