@@ -1,18 +1,25 @@
-"""Load on the ledger: N simulated workers against a real `prime-coordinator start` on 127.0.0.1.
+"""Load on the ledger: N simulated workers and validators against a real `prime-coordinator start` on 127.0.0.1.
 
-For each backend (SQLite, then PostgreSQL) this starts the coordinator as its own process,
-then a load generator as another process (so client-side signing and the server do not share
-one interpreter): every simulated worker registers, heartbeats every ``--period-s`` seconds,
-and once per period leases a task and submits its rollouts, each request signed with its own
-pre-generated Ed25519 key. After ``--duration-s`` it prints ONE JSON object: per backend and
-endpoint the request count, p50/p99 latency (as the client saw it, queueing included),
-requests/s and errors, and a ``summary`` with the p99 of the slowest endpoint per backend.
+For each backend (SQLite, then PostgreSQL) this starts the coordinator as its own process
+(with ``--replicas 2``, PostgreSQL only: the coordinator and two `--api-only` replicas behind
+Debian's HAProxy with deploy/haproxy.cfg), then a load generator as another process (so
+client-side signing and the server do not share one interpreter). Every simulated worker
+registers, heartbeats once per its period, and once per period leases a task and submits its
+rollouts, each request signed with its own pre-generated Ed25519 key. Workers are heterogeneous
+(each one's period is ``--period-s`` times a log-normal speed factor, 0.25x to 4x) and churn
+(``--churn``: that share of them leaves during the run, half of them crashing with a lease
+held, and as many new ones join). Simulated validators (``--validators``) ask for the pending
+submissions every second and post a verdict on each. After ``--duration-s`` it prints ONE JSON object: per
+backend and endpoint the request count, p50/p99 latency (as the client saw it, queueing
+included), requests/s and errors, and a ``summary`` with the p99 of the slowest endpoint per
+backend (``p99_ms_10k`` too when there are 10,000 workers).
 
 The coordinator runs with its per-IP limit raised (all simulated workers share 127.0.0.1);
 per-node limits stay at their defaults.
 
     python -m bench.ledger_load            # 1000 workers, 60 s per backend
     python -m bench.ledger_load --quick    # 200 workers, 15 s per backend
+    python -m bench.ledger_load --backends postgresql --workers 10000 --period-s 60 --replicas 2
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,13 +46,18 @@ from environments.base import Environment, Example, Scores
 from protocol import routes
 from protocol.identity import NodeIdentity
 from protocol.ledger_client import HEADER_SUBMISSION_SIGNATURE
+from protocol.schemas import SubmitRequest
 from protocol.signing import sign_document, sign_request
+from runtime.children import stop_processes
 from runtime.ports import free_port
 from tests.support.coordinator_process import CoordinatorProcess
+from tests.support.load_balancer import start_haproxy
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
-ENDPOINTS = ("register", "heartbeat", "lease", "submit")
+ENDPOINTS = ("register", "heartbeat", "lease", "submit", "pending", "verdict")
+VALIDATOR_PERIOD_S = 1.0
+"""How often each simulated validator asks for pending submissions."""
 
 
 class BenchEnvironment(Environment):
@@ -200,18 +213,21 @@ class SimulatedWorker:
             "engine": "vllm",
             "rollouts": rollouts,
         }
+        document = SubmitRequest.model_validate(document).model_dump(mode="json")  # signed with every default
         signature = sign_document(self.identity, document)
         answer = await self.call("submit", routes.SUBMISSIONS, document, {HEADER_SUBMISSION_SIGNATURE: signature})
         return str(answer["submission_id"]) if answer is not None else None
 
-    async def run(self, stop_at: float, period_s: float, rng: random.Random) -> None:
+    async def run(self, life: Life, stop_at: float) -> None:
         loop = asyncio.get_running_loop()
-        await asyncio.sleep(rng.uniform(0, period_s))  # workers join spread over one period
+        await asyncio.sleep(max(0.0, life.join_at - loop.time()))
         if await self.call("register", routes.NODES_REGISTER, registration("worker")) is None:
             return
+        period_s = life.period_s
+        end_at = min(stop_at, life.leave_at)
         next_beat = loop.time() + period_s
-        next_task = loop.time() + rng.uniform(0, period_s)
-        while (wake := min(next_beat, next_task)) < stop_at:
+        next_task = loop.time() + life.rng.uniform(0, period_s)
+        while (wake := min(next_beat, next_task)) < end_at:
             await asyncio.sleep(max(0.0, wake - loop.time()))
             if loop.time() >= next_beat:
                 beat = {"v": 1, "policy_versions_held": [0], "engine": "vllm", "tokens_per_s": 100.0}
@@ -222,19 +238,80 @@ class SimulatedWorker:
                 for task in leased["tasks"] if leased else []:
                     await self.submit(task)
                 next_task = max(next_task + period_s, loop.time())
+        if life.crashes and life.leave_at < stop_at:  # gone with a lease held: the ledger expires it
+            await self.call("lease", routes.LEASES, {"v": 1, "max_tasks": 1, "policy_versions_held": [0]})
 
 
-async def generate_load(
-    url: str, num_workers: int, duration_s: float, period_s: float, num_connections: int, seed: int
-) -> dict[str, Any]:
-    identities = [NodeIdentity.generate() for _ in range(num_workers)]  # before the clock starts
+@dataclass
+class Life:
+    """When a simulated worker joins and leaves, how fast it works, and whether it crashes on leaving."""
+
+    join_at: float
+    period_s: float
+    leave_at: float
+    crashes: bool
+    rng: random.Random
+
+
+def lives(num_workers: int, period_s: float, churn: float, start: float, duration_s: float, seed: int) -> list[Life]:
+    """``num_workers`` joining over the first period, then ``churn`` x that many leaving during the run (half of them
+    crashing) and as many joining; each works at its own speed (a log-normal factor of ``period_s``, 0.25x-4x)."""
+    rng = random.Random(seed)
+    stop_at = start + duration_s
+    num_churning = round(churn * num_workers)
+    found = []
+    for index in range(num_workers + num_churning):
+        speed = min(4.0, max(0.25, rng.lognormvariate(0.0, 0.7)))
+        own_period_s = period_s / speed
+        joins_late = index >= num_workers
+        join_at = start + (rng.uniform(period_s, duration_s) if joins_late else rng.uniform(0, period_s))
+        leaves = index < num_churning
+        leave_at = rng.uniform(join_at, stop_at) if leaves else float("inf")
+        found.append(Life(join_at, own_period_s, leave_at, leaves and index % 2 == 0, random.Random(rng.random())))
+    return found
+
+
+class SimulatedValidator:
+    """A validator that asks for pending submissions once per period and accepts each (the ledger's side of
+    auditing). Plain requests, not long-polls, so their latencies are the ledger's and not a wait."""
+
+    def __init__(self, worker: SimulatedWorker) -> None:
+        self.node = worker
+
+    async def run(self, stop_at: float) -> None:
+        loop = asyncio.get_running_loop()
+        if await self.node.call("register", routes.NODES_REGISTER, registration("validator")) is None:
+            return
+        path = f"{routes.SUBMISSIONS_PENDING}?limit=16"
+        while loop.time() < stop_at:
+            asked_at = loop.time()
+            pending = await self.node.call("pending", path, None)
+            for item in pending["submissions"] if pending else []:
+                rollouts = item["submission"]["rollouts"]
+                verdict = {"v": 1, "submission_id": item["submission_id"], "accepted": True}
+                verdict["rewards"] = [0.0] * len(rollouts)
+                verdict["reward_components"] = {"exact_match": [0.0] * len(rollouts)}
+                await self.node.call("verdict", routes.VERDICTS, verdict)
+            await asyncio.sleep(max(0.0, asked_at + VALIDATOR_PERIOD_S - loop.time()))
+
+
+async def generate_load(url: str, args: argparse.Namespace, seed: int) -> dict[str, Any]:
+    num_lives = args.workers + round(args.churn * args.workers)
+    identities = [NodeIdentity.generate() for _ in range(num_lives + args.validators)]  # before the clock starts
     host, port = url.removeprefix("http://").rsplit(":", 1)
     recorder = Recorder()
-    pool = Pool(host, int(port), num_connections)
-    rng = random.Random(seed)
+    pool = Pool(host, int(port), args.connections)
+    validator_pool = Pool(host, int(port), max(1, args.validators))
+    loop = asyncio.get_running_loop()
     started = time.perf_counter()
-    stop_at = asyncio.get_running_loop().time() + duration_s
-    await asyncio.gather(*(SimulatedWorker(i, pool, recorder).run(stop_at, period_s, rng) for i in identities))
+    stop_at = loop.time() + args.duration_s
+    plan = lives(args.workers, args.period_s, args.churn, loop.time(), args.duration_s, seed)
+    workers = [SimulatedWorker(identity, pool, recorder) for identity in identities[:num_lives]]
+    validators = [SimulatedValidator(SimulatedWorker(i, validator_pool, recorder)) for i in identities[num_lives:]]
+    await asyncio.gather(
+        *(worker.run(life, stop_at) for worker, life in zip(workers, plan, strict=True)),
+        *(validator.run(stop_at) for validator in validators),
+    )
     elapsed_s = time.perf_counter() - started
     return {
         "elapsed_s": elapsed_s,
@@ -284,6 +361,8 @@ ROUTES = {
     "heartbeat": routes.NODES_HEARTBEAT,
     "lease": routes.LEASES,
     "submit": routes.SUBMISSIONS,
+    "pending": routes.SUBMISSIONS_PENDING,
+    "verdict": routes.VERDICTS,
 }
 
 
@@ -329,46 +408,66 @@ def log(message: str) -> None:
 
 
 def run_backend(backend: str, ledger_url: str, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
+    ports = [free_port() for _ in range(1 + args.replicas + (1 if args.replicas else 0))]
     config = {
         "run_name": f"bench-{backend}",
         "data_dir": str(workdir / backend),
         "environment": {"type": "python", "target": "bench.ledger_load:BenchEnvironment"},
-        "api": {"host": "127.0.0.1", "port": port, "ip_rate_per_s": 1e6, "ip_burst": 1_000_000},
+        "api": {"host": "127.0.0.1", "port": ports[0], "ip_rate_per_s": 1e6, "ip_burst": 1_000_000},
         "ledger": {"url": ledger_url},
         "scheduling": {"prompts_per_task": 2, "group_size": 2, "max_tokens": 16, "lease_ttl_s": 600},
+        "trust": {"validators_open": True},
         # the simulated workers stand for distinct machines but all connect from loopback: without this,
         # the Sybil defences would treat them as one source and cap their registrations (docs/sybil.md)
-        "sources": {"allow": ["127.0.0.0/8"]},
+        "sources": {"allow": ["127.0.0.0/8"], "trusted_proxies": ["127.0.0.1"] if args.replicas else []},
     }
     config_path = workdir / f"{backend}.toml"
     config_path.write_text(tomli_w.dumps(config))
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-    server = CoordinatorProcess(config_path, workdir / f"{backend}.log", env)
+    servers = [CoordinatorProcess(config_path, workdir / f"{backend}-{i}.log", env) for i in range(1 + args.replicas)]
+    balancer: subprocess.Popen[bytes] | None = None
+    urls = [f"http://127.0.0.1:{port}" for port in ports]
     try:
-        server.start(url, ("--log-level", "warning"))
-        log(f"{backend}: coordinator pid {server.pid} on {url}; {args.workers} workers for {args.duration_s} s")
+        servers[0].start(urls[0], ("--log-level", "warning"))
+        for index, server in enumerate(servers[1:], start=1):
+            server.start(urls[index], ("--api-only", "--port", str(ports[index]), "--log-level", "warning"))
+        url = urls[0]
+        if args.replicas:
+            if args.replicas != 2:
+                raise ValueError("deploy/haproxy.cfg balances the coordinator and two replicas: --replicas 0 or 2")
+            addresses = [u.removeprefix("http://") for u in urls]
+            balancer = start_haproxy(addresses[3], addresses[0], (addresses[1], addresses[2]), workdir / "haproxy.log")
+            url = urls[3]
+        pids = [server.pid for server in servers]
+        log(f"{backend}: API pid(s) {pids} behind {url}; {args.workers} workers for {args.duration_s} s")
         generator = [sys.executable, "-m", "bench.ledger_load", "--generate", url]
         generator += ["--workers", str(args.workers), "--duration-s", str(args.duration_s)]
         generator += ["--period-s", str(args.period_s), "--connections", str(args.connections)]
-        server_cpu_before_s = cpu_seconds(server.pid)
+        generator += ["--churn", str(args.churn), "--validators", str(args.validators)]
+        server_cpu_before_s = sum(cpu_seconds(pid) for pid in pids)
+        balancer_cpu_before_s = cpu_seconds(balancer.pid) if balancer else 0.0
         done = subprocess.run(generator, capture_output=True, text=True, env=env, check=False)
-        server_cpu_s = cpu_seconds(server.pid) - server_cpu_before_s
+        server_cpu_s = sum(cpu_seconds(pid) for pid in pids) - server_cpu_before_s
         if done.returncode != 0:
             raise RuntimeError(f"load generator failed: {done.stderr[-2000:]}")
         result = summarize(json.loads(done.stdout))
-        # Machine-independent-ish capacity figure: the coordinator's own CPU per request served
+        result["api_processes"] = len(servers)
+        # Machine-independent-ish capacity figure: the API processes' own CPU per request served
         # (PostgreSQL's backend processes are not included).
         result["server_cpu_s"] = round(server_cpu_s, 1)
         result["server_cpu_ms_per_request"] = round(1000 * server_cpu_s / max(1, result["requests"]), 2)
         result["server_cpu_share"] = round(server_cpu_s / result["elapsed_s"], 2)
+        if balancer is not None:
+            result["balancer_cpu_s"] = round(cpu_seconds(balancer.pid) - balancer_cpu_before_s, 1)
         result["load_average_1m_after"] = os.getloadavg()[0]
-        result["server_side"] = server_side_latency(httpx.get(f"{url}/metrics", timeout=30).text)
-        result["server_log_tail"] = server.log_path.read_text()[-500:]
+        result["server_side"] = server_side_latency(httpx.get(f"{urls[0]}/metrics", timeout=30).text)
+        result["server_log_tail"] = servers[0].log_path.read_text()[-500:]
         return result
     finally:
-        server.stop()
+        if balancer is not None:
+            stop_processes([balancer], timeout_s=10)
+        for server in reversed(servers):
+            server.stop()
 
 
 def run_postgresql(server_url: str, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
@@ -396,6 +495,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--period-s", type=float, default=10.0, help="heartbeat and task period per worker")
     parser.add_argument("--connections", type=int, default=64, help="keep-alive connections the workers share")
     parser.add_argument("--backends", default="sqlite,postgresql", help="comma-separated: sqlite, postgresql")
+    parser.add_argument("--churn", type=float, default=0.1, help="share of workers that leave (and join) mid-run")
+    parser.add_argument("--validators", type=int, default=4, help="simulated validators polling the pending list")
+    parser.add_argument(
+        "--replicas", type=int, default=0, choices=(0, 2), help="API replicas beside the coordinator (PostgreSQL)"
+    )
     parser.add_argument(
         "--postgres-url",
         default=os.environ.get("PRIME_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"),
@@ -403,12 +507,12 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--generate", metavar="URL", help=argparse.SUPPRESS)  # child mode: the load generator
     args = parser.parse_args(argv)
+    if args.replicas and "sqlite" in args.backends.split(","):
+        parser.error("API replicas share a PostgreSQL ledger: give --backends postgresql with --replicas")
     args.workers = args.workers or (200 if args.quick else 1000)
     args.duration_s = args.duration_s or (15.0 if args.quick else 60.0)
     if args.generate:
-        raw = asyncio.run(
-            generate_load(args.generate, args.workers, args.duration_s, args.period_s, args.connections, seed=1)
-        )
+        raw = asyncio.run(generate_load(args.generate, args, seed=1))
         print(json.dumps(raw))
         return
     runners: dict[str, Callable[[Path], dict[str, Any]]] = {
@@ -422,10 +526,13 @@ def main(argv: list[str] | None = None) -> None:
                 results[backend] = runners[backend](Path(tmp))
             except Exception as exc:  # report the failure in the figures rather than lose the other backend
                 results[backend] = {"failed": f"{type(exc).__name__}: {exc}"}
-    summary: dict[str, Any] = {"workers": args.workers}
+    summary: dict[str, Any] = {"workers": args.workers, "replicas": args.replicas}
     for backend in ("sqlite", "postgresql"):
         summary[f"{backend}_p99_ms"] = results.get(backend, {}).get("slowest_p99_ms")
         summary[f"{backend}_errors"] = results.get(backend, {}).get("errors")
+    if args.workers == 10_000 and "postgresql" in results:
+        summary["p99_ms_10k"] = summary["postgresql_p99_ms"]
+        summary["errors"] = summary["postgresql_errors"]
     print(
         json.dumps(
             {
@@ -433,6 +540,9 @@ def main(argv: list[str] | None = None) -> None:
                 "workers": args.workers,
                 "duration_s_per_backend": args.duration_s,
                 "period_s": args.period_s,
+                "churn": args.churn,
+                "validators": args.validators,
+                "replicas": args.replicas,
                 "machine": {
                     "cpus": os.cpu_count(),
                     "python": platform.python_version(),

@@ -1,0 +1,33 @@
+"""The ledger load bench's plan: heterogeneous workers that join, leave and crash, and its per-endpoint summary."""
+
+from __future__ import annotations
+
+import math
+
+from bench.ledger_load import ENDPOINTS, lives, summarize
+
+
+def test_the_plan_churns_the_asked_share_at_heterogeneous_speeds() -> None:
+    plan = lives(1000, period_s=10.0, churn=0.2, start=0.0, duration_s=60.0, seed=3)
+    assert len(plan) == 1200  # 200 leave during the run and 200 more join
+    leaving = [life for life in plan if math.isfinite(life.leave_at)]
+    assert len(leaving) == 200 and sum(life.crashes for life in leaving) == 100
+    assert all(life.join_at <= life.leave_at <= 60.0 for life in leaving)
+    late = plan[1000:]
+    assert all(10.0 <= life.join_at <= 60.0 for life in late)
+    assert all(life.join_at <= 10.0 for life in plan[:1000])
+    periods = [life.period_s for life in plan]
+    assert min(periods) >= 2.5 and max(periods) <= 40.0 and len({round(p, 3) for p in periods}) > 100
+
+
+def test_the_summary_names_every_endpoint_and_its_errors() -> None:
+    raw = {
+        "elapsed_s": 10.0,
+        "latencies_s": {name: [0.001 * i for i in range(1, 101)] for name in ENDPOINTS},
+        "errors": {name: 0 for name in ENDPOINTS} | {"verdict": 2},
+        "error_kinds": {"verdict: 409 conflict": 2},
+    }
+    summary = summarize(raw)
+    assert set(summary["endpoints"]) == set(ENDPOINTS)
+    assert summary["errors"] == 2 and summary["requests"] == 100 * len(ENDPOINTS)
+    assert summary["endpoints"]["pending"]["p99_ms"] == 100.0
