@@ -7,6 +7,7 @@ import os
 import pytest
 
 from runtime.ports import free_port
+from tests.support.requirements import missing
 
 __all__ = ["free_port"]
 
@@ -21,7 +22,8 @@ def postgres_url() -> str:
     """The PostgreSQL server for ledger tests. In CI (CI=true) it must be reachable: fail, never skip."""
     url = os.environ.get("PRIME_TEST_POSTGRES_URL", "")
     if not url:
-        if os.environ.get("CI"):
-            pytest.fail("CI=true but PRIME_TEST_POSTGRES_URL is not set; .ci/run sets it")
-        pytest.skip("PRIME_TEST_POSTGRES_URL not set (set it to run the PostgreSQL ledger tests)")
+        missing(
+            "CI=true but PRIME_TEST_POSTGRES_URL is not set; .ci/run sets it",
+            "PRIME_TEST_POSTGRES_URL not set (set it to run the PostgreSQL ledger tests)",
+        )
     return url

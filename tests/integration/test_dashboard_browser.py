@@ -20,7 +20,6 @@ it. In CI (CI=true) a missing browser fails the tests; .ci/run installs it.
 
 from __future__ import annotations
 
-import os
 import re
 import time
 from collections.abc import Iterator
@@ -43,6 +42,7 @@ from runtime.ports import free_port
 from tests.integration.network import Network, running_network, tiny_policy
 from tests.support.chromium import INSTALL_HINT, headless_chromium, missing_browser, panel_overlaps, set_viewport
 from tests.support.coordinator_process import CoordinatorProcess
+from tests.support.requirements import missing
 from tests.support.run_configs import write_small_run
 from tests.support.shardcast_nodes import wait_until
 from trainer.resolve import resolve_model_path
@@ -60,12 +60,10 @@ DURATION = r"\d+h\d\dm|\d+m\d\ds|\d+s"
 
 @pytest.fixture
 def browser(tmp_path: Path) -> Iterator[WebDriver]:
-    missing = missing_browser()
-    if missing:
-        message = f"{' and '.join(missing)} missing: {INSTALL_HINT}"
-        if os.environ.get("CI"):
-            pytest.fail(f"CI=true: {message}")
-        pytest.skip(message)
+    absent = missing_browser()
+    if absent:
+        message = f"{' and '.join(absent)} missing: {INSTALL_HINT}"
+        missing(f"CI=true: {message}", message)
     driver = headless_chromium(tmp_path / "chromium-profile", tmp_path / "chromedriver.log")
     try:
         yield driver

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.netlab import Lab, lab_namespaces, namespaces_unavailable
+from tests.support.requirements import missing
 from tests.support.wan_network import WanNetwork, WanSpec, build_wan, ledger_audit
 
 SPEC = WanSpec(num_relays=1, public_worker_mbit=[100.0], nat_worker_mbit=[100.0], validator_mbit=200.0)
@@ -29,9 +30,7 @@ SPEC = WanSpec(num_relays=1, public_worker_mbit=[100.0], nat_worker_mbit=[100.0]
 def can_make_namespaces() -> None:
     reason = namespaces_unavailable()
     if reason is not None:
-        if os.environ.get("CI"):
-            pytest.fail(f"CI=true but the WAN lab cannot run: {reason}")
-        pytest.skip(reason)
+        missing(f"CI=true but the WAN lab cannot run: {reason}", reason)
 
 
 def test_small_lab_keeps_every_accepted_submission_through_a_worker_crash(

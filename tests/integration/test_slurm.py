@@ -11,7 +11,6 @@ leases active in the ledger. With CI=true a SLURM that cannot be installed or st
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
@@ -25,6 +24,7 @@ from runtime.ports import free_port
 from tests.integration.network import ledger_rows, running_network
 from tests.integration.slurm_cluster import SlurmCluster, SlurmUnavailableError, slurm_cluster
 from tests.integration.test_orchestrator_network import REPO_ROOT, check_completed_run, write_config
+from tests.support.requirements import missing
 
 pytestmark = pytest.mark.slow
 
@@ -38,9 +38,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
         with slurm_cluster(tmp_path_factory.mktemp("slurm")) as started:
             yield started
     except SlurmUnavailableError as exc:
-        if os.environ.get("CI"):
-            pytest.fail(f"SLURM is required in CI: {exc}")
-        pytest.skip(f"no SLURM here: {exc}")
+        missing(f"SLURM is required in CI: {exc}", f"no SLURM here: {exc}")
 
 
 def submit(cluster: SlurmCluster, *argv: str) -> str:

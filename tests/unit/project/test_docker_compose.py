@@ -21,6 +21,7 @@ import yaml
 
 from protocol.identity import NodeIdentity
 from tests.support.cli_parse import parse_command
+from tests.support.requirements import missing
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 ROLE_SERVICES = {"coordinator", "relay", "worker", "validator"}
@@ -29,9 +30,10 @@ ROLE_SERVICES = {"coordinator", "relay", "worker", "validator"}
 def compose_config() -> dict[str, Any]:
     binary = shutil.which("docker-compose")
     if binary is None:
-        if os.environ.get("CI"):
-            pytest.fail("docker-compose is not installed (.ci/run installs Debian's docker-compose)")
-        pytest.skip("docker-compose is not installed here (apt-get install docker-compose)")
+        missing(
+            "docker-compose is not installed (.ci/run installs Debian's docker-compose)",
+            "docker-compose is not installed here (apt-get install docker-compose)",
+        )
     done = subprocess.run(
         [binary, "-f", str(REPO_ROOT / "docker-compose.yml"), "config"],
         capture_output=True,
