@@ -17,7 +17,7 @@ import hashlib
 import logging
 import threading
 import uuid
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 
 from sqlalchemy import Connection, text
 from sqlalchemy.engine import make_url
@@ -67,12 +67,10 @@ class ChangeFeed:
         self._listening = threading.Event()
         self._thread = threading.Thread(target=self._listen_forever, name="ledger-change-feed", daemon=True)
 
-    def announce(self, conn: Connection, kinds: Iterable[str]) -> None:
+    def announce(self, conn: Connection, kinds: Collection[str]) -> None:
         """Tell the other processes (at this transaction's commit) that events of ``kinds`` committed."""
-        kinds = list(kinds)
         if kinds:
-            payload = encode_kinds(self.origin, kinds)
-            conn.execute(NOTIFY, {"channel": self.channel, "payload": payload})
+            conn.execute(NOTIFY, {"channel": self.channel, "payload": encode_kinds(self.origin, kinds)})
 
     def start(self, timeout_s: float = 10.0) -> ChangeFeed:
         """Start listening; returns once the channel is listened to (or after ``timeout_s``, listening later)."""

@@ -236,7 +236,7 @@ class LeasingLedger(LedgerViews):
                         f"nonce {nonce.nonce} was already used by node {nonce.node_id}; requests cannot be replayed"
                     )
                 yield conn
-                if self.feed is not None and kinds:
+                if self.feed is not None:
                     self.feed.announce(conn, kinds)  # delivered to the other processes at the commit
         finally:
             self._transaction.kinds = outer
