@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engines.base import PrefillEngine
-from environments.base import Environment, Scores, failure_summary, finite_scores
+from environments.base import Environment, Example, Scores, failure_summary, finite_scores
 from environments.episode import (
     EnvironmentReplyError,
     EpisodeError,
@@ -169,10 +169,17 @@ RewardFn = Callable[[int, Sequence[Sequence[int]]], Scores]
 def environment_reward_fn(environment: Environment, tokenizer: Any, eos_token_ids: Sequence[int]) -> RewardFn:
     """Rewards of ``environment``, from completions decoded with the policy's tokenizer (EOS dropped), under the
     run's truncation rule (a completion whose last token is not EOS was cut at max_tokens). A multi-turn
-    environment's episode is replayed from its turns (within ``environment.limits``) and scored whole."""
+    environment's episode is replayed from its turns (within ``environment.limits``) and scored whole. The samples
+    of a group share their example: it is drawn once for consecutive calls with one index (a scorer reads its
+    example, never changes it)."""
+    drawn: dict[int, Example] = {}  # the last example drawn, by index
 
     def reward(example_index: int, turn_ids: Sequence[Sequence[int]]) -> Scores:
-        example = environment.example(example_index)
+        example = drawn.get(example_index)
+        if example is None:
+            example = environment.example(example_index)
+            drawn.clear()
+            drawn[example_index] = example
         if isinstance(environment, MultiTurnEnvironment):
             episode, _ = rebuild_episode(environment, example, turn_ids, tokenizer, eos_token_ids)
             return episode_scores(environment, episode)
@@ -219,6 +226,12 @@ def audited_positions(item: PendingSubmission) -> list[int]:
     num_rollouts = len(item.submission.rollouts)
     chosen = sorted({i for i in item.audit_sample_indices if i < num_rollouts})
     return chosen or list(range(num_rollouts))
+
+
+def mostly_unrecomputed(items: Sequence[PendingSubmission]) -> bool:
+    """Whether under half of the samples of these submissions are to be recomputed (low audit shares)."""
+    recomputed = sum(len(audited_positions(item)) for item in items)
+    return 2 * recomputed < sum(len(item.submission.rollouts) for item in items)
 
 
 @dataclass

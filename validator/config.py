@@ -37,6 +37,10 @@ class ValidatorConfig(RoleConfig):
     """Policy versions kept loaded (and on disk) at once: async_level + 1 is enough."""
     max_submissions_per_batch: int = Field(default=16, ge=1, le=256)
     """Pending submissions fetched at once; those of one policy version share one prefill batch."""
+    gather_s: float = Field(default=1.0, ge=0, le=60)
+    """After a batch in which under half of the samples were recomputed (the low shares of an adaptive audit), how
+    long to wait before asking for the next: submissions gather into fuller prefill batches, each with its fixed
+    cost, for verdicts up to this much later. A full audit never waits; 0: ask at once."""
     summary_interval_s: float = Field(default=10.0, gt=0)
     """How often a progress summary is logged."""
     poll_interval_s: float = Field(default=1.0, gt=0)

@@ -55,7 +55,14 @@ from runtime.first_contact import check_coordinator, check_relays
 from shardcast.cache import WeightsCache
 from toploc.calibrations import require_calibrated
 from toploc.config import ToplocConfig
-from validator.audit import Episodes, RewardFn, Thresholds, audit_submissions_safely, environment_reward_fn
+from validator.audit import (
+    Episodes,
+    RewardFn,
+    Thresholds,
+    audit_submissions_safely,
+    environment_reward_fn,
+    mostly_unrecomputed,
+)
 from validator.config import ValidatorConfig
 from validator.progress import ValidatorState
 
@@ -317,6 +324,8 @@ async def _validator(config: ValidatorConfig, stop: asyncio.Event, state: Valida
                     await audit_pending(ledger, engines, state, answer.submissions, stop, thresholds)
                     if state.num_unfetchable > skipped:  # the same ones come back until the ledger closes them
                         await sleep_unless_stopped(stop, config.poll_interval_s)
+                    elif mostly_unrecomputed(answer.submissions):  # let the next ones gather into one batch
+                        await sleep_unless_stopped(stop, config.gather_s)
                 else:  # a long-poll waited already; a ledger that answered at once is asked again later
                     await sleep_unless_stopped(stop, config.poll_interval_s - (time.monotonic() - asked))
                 if time.monotonic() - last_summary > config.summary_interval_s:

@@ -67,6 +67,23 @@ def test_the_validator_recomputes_rewards_under_the_rule() -> None:
     assert reward(3, [padded]).total == environment.score(example, "".join(map(chr, padded))).total
 
 
+def test_the_samples_of_a_group_share_one_draw_of_their_example() -> None:
+    environment = load_environment(parse({"type": "builtin", "name": "reverse_text"}))
+    drawn: list[int] = []
+    draw = environment.example
+
+    def counted(index: int) -> Example:
+        drawn.append(index)
+        return draw(index)
+
+    environment.example = counted  # type: ignore[method-assign]
+    reward = environment_reward_fn(environment, CharTokenizer(), [EOS])
+    answers = {i: [ord(c) for c in draw(i).answer or ""] + [EOS] for i in (3, 4)}
+    scores = [reward(i, [answers[3 if n < 2 else 4]]).total for n, i in enumerate((3, 3, 4, 4, 3))]
+    assert drawn == [3, 4, 3]  # once per run of one index, again when it comes back
+    assert scores[:4] == [1.0, 1.0, 1.0, 1.0] and scores[4] < 1.0  # p4's answer is not p3's
+
+
 def test_the_rule_is_a_signed_environment_setting() -> None:
     section = {"type": "reasoning_gym", "dataset": "spell_backward"}
     assert parse(section).truncated == "minimum"

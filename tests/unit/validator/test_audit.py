@@ -22,7 +22,7 @@ from tests.support.adversary import (
 )
 from tests.support.tiny_model import TINY_EOS_TOKEN_ID, save_tiny_qwen2
 from toploc.verify import Claim, SampleTask
-from validator.audit import audit_submission
+from validator.audit import audit_submission, mostly_unrecomputed
 
 EOS = (TINY_EOS_TOKEN_ID,)
 PROMPTS = [[5, 9, 33, 12], [7, 7, 7, 8, 100]]
@@ -185,6 +185,18 @@ def test_only_the_samples_the_ledger_picked_are_recomputed(policy: HFEngine) -> 
     verdict, rollouts = audit_submission(caught, policy, EOS)
     assert not verdict.accepted and len(rollouts) == 1
     assert all(reason.startswith("rollout p0/s1:") for reason in verdict.reasons)
+
+
+def test_a_batch_of_low_shares_is_mostly_unrecomputed() -> None:
+    task = make_task()
+    worker = NodeIdentity.generate()
+    claims = [Claim(t, [1], [0.0], "length", b"") for t in sample_tasks(task)]  # 4 samples; nothing is recomputed
+    whole = pending(task, claims, worker)
+    one = whole.model_copy(update={"audit_sample_indices": [2]})
+    assert mostly_unrecomputed([one]) and mostly_unrecomputed([one, one])
+    assert not mostly_unrecomputed([whole])  # none named: all recomputed
+    assert not mostly_unrecomputed([one, whole])  # 5 of 8
+    assert not mostly_unrecomputed([whole.model_copy(update={"audit_sample_indices": [0, 3]})])  # half
 
 
 def test_checks_without_a_model_run_on_every_sample(policy: HFEngine) -> None:
