@@ -34,7 +34,7 @@ import math
 from typing import Any
 
 from pydantic import ValidationError
-from sqlalchemy import Connection, Row, exists, insert, select, update
+from sqlalchemy import Connection, Row, exists, func, insert, or_, select, update
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
@@ -133,6 +133,35 @@ def vote_of(validator_id: str, verdict: Verdict) -> Vote:
     )
 
 
+def _wanted_by_no_other(validator_id: str, fresh_after: float, quorum: int) -> Any:
+    """For a pending list, whether a submission is not already with enough other validators: its audits in flight
+    (handed to others since ``fresh_after``, no vote from them yet) are none, or with the votes cast fewer than
+    ``quorum``. Validators split the pending list instead of auditing the same submissions; a submission whose
+    votes disagree is handed to one more validator at a time, and one whose validator went quiet is shared again."""
+    voted = exists().where(
+        verdict_votes.c.submission_id == hand_outs.c.submission_id,
+        verdict_votes.c.validator_id == hand_outs.c.validator_id,
+    )
+    in_flight = (
+        select(func.count())
+        .select_from(hand_outs)
+        .where(
+            hand_outs.c.submission_id == submissions.c.submission_id,
+            hand_outs.c.validator_id != validator_id,
+            hand_outs.c.handed_at > fresh_after,
+            ~voted,
+        )
+        .scalar_subquery()
+    )
+    votes = (
+        select(func.count())
+        .select_from(verdict_votes)
+        .where(verdict_votes.c.submission_id == submissions.c.submission_id)
+        .scalar_subquery()
+    )
+    return or_(in_flight == 0, in_flight + votes < quorum)
+
+
 class ValidationLedger(LeasingLedger):
     """Pending lists and verdicts over the ledger's database (see the module docstring)."""
 
@@ -174,12 +203,20 @@ class ValidationLedger(LeasingLedger):
         judged = exists().where(
             verdict_votes.c.submission_id == submissions.c.submission_id, verdict_votes.c.validator_id == validator_id
         )
+        validation = self.config.validation
+        unclaimed = _wanted_by_no_other(
+            validator_id, self.clock() - validation.hand_out_claim_s, validation.validators_per_submission
+        )
         with self.db.read() as conn:
             # Re-audits first (a cheat caught sooner trains on less), at most half the list; never to a flagged one.
             again = [] if self.flagged(node) else reaudits.pending_for(conn, validator_id, max(1, limit // 2))
             rows = conn.execute(
                 select(submissions)
-                .where(submissions.c.status == "pending", ~judged)
+                .where(
+                    submissions.c.status == "pending",
+                    ~judged,
+                    unclaimed,
+                )
                 .order_by(submissions.c.submitted_at)
                 .limit(max(0, limit - len(again)))
             ).all()

@@ -90,7 +90,7 @@ async def test_two_agreeing_validators_accept_and_nothing_changes_before(make_ha
 
 
 async def test_disagreeing_rewards_are_not_agreement(make_harness: MakeHarness) -> None:
-    harness = make_harness(validation__validators_per_submission=2)
+    harness = make_harness(validation__validators_per_submission=2, validation__hand_out_claim_s=0.0)
     worker = await harness.worker()
     validators = [await harness.validator() for _ in range(3)]
     submission_id = await submitted(worker)
@@ -135,7 +135,7 @@ async def test_reputation_and_bans_change_only_on_the_final_rejection(make_harne
 
 
 async def test_a_late_vote_after_the_decision_changes_nothing(make_harness: MakeHarness) -> None:
-    harness = make_harness()
+    harness = make_harness(validation__hand_out_claim_s=0.0)  # every validator is handed it
     worker = await harness.worker()
     first, late = await harness.validator(), await harness.validator()
     submission_id = await submitted(worker)
@@ -190,7 +190,7 @@ async def test_a_ledger_upgraded_from_v3_decides_its_pending_submissions(make_ha
 
 
 async def test_concurrent_votes_decide_once(make_harness: MakeHarness) -> None:
-    harness = make_harness(validation__validators_per_submission=2)
+    harness = make_harness(validation__validators_per_submission=2, validation__hand_out_claim_s=0.0)
     worker = await harness.worker()
     submission_id = await submitted(worker)
     validator_ids = []

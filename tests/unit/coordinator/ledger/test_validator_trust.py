@@ -65,6 +65,46 @@ async def test_a_hand_out_is_valid_for_hand_out_ttl_s(make_harness: MakeHarness)
     await validator.aclose()
 
 
+async def pending_ids(validator: LedgerClient) -> list[str]:
+    return [item.submission_id for item in (await validator.pending()).submissions]
+
+
+async def test_validators_split_the_pending_list_until_a_hand_out_goes_stale(make_harness: MakeHarness) -> None:
+    harness = make_harness(validation__hand_out_claim_s=30.0)
+    worker, first, second = await harness.worker(), await harness.validator(), await harness.validator()
+    submission_id = await submitted(worker)
+    assert await pending_ids(first) == [submission_id]
+    assert await pending_ids(second) == []  # with the first, which is all quorum 1 needs
+    assert await pending_ids(first) == [submission_id]  # its own hand-out does not hide it from it
+    harness.clock.advance(31.0)  # the first has not answered: the submission is shared again
+    assert await pending_ids(second) == [submission_id]
+    answer = await second.post_verdict(Verdict(submission_id=submission_id, accepted=True, rewards=[1.0] * 4))
+    assert answer.status == "accepted"
+    for client in (worker, first, second):
+        await client.aclose()
+
+
+async def test_a_quorum_is_handed_to_as_many_validators_as_it_needs(make_harness: MakeHarness) -> None:
+    harness = make_harness(validation__hand_out_claim_s=30.0, validation__validators_per_submission=2)
+    worker = await harness.worker()
+    first, second, third = [await harness.validator() for _ in range(3)]
+    submission_id = await submitted(worker)
+    assert await pending_ids(first) == [submission_id] and await pending_ids(second) == [submission_id]
+    assert await pending_ids(third) == []
+    await first.post_verdict(Verdict(submission_id=submission_id, accepted=True, rewards=[1.0] * 4))
+    assert await pending_ids(third) == []  # the second's audit is the one vote still needed
+    harness.clock.advance(31.0)  # the second went quiet: the first's vote and one more
+    assert await pending_ids(third) == [submission_id]
+    await third.post_verdict(Verdict(submission_id=submission_id, accepted=True, rewards=[0.5] * 4))
+    assert await pending_ids(second) == [submission_id]  # two votes that disagree: one more is needed
+    fourth = await harness.validator()
+    assert await pending_ids(fourth) == []  # the second's fresh hand-out is that one
+    answer = await second.post_verdict(Verdict(submission_id=submission_id, accepted=True, rewards=[1.0] * 4))
+    assert answer.status == "accepted"
+    for client in (worker, first, second, third, fourth):
+        await client.aclose()
+
+
 async def public_text(harness: LedgerHarness) -> str:
     """Everything an unsigned client can read: the event log, stats, status and the dashboard's data."""
     transport = httpx.ASGITransport(app=harness.app, client=("198.51.100.9", 40000))
@@ -115,6 +155,7 @@ async def test_a_validator_that_keeps_voting_against_the_decisions_is_flagged(ma
         validation__flag_after_outvoted=3,
         validation__max_outvoted_fraction=0.2,
         validation__flagged_hand_outs=1,
+        validation__hand_out_claim_s=0.0,  # every validator is handed every submission
         scheduling__max_leases_per_node=8,
     )
     workers = [await harness.worker() for _ in range(4)]

@@ -40,7 +40,7 @@ def task_state(harness: LedgerHarness, task_id: str) -> str:
 
 
 async def test_a_quorum_of_environment_errors_drops_the_task_and_spares_the_worker(make_harness: MakeHarness) -> None:
-    harness = make_harness(validation__validators_per_submission=2)
+    harness = make_harness(validation__validators_per_submission=2, validation__hand_out_claim_s=0.0)
     worker = await harness.worker()
     first, second, third = [await harness.validator() for _ in range(3)]
     submission_id, task_id = await submitted(worker)
