@@ -42,9 +42,12 @@ def work_of(body: dict[str, Any]) -> tuple[int, int]:
     return len(rollouts), tokens
 
 
-def count_decision(conn: Connection, body: dict[str, Any], worker: Any, accepted: bool) -> None:
+def count_decision(
+    conn: Connection, body: dict[str, Any], worker: Any, accepted: bool, also: dict[str, Any] | None = None
+) -> None:
     """A decided submission (its stored body, parsed) in its worker's record and credit: one more accepted in a row
-    and its work credited, or the record started over and the credit lost."""
+    and its work credited, or the record started over and the credit lost. ``also``: more of the worker's columns
+    to set in the same update."""
     engine = str(body.get("engine", ""))
     key = {"node_id": worker.node_id, "engine": engine, "software_version": worker.software_version}
     column = audit_records.c.accepted_in_a_row
@@ -67,4 +70,4 @@ def count_decision(conn: Connection, body: dict[str, Any], worker: Any, accepted
             "credit_samples": 0,
             "credit_tokens": 0,
         }
-    conn.execute(update(nodes).where(node.node_id == worker.node_id).values(**values))
+    conn.execute(update(nodes).where(node.node_id == worker.node_id).values(**values, **(also or {})))

@@ -38,7 +38,7 @@ from contextlib import contextmanager
 from types import SimpleNamespace
 from typing import Any
 
-from sqlalchemy import Connection, Row, bindparam, exists, func, insert, select, update
+from sqlalchemy import Connection, Row, bindparam, case, exists, func, insert, select, update
 
 from coordinator.config import CoordinatorConfig
 from coordinator.ledger.approvals import operator_approves
@@ -99,11 +99,13 @@ RETRY_EMPTY_S = 2.0
 # (see coordinator.ledger.storage.engine).
 INSERT_EVENT = insert(events)
 NODE_ROW = select(nodes).where(nodes.c.node_id == bindparam("b_node_id"))
-NODE_ROW_LOCKED = NODE_ROW.with_for_update()
 UPDATE_NODE = update(nodes).where(nodes.c.node_id == bindparam("b_node_id"))  # SET: the columns passed
+_TOUCH_NODE = UPDATE_NODE.returning(*nodes.c)  # the row as updated, locked until the commit
 _LEASE_ROW_LOCKED = select(leases).where(leases.c.lease_id == bindparam("b_lease_id")).with_for_update()
 _ACTIVE_LEASES = select(func.count()).where(leases.c.state == "active")
-_ACTIVE_LEASES_OF_NODE = _ACTIVE_LEASES.where(leases.c.node_id == bindparam("b_node_id"))
+_ACTIVE_LEASES_ALL_AND_OF_NODE = select(  # one scan for the network-wide cap and the node's own
+    func.count(), func.coalesce(func.sum(case((leases.c.node_id == bindparam("b_node_id"), 1), else_=0)), 0)
+).where(leases.c.state == "active")
 _ACTIVE_LEASES_OF_SOURCE = _ACTIVE_LEASES.where(leases.c.source == bindparam("b_source"))
 _PROBATION_LEASES_OF_SOURCE = _ACTIVE_LEASES_OF_SOURCE.where(leases.c.probation.is_(True))
 _PROBATION_PENDING_OF_SOURCE = (
@@ -251,9 +253,15 @@ class LeasingLedger(LedgerViews):
             if kind in NODE_SCOPED_KINDS and node_id is not None:
                 kinds.add(node_kind(kind, node_id))
 
-    def _node(self, conn: Connection, node_id: str, role: Role | None, lock: bool = False) -> Row[Any]:
-        """The node's row, or a 403 saying why it may not act in ``role`` (None: in any role)."""
-        row = conn.execute(NODE_ROW_LOCKED if lock else NODE_ROW, {"b_node_id": node_id}).first()
+    def _node(self, conn: Connection, node_id: str, role: Role | None, touch: dict[str, Any] | None = None) -> Row[Any]:
+        """The node's row, or a 403 saying why it may not act in ``role`` (None: in any role). With ``touch``, in the
+        same statement: the node is seen now, with those columns set too, and its row locked until the commit (a
+        refusal rolls the update back)."""
+        if touch is None:
+            row = conn.execute(NODE_ROW, {"b_node_id": node_id}).first()
+        else:
+            values = {"b_node_id": node_id, "last_seen": self.clock(), **touch}
+            row = conn.execute(_TOUCH_NODE, values).first()
         if row is None:
             raise ForbiddenError(f"node {node_id} is not registered; call POST {routes.NODES_REGISTER} first")
         if row.banned:
@@ -360,19 +368,16 @@ class LeasingLedger(LedgerViews):
         return RegisterResponse(node_id=node_id, role=request.role, approved=approved, current_policy_version=current)
 
     def heartbeat(self, node_id: str, request: HeartbeatRequest, nonce: NonceClaim | None = None) -> HeartbeatResponse:
+        values: dict[str, Any] = {
+            "versions_held_json": _dumps(request.policy_versions_held),
+            "tokens_per_s": request.tokens_per_s,
+        }
+        if request.engine is not None:
+            values["engine"] = request.engine
+        if request.hardware is not None:
+            values["hardware_json"] = request.hardware.model_dump_json()
         with self._write(nonce, durable=False) as conn:  # liveness is soft state
-            self._node(conn, node_id, None)
-            values: dict[str, Any] = {
-                "b_node_id": node_id,
-                "last_seen": self.clock(),
-                "versions_held_json": _dumps(request.policy_versions_held),
-                "tokens_per_s": request.tokens_per_s,
-            }
-            if request.engine is not None:
-                values["engine"] = request.engine
-            if request.hardware is not None:
-                values["hardware_json"] = request.hardware.model_dump_json()
-            conn.execute(UPDATE_NODE, values)
+            self._node(conn, node_id, None, touch=values)
             current = self._run(conn).current_policy_version
         return HeartbeatResponse(current_policy_version=current, heartbeat_interval_s=HEARTBEAT_INTERVAL_S)
 
@@ -382,13 +387,12 @@ class LeasingLedger(LedgerViews):
         now = self.clock()
         with self._write(nonce) as conn:
             # One lease call per node at a time (its cap holds); different nodes do not wait for each other.
-            node = self._node(conn, node_id, "worker", lock=True)
+            node = self._node(conn, node_id, "worker", touch={})
             run = self._run(conn)
             if now >= self._next_expiry_check:  # at most once a second per process; maintenance does it too
                 self._expire_overdue(conn, now)
                 self._next_expiry_check = now + 1.0
-            held = conn.execute(_ACTIVE_LEASES_OF_NODE, {"b_node_id": node_id}).scalar_one()
-            open_total = conn.execute(_ACTIVE_LEASES).scalar_one()
+            open_total, held = conn.execute(_ACTIVE_LEASES_ALL_AND_OF_NODE, {"b_node_id": node_id}).one()
             source = self.sources.source_of(node_id, node.ip)
             trusted = self.sources.is_allowed(node.ip)
             probation = not trusted and on_probation(self.probation, node.num_accepted, node.num_rejected)
@@ -405,7 +409,6 @@ class LeasingLedger(LedgerViews):
             room = self._lease_room(conn, run.current_policy_version)
             if room is not None:
                 count = min(count, room)
-            self._touch(conn, node_id)
             if count == 0:
                 return LeaseResponse(tasks=[], retry_after_s=RETRY_EMPTY_S)
             task_rows: list[Any] = list(conn.execute(_OPEN_TASKS, {"b_limit": count, "b_node_id": node_id}).all())
@@ -497,6 +500,7 @@ class LeasingLedger(LedgerViews):
         return int(conn.exec_driver_sql("SELECT nextval('group_index_seq')").scalar_one())
 
     def _new_tasks(self, conn: Connection, count: int, now: float) -> list[Any]:
+        """Up to ``count`` new tasks from the prompt source, stored as leased: the lease being issued takes them."""
         created: list[Any] = []
         for _ in range(max(0, count)):
             next_index = self._next_group_index(conn)
@@ -517,8 +521,8 @@ class LeasingLedger(LedgerViews):
                 "group_index": next_index,
                 "task_name": self.prompts.name,
                 "prompts_json": _dumps(prompts),
-                "state": "open",
-                "num_leases": 0,
+                "state": "leased",  # made for the lease being issued: _issue does not mark it again
+                "num_leases": 1,
                 "created_at": now,
             }
             conn.execute(_INSERT_TASK, values)
@@ -557,7 +561,8 @@ class LeasingLedger(LedgerViews):
             "probation": probation,
         }
         conn.execute(_INSERT_LEASE, values)
-        conn.execute(_MARK_TASK_LEASED, {"b_task_id": task_row.task_id})
+        if task_row.state == "open":
+            conn.execute(_MARK_TASK_LEASED, {"b_task_id": task_row.task_id})
         self._event(conn, "lease", node_id, lease_id, task_id=task_row.task_id, policy_version=version)
         return self._task_view(task_row, SimpleNamespace(**values))
 

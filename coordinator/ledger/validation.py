@@ -133,6 +133,13 @@ def vote_of(validator_id: str, verdict: Verdict) -> Vote:
     )
 
 
+def _rows_by(conn: Connection, key: Any, values: list[str]) -> dict[str, Row[Any]]:
+    """The rows of ``key``'s table whose ``key`` is one of ``values``, by that key (one query; none for no values)."""
+    if not values:
+        return {}
+    return {getattr(row, key.name): row for row in conn.execute(select(key.table).where(key.in_(values))).all()}
+
+
 def _wanted_by_no_other(validator_id: str, fresh_after: float, quorum: int) -> Any:
     """For a pending list, whether a submission is not already with enough other validators: its audits in flight
     (handed to others since ``fresh_after``, no vote from them yet) are none, or with the votes cast fewer than
@@ -193,8 +200,7 @@ class ValidationLedger(LeasingLedger):
 
     def pending(self, validator_id: str, limit: int, nonce: NonceClaim | None = None) -> PendingSubmissions:
         with self._write(nonce) as conn:
-            node = self._node(conn, validator_id, "validator")
-            self._touch(conn, validator_id)
+            node = self._node(conn, validator_id, "validator", touch={})
             self.expire_unauditable(conn)  # never hand out a submission whose version no validator can fetch
         if self.flagged(node):
             limit = min(limit, self.config.validation.flagged_hand_outs)
@@ -220,14 +226,11 @@ class ValidationLedger(LeasingLedger):
                 .order_by(submissions.c.submitted_at)
                 .limit(max(0, limit - len(again)))
             ).all()
-            by_id = {
-                row.submission_id: row
-                for row in conn.execute(
-                    select(submissions).where(submissions.c.submission_id.in_([r.submission_id for r in again]))
-                ).all()
-            }
+            by_id = _rows_by(conn, submissions.c.submission_id, [r.submission_id for r in again])
             listed = [(by_id[r.submission_id], json.loads(r.positions_json)) for r in again if r.submission_id in by_id]
             listed += [(row, None) for row in rows]
+            task_rows = _rows_by(conn, tasks.c.task_id, [row.task_id for row, _ in listed])
+            lease_rows = _rows_by(conn, leases.c.lease_id, [row.lease_id for row, _ in listed])
             found = []
             unreadable = []
             for row, positions in listed:
@@ -242,10 +245,7 @@ class ValidationLedger(LeasingLedger):
                     PendingSubmission(
                         submission_id=row.submission_id,
                         worker_id=row.node_id,
-                        task=self._task_view(
-                            conn.execute(select(tasks).where(tasks.c.task_id == row.task_id)).one(),
-                            conn.execute(select(leases).where(leases.c.lease_id == row.lease_id)).one(),
-                        ),
+                        task=self._task_view(task_rows[row.task_id], lease_rows[row.lease_id]),
                         submission=submission,
                         submitted_at=row.submitted_at,
                         worker_signature_b64=row.worker_signature,
@@ -457,16 +457,14 @@ class ValidationLedger(LeasingLedger):
             .values(status=status, verdict_by=validator_id, verdict_at=now, verdict_json=final.model_dump_json())
         )
         banned = bool(worker.banned)
-        count_decision(conn, body, worker, decision.accepted)
+        accepted_one = {"num_accepted": nodes.c.num_accepted + 1} if decision.accepted else None
+        count_decision(conn, body, worker, decision.accepted, also=accepted_one)
         if decision.accepted:
             conn.execute(
                 insert(accepted_groups).values(task_id=sub.task_id, submission_id=sub.submission_id, accepted_at=now)
             )
             self._maybe_reaudit(conn, sub, len(body["rollouts"]), now)
             conn.execute(update(tasks).where(tasks.c.task_id == sub.task_id).values(state="accepted"))
-            conn.execute(
-                update(nodes).where(nodes.c.node_id == sub.node_id).values(num_accepted=nodes.c.num_accepted + 1)
-            )
         else:
             conn.execute(update(tasks).where(tasks.c.task_id == sub.task_id).values(state="open"))
             banned = self._count_rejection(conn, worker, final.reasons)
