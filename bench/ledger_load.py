@@ -6,7 +6,7 @@ Debian's HAProxy with deploy/haproxy.cfg), then a load generator as another proc
 client-side signing and the server do not share one interpreter). Every simulated worker
 registers, heartbeats once per its period, and once per period leases a task and submits its
 rollouts, each request signed with its own pre-generated Ed25519 key. Workers are heterogeneous
-(each one's period is ``--period-s`` times a log-normal speed factor, 0.25x to 4x) and churn
+(each one's period is ``--period-s`` divided by a log-normal speed factor of mean 1, 0.25x to 4x) and churn
 (``--churn``: that share of them leaves during the run, half of them crashing with a lease
 held, and as many new ones join). Simulated validators (``--validators``) ask for the pending
 submissions every second and post a verdict on each. After ``--duration-s`` it prints ONE JSON object: per
@@ -255,13 +255,14 @@ class Life:
 
 def lives(num_workers: int, period_s: float, churn: float, start: float, duration_s: float, seed: int) -> list[Life]:
     """``num_workers`` joining over the first period, then ``churn`` x that many leaving during the run (half of them
-    crashing) and as many joining; each works at its own speed (a log-normal factor of ``period_s``, 0.25x-4x)."""
+    crashing) and as many joining; each works at its own speed (a log-normal factor of mean 1, 0.25x-4x, dividing
+    ``period_s``)."""
     rng = random.Random(seed)
     stop_at = start + duration_s
     num_churning = round(churn * num_workers)
     found = []
     for index in range(num_workers + num_churning):
-        speed = min(4.0, max(0.25, rng.lognormvariate(0.0, 0.7)))
+        speed = min(4.0, max(0.25, rng.lognormvariate(-0.245, 0.7)))  # mean 1: period_s is the mean period
         own_period_s = period_s / speed
         joins_late = index >= num_workers
         join_at = start + (rng.uniform(period_s, duration_s) if joins_late else rng.uniform(0, period_s))

@@ -18,6 +18,8 @@ def test_the_plan_churns_the_asked_share_at_heterogeneous_speeds() -> None:
     assert all(life.join_at <= 10.0 for life in plan[:1000])
     periods = [life.period_s for life in plan]
     assert min(periods) >= 2.5 and max(periods) <= 40.0 and len({round(p, 3) for p in periods}) > 100
+    mean_rate = sum(1.0 / p for p in periods) / len(periods)
+    assert 0.09 < mean_rate < 0.11  # period_s is the mean period: as many requests as equal workers would send
 
 
 def test_the_summary_names_every_endpoint_and_its_errors() -> None:
