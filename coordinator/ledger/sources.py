@@ -10,8 +10,12 @@ keys is a source of its own and is never on probation. Pure: no sockets, no data
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Callable
+from typing import TypeVar
 
 from coordinator.config import SourcesConfig
+
+T = TypeVar("T")
 
 IpNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -21,6 +25,20 @@ def parse_networks(networks: list[str]) -> tuple[IpNetwork, ...]:
     return tuple(ipaddress.ip_network(network, strict=False) for network in networks)
 
 
+MAX_REMEMBERED = 1 << 16
+"""Addresses whose answers a :class:`SourcePolicy` keeps."""
+
+
+def _remembered(answers: dict[str, T], address: str, answer: Callable[[str], T]) -> T:
+    found = answers.get(address)
+    if found is None:
+        found = answer(address)
+        if len(answers) >= MAX_REMEMBERED:
+            answers.clear()
+        answers[address] = found
+    return found
+
+
 class SourcePolicy:
     """Which source an address belongs to, and whether the operator trusts it (see the module docstring)."""
 
@@ -28,9 +46,20 @@ class SourcePolicy:
         self.ipv4_prefix = config.ipv4_prefix
         self.ipv6_prefix = config.ipv6_prefix
         self.allow = parse_networks(config.allow)
+        # Every request asks about its node's address, and a lease about every live worker's once a second:
+        # the answers by address, forgotten all at once when too many
+        self._prefixes: dict[str, str] = {}
+        self._allowed: dict[str, bool] = {}
 
     def prefix(self, address: str) -> str:
         """The network prefix of ``address`` (e.g. ``203.0.113.0/24``); a non-IP peer name stands for itself."""
+        return _remembered(self._prefixes, address, self._prefix)
+
+    def is_allowed(self, address: str) -> bool:
+        """True when the operator listed ``address`` in ``sources.allow``."""
+        return _remembered(self._allowed, address, self._is_allowed)
+
+    def _prefix(self, address: str) -> str:
         try:
             ip = ipaddress.ip_address(address)
         except ValueError:
@@ -40,8 +69,7 @@ class SourcePolicy:
         bits = self.ipv4_prefix if ip.version == 4 else self.ipv6_prefix
         return str(ipaddress.ip_network(f"{ip}/{bits}", strict=False))
 
-    def is_allowed(self, address: str) -> bool:
-        """True when the operator listed ``address`` in ``sources.allow``."""
+    def _is_allowed(self, address: str) -> bool:
         try:
             ip = ipaddress.ip_address(address)
         except ValueError:

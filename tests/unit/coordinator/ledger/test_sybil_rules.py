@@ -49,6 +49,20 @@ def test_allow_listed_keys_are_sources_of_their_own() -> None:
     assert sources.source_of("key-a", "10.2.0.1") == sources.source_of("key-b", "10.2.0.99") == "10.2.0.0/24"
 
 
+def test_answers_by_address_are_remembered_within_a_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    import coordinator.ledger.sources as sources
+
+    monkeypatch.setattr(sources, "MAX_REMEMBERED", 4)
+    sources_of = policy(allow=["10.0.0.0/8"])
+    addresses = [f"203.0.{i}.7" for i in range(10)] + ["10.1.2.3", "not-an-ip"]
+    for _ in range(2):  # the second time from memory: the same answers
+        assert [sources_of.prefix(a) for a in addresses[:3]] == ["203.0.0.0/24", "203.0.1.0/24", "203.0.2.0/24"]
+        assert sources_of.is_allowed("10.1.2.3") and not sources_of.is_allowed("203.0.1.7")
+        assert sources_of.source_of("k", "10.1.2.3") == "node:k" and sources_of.prefix("not-an-ip") == "not-an-ip"
+        assert all(sources_of.prefix(a).endswith(".0/24") for a in addresses[:10])
+    assert len(sources_of._prefixes) <= 4 and len(sources_of._allowed) <= 4
+
+
 def test_bad_networks_are_refused_by_the_config() -> None:
     with pytest.raises(ValueError, match="not an IP address or CIDR"):
         SourcesConfig(allow=["10.0.0.0/33"])
