@@ -8,7 +8,8 @@ registers, heartbeats once per its period, and once per period leases a task and
 rollouts, each request signed with its own pre-generated Ed25519 key. Workers are heterogeneous
 (each one's period is ``--period-s`` divided by a log-normal speed factor of mean 1, 0.25x to 4x) and churn
 (``--churn``: that share of them leaves during the run, half of them crashing with a lease
-held, and as many new ones join). Simulated validators (``--validators``) ask for the pending
+held, and as many new ones join). Simulated validators (``--validators``; by default one per 10
+submissions a second, so that none outruns the per-node rate limit) ask for the pending
 submissions every second and post a verdict on each. After ``--duration-s`` it prints ONE JSON object: per
 backend and endpoint the request count, p50/p99 latency (as the client saw it, queueing
 included), requests/s and errors, and a ``summary`` with the p99 of the slowest endpoint per
@@ -27,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import platform
 import random
@@ -488,6 +490,12 @@ def run_postgresql(server_url: str, args: argparse.Namespace, workdir: Path) -> 
         admin.dispose()
 
 
+def default_validators(num_workers: int, period_s: float) -> int:
+    """Validators for ``num_workers`` submitting once per ``period_s`` on average: each posting about 10 verdicts a
+    second, half the default per-node rate limit (``api.node_rate_per_s``), so none is refused for its pace."""
+    return max(4, math.ceil(num_workers / period_s / 10.0))
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="200 workers, 15 s per backend (under a minute)")
@@ -497,7 +505,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--connections", type=int, default=64, help="keep-alive connections the workers share")
     parser.add_argument("--backends", default="sqlite,postgresql", help="comma-separated: sqlite, postgresql")
     parser.add_argument("--churn", type=float, default=0.1, help="share of workers that leave (and join) mid-run")
-    parser.add_argument("--validators", type=int, default=4, help="simulated validators polling the pending list")
+    parser.add_argument(
+        "--validators",
+        type=int,
+        default=None,
+        help="simulated validators polling the pending list (default: one per 10 submissions a second, at least 4)",
+    )
     parser.add_argument(
         "--replicas", type=int, default=0, choices=(0, 2), help="API replicas beside the coordinator (PostgreSQL)"
     )
@@ -512,6 +525,7 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("API replicas share a PostgreSQL ledger: give --backends postgresql with --replicas")
     args.workers = args.workers or (200 if args.quick else 1000)
     args.duration_s = args.duration_s or (15.0 if args.quick else 60.0)
+    args.validators = args.validators or default_validators(args.workers, args.period_s)
     if args.generate:
         raw = asyncio.run(generate_load(args.generate, args, seed=1))
         print(json.dumps(raw))

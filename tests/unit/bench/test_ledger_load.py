@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from bench.ledger_load import ENDPOINTS, lives, summarize
+from bench.ledger_load import ENDPOINTS, default_validators, lives, summarize
 
 
 def test_the_plan_churns_the_asked_share_at_heterogeneous_speeds() -> None:
@@ -33,3 +33,9 @@ def test_the_summary_names_every_endpoint_and_its_errors() -> None:
     assert set(summary["endpoints"]) == set(ENDPOINTS)
     assert summary["errors"] == 2 and summary["requests"] == 100 * len(ENDPOINTS)
     assert summary["endpoints"]["pending"]["p99_ms"] == 100.0
+
+
+def test_validators_are_enough_for_the_submission_rate() -> None:
+    assert default_validators(200, 10.0) == 4
+    assert default_validators(1000, 10.0) == 10  # 100 submissions a second, 10 each
+    assert default_validators(10_000, 60.0) == 17
