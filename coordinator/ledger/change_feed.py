@@ -63,13 +63,17 @@ class ChangeFeed:
         self.origin = uuid.uuid4().hex[:16]
         with database.read() as conn:
             self.channel = channel_name(ledger_scope(conn))
+        self.others = True
+        """Whether other API processes serve the ledger (their heartbeats, ``api_processes``): alone, nothing is
+        announced. The others learn of a replica that starts at their next maintenance round
+        (``api.maintenance_interval_s``); until then its waiters' re-check finds their writes."""
         self._stop = threading.Event()
         self._listening = threading.Event()
         self._thread = threading.Thread(target=self._listen_forever, name="ledger-change-feed", daemon=True)
 
     def announce(self, conn: Connection, kinds: Collection[str]) -> None:
         """Tell the other processes (at this transaction's commit) that events of ``kinds`` committed."""
-        if kinds:
+        if kinds and self.others:
             conn.execute(NOTIFY, {"channel": self.channel, "payload": encode_kinds(self.origin, kinds)})
 
     def start(self, timeout_s: float = 10.0) -> ChangeFeed:

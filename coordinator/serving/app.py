@@ -121,7 +121,7 @@ def create_app(
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         if processes is not None:
-            _share_limits(limiters, await run_in_threadpool(processes.beat))
+            _share_among(ledger, limiters, await run_in_threadpool(processes.beat))
         task = asyncio.create_task(_maintain(ledger, replay_cache, api.maintenance_interval_s, processes, limiters))
         try:
             yield
@@ -305,9 +305,13 @@ def create_app(
     return app
 
 
-def _share_limits(limiters: list[RateLimiter], num_processes: int) -> None:
+def _share_among(ledger: Ledger, limiters: list[RateLimiter], num_processes: int) -> None:
+    """This process is one of ``num_processes`` serving the ledger: its share of each rate limit, and whether its
+    commits are announced to others."""
     for limiter in limiters:
         limiter.share = 1.0 / num_processes
+    if ledger.feed is not None:
+        ledger.feed.others = num_processes > 1
 
 
 async def _maintain(
@@ -321,7 +325,7 @@ async def _maintain(
         await asyncio.sleep(interval_s)
         try:
             if processes is not None:
-                _share_limits(limiters, await run_in_threadpool(processes.beat))
+                _share_among(ledger, limiters, await run_in_threadpool(processes.beat))
             expired = await run_in_threadpool(ledger.expire_overdue)
             pruned = await run_in_threadpool(replay_cache.prune)
             if expired:

@@ -43,3 +43,19 @@ def test_a_limiter_enforces_its_share_of_rate_and_burst() -> None:
     assert limiter.retry_after_s("a") is None
     limiter.share = 1 / 100
     assert limiter.retry_after_s("b") is None  # a share below one request still lets one through
+
+
+def test_a_process_takes_its_share_and_announces_only_with_others() -> None:
+    from types import SimpleNamespace
+
+    from coordinator.serving.app import _share_among
+
+    limiter = RateLimiter(rate_per_s=3.0, burst=30)
+    feed = SimpleNamespace(others=True)
+    ledger = SimpleNamespace(feed=feed)
+    _share_among(ledger, [limiter], 1)  # type: ignore[arg-type]
+    alone = (limiter.share, feed.others)
+    _share_among(ledger, [limiter], 3)  # type: ignore[arg-type]
+    assert alone == (1.0, False) and limiter.share == pytest.approx(1 / 3) and feed.others is True
+    _share_among(SimpleNamespace(feed=None), [limiter], 2)  # type: ignore[arg-type]  # SQLite: no feed
+    assert limiter.share == 0.5

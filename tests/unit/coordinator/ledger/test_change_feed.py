@@ -74,3 +74,16 @@ def test_a_process_does_not_count_its_own_commit_twice(ledgers: list[Ledger]) ->
     commit_event(reader, "abandon")  # a round trip through the feed: the writer's own notice has been heard by now
     assert writer.changes.wait(["abandon"], (0,), 5.0)
     assert writer.changes.mark(["verdict"]) == (1,)
+
+
+@pytest.mark.postgres
+def test_a_process_alone_on_the_ledger_announces_nothing(ledgers: list[Ledger]) -> None:
+    writer, reader, _ = ledgers
+    assert writer.feed is not None
+    writer.feed.others = False  # what its maintenance sets when no other API process beats
+    mark = reader.changes.mark(["publish"])
+    commit_event(writer, "publish")
+    assert not reader.changes.wait(["publish"], mark, 0.3)
+    writer.feed.others = True
+    commit_event(writer, "publish")
+    assert reader.changes.wait(["publish"], mark, 5.0)
