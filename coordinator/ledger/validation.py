@@ -76,15 +76,16 @@ from protocol.schemas import (
 
 log = logging.getLogger("coordinator.ledger.validation")
 UNREADABLE_SUBMISSION = "ledger: the stored submission no longer passes the wire schema; the task is re-issued"
-_HAND_OUT_COLUMNS = ("handed_at", "expires_at")
-_STORE_HAND_OUT = {  # a hand-out again (the same validator's next pending list) starts its validity anew
+# A hand-out again (the same validator's next pending list) starts its validity anew, but keeps when it was first
+# handed: a validator's claim on a submission (validation.hand_out_claim_s) runs from then, however often it asks.
+_STORE_HAND_OUT = {
     "sqlite": sqlite_insert(hand_outs).on_conflict_do_update(
         index_elements=["submission_id", "validator_id"],
-        set_={name: sqlite_insert(hand_outs).excluded[name] for name in _HAND_OUT_COLUMNS},
+        set_={"expires_at": sqlite_insert(hand_outs).excluded.expires_at},
     ),
     "postgresql": postgresql_insert(hand_outs).on_conflict_do_update(
         index_elements=["submission_id", "validator_id"],
-        set_={name: postgresql_insert(hand_outs).excluded[name] for name in _HAND_OUT_COLUMNS},
+        set_={"expires_at": postgresql_insert(hand_outs).excluded.expires_at},
     ),
 }
 
@@ -142,7 +143,7 @@ def _rows_by(conn: Connection, key: Any, values: list[str]) -> dict[str, Row[Any
 
 def _wanted_by_no_other(validator_id: str, fresh_after: float, quorum: int) -> Any:
     """For a pending list, whether a submission is not already with enough other validators: its audits in flight
-    (handed to others since ``fresh_after``, no vote from them yet) are none, or with the votes cast fewer than
+    (first handed to others since ``fresh_after``, no vote from them yet) are none, or with the votes cast fewer than
     ``quorum``. Validators split the pending list instead of auditing the same submissions; a submission whose
     votes disagree is handed to one more validator at a time, and one whose validator went quiet is shared again."""
     voted = exists().where(

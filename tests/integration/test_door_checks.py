@@ -31,9 +31,17 @@ from tests.support.ledger_helpers import register_request, submission_for
 pytestmark = pytest.mark.slow
 
 
+CLAIM_S = 1.0
+"""How long a validator's hand-out keeps a submission from the others here (validation.hand_out_claim_s)."""
+
+
 @pytest.fixture(scope="module")
 def net(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Network]:
-    sections: dict[str, dict[str, Any]] = {"trust": {"ban_after_rejections": 1000}, "scheduling": {"lease_ttl_s": 120}}
+    sections: dict[str, dict[str, Any]] = {
+        "trust": {"ban_after_rejections": 1000},
+        "scheduling": {"lease_ttl_s": 120},
+        "validation": {"hand_out_claim_s": CLAIM_S},
+    }
     root: Path = tmp_path_factory.mktemp("door-checks")
     with running_network(root, sections=sections) as network:
         yield network
@@ -112,6 +120,7 @@ def test_a_nan_reward_verdict_is_refused_and_cannot_wedge_the_submission(net: Ne
         nan_verdict = await signed_post(net.url, evil, "/v1/verdicts", nan_rewards)
         async with LedgerClient(net.url, NodeIdentity.generate()) as honest:
             await honest.register(register_request("validator"))
+            await asyncio.sleep(CLAIM_S + 0.2)  # the refused validator's claim on it lapses: it is shared again
             await honest.pending(limit=256)
             decided = await honest.post_verdict(
                 Verdict(submission_id=submission_id, accepted=True, rewards=[0.5] * num_rollouts)

@@ -218,12 +218,15 @@ def test_a_validator_that_keeps_voting_against_the_decisions_is_shown_and_handed
         for _ in range(4):
             (task,) = (await worker.lease(LeaseRequest())).tasks
             submission_id = (await worker.submit(submission_for(task))).submission_id
-            for validator in (liar, first, second):
-                await validator.pending()
+            for validator in (liar, first):
+                assert [item.submission_id for item in (await validator.pending()).submissions] == [submission_id]
+            assert (await second.pending()).submissions == []  # two audits in flight are all quorum 2 needs
             lie = Verdict(submission_id=submission_id, accepted=False, reasons=["rollout p0/s0: proof: invented"])
             assert (await liar.post_verdict(lie)).status == "pending"
             honest = Verdict(submission_id=submission_id, accepted=True, rewards=[0.5] * len(task.prompts) * 2)
             assert (await first.post_verdict(honest)).status == "pending"
+            # two votes that disagree: a third validator is handed it
+            assert [item.submission_id for item in (await second.pending()).submissions] == [submission_id]
             assert (await second.post_verdict(honest)).status == "accepted"
         stats = httpx.get(f"{url}/v1/stats", params={"limit": 100}, timeout=10).json()
         record = {node["node_id"]: node for node in stats["nodes"]}

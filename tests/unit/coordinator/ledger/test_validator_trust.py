@@ -75,8 +75,10 @@ async def test_validators_split_the_pending_list_until_a_hand_out_goes_stale(mak
     submission_id = await submitted(worker)
     assert await pending_ids(first) == [submission_id]
     assert await pending_ids(second) == []  # with the first, which is all quorum 1 needs
-    assert await pending_ids(first) == [submission_id]  # its own hand-out does not hide it from it
-    harness.clock.advance(31.0)  # the first has not answered: the submission is shared again
+    harness.clock.advance(20.0)
+    assert await pending_ids(first) == [submission_id]  # its own hand-out does not hide it from it ...
+    assert await pending_ids(second) == []
+    harness.clock.advance(11.0)  # ... nor does asking again renew its claim: 31 s since it was first handed
     assert await pending_ids(second) == [submission_id]
     answer = await second.post_verdict(Verdict(submission_id=submission_id, accepted=True, rewards=[1.0] * 4))
     assert answer.status == "accepted"
@@ -98,7 +100,7 @@ async def test_a_quorum_is_handed_to_as_many_validators_as_it_needs(make_harness
     await third.post_verdict(Verdict(submission_id=submission_id, accepted=True, rewards=[0.5] * 4))
     assert await pending_ids(second) == [submission_id]  # two votes that disagree: one more is needed
     fourth = await harness.validator()
-    assert await pending_ids(fourth) == []  # the second's fresh hand-out is that one
+    assert await pending_ids(fourth) == [submission_id]  # the second's claim runs from its first hand-out, 31 s ago
     answer = await second.post_verdict(Verdict(submission_id=submission_id, accepted=True, rewards=[1.0] * 4))
     assert answer.status == "accepted"
     for client in (worker, first, second, third, fourth):
