@@ -420,6 +420,7 @@ def run_backend(backend: str, ledger_url: str, args: argparse.Namespace, workdir
         "ledger": {"url": ledger_url},
         "scheduling": {"prompts_per_task": 2, "group_size": 2, "max_tokens": 16, "lease_ttl_s": 600},
         "trust": {"validators_open": True},
+        "validation": {"hand_out_claim_s": 120.0},  # the validators split the pending list
         # the simulated workers stand for distinct machines but all connect from loopback: without this,
         # the Sybil defences would treat them as one source and cap their registrations (docs/sybil.md)
         "sources": {"allow": ["127.0.0.0/8"], "trusted_proxies": ["127.0.0.1"] if args.replicas else []},

@@ -182,10 +182,12 @@ class ValidationConfig(Section):
     hand_out_ttl_s: float = Field(default=900.0, gt=0, le=7 * 86400.0)
     """A validator's verdict counts only on a submission the ledger handed to it (its pending list) within this
     many seconds; a verdict on any other submission is refused (docs/trust-model.md)."""
-    hand_out_claim_s: float = Field(default=120.0, ge=0, le=86400.0)
-    """A submission handed to as many validators as it needs verdicts (`validators_per_submission`) is handed to no
-    other for this many seconds: validators split the pending list instead of auditing the same submissions. A
-    validator that has not answered by then shares it again; 0: every validator is handed every submission."""
+    hand_out_claim_s: float = Field(default=0.0, ge=0, le=86400.0)
+    """0: every validator is handed every undecided submission. Above 0, a submission handed to as many validators as
+    it needs verdicts (`validators_per_submission`) is handed to no other for this many seconds from their first
+    hand-out: validators split the pending list instead of auditing the same submissions. Set it when the validators
+    are ones you trust to answer (`trust.approved_validators`): one that takes submissions and never judges them
+    holds each from the others that long."""
     flag_after_outvoted: int = Field(default=3, ge=1)
     """A validator is flagged once this many of its votes disagreed with the decision and they are more than
     max_outvoted_fraction of its decided votes; a flagged validator is handed flagged_hand_outs submissions at

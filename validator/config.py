@@ -40,7 +40,8 @@ class ValidatorConfig(RoleConfig):
     gather_s: float = Field(default=1.0, ge=0, le=60)
     """After a batch in which under half of the samples were recomputed (the low shares of an adaptive audit), how
     long to wait before asking for the next: submissions gather into fuller prefill batches, each with its fixed
-    cost, for verdicts up to this much later. A full audit never waits; 0: ask at once."""
+    cost, for verdicts up to this much later. A full audit or a full list (`max_submissions_per_batch`) never
+    waits; 0: ask at once."""
     summary_interval_s: float = Field(default=10.0, gt=0)
     """How often a progress summary is logged."""
     poll_interval_s: float = Field(default=1.0, gt=0)

@@ -324,7 +324,9 @@ async def _validator(config: ValidatorConfig, stop: asyncio.Event, state: Valida
                     await audit_pending(ledger, engines, state, answer.submissions, stop, thresholds)
                     if state.num_unfetchable > skipped:  # the same ones come back until the ledger closes them
                         await sleep_unless_stopped(stop, config.poll_interval_s)
-                    elif mostly_unrecomputed(answer.submissions):  # let the next ones gather into one batch
+                    elif len(answer.submissions) < config.max_submissions_per_batch and mostly_unrecomputed(
+                        answer.submissions
+                    ):  # let the next ones gather into one batch (a full list: more are waiting already)
                         await sleep_unless_stopped(stop, config.gather_s)
                 else:  # a long-poll waited already; a ledger that answered at once is asked again later
                     await sleep_unless_stopped(stop, config.poll_interval_s - (time.monotonic() - asked))

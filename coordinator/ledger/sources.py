@@ -29,13 +29,18 @@ MAX_REMEMBERED = 1 << 16
 """Addresses whose answers a :class:`SourcePolicy` keeps."""
 
 
+MAX_ADDRESS_CHARS = 45
+"""The longest textual IP address (an IPv6 address with an IPv4 tail); longer names are answered, not remembered."""
+
+
 def _remembered(answers: dict[str, T], address: str, answer: Callable[[str], T]) -> T:
     found = answers.get(address)
     if found is None:
         found = answer(address)
-        if len(answers) >= MAX_REMEMBERED:
-            answers.clear()
-        answers[address] = found
+        if len(address) <= MAX_ADDRESS_CHARS:  # a forwarded header can name anything: keep only what fits an IP
+            if len(answers) >= MAX_REMEMBERED:
+                answers.clear()
+            answers[address] = found
     return found
 
 

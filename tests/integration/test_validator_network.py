@@ -167,7 +167,8 @@ def test_two_validators_must_agree_on_the_samples_the_ledger_picked(tmp_path: Pa
 
 @pytest.fixture
 def quorum_two_url(tmp_path: Path) -> Iterator[str]:
-    yield from start_coordinator(tmp_path, {"allow": ["127.0.0.0/8"]}, validation={"validators_per_submission": 2})
+    validation = {"validators_per_submission": 2, "hand_out_claim_s": 120.0}  # validators split the pending list
+    yield from start_coordinator(tmp_path, {"allow": ["127.0.0.0/8"]}, validation=validation)
 
 
 async def worker_and_validators(url: str, num_validators: int) -> list[LedgerClient]:

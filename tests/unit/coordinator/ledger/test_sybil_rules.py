@@ -61,6 +61,8 @@ def test_answers_by_address_are_remembered_within_a_bound(monkeypatch: pytest.Mo
         assert sources_of.source_of("k", "10.1.2.3") == "node:k" and sources_of.prefix("not-an-ip") == "not-an-ip"
         assert all(sources_of.prefix(a).endswith(".0/24") for a in addresses[:10])
     assert len(sources_of._prefixes) <= 4 and len(sources_of._allowed) <= 4
+    sources_of.prefix("x" * 1000)  # not an address (a forged forwarded header): answered, not remembered
+    assert "x" * 1000 not in sources_of._prefixes
 
 
 def test_bad_networks_are_refused_by_the_config() -> None:
