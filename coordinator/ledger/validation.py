@@ -34,7 +34,7 @@ import math
 from typing import Any
 
 from pydantic import ValidationError
-from sqlalchemy import Connection, Row, exists, func, insert, or_, select, update
+from sqlalchemy import Connection, Row, and_, exists, func, insert, or_, select, update
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
@@ -141,11 +141,24 @@ def _rows_by(conn: Connection, key: Any, values: list[str]) -> dict[str, Row[Any
     return {getattr(row, key.name): row for row in conn.execute(select(key.table).where(key.in_(values))).all()}
 
 
-def _wanted_by_no_other(validator_id: str, fresh_after: float, quorum: int) -> Any:
+def _in_good_standing(record: ValidatorRecordPolicy) -> Any:
+    """Whether the validator a hand-out went to may hold a claim: approved, not banned and not flagged (the SQL of
+    :func:`coordinator.ledger.reputation.validator_flagged`)."""
+    outvoted, agreed = nodes.c.num_votes_outvoted, nodes.c.num_votes_agreed
+    flagged = and_(
+        outvoted >= record.flag_after_outvoted, outvoted > record.max_outvoted_fraction * (agreed + outvoted)
+    )
+    return exists().where(
+        nodes.c.node_id == hand_outs.c.validator_id, nodes.c.approved.is_(True), nodes.c.banned.is_(False), ~flagged
+    )
+
+
+def _wanted_by_no_other(validator_id: str, fresh_after: float, quorum: int, record: ValidatorRecordPolicy) -> Any:
     """For a pending list, whether a submission is not already with enough other validators: its audits in flight
-    (first handed to others since ``fresh_after``, no vote from them yet) are none, or with the votes cast fewer than
-    ``quorum``. Validators split the pending list instead of auditing the same submissions; a submission whose
-    votes disagree is handed to one more validator at a time, and one whose validator went quiet is shared again."""
+    (first handed since ``fresh_after`` to others in good standing, no vote from them yet) are none, or with the
+    votes cast fewer than ``quorum``. Validators split the pending list instead of auditing the same submissions; a
+    submission whose votes disagree is handed to one more validator at a time, and one whose validator went quiet,
+    was flagged or lost its approval is shared again."""
     voted = exists().where(
         verdict_votes.c.submission_id == hand_outs.c.submission_id,
         verdict_votes.c.validator_id == hand_outs.c.validator_id,
@@ -158,6 +171,7 @@ def _wanted_by_no_other(validator_id: str, fresh_after: float, quorum: int) -> A
             hand_outs.c.validator_id != validator_id,
             hand_outs.c.handed_at > fresh_after,
             ~voted,
+            _in_good_standing(record),
         )
         .scalar_subquery()
     )
@@ -212,7 +226,10 @@ class ValidationLedger(LeasingLedger):
         )
         validation = self.config.validation
         unclaimed = _wanted_by_no_other(
-            validator_id, self.clock() - validation.hand_out_claim_s, validation.validators_per_submission
+            validator_id,
+            self.clock() - validation.hand_out_claim_s,
+            validation.validators_per_submission,
+            self.validator_record,
         )
         with self.db.read() as conn:
             # Re-audits first (a cheat caught sooner trains on less), at most half the list; never to a flagged one.

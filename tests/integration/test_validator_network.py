@@ -216,12 +216,13 @@ def test_a_validator_that_keeps_voting_against_the_decisions_is_shown_and_handed
     async def scenario() -> None:
         url = quorum_two_url
         worker, liar, first, second = await worker_and_validators(url, 3)
-        for _ in range(4):
+        for round_number in range(4):
             (task,) = (await worker.lease(LeaseRequest())).tasks
             submission_id = (await worker.submit(submission_for(task))).submission_id
             for validator in (liar, first):
                 assert [item.submission_id for item in (await validator.pending()).submissions] == [submission_id]
-            assert (await second.pending()).submissions == []  # two audits in flight are all quorum 2 needs
+            if round_number < 3:  # two audits in flight are all quorum 2 needs, until the liar is flagged
+                assert (await second.pending()).submissions == []
             lie = Verdict(submission_id=submission_id, accepted=False, reasons=["rollout p0/s0: proof: invented"])
             assert (await liar.post_verdict(lie)).status == "pending"
             honest = Verdict(submission_id=submission_id, accepted=True, rewards=[0.5] * len(task.prompts) * 2)

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 
-from coordinator.ledger.storage.tables import accepted_groups, verdict_votes
+from coordinator.ledger.storage.tables import accepted_groups, nodes, verdict_votes
 from protocol.errors import ConflictError, ForbiddenError
 from protocol.ledger_client import LedgerClient
 from protocol.schemas import Dashboard, LeaseRequest, Verdict
@@ -82,6 +82,25 @@ async def test_validators_split_the_pending_list_until_a_hand_out_goes_stale(mak
     assert await pending_ids(second) == [submission_id]
     answer = await second.post_verdict(Verdict(submission_id=submission_id, accepted=True, rewards=[1.0] * 4))
     assert answer.status == "accepted"
+    for client in (worker, first, second):
+        await client.aclose()
+
+
+@pytest.mark.parametrize("standing", ["banned", "flagged", "unapproved"])
+async def test_only_a_validator_in_good_standing_holds_a_claim(make_harness: MakeHarness, standing: str) -> None:
+    harness = make_harness(validation__hand_out_claim_s=30.0)
+    worker, first, second = await harness.worker(), await harness.validator(), await harness.validator()
+    submission_id = await submitted(worker)
+    assert await pending_ids(first) == [submission_id] and await pending_ids(second) == []
+    by_standing: dict[str, dict[str, object]] = {
+        "banned": {"banned": True},
+        "flagged": {"num_votes_outvoted": 3, "num_votes_agreed": 1},  # 3 outvoted, 75% of its decided votes
+        "unapproved": {"approved": False},
+    }
+    changes = by_standing[standing]
+    with harness.database.write() as conn:
+        conn.execute(update(nodes).where(nodes.c.node_id == first.identity.node_id).values(**changes))
+    assert await pending_ids(second) == [submission_id]  # its hand-out no longer keeps it from the others
     for client in (worker, first, second):
         await client.aclose()
 
