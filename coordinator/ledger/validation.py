@@ -225,22 +225,17 @@ class ValidationLedger(LeasingLedger):
             verdict_votes.c.submission_id == submissions.c.submission_id, verdict_votes.c.validator_id == validator_id
         )
         validation = self.config.validation
-        unclaimed = _wanted_by_no_other(
-            validator_id,
-            self.clock() - validation.hand_out_claim_s,
-            validation.validators_per_submission,
-            self.validator_record,
-        )
+        wanted = [submissions.c.status == "pending", ~judged]
+        if validation.hand_out_claim_s > 0:  # hand-outs claim: none the others already cover
+            fresh_after = self.clock() - validation.hand_out_claim_s
+            quorum = validation.validators_per_submission
+            wanted.append(_wanted_by_no_other(validator_id, fresh_after, quorum, self.validator_record))
         with self.db.read() as conn:
             # Re-audits first (a cheat caught sooner trains on less), at most half the list; never to a flagged one.
             again = [] if self.flagged(node) else reaudits.pending_for(conn, validator_id, max(1, limit // 2))
             rows = conn.execute(
                 select(submissions)
-                .where(
-                    submissions.c.status == "pending",
-                    ~judged,
-                    unclaimed,
-                )
+                .where(*wanted)
                 .order_by(submissions.c.submitted_at)
                 .limit(max(0, limit - len(again)))
             ).all()
