@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import json
 import math
 import os
@@ -102,9 +103,34 @@ class Pool:
         """``size`` keep-alive connections to host:port, leaving from ``local_address`` when given."""
         self.host, self.port, self.size = host, port, size
         self.local_addr = None if local_address is None else (local_address, 0)
-        self.idle: asyncio.Queue[Connection | None] = asyncio.Queue()
-        for _ in range(size):
-            self.idle.put_nowait(None)  # connected lazily
+        self.idle: list[Connection | None] = [None] * size  # connected lazily
+        self.waiting: collections.deque[asyncio.Future[Connection | None]] = collections.deque()
+
+    async def _take(self) -> Connection | None:
+        """The next free connection, first come first served.
+
+        Not an asyncio.Queue: a caller that asks right after giving a connection back (a submit after its
+        lease) would take it ahead of the callers already waiting, and a woken waiter that lost that race
+        goes to the back of the line, so heartbeats and leases would queue for seconds behind submits.
+        """
+        if self.idle and not self.waiting:
+            return self.idle.pop()
+        waiter: asyncio.Future[Connection | None] = asyncio.get_running_loop().create_future()
+        self.waiting.append(waiter)
+        try:
+            return await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled():  # handed a connection, then cancelled: pass it on
+                self._give_back(waiter.result())
+            raise
+
+    def _give_back(self, conn: Connection | None) -> None:
+        while self.waiting:
+            waiter = self.waiting.popleft()
+            if not waiter.done():  # a cancelled waiter is skipped
+                waiter.set_result(conn)
+                return
+        self.idle.append(conn)
 
     async def request(
         self, method: str, path: str, body: bytes, headers: Callable[[], dict[str, str]]
@@ -114,7 +140,7 @@ class Pool:
         A kept-alive connection the server closed while it was idle (uvicorn does after 5 s) fails on its
         next request before anything was answered: that request is sent once more on a new connection.
         """
-        conn = await self.idle.get()
+        conn = await self._take()
         try:
             reused = conn is not None
             if conn is None:
@@ -130,9 +156,9 @@ class Pool:
         except BaseException:
             if conn is not None:
                 conn.writer.close()
-            self.idle.put_nowait(None)
+            self._give_back(None)
             raise
-        self.idle.put_nowait(conn)
+        self._give_back(conn)
         return result
 
     async def _connect(self) -> Connection:

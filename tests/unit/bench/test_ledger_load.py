@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
 
-from bench.ledger_load import ENDPOINTS, default_validators, lives, summarize
+from bench.ledger_load import ENDPOINTS, Pool, default_validators, lives, summarize
 
 
 def test_the_plan_churns_the_asked_share_at_heterogeneous_speeds() -> None:
@@ -39,3 +40,41 @@ def test_validators_are_enough_for_the_submission_rate() -> None:
     assert default_validators(200, 10.0) == 4
     assert default_validators(1000, 10.0) == 10  # 100 submissions a second, 10 each
     assert default_validators(10_000, 60.0) == 17
+
+
+def test_the_client_pool_serves_callers_in_the_order_they_asked() -> None:
+    """A caller that gives a connection back and asks again at once goes behind those already waiting (with an
+    asyncio.Queue it took the connection first, and heartbeats queued for seconds behind submits)."""
+
+    async def scenario() -> list[str]:
+        pool = Pool("127.0.0.1", 1, size=1)
+        order: list[str] = []
+        first = await pool._take()  # the only connection
+
+        async def wait_for_it(name: str) -> None:
+            conn = await pool._take()
+            order.append(name)
+            pool._give_back(conn)
+
+        waiting = [asyncio.create_task(wait_for_it(name)) for name in ("heartbeat", "lease")]
+        await asyncio.sleep(0)  # both are waiting now
+        pool._give_back(first)
+        again = asyncio.create_task(wait_for_it("submit"))  # asks right after giving back
+        await asyncio.gather(*waiting, again)
+        return order
+
+    assert asyncio.run(scenario()) == ["heartbeat", "lease", "submit"]
+
+
+def test_a_cancelled_waiter_does_not_lose_the_connection() -> None:
+    async def scenario() -> bool:
+        pool = Pool("127.0.0.1", 1, size=1)
+        held = await pool._take()
+        cancelled = asyncio.create_task(pool._take())
+        await asyncio.sleep(0)
+        cancelled.cancel()
+        pool._give_back(held)
+        await asyncio.gather(cancelled, return_exceptions=True)
+        return await asyncio.wait_for(pool._take(), timeout=1.0) is held
+
+    assert asyncio.run(scenario())
