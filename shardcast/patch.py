@@ -8,30 +8,7 @@ itself carries the blake3 of each base file it reads and of each file it writes.
 patch as untrusted input (every length, count and offset is checked against the base file
 and a caller's output limit before anything is allocated or written). The format
 (``bitpatch-zstd-v1``) and the entropy bound that :class:`PatchStats` reports are described
-in docs/shardcast.md ("Value patches: the codec").
-
-File layout::
-
-    magic   8 bytes  b"PNBPATCH"
-    u64 LE  length of the compressed header
-    u64 LE  length of the header once decompressed
-    header  zstd frame of a JSON object (below)
-    body    zstd frames, each addressed as [offset, length] from the body's start
-
-Every zstd frame is magicless, with no checksum or content size: the header says how many
-bytes each must give, and decompression stops there. The header is ``{"encoding": ENCODING,
-"base": [[path, size, blake3], ...], "files": [...]}``; each file is ``{"path", "size",
-"blake3", "kind"}`` plus, by kind: ``"same"`` (copy the base file of that path), ``"whole"``
-(``"blob"``: the file, compressed) or ``"tensors"`` (``"header"``: null when the safetensors
-header equals the base's, else ``{"n": its size, "b": [blob]}``; ``"tensors"``: one record per
-tensor in the order of the new data offsets, ``{"k": 0}`` when no element changed, else
-``{"k": changed count, "p": positions spec, "v": values spec}``). Elements are the tensor's
-bytes as little-endian unsigned integers of 2 bytes (bf16, f16, 16-bit ints) or 4 bytes (f32,
-32-bit ints), or single bytes for every other dtype. A spec is a dict with a coding ``"c"`` and
-its blobs ``"b"`` (:func:`_encode_positions` and :func:`_encode_values` describe each
-coding); multi-byte integer streams are split into byte planes (byte 0 of every item, then
-byte 1, ...), each its own frame, so nearly constant high bytes compress apart from the noisy
-low ones. The encoder tries every coding of a tensor and keeps the smallest.
+in docs/shardcast.md ("Value patches: the codec"), with the file layout.
 """
 
 from __future__ import annotations

@@ -1,1 +1,1 @@
-"""The trainer: HF model loading, FSDP2, GRPO and SFT losses, checkpoints, eval, built-in model and tasks."""
+"""The trainer: HF and built-in models, FSDP2, the GRPO and SFT losses, LoRA, checkpoints and exact resume."""

@@ -1,7 +1,7 @@
 """`prime-coordinator start`: open the run's ledger and serve its API with uvicorn until stopped.
 
 Creates (or loads) the coordinator's node key in the data dir, opens and migrates the ledger
-database, loads the task source, binds the API socket itself (so port 0 works and the real
+database, loads the environment, binds the API socket itself (so port 0 works and the real
 address can be logged before serving) and runs uvicorn on it. The SHARDCAST origin is mounted
 at /shardcast; on the first start the configured start checkpoint is published as policy
 version 0. With ``validation.builtin_enabled`` a validator child runs alongside

@@ -1,6 +1,6 @@
 """The operator's path trains: `prime-coordinator start -c configs/coordinator.toml` with a worker joining.
 
-The config file is used as shipped (PostgreSQL ledger, built-in task source, built-in validator,
+The config file is used as shipped (PostgreSQL ledger, built-in environment, built-in validator,
 the RL loop on); the command line changes only what a test must: the data dir, loopback
 addresses and free ports, the ledger URL (a scratch database on the test PostgreSQL) and a
 small number of steps. One HF worker joins with `prime-worker join`; the coordinator trains the

@@ -1,4 +1,4 @@
-"""Test helpers for the ledger: a deterministic task source, configs, and well-formed submissions."""
+"""Test helpers for the ledger: a deterministic prompt source, configs, and well-formed submissions."""
 
 from __future__ import annotations
 
