@@ -85,11 +85,9 @@ def validator_standings(database: Database, configured: Iterable[str]) -> list[V
 def validators_from_cli(config: CoordinatorConfig, node_id: str | None, approved: bool | None) -> None:
     """`prime-coordinator validators approve|revoke|list` against the run's ledger (safe while it runs)."""
     from coordinator.ledger.archive import open_existing
-    from coordinator.ledger.storage.migrations import migrate
 
     database = open_existing(config)
     try:
-        migrate(database)
         if node_id is not None and approved is not None:
             registered = decide_validator(database, node_id, approved)
             verb = "approved" if approved else "revoked"

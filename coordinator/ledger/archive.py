@@ -32,7 +32,7 @@ from sqlalchemy import Column, Float, Integer, Text, delete, func, select, updat
 
 from coordinator.config import CoordinatorConfig
 from coordinator.ledger.storage.engine import Database
-from coordinator.ledger.storage.migrations import events_guard
+from coordinator.ledger.storage.migrations import events_guard, migrate
 from coordinator.ledger.storage.tables import events, run_state, step_submissions, submissions, train_steps
 
 log = logging.getLogger("coordinator.ledger.archive")
@@ -211,11 +211,8 @@ def archive_from_cli(config: CoordinatorConfig, compact: bool) -> None:
     """`prime-coordinator archive`: archive what ``config.archive`` calls old, print what moved."""
     import time
 
-    from coordinator.ledger.storage.migrations import migrate
-
     db = open_existing(config)
     try:
-        migrate(db)
         report = archive_ledger(db, config, time.time())
         if compact:
             vacuum(db)
@@ -228,8 +225,15 @@ def archive_from_cli(config: CoordinatorConfig, compact: bool) -> None:
 
 
 def open_existing(config: CoordinatorConfig) -> Database:
+    """The run's ledger database, migrated to the current schema; a one-line error when there is none."""
     from protocol.errors import ConfigError
 
     if not config.ledger.url and not (config.data_dir / "ledger.db").is_file():
         raise ConfigError(f"no ledger at {config.data_dir / 'ledger.db'}: pass the run's config (-c) or --data-dir")
-    return Database(config.ledger_url, config.ledger.sqlite_synchronous, config.ledger.pool_size)
+    db = Database(config.ledger_url, config.ledger.sqlite_synchronous, config.ledger.pool_size)
+    try:
+        migrate(db)
+    except BaseException:
+        db.dispose()
+        raise
+    return db

@@ -167,11 +167,9 @@ def export_rollouts(
 def export_from_cli(config: CoordinatorConfig, steps: str, fmt: ExportFormat, out: Path) -> None:
     """`prime-coordinator export`: write the rollouts of ``steps`` to ``out``."""
     from coordinator.ledger.archive import open_existing
-    from coordinator.ledger.storage.migrations import migrate
 
     db = open_existing(config)
     try:
-        migrate(db)
         count = export_rollouts(db, steps, fmt, out, config.archive_dir, config.orchestrator.normalize_std)
     finally:
         db.dispose()

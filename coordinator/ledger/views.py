@@ -164,9 +164,41 @@ class LedgerViews:
         """Whether a node's row shows a validator that keeps voting against the decisions (no config: never)."""
         return False
 
-    def stats(self, limit: int) -> RunStats:
+    def recent_nodes(self, limit: int) -> list[Row[Any]]:
+        """The ``limit`` nodes seen most recently, newest first: every column of their rows."""
         with self.db.read() as conn:
-            rows = conn.execute(select(nodes).order_by(nodes.c.last_seen.desc()).limit(limit)).all()
+            return list(conn.execute(select(nodes).order_by(nodes.c.last_seen.desc()).limit(limit)).all())
+
+    def live_tokens_per_s(self) -> float:
+        """The generation rate the live workers (seen within ``scheduling.worker_live_s``) last reported, summed."""
+        with self.db.read() as conn:
+            total = conn.execute(
+                select(func.coalesce(func.sum(nodes.c.tokens_per_s), 0.0)).where(
+                    nodes.c.role == "worker", nodes.c.last_seen >= self.clock() - self._live_s
+                )
+            ).scalar_one()
+        return float(total)
+
+    def latest_published(self) -> tuple[int, float] | None:
+        """(version, published_at) of the newest policy version; None before the first."""
+        with self.db.read() as conn:
+            newest = conn.execute(select(func.max(policy_versions.c.version))).scalar()
+            if newest is None:
+                return None
+            published_at = conn.execute(
+                select(policy_versions.c.published_at).where(policy_versions.c.version == newest)
+            ).scalar_one()
+        return int(newest), float(published_at)
+
+    def waiting_tasks(self) -> tuple[int, int]:
+        """(tasks open for leasing, current policy version): tasks are made on demand, so open ones were re-queued."""
+        with self.db.read() as conn:
+            num_open = conn.execute(select(func.count()).where(tasks.c.state == "open")).scalar_one()
+            version = conn.execute(select(run_state.c.current_policy_version)).scalar_one()
+        return int(num_open), int(version)
+
+    def stats(self, limit: int) -> RunStats:
+        rows = self.recent_nodes(limit)
         fields = [name for name in NodeStats.model_fields if name not in ("v", "flagged")]  # columns of nodes
         node_stats = [
             NodeStats.model_validate({**{name: row._mapping[name] for name in fields}, "flagged": self.flagged(row)})

@@ -22,11 +22,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal
 
-from sqlalchemy import select
-
 from coordinator.config import CoordinatorConfig
 from coordinator.ledger.storage.engine import Database
-from coordinator.ledger.storage.tables import events, train_steps
+from coordinator.ledger.train_steps import trained_steps_and_evals
 from coordinator.loop.run_metrics import eval_values, step_values
 
 MetricsFormat = Literal["csv", "jsonl"]
@@ -35,18 +33,7 @@ LEADING_COLUMNS = ("kind", "step", "at")
 
 def metrics_rows(db: Database) -> list[dict[str, Any]]:
     """The run's ``step`` and ``eval`` rows, as :mod:`coordinator.loop.run_metrics` writes them."""
-    with db.read() as conn:
-        steps = conn.execute(
-            select(train_steps.c.step, train_steps.c.trained_at, train_steps.c.published_at, train_steps.c.metrics_json)
-            .where(train_steps.c.state != "recorded")
-            .order_by(train_steps.c.step)
-        ).all()
-        logged = conn.execute(
-            select(events.c.at, events.c.subject, events.c.data_json)
-            .where(events.c.kind == "train_step")
-            .where(events.c.data_json.contains('"evaluated"'))
-            .order_by(events.c.event_id)
-        ).all()
+    steps, logged = trained_steps_and_evals(db)
     rows: list[dict[str, Any]] = []
     evals: dict[int, dict[str, Any]] = {}
     for event in logged:
@@ -90,11 +77,9 @@ def render(rows: Iterable[dict[str, Any]], fmt: MetricsFormat) -> str:
 def export_metrics_from_cli(config: CoordinatorConfig, fmt: MetricsFormat, output: Path | None) -> None:
     """Write the run's metrics to ``output`` (replaced whole once complete) or to stdout."""
     from coordinator.ledger.archive import open_existing
-    from coordinator.ledger.storage.migrations import migrate
 
     db = open_existing(config)
     try:
-        migrate(db)
         rows = metrics_rows(db)
     finally:
         db.dispose()

@@ -43,10 +43,10 @@ from coordinator.ledger.batches import (
     train_samples,
 )
 from coordinator.ledger.ledger import Ledger
+from coordinator.ledger.train_steps import StepRecord, TrainSteps, min_policy_version
 from coordinator.loop.evals import PolicyEvals
 from coordinator.loop.policies import publish_policy
 from coordinator.loop.run_metrics import RunMetricsFile
-from coordinator.loop.train_steps import StepRecord, TrainSteps, min_policy_version
 from coordinator.processes.trainer_process import TrainerProcess
 from environments.episode import MultiTurnEnvironment
 from environments.prompts import EnvironmentPrompts, PromptSource

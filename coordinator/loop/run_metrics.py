@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-from coordinator.loop.train_steps import StepRecord
+from coordinator.ledger.train_steps import StepRecord
 
 METRICS_FILE = "metrics.jsonl"
 EVAL_PREFIX = "eval_"

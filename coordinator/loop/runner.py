@@ -20,17 +20,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import func, select
-
 from coordinator.config import CoordinatorConfig
 from coordinator.ledger.ledger import Ledger
 from coordinator.ledger.run_spec import trainer_section
-from coordinator.ledger.storage.tables import nodes
+from coordinator.ledger.train_steps import StepRecord, TrainSteps
 from coordinator.loop.evals import PolicyEvals
 from coordinator.loop.orchestrator import Orchestrator, StoppedError
 from coordinator.loop.run_metrics import METRICS_FILE, RunMetricsFile
 from coordinator.loop.tracking import Trackers, open_trackers
-from coordinator.loop.train_steps import StepRecord, TrainSteps
 from coordinator.processes.local_network import Processes, start_local_network
 from coordinator.processes.trainer_process import TrainerProcess, trainer_node
 from protocol.identity import NodeIdentity
@@ -71,13 +68,7 @@ def progress_line(
     """Step, live workers and validators, last batch reward, accepted/rejected, generation tokens/s, batch
     staleness, how the last batch's rollouts ended and the newest eval (when known), on one line."""
     status = ledger.status()
-    live_after = time.time() - config.scheduling.worker_live_s
-    with ledger.db.read() as conn:
-        tokens_per_s = conn.execute(
-            select(func.coalesce(func.sum(nodes.c.tokens_per_s), 0.0)).where(
-                nodes.c.role == "worker", nodes.c.last_seen >= live_after
-            )
-        ).scalar_one()
+    tokens_per_s = ledger.live_tokens_per_s()
     num_trained, last = TrainSteps(ledger).trained_progress()
     reward = f"{last['batch_reward_mean']:.3f}" if "batch_reward_mean" in last else "-"
     staleness = f"{last['batch_staleness_mean']:.2f}" if "batch_staleness_mean" in last else "-"

@@ -19,10 +19,8 @@ import threading
 import time
 
 from fastapi import FastAPI, Request
-from sqlalchemy import func, select
 
 from coordinator.config import CoordinatorConfig
-from coordinator.ledger.storage.tables import policy_versions, run_state, tasks
 from coordinator.ledger.views import LedgerViews
 from protocol import routes
 from protocol.announcements import policy_announcement
@@ -33,26 +31,6 @@ from runtime.p2p.gossip import Gossip, Listener
 
 log = logging.getLogger("coordinator.serving.p2p")
 TASKS_REANNOUNCE_S = 30.0
-
-
-def latest_published(ledger: LedgerViews) -> tuple[int, float] | None:
-    """(version, published_at) of the newest policy version in the ledger; None before the first."""
-    with ledger.db.read() as conn:
-        newest = conn.execute(select(func.max(policy_versions.c.version))).scalar()
-        if newest is None:
-            return None
-        published_at = conn.execute(
-            select(policy_versions.c.published_at).where(policy_versions.c.version == newest)
-        ).scalar_one()
-    return int(newest), float(published_at)
-
-
-def waiting_tasks(ledger: LedgerViews) -> tuple[int, int]:
-    """(tasks open for leasing, current policy version): tasks are made on demand, so open ones were re-queued."""
-    with ledger.db.read() as conn:
-        num_open = conn.execute(select(func.count()).where(tasks.c.state == "open")).scalar_one()
-        version = conn.execute(select(run_state.c.current_policy_version)).scalar_one()
-    return int(num_open), int(version)
 
 
 class CoordinatorGossip:
@@ -105,7 +83,7 @@ class CoordinatorGossip:
 
     def announce_new_version(self) -> None:
         """Announce the ledger's newest policy version if it was not announced yet."""
-        latest = latest_published(self.ledger)
+        latest = self.ledger.latest_published()
         if latest is None or latest[0] == self.announced_version:
             return
         version, published_at = latest
@@ -124,7 +102,7 @@ class CoordinatorGossip:
 
     def announce_tasks(self) -> None:
         """Announce tasks waiting to be leased when some appear, and again every TASKS_REANNOUNCE_S while they wait."""
-        num_open, version = waiting_tasks(self.ledger)
+        num_open, version = self.ledger.waiting_tasks()
         had_tasks, self._had_tasks = self._had_tasks, num_open > 0
         if not self._had_tasks:
             return

@@ -16,9 +16,6 @@ import json
 import threading
 from collections.abc import Callable
 
-from sqlalchemy import select
-
-from coordinator.ledger.storage.tables import nodes
 from coordinator.ledger.views import LedgerViews
 from coordinator.serving.dashboard.history import RunHistory
 from coordinator.serving.dashboard.relays import RelayWatch
@@ -87,10 +84,8 @@ class DashboardSource:
 
     def _nodes(self, now: float) -> list[DashboardNode]:
         live_after = now - self.views.scheduling.worker_live_s
-        with self.views.db.read() as conn:
-            rows = conn.execute(select(nodes).order_by(nodes.c.last_seen.desc()).limit(MAX_NODES)).all()
         found = []
-        for row in rows:
+        for row in self.views.recent_nodes(MAX_NODES):
             # Stored by older ledgers before the wire schema bounded them: out-of-range values are dropped.
             held = sorted(
                 {v for v in json.loads(row.versions_held_json) if isinstance(v, int) and 0 <= v <= MAX_POLICY_VERSION}

@@ -1,6 +1,6 @@
 """The RL loop's progress for the dashboard, folded from the ledger's ``train_step`` events.
 
-The orchestrator (:class:`coordinator.loop.train_steps.TrainSteps`) logs one ``train_step`` event per
+The orchestrator (:class:`coordinator.ledger.train_steps.TrainSteps`) logs one ``train_step`` event per
 state change of a step, with the step number as subject: ``recorded`` (its batch chosen),
 ``trained`` (with the step's metrics, among them ``batch_reward_mean``, the mean validator
 reward over the batch's rollouts, and the trainer's own ``reward_mean``) and ``published``.

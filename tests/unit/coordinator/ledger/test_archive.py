@@ -21,14 +21,14 @@ from coordinator.ledger.archive import ARCHIVED_BODY, archive_ledger, archived_b
 from coordinator.ledger.batches import train_samples
 from coordinator.ledger.export import export_rollouts, parse_steps
 from coordinator.ledger.storage.tables import events, submissions
-from coordinator.loop.train_steps import TrainSteps
+from coordinator.ledger.train_steps import TrainSteps
 from protocol.errors import ConfigError
 from protocol.ledger_client import LedgerClient
 from protocol.schemas import LeaseRequest
 from runtime.cli import EXIT_BAD_CONFIG, EXIT_FAILURE
 from tests.support.ledger_helpers import signed_manifest, submission_for
 from tests.unit.coordinator.conftest import LedgerHarness, MakeHarness
-from tests.unit.coordinator.loop.test_train_steps import judged
+from tests.unit.coordinator.ledger.test_train_steps import judged
 
 pytestmark = pytest.mark.anyio
 

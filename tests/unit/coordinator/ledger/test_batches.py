@@ -21,7 +21,7 @@ from coordinator.ledger.batches import (
     verdict_rewards,
 )
 from coordinator.ledger.scheduling import lease_room
-from coordinator.loop.train_steps import min_policy_version
+from coordinator.ledger.train_steps import min_policy_version
 from protocol.schemas import Rollout, SubmitRequest, TurnRollout, Verdict
 from trainer.packing import TrainSample
 from trainer.transport import StepBatch, TrainDir

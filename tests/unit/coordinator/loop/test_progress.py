@@ -7,7 +7,7 @@ import re
 import pytest
 
 from coordinator.loop.runner import progress_line, reward_curve, rollout_fields
-from coordinator.loop.train_steps import StepRecord
+from coordinator.ledger.train_steps import StepRecord
 from tests.unit.coordinator.conftest import LedgerHarness
 
 

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from coordinator.loop.run_metrics import RunMetricsFile, eval_values, step_values
-from coordinator.loop.train_steps import StepRecord
+from coordinator.ledger.train_steps import StepRecord
 
 
 def rows(path: Path) -> list[dict[str, object]]:

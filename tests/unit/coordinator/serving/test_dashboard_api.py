@@ -6,12 +6,12 @@ import httpx
 import pytest
 
 from coordinator.ledger.batches import batch_summary
-from coordinator.loop.train_steps import TrainSteps
+from coordinator.ledger.train_steps import TrainSteps
 from coordinator.serving.dashboard.history import RunHistory, rate_series
 from protocol.schemas import Dashboard, ErrorBody, Event, HeartbeatRequest, LeaseRequest, RunStatus, Verdict
 from tests.support.ledger_helpers import signed_manifest, submission_for
 from tests.unit.coordinator.conftest import LedgerHarness, MakeHarness
-from tests.unit.coordinator.loop.test_train_steps import judged
+from tests.unit.coordinator.ledger.test_train_steps import judged
 
 pytestmark = pytest.mark.anyio
 

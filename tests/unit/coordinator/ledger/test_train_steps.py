@@ -10,7 +10,7 @@ from sqlalchemy import insert
 from sqlalchemy.exc import IntegrityError
 
 from coordinator.ledger.storage.tables import step_submissions
-from coordinator.loop.train_steps import TrainSteps, min_policy_version
+from coordinator.ledger.train_steps import TrainSteps, min_policy_version
 from protocol.ledger_client import LedgerClient
 from protocol.schemas import LeaseRequest, Verdict
 from tests.support.ledger_helpers import signed_manifest, submission_for

@@ -12,14 +12,23 @@ accepted first, whose verdict carries a reward for every rollout.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, func, insert, select, update
+from sqlalchemy import Connection, Row, func, insert, select, update
 
 from coordinator.ledger.batches import AcceptedGroup, accepted_group, verdict_rewards
 from coordinator.ledger.ledger import Ledger
-from coordinator.ledger.storage.tables import accepted_groups, step_submissions, submissions, tasks, train_steps
+from coordinator.ledger.storage.engine import Database
+from coordinator.ledger.storage.tables import (
+    accepted_groups,
+    events,
+    step_submissions,
+    submissions,
+    tasks,
+    train_steps,
+)
 
 CANDIDATE_SCAN_FACTOR = 4
 
@@ -36,6 +45,24 @@ class StepRecord:
 def min_policy_version(step: int, async_level: int) -> int:
     """Oldest policy version step ``step`` may learn from: the policy it trains (step - 1) minus k."""
     return max(0, step - 1 - async_level)
+
+
+def trained_steps_and_evals(db: Database) -> tuple[Sequence[Row[Any, Any, Any, Any]], Sequence[Row[Any, Any, Any]]]:
+    """Every trained step (``step``, ``trained_at``, ``published_at``, ``metrics_json``) in step order, and every
+    ``train_step`` event that may carry an eval (``at``, ``subject``, ``data_json``) in log order; one snapshot."""
+    with db.read() as conn:
+        steps = conn.execute(
+            select(train_steps.c.step, train_steps.c.trained_at, train_steps.c.published_at, train_steps.c.metrics_json)
+            .where(train_steps.c.state != "recorded")
+            .order_by(train_steps.c.step)
+        ).all()
+        logged = conn.execute(
+            select(events.c.at, events.c.subject, events.c.data_json)
+            .where(events.c.kind == "train_step")
+            .where(events.c.data_json.contains('"evaluated"'))
+            .order_by(events.c.event_id)
+        ).all()
+    return steps, logged
 
 
 class TrainSteps:

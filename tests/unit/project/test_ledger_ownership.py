@@ -1,0 +1,75 @@
+"""The ledger owns its tables: outside ``coordinator/ledger/`` no module imports the table definitions or the schema
+migrations, and none reaches into a ledger object's private attributes (``ledger._write``, ``views._run``...).
+
+Code that needs the ledger's data asks a public method (the views, the train steps, the leasing and validation
+calls); tests of the ledger itself may read its tables and are not checked.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+CHECKED = ("coordinator", "worker", "validator", "trainer", "node", "runtime", "protocol", "shardcast", "bench")
+OWNER = "coordinator/ledger/"
+PRIVATE_MODULES = ("coordinator.ledger.storage.tables", "coordinator.ledger.storage.migrations")
+LEDGER_NAMES = frozenset({"ledger", "views", "ledger_views"})
+"""Names a ledger object goes by; ``X._name`` with X one of these (or ``self.X``) is a private access."""
+
+
+def _holder_name(node: ast.expr) -> str | None:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    return None
+
+
+def violations(root: Path, folders: tuple[str, ...] = CHECKED) -> list[str]:
+    """``path:line what`` for each import of a private ledger module and each private access to a ledger object."""
+    found = []
+    for folder in folders:
+        for path in sorted((root / folder).rglob("*.py")):
+            relative = path.relative_to(root).as_posix()
+            if relative.startswith(OWNER):
+                continue
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if isinstance(node, ast.ImportFrom) and node.module:
+                    names = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
+                    if any(name in PRIVATE_MODULES for name in names):
+                        found.append(f"{relative}:{node.lineno} imports {node.module}")
+                elif isinstance(node, ast.Import):
+                    for alias in node.names:
+                        if alias.name in PRIVATE_MODULES:
+                            found.append(f"{relative}:{node.lineno} imports {alias.name}")
+                elif (
+                    isinstance(node, ast.Attribute)
+                    and node.attr.startswith("_")
+                    and not node.attr.startswith("__")
+                    and _holder_name(node.value) in LEDGER_NAMES
+                ):
+                    found.append(f"{relative}:{node.lineno} uses {_holder_name(node.value)}.{node.attr}")
+    return found
+
+
+def test_nothing_outside_the_ledger_touches_its_tables_or_private_methods() -> None:
+    assert violations(REPO_ROOT) == []
+
+
+def test_a_planted_violation_is_found(tmp_path: Path) -> None:
+    role = tmp_path / "coordinator" / "loop"
+    role.mkdir(parents=True)
+    (role / "steps.py").write_text(
+        "from coordinator.ledger.storage.tables import nodes\n"
+        "def record(self):\n"
+        "    with self.ledger._write(None) as conn:\n"
+        "        return conn\n"
+    )
+    owner = tmp_path / "coordinator" / "ledger"
+    owner.mkdir()
+    (owner / "part.py").write_text("from coordinator.ledger.storage.tables import nodes\nledger._run(None)\n")
+    assert violations(tmp_path, ("coordinator",)) == [
+        "coordinator/loop/steps.py:1 imports coordinator.ledger.storage.tables",
+        "coordinator/loop/steps.py:3 uses ledger._write",
+    ]
