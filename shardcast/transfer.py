@@ -275,199 +275,275 @@ async def fetch_shards(
     ``unusable`` sources are never asked (they hold another version under this number, e.g. another run's)."""
     if not pending:
         return
-    queue: asyncio.PriorityQueue[tuple[float, int, int]] = asyncio.PriorityQueue()
-    order = itertools.count()
-    loop = asyncio.get_running_loop()
-    deadline = progress_deadline(options)
-    attempts = dict.fromkeys((shard.index for shard in pending), 0)
-    excluded: dict[int, set[str]] = {shard.index: set(unusable) for shard in pending}
-    kinds_seen: dict[int, set[FailureKind]] = {shard.index: set() for shard in pending}
-    num_not_ready = dict.fromkeys(attempts, 0)
-    last_progress = loop.time()
-    remaining = len(pending)
-    hedges_in_flight = 0
-    in_flight: set[_Attempt] = set()
-    finished = loop.create_future()
+    await _ShardFetch(fetcher, manifest, pending, scoreboard, sink, options, emit, unusable).run()
 
-    def requeue(index: int, delay_s: float) -> None:
-        queue.put_nowait((loop.time() + delay_s, next(order), index))
 
-    def give_up(error: PrimeError) -> None:
-        if not finished.done():
-            finished.set_exception(error)
+@dataclass(eq=False)
+class _ShardFetch:
+    """One run of :func:`fetch_shards`: the queue of shards and the state its workers share."""
 
-    for shard in pending:
-        requeue(shard.index, 0.0)
+    fetcher: ShardFetcher
+    manifest: PolicyManifest
+    pending: Sequence[ShardEntry]
+    scoreboard: Scoreboard
+    sink: ShardSink
+    options: TransferOptions
+    emit: EventSink
+    unusable: Collection[str]
 
-    def hedge_delay(shard: ShardEntry) -> float:
-        measured = [s.throughput_bps for s in scoreboard.sources.values() if s.throughput_bps]
+    def __post_init__(self) -> None:
+        """Set up the per-shard bookkeeping and queue every pending shard (inside the running event loop)."""
+        pending = self.pending
+        self.queue: asyncio.PriorityQueue[tuple[float, int, int]] = asyncio.PriorityQueue()
+        self.order = itertools.count()
+        self.loop = asyncio.get_running_loop()
+        self.deadline = progress_deadline(self.options)
+        self.attempts = dict.fromkeys((shard.index for shard in pending), 0)
+        self.excluded: dict[int, set[str]] = {shard.index: set(self.unusable) for shard in pending}
+        self.kinds_seen: dict[int, set[FailureKind]] = {shard.index: set() for shard in pending}
+        self.num_not_ready = dict.fromkeys(self.attempts, 0)
+        self.last_progress = self.loop.time()
+        self.remaining = len(pending)
+        self.hedges_in_flight = 0
+        self.in_flight: set[_Attempt] = set()
+        self.finished: asyncio.Future[None] = self.loop.create_future()
+        for shard in pending:
+            self.requeue(shard.index, 0.0)
+
+    async def run(self) -> None:
+        """Run the workers until every shard verified or the transfer was given up; then stop them."""
+        num_workers = min(self.options.num_parallel, len(self.pending))
+        workers = [asyncio.create_task(self.guarded_worker()) for _ in range(num_workers)]
+        try:
+            await self.finished
+        finally:
+            for task in workers:
+                task.cancel()
+            await asyncio.gather(*workers, return_exceptions=True)
+
+    def requeue(self, index: int, delay_s: float) -> None:
+        """Put shard ``index`` back on the queue, to be taken again in ``delay_s`` seconds."""
+        self.queue.put_nowait((self.loop.time() + delay_s, next(self.order), index))
+
+    def give_up(self, error: PrimeError) -> None:
+        """End the transfer with ``error`` (the first one given wins)."""
+        if not self.finished.done():
+            self.finished.set_exception(error)
+
+    def hedge_delay(self, shard: ShardEntry) -> float:
+        """How long a fetch of ``shard`` may run before it is hedged."""
+        measured = [s.throughput_bps for s in self.scoreboard.sources.values() if s.throughput_bps]
         expected = shard.size_bytes / max(measured) if measured else 0.0
-        return max(options.hedge_after_s, options.hedge_factor * expected)
+        return max(self.options.hedge_after_s, self.options.hedge_factor * expected)
 
-    def start(attempt: _Attempt, shard: ShardEntry) -> None:
-        scoreboard.started(attempt.source)
-        in_flight.add(attempt)
+    def start(self, attempt: _Attempt, shard: ShardEntry) -> None:
+        """Start ``attempt`` as a task fetching ``shard``."""
+        self.scoreboard.started(attempt.source)
+        self.in_flight.add(attempt)
         attempt.task = asyncio.create_task(
-            fetch_shard(fetcher, attempt.source, manifest, shard, sink, deadline, attempt)
+            fetch_shard(self.fetcher, attempt.source, self.manifest, shard, self.sink, self.deadline, attempt)
         )
 
-    async def fetch_hedged(shard: ShardEntry, source: str) -> tuple[_Attempt | None, list[tuple[str, ShardFetchError]]]:
+    async def guarded_worker(self) -> None:
+        """Run a worker; whatever it raises (but a cancellation) ends the transfer instead of hanging it."""
+        try:
+            await self.worker()
+        except asyncio.CancelledError:
+            raise
+        except PrimeError as exc:  # a local fault (disk full, read-only): stop at once, say what to do
+            self.give_up(exc)
+        except Exception as exc:  # a bug: stop the transfer, never hang it
+            self.give_up(
+                PrimeError(f"transfer of version {self.manifest.version} stopped: {type(exc).__name__}: {exc}")
+            )
+
+    async def worker(self) -> None:
+        """Take shards off the queue and fetch each from a chosen source, until this worker gives up."""
+        while True:
+            ready_at, _, index = await self.queue.get()
+            delay = ready_at - self.loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            shard = self.manifest.shards[index]
+            source = self.scoreboard.choose(exclude=self.excluded[index])
+            if source is None:
+                wait_s = self.scoreboard.next_ready_in(exclude=self.excluded[index])
+                if wait_s is None:
+                    self.give_up(_no_source_left(self.manifest.version, index, self.kinds_seen[index], self.scoreboard))
+                    return
+                self.requeue(index, wait_s + 0.01)
+                continue
+            winner, failures = await self.fetch_hedged(shard, source)
+            if winner is not None:
+                self.shard_done(shard, winner)
+            elif not self.retry(index, failures):
+                return
+
+    def shard_done(self, shard: ShardEntry, winner: _Attempt) -> None:
+        """Count ``shard`` as verified (by ``winner``); the last one ends the transfer."""
+        self.emit(
+            {
+                "event": "shard_done",
+                "version": self.manifest.version,
+                "index": shard.index,
+                "source": winner.source,
+                "bytes": shard.size_bytes,
+                "seconds": round(time.monotonic() - winner.started, 4),
+                "hedged": winner.hedge,
+            }
+        )
+        self.remaining -= 1
+        self.last_progress = self.loop.time()
+        if self.remaining == 0 and not self.finished.done():
+            self.finished.set_result(None)
+
+    def retry(self, index: int, failures: list[tuple[str, ShardFetchError]]) -> bool:
+        """Queue shard ``index`` again after every fetch of it failed; False once the transfer is given up."""
+        if all(failure.kind == "not_ready" for _, failure in failures):
+            return self.retry_not_ready(index, failures)
+        self.exclude_failed(index, failures)
+        self.attempts[index] += 1
+        attempts = self.attempts[index]
+        if attempts >= self.options.max_attempts_per_shard:
+            kinds = self.kinds_seen[index]
+            self.give_up(_no_source_left(self.manifest.version, index, kinds, self.scoreboard, attempts))
+            return False
+        self.requeue(index, min(self.options.backoff_max_s, self.options.backoff_base_s * 2 ** (attempts - 1)))
+        return True
+
+    def retry_not_ready(self, index: int, failures: list[tuple[str, ShardFetchError]]) -> bool:
+        """Ask again later for a shard not mirrored yet, unless none verified for too long: then give up."""
+        waited_s = self.loop.time() - self.last_progress
+        if waited_s > self.options.not_ready_timeout_s:
+            self.give_up(_never_ready(self.manifest.version, index, waited_s, [source for source, _ in failures]))
+            return False
+        self.num_not_ready[index] += 1
+        delay_s = self.options.not_ready_retry_s * 2 ** min(self.num_not_ready[index] - 1, 16)
+        self.requeue(index, min(self.options.backoff_max_s, delay_s))
+        return True
+
+    def exclude_failed(self, index: int, failures: list[tuple[str, ShardFetchError]]) -> None:
+        """Keep the sources that failed shard ``index`` from it; once none is left, let the healthy ones try again."""
+        excluded = self.excluded[index]
+        for failed_source, failure in failures:
+            if failure.kind == "not_ready":
+                continue
+            self.kinds_seen[index].add(failure.kind)
+            if failure.kind in ("integrity", "missing") or len(self.scoreboard.sources) > 1:
+                excluded.add(failed_source)
+        if not self.scoreboard.usable(exclude=excluded):
+            excluded.clear()  # every source failed once: let the healthy ones try again
+            excluded.update(url for url in self.scoreboard.sources if self.scoreboard.is_banned(url))
+            excluded.update(self.unusable)
+
+    async def fetch_hedged(
+        self, shard: ShardEntry, source: str
+    ) -> tuple[_Attempt | None, list[tuple[str, ShardFetchError]]]:
         """Fetch ``shard`` from ``source``, hedged to another source if it drags: (winner, failures)."""
-        nonlocal hedges_in_flight
         running = [_Attempt(source, hedge=False)]
-        start(running[0], shard)
+        self.start(running[0], shard)
         failures: list[tuple[str, ShardFetchError]] = []
-        may_hedge = len(scoreboard.sources) > 1 and options.max_hedges > 0
-        hedge_at = running[0].started + hedge_delay(shard)
+        may_hedge = len(self.scoreboard.sources) > 1 and self.options.max_hedges > 0
+        hedge_at = running[0].started + self.hedge_delay(shard)
         try:
             while running:
                 timeout = max(0.0, hedge_at - time.monotonic()) if may_hedge else None
                 tasks = {attempt.task for attempt in running if attempt.task is not None}
                 done, _ = await asyncio.wait(tasks, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-                if not done and not is_dragging(running[0], list(in_flight), time.monotonic()):
-                    # slow, but no slower than the other sources: the shared link is the limit, not the source
-                    hedge_at = time.monotonic() + hedge_delay(shard)
+                if not done:
+                    next_hedge_at = self.hedge_if_dragging(shard, running)
+                    if next_hedge_at is None:
+                        may_hedge = False
+                    else:
+                        hedge_at = next_hedge_at
                     continue
-                if not done:  # the primary drags: ask another source too
-                    busy = {attempt.source for attempt in running}
-                    other = scoreboard.choose(exclude=excluded[shard.index] | busy)
-                    if other is None or hedges_in_flight >= options.max_hedges:
-                        # every hedge slot is taken (or every other source cools down): try again shortly,
-                        # never wait out the dragging primary's whole response timeout
-                        hedge_at = time.monotonic() + _HEDGE_RETRY_S
-                        continue
-                    may_hedge = False
-                    hedge = _Attempt(other, hedge=True)
-                    hedges_in_flight += 1
-                    start(hedge, shard)
-                    running.append(hedge)
-                    emit(
-                        {
-                            "event": "shard_hedged",
-                            "version": manifest.version,
-                            "index": shard.index,
-                            "source": other,
-                            "slow_source": running[0].source,
-                        }
-                    )
-                    continue
-                for attempt in [a for a in running if a.task in done]:
-                    running.remove(attempt)
-                    in_flight.discard(attempt)
-                    if attempt.hedge:
-                        hedges_in_flight -= 1
-                    assert attempt.task is not None
-                    error = attempt.task.exception()
-                    if error is None:
-                        seconds = time.monotonic() - attempt.started
-                        scoreboard.record(attempt.source, "ok", shard.size_bytes, seconds)
-                        for loser in running:  # outrun: a primary beaten by its hedge is demoted
-                            outcome: Outcome = "cancelled" if loser.hedge else "slow"
-                            scoreboard.record(
-                                loser.source,
-                                outcome,
-                                loser.received,
-                                time.monotonic() - loser.started,
-                                error=f"outrun by {attempt.source} on shard {shard.index}",
-                            )
-                        return attempt, failures
-                    if not isinstance(error, ShardFetchError):
-                        raise error
-                    scoreboard.record(
-                        attempt.source,
-                        _OUTCOME[error.kind],
-                        attempt.received,
-                        time.monotonic() - attempt.started,
-                        error=error.reason,
-                    )
-                    emit(_failure_event(manifest.version, shard.index, attempt.source, error))
-                    failures.append((attempt.source, error))
+                winner = self.settle(shard, running, done, failures)
+                if winner is not None:
+                    return winner, failures
             return None, failures
         finally:
-            for attempt in running:
-                in_flight.discard(attempt)
-                if attempt.task is not None and not attempt.task.done():
-                    attempt.task.cancel()
-                if attempt.hedge:
-                    hedges_in_flight -= 1
-            await asyncio.gather(*(a.task for a in running if a.task is not None), return_exceptions=True)
+            await self.stop(running)
 
-    async def worker() -> None:
-        nonlocal remaining, last_progress
-        while True:
-            ready_at, _, index = await queue.get()
-            delay = ready_at - loop.time()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            shard = manifest.shards[index]
-            source = scoreboard.choose(exclude=excluded[index])
-            if source is None:
-                wait_s = scoreboard.next_ready_in(exclude=excluded[index])
-                if wait_s is None:
-                    give_up(_no_source_left(manifest.version, index, kinds_seen[index], scoreboard))
-                    return
-                requeue(index, wait_s + 0.01)
-                continue
-            winner, failures = await fetch_hedged(shard, source)
-            if winner is None:
-                if all(failure.kind == "not_ready" for _, failure in failures):
-                    waited_s = loop.time() - last_progress
-                    if waited_s > options.not_ready_timeout_s:
-                        give_up(_never_ready(manifest.version, index, waited_s, [source for source, _ in failures]))
-                        return
-                    num_not_ready[index] += 1
-                    delay_s = options.not_ready_retry_s * 2 ** min(num_not_ready[index] - 1, 16)
-                    requeue(index, min(options.backoff_max_s, delay_s))
-                    continue
-                for failed_source, failure in failures:
-                    if failure.kind == "not_ready":
-                        continue
-                    kinds_seen[index].add(failure.kind)
-                    if failure.kind in ("integrity", "missing") or len(scoreboard.sources) > 1:
-                        excluded[index].add(failed_source)
-                if not scoreboard.usable(exclude=excluded[index]):
-                    excluded[index].clear()  # every source failed once: let the healthy ones try again
-                    excluded[index].update(url for url in scoreboard.sources if scoreboard.is_banned(url))
-                    excluded[index].update(unusable)
-                attempts[index] += 1
-                if attempts[index] >= options.max_attempts_per_shard:
-                    give_up(_no_source_left(manifest.version, index, kinds_seen[index], scoreboard, attempts[index]))
-                    return
-                requeue(index, min(options.backoff_max_s, options.backoff_base_s * 2 ** (attempts[index] - 1)))
-                continue
-            emit(
-                {
-                    "event": "shard_done",
-                    "version": manifest.version,
-                    "index": index,
-                    "source": winner.source,
-                    "bytes": shard.size_bytes,
-                    "seconds": round(time.monotonic() - winner.started, 4),
-                    "hedged": winner.hedge,
-                }
+    def hedge_if_dragging(self, shard: ShardEntry, running: list[_Attempt]) -> float | None:
+        """Hedge the primary ``running[0]`` if it drags: None once hedged, else when to look again."""
+        if not is_dragging(running[0], list(self.in_flight), time.monotonic()):
+            # slow, but no slower than the other sources: the shared link is the limit, not the source
+            return time.monotonic() + self.hedge_delay(shard)
+        busy = {attempt.source for attempt in running}
+        other = self.scoreboard.choose(exclude=self.excluded[shard.index] | busy)
+        if other is None or self.hedges_in_flight >= self.options.max_hedges:
+            # every hedge slot is taken (or every other source cools down): try again shortly,
+            # never wait out the dragging primary's whole response timeout
+            return time.monotonic() + _HEDGE_RETRY_S
+        hedge = _Attempt(other, hedge=True)
+        self.hedges_in_flight += 1
+        self.start(hedge, shard)
+        running.append(hedge)
+        self.emit(
+            {
+                "event": "shard_hedged",
+                "version": self.manifest.version,
+                "index": shard.index,
+                "source": other,
+                "slow_source": running[0].source,
+            }
+        )
+        return None
+
+    def settle(
+        self,
+        shard: ShardEntry,
+        running: list[_Attempt],
+        done: Collection[asyncio.Task[None]],
+        failures: list[tuple[str, ShardFetchError]],
+    ) -> _Attempt | None:
+        """Take the ``done`` attempts out of ``running`` and score them: the first that verified wins."""
+        for attempt in [a for a in running if a.task in done]:
+            running.remove(attempt)
+            self.in_flight.discard(attempt)
+            if attempt.hedge:
+                self.hedges_in_flight -= 1
+            assert attempt.task is not None
+            error = attempt.task.exception()
+            if error is None:
+                self.record_win(shard, attempt, running)
+                return attempt
+            if not isinstance(error, ShardFetchError):
+                raise error
+            self.scoreboard.record(
+                attempt.source,
+                _OUTCOME[error.kind],
+                attempt.received,
+                time.monotonic() - attempt.started,
+                error=error.reason,
             )
-            remaining -= 1
-            last_progress = loop.time()
-            if remaining == 0 and not finished.done():
-                finished.set_result(None)
+            self.emit(_failure_event(self.manifest.version, shard.index, attempt.source, error))
+            failures.append((attempt.source, error))
+        return None
 
-    async def guarded_worker() -> None:
-        try:
-            await worker()
-        except asyncio.CancelledError:
-            raise
-        except PrimeError as exc:  # a local fault (disk full, read-only): stop at once, say what to do
-            give_up(exc)
-        except Exception as exc:  # a bug: stop the transfer, never hang it
-            give_up(PrimeError(f"transfer of version {manifest.version} stopped: {type(exc).__name__}: {exc}"))
+    def record_win(self, shard: ShardEntry, winner: _Attempt, losers: Sequence[_Attempt]) -> None:
+        """Score ``winner`` ok and the ``losers`` it outran: a primary beaten by its hedge is demoted."""
+        seconds = time.monotonic() - winner.started
+        self.scoreboard.record(winner.source, "ok", shard.size_bytes, seconds)
+        for loser in losers:
+            outcome: Outcome = "cancelled" if loser.hedge else "slow"
+            self.scoreboard.record(
+                loser.source,
+                outcome,
+                loser.received,
+                time.monotonic() - loser.started,
+                error=f"outrun by {winner.source} on shard {shard.index}",
+            )
 
-    workers = [asyncio.create_task(guarded_worker()) for _ in range(min(options.num_parallel, len(pending)))]
-    try:
-        await finished
-    finally:
-        for task in workers:
-            task.cancel()
-        await asyncio.gather(*workers, return_exceptions=True)
+    async def stop(self, running: list[_Attempt]) -> None:
+        """Cancel the attempts still ``running`` and wait for them to end."""
+        for attempt in running:
+            self.in_flight.discard(attempt)
+            if attempt.task is not None and not attempt.task.done():
+                attempt.task.cancel()
+            if attempt.hedge:
+                self.hedges_in_flight -= 1
+        await asyncio.gather(*(a.task for a in running if a.task is not None), return_exceptions=True)
 
 
 def _failure_event(version: int, index: int, source: str, failure: ShardFetchError) -> dict[str, Any]:
