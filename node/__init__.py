@@ -1,1 +1,2 @@
-"""The node runtime shared by workers and validators: retries, start-up pinning, gossip, the live display."""
+"""The node runtime shared by workers and validators: the process lifecycle, retries, start-up pinning, gossip, the live
+display."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import typer
@@ -53,35 +54,17 @@ def run(
 
 
 def run_audit(settings: ValidatorConfig, show_live_status: bool = False) -> int:
-    """Run the validator until the run ends; the exit code says how it ended. Ctrl-C or SIGTERM ends the process
-    (exit code 130) within seconds, whatever the validator was doing (node.stopping)."""
-    import asyncio
-    import logging
-
-    from node.stopping import stopping
-    from protocol.errors import ForbiddenError, PrimeError, RunEndedError
-    from runtime.cli import EXIT_BANNED, EXIT_OK, exit_on_error, fail
-    from validator.node import run_validator
+    """Run the validator until the run ends; the exit code says how it ended (:func:`node.lifecycle.run_node`)."""
+    from node.lifecycle import run_node
     from validator.progress import ValidatorState, show_status
+    from validator.run import run_validator
 
-    async def main() -> int:
-        async with stopping("validator") as stop:
-            state = ValidatorState()
-            display = asyncio.create_task(show_status(state, stop)) if show_live_status else None
-            try:
-                await run_validator(settings, stop, state)
-            finally:
-                stop.set()
-                if display is not None:
-                    await display
-        return EXIT_OK
+    state = ValidatorState()
 
-    try:
-        return asyncio.run(main())
-    except RunEndedError as exc:  # handed out only once every pending submission was audited
-        logging.getLogger("validator").info("%s; stopping", exc.message)
-        return EXIT_OK
-    except ForbiddenError as exc:
-        fail(f"the coordinator refuses this validator: {exc.message}", EXIT_BANNED)
-    except PrimeError as exc:
-        exit_on_error(exc)
+    async def work(stop: asyncio.Event) -> None:
+        await run_validator(settings, stop, state)
+
+    async def display(stop: asyncio.Event) -> None:
+        await show_status(state, stop)
+
+    return run_node("validator", work, display if show_live_status else None)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import typer
@@ -25,42 +26,22 @@ SetOption = set_option("gpu=none")
 
 
 def run_join(settings: WorkerConfig, show_live_status: bool) -> int:
-    """Run the worker until the run ends or a ban; the exit code tells which. Ctrl-C or SIGTERM ends the process
-    (exit code 130) within seconds, whatever the worker was doing (node.stopping)."""
-    import asyncio
-    import logging
-
-    from node.stopping import stopping
-    from protocol.errors import ForbiddenError, PrimeError, RequestRefused, RunEndedError
-    from runtime.cli import EXIT_BANNED, EXIT_OK, EXIT_REFUSED, exit_on_error, fail
+    """Run the worker until the run ends or a ban; the exit code tells which (:func:`node.lifecycle.run_node`)."""
+    from node.lifecycle import run_node
+    from worker.join import check_config, run_worker
     from worker.loop import WorkerState
-    from worker.node import check_config, run_worker
     from worker.status import show_status
 
-    async def main() -> int:
-        async with stopping("worker") as stop:
-            state = WorkerState()
-            display = asyncio.create_task(show_status(state, stop)) if show_live_status else None
-            try:
-                check_config(settings)
-                await run_worker(settings, stop, state)
-            finally:
-                stop.set()
-                if display is not None:
-                    await display
-        return EXIT_OK
+    state = WorkerState()
 
-    try:
-        return asyncio.run(main())
-    except RunEndedError as exc:  # the work in flight was submitted first (worker.loop finishes it)
-        logging.getLogger("worker").info("%s; stopping", exc.message)
-        return EXIT_OK
-    except ForbiddenError as exc:
-        fail(f"the coordinator refuses this node: {exc.message}", EXIT_BANNED)
-    except RequestRefused as exc:
-        fail(f"the coordinator refused a request: {exc.message}", EXIT_REFUSED)
-    except PrimeError as exc:
-        exit_on_error(exc)
+    async def work(stop: asyncio.Event) -> None:
+        check_config(settings)
+        await run_worker(settings, stop, state)
+
+    async def display(stop: asyncio.Event) -> None:
+        await show_status(state, stop)
+
+    return run_node("worker", work, display if show_live_status else None)
 
 
 app = PrimeTyper(

@@ -19,7 +19,7 @@ from engines.base import Engine, GenerationRequest, GenerationResult
 from runtime.logs import setup_logging
 from worker.config import WorkerConfig
 from worker.devices import DeviceInfo
-from worker.node import create_engine, run_worker
+from worker.join import create_engine, run_worker
 
 
 class BaseOnly:

@@ -35,7 +35,7 @@ from protocol.identity import load_or_create_identity
 from runtime.logs import setup_logging
 from worker.config import WorkerConfig
 from worker.devices import DeviceInfo
-from worker.node import create_engine, run_worker
+from worker.join import create_engine, run_worker
 
 STRATEGIES = ("honest", "always", "record", "rarely")
 CHEATS_FILE = "cheats.jsonl"

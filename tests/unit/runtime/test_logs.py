@@ -42,7 +42,7 @@ def shown(level: str) -> str:
     logging.getLogger(RELOAD_LOGGER).warning("%s: Failed to load weights", "QKVParallelLinear")
     logging.getLogger("vllm.config.model").info("Resolved architecture: Qwen2ForCausalLM")
     logging.getLogger("vllm.renderers.base").warning("Chat template warmup failed", exc_info=ValueError("no tokenizer"))
-    logging.getLogger("worker.node").info("1 vllm engine(s) ready on policy v0")
+    logging.getLogger("worker.join").info("1 vllm engine(s) ready on policy v0")
     return stream.getvalue()
 
 

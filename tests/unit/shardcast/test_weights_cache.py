@@ -18,7 +18,7 @@ from shardcast import cache as cache_module
 from shardcast.cache import WeightsCache
 from shardcast.config import RelayConfig
 from shardcast.relay import RelayMirror
-from validator.node import LoadedPolicy, PolicyEngines
+from validator.run import LoadedPolicy, PolicyEngines
 from worker.loop import TaskRunner, WorkerState
 
 pytestmark = pytest.mark.anyio

@@ -27,10 +27,10 @@ from protocol.signing import sign_document
 from tests.support.adversary import flipped_signs, honest_claims, sample_tasks_of, submission_of
 from tests.support.tiny_model import TINY_EOS_TOKEN_ID, save_tiny_qwen2
 from tests.unit.validator.test_refusals import OneEngine, RefusingLedger, pending_item
-from validator import node
+from validator import run as validator_run
 from validator.audit import audit_submissions_safely
-from validator.node import LoadedPolicy
 from validator.progress import ValidatorState
+from validator.run import LoadedPolicy
 
 EOS = (TINY_EOS_TOKEN_ID,)
 
@@ -133,12 +133,12 @@ def test_a_version_nobody_holds_is_skipped_and_the_others_audited(
     def audited(items: list[PendingSubmission], *_args: object) -> list[tuple[Verdict, list[Any]]]:
         return [(Verdict(submission_id=item.submission_id, accepted=True), []) for item in items]
 
-    monkeypatch.setattr(node, "audit_submissions_safely", audited)
+    monkeypatch.setattr(validator_run, "audit_submissions_safely", audited)
     stale = [pending_item(0), pending_item(1)]
     current = pending_item(2)
     current = current.model_copy(update={"task": current.task.model_copy(update={"policy_version": 1})})
     ledger, state = RefusingLedger([None]), ValidatorState()
-    coroutine = node.audit_pending(
+    coroutine = validator_run.audit_pending(
         ledger,  # type: ignore[arg-type]
         GoneVersion(tmp_path / "weights"),  # type: ignore[arg-type]
         state,

@@ -26,9 +26,9 @@ from protocol.errors import (
 from protocol.schemas import PendingSubmission, SamplingParams, Task, Verdict, VerdictResponse
 from shardcast.cache import WeightsCache
 from tests.support.ledger_helpers import submission_for
-from validator import node
-from validator.node import LoadedPolicy
+from validator import run as validator_run
 from validator.progress import ValidatorState
+from validator.run import LoadedPolicy
 
 
 def pending_item(number: int) -> PendingSubmission:
@@ -84,12 +84,12 @@ def run_audit(monkeypatch: pytest.MonkeyPatch, answers: list[PrimeError | None])
     def audited(items: list[PendingSubmission], *_args: object) -> list[tuple[Verdict, list[Any]]]:
         return [(Verdict(submission_id=item.submission_id, accepted=True), []) for item in items]
 
-    monkeypatch.setattr(node, "audit_submissions_safely", audited)
+    monkeypatch.setattr(validator_run, "audit_submissions_safely", audited)
     ledger = RefusingLedger(answers)
     items = [pending_item(i) for i in range(len(answers))]
     with tempfile.TemporaryDirectory() as weights_dir:
         engines = OneEngine(Path(weights_dir))
-        coroutine = node.audit_pending(ledger, engines, ValidatorState(), items, asyncio.Event())  # type: ignore[arg-type]
+        coroutine = validator_run.audit_pending(ledger, engines, ValidatorState(), items, asyncio.Event())  # type: ignore[arg-type]
         asyncio.run(asyncio.wait_for(coroutine, timeout=30))
     return ledger
 

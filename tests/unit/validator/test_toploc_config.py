@@ -26,7 +26,7 @@ from tests.unit.validator.test_refusals import pending_item
 from toploc.calibrations import CalibrationKey, thresholds
 from toploc.config import ToplocConfig
 from toploc.proof import DEFAULT_CHUNK_SIZE, DEFAULT_TOPK
-from validator import node
+from validator import run as validator_run
 from validator.audit import Thresholds
 from validator.config import ValidatorConfig
 from validator.progress import ValidatorState
@@ -105,14 +105,14 @@ def start_validator(
         seen.append(args[5])
         stop.set()
 
-    monkeypatch.setattr(node, "check_coordinator", nothing)
-    monkeypatch.setattr(node, "check_relays", nothing)
-    monkeypatch.setattr(node, "LedgerClient", ledger)
-    monkeypatch.setattr(node, "trusted_coordinator_id", coordinator_id)
-    monkeypatch.setattr(node, "run_environment", lambda *_args: None)
-    monkeypatch.setattr(node, "run_node_gossip", nothing)
-    monkeypatch.setattr(node, "audit_pending", audit)
-    asyncio.run(asyncio.wait_for(node.run_validator(config, stop), timeout=30))
+    monkeypatch.setattr(validator_run, "check_coordinator", nothing)
+    monkeypatch.setattr(validator_run, "check_relays", nothing)
+    monkeypatch.setattr(validator_run, "LedgerClient", ledger)
+    monkeypatch.setattr(validator_run, "trusted_coordinator_id", coordinator_id)
+    monkeypatch.setattr(validator_run, "run_environment", lambda *_args: None)
+    monkeypatch.setattr(validator_run, "run_node_gossip", nothing)
+    monkeypatch.setattr(validator_run, "audit_pending", audit)
+    asyncio.run(asyncio.wait_for(validator_run.run_validator(config, stop), timeout=30))
     return seen
 
 
@@ -157,12 +157,12 @@ def test_every_submission_is_audited_with_the_run_thresholds_whatever_engine_it_
             given[item.submission_id] = toploc
         return [(Verdict(submission_id=item.submission_id, accepted=True), []) for item in items]
 
-    monkeypatch.setattr(node, "audit_submissions_safely", audited)
+    monkeypatch.setattr(validator_run, "audit_submissions_safely", audited)
     items = [pending_item(i) for i in range(3)]
     items[1] = items[1].model_copy(update={"submission": submission_for(items[1].task, engine="vllm")})
     ledger = RefusingLedger([None] * 3)
     thresholds_of_run = Thresholds("bfloat16", ToplocConfig())
-    coroutine = node.audit_pending(
+    coroutine = validator_run.audit_pending(
         ledger,  # type: ignore[arg-type]
         OneEngine(tmp_path / "weights"),  # type: ignore[arg-type]
         ValidatorState(),
@@ -187,9 +187,9 @@ def test_audit_pending_hands_the_thresholds_to_the_audit(tmp_path: Path, monkeyp
         given.append(toploc)
         return [(Verdict(submission_id=item.submission_id, accepted=True), []) for item in items]
 
-    monkeypatch.setattr(node, "audit_submissions_safely", audited)
+    monkeypatch.setattr(validator_run, "audit_submissions_safely", audited)
     thresholds = ToplocConfig(max_exp_mismatches=1)
-    coroutine = node.audit_pending(
+    coroutine = validator_run.audit_pending(
         RefusingLedger([None]),  # type: ignore[arg-type]
         OneEngine(tmp_path / "weights"),  # type: ignore[arg-type]
         ValidatorState(),

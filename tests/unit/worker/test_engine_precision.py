@@ -10,7 +10,7 @@ import torch
 from protocol.errors import ConfigError
 from tests.support.tiny_model import save_tiny_qwen2
 from worker.devices import DeviceInfo
-from worker.node import create_engine
+from worker.join import create_engine
 
 CPU = DeviceInfo(device="cpu", name="cpu", memory_bytes=0)
 

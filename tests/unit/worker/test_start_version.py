@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-import worker.node
+import worker.join
 from protocol.schemas import RunStatus
 
 
@@ -36,19 +36,19 @@ class Ledger:
 
 
 def test_the_next_published_version_is_taken(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(worker.node, "NEWER_VERSION_POLL_S", 0.01)
+    monkeypatch.setattr(worker.join, "NEWER_VERSION_POLL_S", 0.01)
     ledger = Ledger([3, 3, 3, 4])
-    found = asyncio.run(worker.node.newer_policy_version(ledger, 3, asyncio.Event()))  # type: ignore[arg-type]
+    found = asyncio.run(worker.join.newer_policy_version(ledger, 3, asyncio.Event()))  # type: ignore[arg-type]
     assert (found, ledger.calls) == (4, 4)
 
 
 def test_a_stop_ends_the_wait(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(worker.node, "NEWER_VERSION_POLL_S", 0.01)
+    monkeypatch.setattr(worker.join, "NEWER_VERSION_POLL_S", 0.01)
 
     async def wait_then_stop() -> Any:
         stop = asyncio.Event()
         asyncio.get_running_loop().call_later(0.05, stop.set)
-        return await worker.node.newer_policy_version(Ledger([2]), 2, stop)  # type: ignore[arg-type]
+        return await worker.join.newer_policy_version(Ledger([2]), 2, stop)  # type: ignore[arg-type]
 
     with pytest.raises(asyncio.CancelledError, match="newer than v2"):
         asyncio.run(wait_then_stop())

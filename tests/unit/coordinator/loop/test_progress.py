@@ -6,8 +6,8 @@ import re
 
 import pytest
 
-from coordinator.loop.runner import progress_line, reward_curve, rollout_fields
 from coordinator.ledger.train_steps import StepRecord
+from coordinator.loop.runner import progress_line, reward_curve, rollout_fields
 from tests.unit.coordinator.conftest import LedgerHarness
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from coordinator.loop.run_metrics import RunMetricsFile, eval_values, step_values
 from coordinator.ledger.train_steps import StepRecord
+from coordinator.loop.run_metrics import RunMetricsFile, eval_values, step_values
 
 
 def rows(path: Path) -> list[dict[str, object]]:
