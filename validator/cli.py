@@ -43,7 +43,7 @@ def run(
     """Validate pending submissions until stopped (Ctrl-C).
 
     Exit codes: 0 the run ended; 3 the coordinator refuses this validator;
-    2 an invalid config; 1 any other error;
+    4 it refused a request; 2 an invalid config; 1 any other error;
     130 Ctrl-C or SIGTERM: stops within seconds, whatever the validator does
     (downloading, auditing); a second Ctrl-C stops it at once.
     """

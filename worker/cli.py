@@ -74,7 +74,7 @@ def join(
     With --also-join, work for several LoRA runs on one base at once (each run its own coordinator and ledger;
     their task loops take turns on the engines): `prime-worker join --coordinator URL_A --also-join URL_B`.
 
-    Exit codes: 0 the run ended; 3 the coordinator refuses this node;
+    Exit codes: 0 the run ended; 3 the coordinator refuses this worker;
     4 it refused a request; 2 an invalid config; 1 any other error;
     130 Ctrl-C or SIGTERM: stops within seconds, whatever the worker does
     (starting its engine, downloading); a second Ctrl-C stops it at once.
