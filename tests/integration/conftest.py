@@ -1,4 +1,4 @@
-"""Integration fixtures: a real coordinator network on 127.0.0.1 (see tests/integration/network.py), and
+"""Integration fixtures: a real coordinator network on 127.0.0.1 (see tests/support/network.py), and
 SHARDCAST relay processes with a coordinator identity to sign their versions (tests/support/shardcast_nodes.py)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from protocol.identity import NodeIdentity
-from tests.integration.network import Network, running_network
+from tests.support.network import Network, running_network
 from tests.support.shardcast_nodes import Nodes
 
 

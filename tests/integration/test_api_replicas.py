@@ -23,7 +23,6 @@ from protocol.schemas import HeartbeatRequest, LeaseRequest, Task
 from protocol.signing import sign_request
 from runtime.children import stop_processes
 from runtime.ports import free_port
-from tests.integration.network import tiny_policy
 from tests.support.coordinator_process import CoordinatorProcess
 from tests.support.ledger_helpers import (
     new_postgres_schema,
@@ -32,6 +31,7 @@ from tests.support.ledger_helpers import (
     submission_for,
 )
 from tests.support.load_balancer import require_haproxy, start_haproxy
+from tests.support.network import tiny_policy
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 NODE_RATE_PER_S, NODE_BURST = 1.0, 30

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from runtime.ports import free_port
-from tests.integration.network import BIN, REPO_ROOT
+from tests.support.network import BIN, REPO_ROOT
 
 pytestmark = pytest.mark.slow
 NUM_STEPS = 3

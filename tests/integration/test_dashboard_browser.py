@@ -39,9 +39,9 @@ from protocol.schemas import P2PInfo, RelayAnnouncement, RunStatus
 from runtime.p2p.config import P2PConfig
 from runtime.p2p.gossip import Gossip
 from runtime.ports import free_port
-from tests.integration.network import Network, running_network, tiny_policy
 from tests.support.chromium import INSTALL_HINT, headless_chromium, missing_browser, panel_overlaps, set_viewport
 from tests.support.coordinator_process import CoordinatorProcess
+from tests.support.network import Network, running_network, tiny_policy
 from tests.support.requirements import missing
 from tests.support.run_configs import write_small_run
 from tests.support.shardcast_nodes import wait_until

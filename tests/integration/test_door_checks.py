@@ -1,9 +1,9 @@
 """Door checks against a real coordinator process: untrusted numbers, and claims the ledger checks itself.
 
-One `prime-coordinator start` on 127.0.0.1 (tests/integration/network.py) with the tiny policy
+One `prime-coordinator start` on 127.0.0.1 (tests/support/network.py) with the tiny policy
 (vocabulary of 1024, read from its config.json); nodes with real keys send signed requests over
 HTTP, hand-made where the client would refuse to build them
-(:func:`tests.integration.malicious_worker.signed_post`). A NaN or infinite logprob is a 400
+(:func:`tests.support.malicious_worker.signed_post`). A NaN or infinite logprob is a 400
 naming the field, a NaN reward is refused and cannot wedge the submission it was meant for, an
 infinite tokens/s is never stored, and an empty completion, a logprob above 0 or a token id
 outside the vocabulary is refused at the door and counted against the worker.
@@ -24,9 +24,9 @@ from protocol.errors import PrimeError
 from protocol.identity import NodeIdentity
 from protocol.ledger_client import LedgerClient
 from protocol.schemas import Dashboard, ErrorBody, Event, EventPage, LeaseRequest, SubmitRequest, Task, Verdict
-from tests.integration.malicious_worker import signed_post
-from tests.integration.network import Network, running_network
 from tests.support.ledger_helpers import register_request, submission_for
+from tests.support.malicious_worker import signed_post
+from tests.support.network import Network, running_network
 
 pytestmark = pytest.mark.slow
 

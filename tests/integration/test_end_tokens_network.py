@@ -18,7 +18,7 @@ from sqlalchemy import select
 
 from coordinator.ledger.storage.tables import submissions
 from protocol.schemas import Rollout, SubmitRequest
-from tests.integration.network import ledger_rows, running_network, tiny_policy
+from tests.support.network import ledger_rows, running_network, tiny_policy
 from tests.support.shardcast_nodes import wait_until
 
 pytestmark = pytest.mark.slow

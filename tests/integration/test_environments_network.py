@@ -31,7 +31,7 @@ from environments.loader import load_environment
 from environments.truncation import is_truncated
 from node.startup import eos_token_ids
 from protocol.schemas import SubmitRequest, Verdict
-from tests.integration.network import BIN, REPO_ROOT, REVERSE_TEXT, Network, ledger_rows, running_network
+from tests.support.network import BIN, REPO_ROOT, REVERSE_TEXT, Network, ledger_rows, running_network
 from tests.support.shardcast_nodes import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]  # ecosystem imports are slow on a busy machine

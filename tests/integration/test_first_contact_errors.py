@@ -23,8 +23,8 @@ from protocol.identity import load_or_create_identity
 from runtime.children import stop_processes
 from runtime.cli import EXIT_BAD_CONFIG, EXIT_FAILURE
 from runtime.ports import free_port
-from tests.integration.network import BIN, REPO_ROOT
 from tests.support.coordinator_process import CoordinatorProcess
+from tests.support.network import BIN, REPO_ROOT
 from tests.support.shardcast_nodes import wait_until
 
 pytestmark = pytest.mark.slow

@@ -33,8 +33,8 @@ from protocol.schemas import P2PInfo, PolicyAnnouncement, RelayAnnouncement
 from runtime.children import stop_processes
 from runtime.p2p.host import P2PNode, TopicSpec
 from runtime.ports import free_port
-from tests.integration.network import tiny_policy
 from tests.support.coordinator_process import CoordinatorProcess
+from tests.support.network import tiny_policy
 from tests.support.shardcast_nodes import Nodes, wait_until
 from tests.support.tiny_model import TinyModelSpec
 

@@ -16,8 +16,8 @@ import pytest
 from protocol.identity import NodeIdentity
 from protocol.ledger_client import LedgerClient
 from protocol.schemas import LeaseRequest
-from tests.integration.network import Network, running_network
 from tests.support.ledger_helpers import register_request, submission_for
+from tests.support.network import Network, running_network
 
 pytestmark = pytest.mark.slow
 

@@ -25,7 +25,6 @@ import torch
 
 from runtime.ports import free_port
 from shardcast.manifest import checkpoint_digest
-from tests.integration.network import ledger_rows
 from tests.integration.test_orchestrator_network import (
     NUM_STEPS,
     finish,
@@ -35,6 +34,7 @@ from tests.integration.test_orchestrator_network import (
     wait_for,
     write_config,
 )
+from tests.support.network import ledger_rows
 from trainer.resolve import resolve_model_path
 
 pytestmark = pytest.mark.slow

@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 
 from protocol.identity import load_or_create_identity
-from tests.integration.network import BIN, REPO_ROOT, Network, running_network, tiny_policy
 from tests.support.lora import make_lora_adapter
+from tests.support.network import BIN, REPO_ROOT, Network, running_network, tiny_policy
 from tests.support.shardcast_nodes import wait_until
 
 pytestmark = pytest.mark.slow
@@ -39,10 +39,10 @@ def judged_v1(net: Network, node_id: str) -> list[dict[str, Any]]:
 
 
 def start_base_only_worker(net: Network, name: str) -> str:
-    """A worker of ``net`` that generates with the base alone (tests/integration/base_only_worker.py); its id."""
+    """A worker of ``net`` that generates with the base alone (tests/support/base_only_worker.py); its id."""
     data_dir = net.root / name
     log = open(net.root / f"{name}.log", "ab")  # noqa: SIM115 - lives as long as the process
-    argv = [sys.executable, "-m", "tests.integration.base_only_worker", net.url, str(data_dir)]
+    argv = [sys.executable, "-m", "tests.support.base_only_worker", net.url, str(data_dir)]
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     net.workers.append(subprocess.Popen(argv, stdout=log, stderr=log, env=env, cwd=REPO_ROOT))
     return load_or_create_identity(data_dir).node_id

@@ -21,7 +21,6 @@ from pathlib import Path
 import pytest
 
 from runtime.ports import free_port
-from tests.integration.network import ledger_rows
 from tests.integration.test_orchestrator_network import (
     NUM_STEPS,
     REPO_ROOT,
@@ -32,6 +31,7 @@ from tests.integration.test_orchestrator_network import (
     wait_for,
     write_config,
 )
+from tests.support.network import ledger_rows
 
 pytestmark = pytest.mark.slow
 

@@ -38,11 +38,11 @@ from protocol.identity import NodeIdentity
 from protocol.ledger_client import LedgerClient
 from protocol.schemas import Hardware, LeaseRequest, RegisterRequest, Rollout, SubmitRequest, Task
 from runtime.ports import free_port
-from tests.integration.malicious_worker import signed_post
-from tests.integration.network import ledger_rows, running_network
 from tests.integration.test_environments_network import TASKSETS_DIR
 from tests.integration.test_orchestrator_network import REPO_ROOT, finish
 from tests.support.coordinator_process import CoordinatorProcess
+from tests.support.malicious_worker import signed_post
+from tests.support.network import ledger_rows, running_network
 from worker.episodes import EpisodePlayer, build_episode_submission
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]

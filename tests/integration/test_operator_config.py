@@ -18,9 +18,9 @@ import pytest
 from runtime.children import stop_processes
 from runtime.ports import free_port
 from shardcast.store import VersionStore
-from tests.integration.network import BIN, REPO_ROOT
 from tests.support.coordinator_process import CoordinatorProcess
 from tests.support.ledger_helpers import scratch_postgres_database
+from tests.support.network import BIN, REPO_ROOT
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 NUM_STEPS = 2

@@ -26,8 +26,8 @@ import pytest
 import tomli_w
 
 from runtime.ports import free_port
-from tests.integration.network import ledger_rows
 from tests.support.coordinator_process import CoordinatorProcess
+from tests.support.network import ledger_rows
 from trainer.checkpoint import latest_checkpoint
 
 pytestmark = pytest.mark.slow

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from protocol.identity import load_or_create_identity
-from tests.integration.network import running_network
+from tests.support.network import running_network
 from tests.support.shardcast_nodes import wait_until
 
 pytestmark = pytest.mark.slow

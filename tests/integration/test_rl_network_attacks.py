@@ -1,7 +1,7 @@
 """Attacks that live permissionless RL networks have met, through a real coordinator and validator.
 
 A coordinator, a `prime-validator run` and a malicious worker with a second identity it controls
-(:mod:`tests.integration.malicious_worker`) on 127.0.0.1, no honest worker (so a task the attacker
+(:mod:`tests.support.malicious_worker`) on 127.0.0.1, no honest worker (so a task the attacker
 abandons comes back to its second identity). Every attack is refused at the door with a 4xx and a reason, or rejected by
 the validator by the check aimed at it; the attacker's honest control group is accepted, so the
 rejections are the checks', not the network's:
@@ -25,14 +25,14 @@ import pytest
 from sqlalchemy import select
 
 from coordinator.ledger.storage.tables import accepted_groups
-from tests.integration.malicious_worker import (
+from tests.support.malicious_worker import (
     DECLARED_FIELDS,
     EARLIER_LEASE_ATTACKS,
     NOT_LEASED_BACK,
     TERMINATION_ATTACKS,
     attack_as_rl_networks_were,
 )
-from tests.integration.network import ledger_rows, running_network
+from tests.support.network import ledger_rows, running_network
 
 pytestmark = pytest.mark.slow
 

@@ -27,8 +27,8 @@ from typing import Any
 import pytest
 
 from runtime.ports import free_port
-from tests.integration.network import tiny_policy
 from tests.support.coordinator_process import CoordinatorProcess
+from tests.support.network import tiny_policy
 from tests.support.run_configs import write_small_run
 
 pytestmark = pytest.mark.slow

@@ -23,8 +23,8 @@ import httpx
 import pytest
 
 from runtime.ports import free_port
-from tests.integration.network import SPEC, ledger_rows, tiny_policy
 from tests.support.coordinator_process import CoordinatorProcess
+from tests.support.network import SPEC, ledger_rows, tiny_policy
 from tests.support.run_configs import write_small_run
 
 pytestmark = pytest.mark.slow

@@ -21,10 +21,10 @@ import pytest
 
 from protocol.identity import KEY_FILE_NAME, load_or_create_identity
 from runtime.ports import free_port
-from tests.integration.network import ledger_rows, running_network
-from tests.integration.slurm_cluster import SlurmCluster, SlurmUnavailableError, slurm_cluster
 from tests.integration.test_orchestrator_network import REPO_ROOT, check_completed_run, write_config
+from tests.support.network import ledger_rows, running_network
 from tests.support.requirements import missing
+from tests.support.slurm_cluster import SlurmCluster, SlurmUnavailableError, slurm_cluster
 
 pytestmark = pytest.mark.slow
 

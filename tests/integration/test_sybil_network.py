@@ -26,9 +26,9 @@ from protocol.identity import NodeIdentity
 from protocol.ledger_client import LedgerClient
 from protocol.schemas import LeaseRequest, Verdict
 from runtime.ports import free_port
-from tests.integration.network import REPO_ROOT
 from tests.support.coordinator_process import CoordinatorProcess
 from tests.support.ledger_helpers import register_request, submission_for
+from tests.support.network import REPO_ROOT
 
 SYBIL_ADDRESSES = [f"127.0.0.{host}" for host in range(1, 9)]
 HONEST_ADDRESSES = ["127.1.0.1", "127.2.0.1"]

@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from protocol.identity import load_or_create_identity
-from tests.integration.network import Network, running_network, tiny_policy
+from tests.support.network import Network, running_network, tiny_policy
 from tests.support.shardcast_nodes import wait_until
 
 pytestmark = pytest.mark.slow

@@ -1,7 +1,7 @@
 """Validators in a real network: every attack refused or rejected, and the built-in validator.
 
 A coordinator, an honest `prime-worker join`, a `prime-validator run` and a malicious worker
-speaking the public protocol (:mod:`tests.integration.malicious_worker`) on 127.0.0.1. Every
+speaking the public protocol (:mod:`tests.support.malicious_worker`) on 127.0.0.1. Every
 attack is refused at the door with a 4xx and a reason, or rejected by the validator; the
 authenticated ones count against the attacker, who is banned at ``ban_after_rejections``;
 the node it impersonated loses nothing; none of its rollouts reaches the accepted set that
@@ -31,10 +31,10 @@ from protocol.errors import ForbiddenError
 from protocol.identity import load_or_create_identity
 from protocol.ledger_client import LedgerClient
 from protocol.schemas import LeaseRequest, SubmitRequest, Verdict
-from tests.integration.malicious_worker import PROOF_ATTACKS, attack_until_banned
-from tests.integration.network import Network, ledger_rows, running_network
 from tests.integration.test_sybil_network import client_from, start_coordinator
 from tests.support.ledger_helpers import register_request, submission_for
+from tests.support.malicious_worker import PROOF_ATTACKS, attack_until_banned
+from tests.support.network import Network, ledger_rows, running_network
 from tests.support.shardcast_nodes import wait_until
 
 pytestmark = pytest.mark.slow

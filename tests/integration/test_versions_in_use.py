@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.network import REPO_ROOT, Network, running_network, tiny_policy
+from tests.support.network import REPO_ROOT, Network, running_network, tiny_policy
 from tests.support.shardcast_nodes import wait_until
 
 pytestmark = pytest.mark.slow
@@ -52,7 +52,7 @@ def start_slow_worker(net: Network, name: str) -> tuple[subprocess.Popen[bytes],
     data_dir = net.root / name
     release = net.root / f"{name}.release"
     log = open(net.root / f"{name}.log", "ab")  # noqa: SIM115 - lives as long as the process
-    argv = [sys.executable, "-m", "tests.integration.slow_worker", net.url, str(data_dir), str(release)]
+    argv = [sys.executable, "-m", "tests.support.slow_worker", net.url, str(data_dir), str(release)]
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     proc = subprocess.Popen(argv, stdout=log, stderr=log, env=env, cwd=REPO_ROOT)
     net.workers.append(proc)

@@ -17,7 +17,7 @@ import signal
 
 import pytest
 
-from tests.integration.network import Network, submissions_by_node
+from tests.support.network import Network, submissions_by_node
 from tests.support.shardcast_nodes import wait_until
 
 pytestmark = pytest.mark.slow

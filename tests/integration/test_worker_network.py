@@ -24,8 +24,8 @@ import pytest
 from engines.hf import HFEngine
 from protocol.identity import load_or_create_identity
 from protocol.ledger_client import LedgerClient
-from tests.integration.malicious_worker import Attacker
-from tests.integration.network import BIN, Network, submissions_by_node
+from tests.support.malicious_worker import Attacker
+from tests.support.network import BIN, Network, submissions_by_node
 from tests.support.shardcast_nodes import wait_until
 
 pytestmark = pytest.mark.slow

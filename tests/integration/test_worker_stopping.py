@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from tests.integration.network import Network
+from tests.support.network import Network
 from tests.support.relay_doubles import TricklingRelay
 from tests.support.shardcast_nodes import wait_until
 

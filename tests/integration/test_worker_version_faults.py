@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.network import Network, running_network, tiny_policy
+from tests.support.network import Network, running_network, tiny_policy
 from tests.support.shardcast_nodes import wait_until
 
 pytestmark = pytest.mark.slow

@@ -1,11 +1,11 @@
-"""A LoRA-run worker that skips the adapter, for integration tests: `python -m tests.integration.base_only_worker`.
+"""A LoRA-run worker that skips the adapter, for integration tests: `python -m tests.support.base_only_worker`.
 
 It is `prime-worker join` (HF engine, CPU) except that its engine never loads an adapter: asked for a version's
 adapter it keeps serving the base alone, and generates every request with the base. Everything else (leases,
 proofs from its own states, submissions) is honest, so what catches it is the validator recomputing with the
 version's adapter.
 
-Usage: ``python -m tests.integration.base_only_worker COORDINATOR_URL DATA_DIR``.
+Usage: ``python -m tests.support.base_only_worker COORDINATOR_URL DATA_DIR``.
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
-"""A worker whose engine starts slowly, for integration tests: `python -m tests.integration.slow_worker`.
+"""A worker whose engine starts slowly, for integration tests: `python -m tests.support.slow_worker`.
 
 It is `prime-worker join` (HF engine, CPU) except that creating the engine waits until a release
 file exists, the way a cold vLLM start keeps a worker busy for minutes while gossip announces
 newer policy versions that the worker fetches meanwhile. The engine then reads its checkpoint
 from the worker's weights cache, where it must still be.
 
-Usage: ``python -m tests.integration.slow_worker COORDINATOR_URL DATA_DIR RELEASE_FILE``.
+Usage: ``python -m tests.support.slow_worker COORDINATOR_URL DATA_DIR RELEASE_FILE``.
 """
 
 from __future__ import annotations
