@@ -1,32 +1,10 @@
 """TOPLOC proofs: build them from final hidden states, parse them, and measure them against recomputed states.
 
-Layout. The completion's hidden states (n, hidden), aligned as in engines.base (row i
-drew token i), are cut into chunks of ``chunk_size`` rows (32: one proof per 32 decode tokens;
-the last chunk may be shorter). In each chunk, flattened row-major, the ``k = min(topk, numel // 16)``
-(at least 1) entries of largest magnitude are committed as a polynomial over GF(65497) (toploc.field): the
-points are (flat index mod m, code of the value), m the largest modulus <= 65497 that keeps
-the chunk's k indices distinct. A chunk is ``2 + 2k`` bytes, big-endian: m, then the k
-coefficients, constant first (258 bytes at k=128). This is the paper's encoding: for bf16
-input and chunks of at least 16 * topk entries the bytes equal the reference toploc 0.1.6's
-(bench/toploc_bench.py checks it; in smaller chunks ours commits to at most one entry in 16). A
-rollout's proof is its chunks concatenated; its length follows from (n, hidden, topk,
-chunk_size), so a proof of any other length is malformed.
-
-Value code (the rule for every activation dtype). The committed code of a value is the 16-bit
-pattern of its bfloat16 rounding (round to nearest even): sign bit, 8 exponent bits, 7
-mantissa bits. bf16 activations are committed exactly; fp32 activations are rounded first (the
-top-k is chosen on the unrounded magnitudes). All three fields are compared: the reference
-toploc never checks the sign, so a prover could flip every sign and pass. Non-finite
-activations cannot be committed and raise ProofError, as do empty inputs and malformed proofs:
-there is no fallback to a null proof. Every non-NaN bf16 pattern is at most 0xFF80 < 65497, so
-codes are field elements as they are.
-
-Checking a chunk (as the TOPLOC paper does, plus the sign): the verifier takes the top-k of its
-own recomputed chunk, evaluates the polynomial at those indices, and compares each claimed code
-with its own: exponent mismatches, sign mismatches where the exponents agree, and the mean and
-median (the lower one) absolute mantissa difference, in units of the 7-bit mantissa, where the
-exponents agree (infinite when none do).
-An index that is not in the prover's top-k evaluates to noise and so shows up as a mismatch.
+A rollout's proof commits, chunk by chunk, to the largest final hidden-state entries of its
+completion (:func:`build_proofs`). A verifier measures its own recomputed states against the
+committed codes (:func:`check_proofs`, one :class:`ChunkCheck` per chunk), and :mod:`toploc.verify`
+holds those measures to the thresholds. The byte layout, the value code and the check are described
+in docs/toploc.md ("Proof layout").
 """
 
 from __future__ import annotations
