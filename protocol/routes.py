@@ -1,6 +1,6 @@
 """The coordinator's ``/v1`` HTTP route paths, the one spelling the server's routes and every client share.
 
-The ledger's FastAPI decorators (:mod:`coordinator.serving.app`, the dashboard, the gossip bootstrap)
+The ledger's FastAPI decorators (:mod:`coordinator.serving.api_routes`, the dashboard, the gossip bootstrap)
 are declared with these paths and :class:`protocol.ledger_client.LedgerClient` calls them, so a
 renamed route cannot leave a caller behind. A path with a ``{param}`` is a template in FastAPI's
 syntax, as the decorator takes it; :func:`fill` makes the concrete path a client asks for.
