@@ -31,7 +31,7 @@ from typing import Any
 import httpx
 import tomli_w
 
-from bench.shardcast_bench import wait_until
+from bench.polling import wait_until
 from protocol import routes
 from protocol.announcements import Accepted
 from protocol.identity import NodeIdentity

@@ -250,8 +250,7 @@ def broadcast_once(
 
     Timed: from v1's announcement until the last client has it (relays mirror it and serve it meanwhile).
     """
-    from bench.shardcast_bench import OUR_CLIENT, Processes, start_waiting_clients, tell
-    from runtime.children import stop_processes
+    from bench.shardcast_clients import OUR_CLIENT, Processes, start_waiting_clients, tell
     from shardcast.origin import PatchPolicy, publish_checkpoint
     from shardcast.store import VersionStore
     from tests.support.shardcast_nodes import Nodes, holds, wait_until
@@ -303,7 +302,7 @@ def broadcast_once(
         finished = time.monotonic()
     finally:
         nodes.stop_all()
-        stop_processes(procs.procs, timeout_s=10)
+        procs.stop_all()
     expected = {"kind": "patch", "from": "held", "base": 0, "chain": [1]} if kind == "patch" else {"kind": "full"}
     for done in dones:  # a patch must be applied to the base the client holds, not reached any other way
         route = {key: done.get(key) for key in expected}
@@ -367,7 +366,8 @@ def broadcast_figures(shipped: dict[str, dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
+def build_parser() -> argparse.ArgumentParser:
+    """The bench's command line."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="a ~7M-parameter model and 12 steps (smoke test)")
     parser.add_argument("--hidden", type=int, help="hidden size, a multiple of 64 (default 768; --quick 256)")
@@ -385,22 +385,23 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--workdir", type=Path, default=None, help="where versions are written (default: a temp dir)")
     parser.add_argument("--no-broadcast", action="store_true", help="skip the origin -> relays -> clients timing")
     parser.add_argument("--shard-mib", type=int, default=32, help="shard size of the broadcast (default 32 MiB)")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    return parser
 
-    import torch
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    preset = QUICK if args.quick else FULL
+def model_dims(args: argparse.Namespace, preset: dict[str, int], parser: argparse.ArgumentParser) -> dict[str, int]:
+    """The model's shape: the flags over ``preset``, with the attention heads that fit its hidden size."""
     dims = {key: getattr(args, key, None) or preset[key] for key in ("hidden", "layers", "intermediate", "vocab")}
     if dims["hidden"] % HEAD_DIM:
         parser.error(f"--hidden must be a multiple of {HEAD_DIM} (the head size)")
     dims["heads"] = dims["hidden"] // HEAD_DIM
     dims["kv_heads"] = next(d for d in (4, 2, 1) if dims["heads"] % d == 0)
-    args.steps = args.steps or preset["steps"]
-    skip = min(args.skip, args.steps // 2)
-    started = time.perf_counter()
+    return dims
+
+
+def train_and_ship(
+    args: argparse.Namespace, dims: dict[str, int]
+) -> tuple[int, dict[float, list[dict[str, Any]]], dict[str, dict[str, Any]]]:
+    """Train and patch at each learning rate, then ship the last version full and as a patch: params, runs, shipped."""
     with tempfile.TemporaryDirectory(prefix="patch-bench-", dir=args.workdir) as tmp:
         root = Path(tmp)
         params = build_start(root / "start", dims, seed=0)
@@ -417,9 +418,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             shipped = broadcast(kept / "base", kept / "new", root / "broadcast", args.shard_mib * MIB, args.level)
             for kind, run in shipped.items():
                 progress(f"broadcast {kind}: {run['bytes']} bytes, {run['wall_s']} s, exact {run['exact']}")
+    return params, runs, shipped
+
+
+def summary_of(
+    runs: dict[float, list[dict[str, Any]]], shipped: dict[str, dict[str, Any]], skip: int, params: int
+) -> dict[str, Any]:
+    """The result's ``summary``: the medians per learning rate, exactness, and the broadcast's figures."""
     low, high = summarize(runs[LRS[0]], skip), summarize(runs[LRS[1]], skip)
     measured = [r for records in runs.values() for r in records[skip:]]
-    summary: dict[str, Any] = {
+    return {
         "bytes_ratio_lr1e6": round(low["bytes_ratio"], 2),
         "entropy_bound_ratio_lr1e6": round(low["entropy_bound_ratio"], 2),
         "limit_fraction_lr1e6": round(low["bytes_ratio"] / low["entropy_bound_ratio"], 4),
@@ -436,48 +444,72 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "apply_s": round(statistics.median(r["apply_s"] for r in measured), 3),
         "params": params,
     }
+
+
+def config_of(args: argparse.Namespace, dims: dict[str, int], skip: int) -> dict[str, Any]:
+    """The result's ``config``: the model, the optimizer, the data and the broadcast's setup, in words."""
+    return {
+        "model": f"Qwen2ForCausalLM, random init (seed 0, initializer_range 0.02), untied, {dims}",
+        "start_weights": "random init, the same for both runs",
+        "master_dtype": "float32",
+        "published_dtype": "bfloat16 (Trainer.export, export_dtype=bfloat16)",
+        "optimizer": "AdamW betas (0.9, 0.999), eps 1e-8, weight decay 0, grad clip 1.0, constant lr",
+        "lrs": list(LRS),
+        "steps": args.steps,
+        "medians_over_steps_after": skip,
+        "data": (
+            f"synthetic on-policy GRPO: {args.prompts} prompts x {args.group} completions per step, "
+            f"{args.prompt_tokens} random prompt tokens, {args.completion_tokens} sampled completion tokens "
+            "(temperature 1), reward = fraction of completion ids below vocab/2, group-relative advantages"
+        ),
+        "loss": "GRPO, mask correction (trainer defaults)",
+        "zstd_level": args.level,
+        "broadcast": "skipped (--no-broadcast)"
+        if args.no_broadcast
+        else {
+            "topology": (
+                f"1 origin (prime-relay origin) -> {NUM_RELAYS} relays (prime-relay serve, each mirroring "
+                f"the origin, polling it every {RELAY_POLL_INTERVAL_S} s) -> {NUM_CLIENTS} clients (each a "
+                "process given both relays: the base fetched with prime-relay fetch --no-fsync, the new "
+                "version with shardcast.client.download_version, fsync off, in a warm process)"
+            ),
+            "origins": 1,
+            "relays": NUM_RELAYS,
+            "clients": NUM_CLIENTS,
+            "network": "loopback (127.0.0.1), all processes on this machine",
+            "shard_size_bytes": args.shard_mib * MIB,
+            "versions": f"base = lr {LRS[0]:g} step {args.steps - 1}, new = step {args.steps}",
+            "clock": (
+                "from the new version's announcement at the origin (after publishing) until the last client "
+                "has it verified and in place (its done event); the clients hold the base beforehand, are "
+                "running and have imported what they need (warm, as a worker is), and are told the version "
+                "once both relays list it"
+            ),
+        },
+    }
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Run the bench with the flags ``argv``; the result document (the JSON object the bench prints)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    preset = QUICK if args.quick else FULL
+    dims = model_dims(args, preset, parser)
+    args.steps = args.steps or preset["steps"]
+    skip = min(args.skip, args.steps // 2)
+    started = time.perf_counter()
+    params, runs, shipped = train_and_ship(args, dims)
+    summary = summary_of(runs, shipped, skip, params)
     result: dict[str, Any] = {
         "bench": "patch_bench",
         "summary": summary,
-        "config": {
-            "model": f"Qwen2ForCausalLM, random init (seed 0, initializer_range 0.02), untied, {dims}",
-            "start_weights": "random init, the same for both runs",
-            "master_dtype": "float32",
-            "published_dtype": "bfloat16 (Trainer.export, export_dtype=bfloat16)",
-            "optimizer": "AdamW betas (0.9, 0.999), eps 1e-8, weight decay 0, grad clip 1.0, constant lr",
-            "lrs": list(LRS),
-            "steps": args.steps,
-            "medians_over_steps_after": skip,
-            "data": (
-                f"synthetic on-policy GRPO: {args.prompts} prompts x {args.group} completions per step, "
-                f"{args.prompt_tokens} random prompt tokens, {args.completion_tokens} sampled completion tokens "
-                "(temperature 1), reward = fraction of completion ids below vocab/2, group-relative advantages"
-            ),
-            "loss": "GRPO, mask correction (trainer defaults)",
-            "zstd_level": args.level,
-            "broadcast": "skipped (--no-broadcast)"
-            if args.no_broadcast
-            else {
-                "topology": (
-                    f"1 origin (prime-relay origin) -> {NUM_RELAYS} relays (prime-relay serve, each mirroring "
-                    f"the origin, polling it every {RELAY_POLL_INTERVAL_S} s) -> {NUM_CLIENTS} clients (each a "
-                    "process given both relays: the base fetched with prime-relay fetch --no-fsync, the new "
-                    "version with shardcast.client.download_version, fsync off, in a warm process)"
-                ),
-                "origins": 1,
-                "relays": NUM_RELAYS,
-                "clients": NUM_CLIENTS,
-                "network": "loopback (127.0.0.1), all processes on this machine",
-                "shard_size_bytes": args.shard_mib * MIB,
-                "versions": f"base = lr {LRS[0]:g} step {args.steps - 1}, new = step {args.steps}",
-                "clock": (
-                    "from the new version's announcement at the origin (after publishing) until the last client "
-                    "has it verified and in place (its done event); the clients hold the base beforehand, are "
-                    "running and have imported what they need (warm, as a worker is), and are told the version "
-                    "once both relays list it"
-                ),
-            },
-        },
+        "config": config_of(args, dims, skip),
         "runs": {f"lr{lr:g}": records for lr, records in runs.items()},
         "broadcast_runs": shipped,
         "machine": {

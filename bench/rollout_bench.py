@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import functools
 import json
 import os
 import platform
@@ -27,12 +26,11 @@ from typing import Any
 import tomli_w
 import torch
 
+from bench.rollout_tasks import GROUP_SIZE, PROMPTS_PER_TASK, local_task
 from engines.base import Engine
-from environments.base import Environment, Example, Scores
-from environments.prompts import EnvironmentPrompts
 from protocol.identity import NodeIdentity
 from protocol.ledger_client import LedgerClient
-from protocol.schemas import Hardware, RegisterRequest, SamplingParams, Task
+from protocol.schemas import Hardware, RegisterRequest
 from runtime.ports import free_port
 from shardcast.cache import WeightsCache
 from tests.support.coordinator_process import CoordinatorProcess
@@ -40,56 +38,6 @@ from worker.loop import TaskRunner, WorkerState
 from worker.submission import generation_requests
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-
-TASK_NAME = "bench"
-PROMPTS_PER_TASK = 8
-GROUP_SIZE = 8
-
-
-class BenchEnvironment(Environment):
-    """Example i: 16 pseudo-random letters, space-separated (about 16 tokens of the built-in tokenizer)."""
-
-    name = TASK_NAME
-
-    def example(self, index: int) -> Example:
-        generator = torch.Generator().manual_seed(index)
-        letters = [chr(ord("a") + int(c)) for c in torch.randint(0, 26, (16,), generator=generator)]
-        return Example(index=index, prompt=" ".join(letters) + "\n")
-
-    def score(self, example: Example, completion: str) -> Scores:
-        return Scores.single("length", float(len(completion)))
-
-
-@functools.cache
-def builtin_tokenizer() -> Any:
-    """The built-in model's tokenizer (what the coordinator renders the bench's prompts with)."""
-    from transformers import AutoTokenizer
-
-    from trainer.resolve import resolve_model_path
-
-    return AutoTokenizer.from_pretrained(str(resolve_model_path("builtin:tiny-qwen2")))
-
-
-def local_task(index: int, max_tokens: int, tokenizer: Any = None) -> Task:
-    """A task shaped like the coordinator's, for the engine-alone measurement."""
-    source = EnvironmentPrompts(BenchEnvironment(), tokenizer or builtin_tokenizer())
-    prompts = [
-        {"prompt_index": i, "token_ids": list(prompt.token_ids)}
-        for i, prompt in enumerate(source.prompt_group(10_000 + index, PROMPTS_PER_TASK))
-    ]
-    return Task.model_validate(
-        {
-            "task_id": f"local-{index}",
-            "lease_id": f"local-{index}",
-            "task_name": TASK_NAME,
-            "prompts": prompts,
-            "group_size": GROUP_SIZE,
-            "sampling": SamplingParams(temperature=1.0, max_tokens=max_tokens).model_dump(),
-            "policy_version": 0,
-            "sampling_seed": 1000 + index,
-            "deadline": time.time() + 600,
-        }
-    )
 
 
 def engine_alone(engine: Engine, num_tasks: int, max_tokens: int, tokenizer: Any) -> dict[str, float]:
@@ -137,7 +85,7 @@ def start_coordinator(root: Path, checkpoint: Path, max_tokens: int) -> tuple[Co
     config = {
         "run_name": "rollout-bench",
         "data_dir": str(root / "run"),
-        "environment": {"type": "python", "target": "bench.rollout_bench:BenchEnvironment"},
+        "environment": {"type": "python", "target": "bench.rollout_tasks:BenchEnvironment"},
         "api": {"host": "127.0.0.1", "port": port},
         "scheduling": {
             "prompts_per_task": PROMPTS_PER_TASK,
@@ -169,7 +117,7 @@ def main() -> None:
 
     from trainer.resolve import resolve_model_path
     from worker.devices import DeviceInfo
-    from worker.node import create_engine
+    from worker.join import create_engine
 
     checkpoint = resolve_model_path("builtin:tiny-qwen2")
     tokenizer = AutoTokenizer.from_pretrained(str(checkpoint))

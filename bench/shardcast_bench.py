@@ -34,19 +34,20 @@ import os
 import platform
 import resource
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import blake3
 
+from bench.polling import wait_until
+from bench.shardcast_clients import OUR_CLIENT, Processes, start_waiting_clients, tell
 from bench.venvs import reference_venv
 from runtime.ports import free_port
 from shardcast.manifest import hash_file
@@ -105,41 +106,6 @@ elif mode == "client":
     sys.exit(0 if result else 1)
 '''
 
-OUR_CLIENT = r'''
-"""A worker-like process: imports first, then downloads the version it is told (benchmark harness)."""
-import json, sys
-from pathlib import Path
-from shardcast.client import download_version
-from shardcast.transfer import TransferOptions
-
-relays, coordinator_id, out, fsync = sys.argv[1].split(","), sys.argv[2], Path(sys.argv[3]), sys.argv[4] == "1"
-print("ready", flush=True)
-version = int(sys.stdin.readline())
-emit = lambda event: print(json.dumps(event), flush=True)
-download_version(version, relays, coordinator_id, out, TransferOptions(fsync_enabled=fsync), on_event=emit)
-'''
-
-
-def start_waiting_clients(
-    procs: Processes, argvs: list[list[str]], logs: Path, envs: Sequence[dict[str, str] | None] = (), **kwargs: Any
-) -> list[subprocess.Popen[bytes]]:
-    """Start client processes that import what they need, say "ready", and wait for a version on stdin.
-
-    Both systems' clients are warm, as a worker is when a new version is announced; interpreter
-    start-up is not part of either figure.
-    """
-    clients = []
-    for index, argv in enumerate(argvs):
-        env = envs[index] if envs else None
-        log_path = logs / f"client{index}.log"
-        proc = procs.start(argv, log_path, stdout=subprocess.PIPE, stdin=subprocess.PIPE, env=env, **kwargs)
-        clients.append(proc)
-    for proc in clients:
-        assert proc.stdout is not None
-        if proc.stdout.readline().strip() != b"ready":
-            raise RuntimeError(f"a client did not start; see {logs}")
-    return clients
-
 
 def process_cpu_s(pid: int) -> float:
     """CPU seconds of a running process and of the children it has reaped (0 once it is gone)."""
@@ -168,49 +134,8 @@ class CpuMeter:
         return round(self._now() - self.start, 2)
 
 
-def tell(clients: list[subprocess.Popen[bytes]], line: str) -> None:
-    for proc in clients:
-        assert proc.stdin is not None
-        proc.stdin.write(f"{line}\n".encode())
-        proc.stdin.flush()
-
-
 def log(message: str) -> None:
     print(f"[bench] {message}", file=sys.stderr, flush=True)
-
-
-class Processes:
-    """Every process this benchmark starts, each stopped by its PID at the end."""
-
-    def __init__(self) -> None:
-        self.procs: list[subprocess.Popen[bytes]] = []
-
-    def start(self, argv: Sequence[str], log_path: Path, **kwargs: Any) -> subprocess.Popen[bytes]:
-        handle = open(log_path, "ab")  # noqa: SIM115 - closed with the process
-        proc = subprocess.Popen(list(argv), stdout=kwargs.pop("stdout", handle), stderr=handle, **kwargs)
-        self.procs.append(proc)
-        return proc
-
-    def stop_all(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in self.procs:
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        self.procs.clear()
-
-
-def wait_until(predicate: Callable[[], bool], timeout_s: float, what: str, interval_s: float = 0.02) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(interval_s)
-    raise TimeoutError(f"timed out after {timeout_s:.0f} s waiting for {what}")
 
 
 def http_ok(url: str) -> bool:
@@ -354,15 +279,9 @@ def run_curl(work: Path, relay_urls: list[str], version: int, num_clients: int, 
     return {"clients_s": round(seconds, 3), "all_ok": sizes_ok and codes == [0] * num_clients}
 
 
-def run_reference(work: Path, python: Path, checkpoint_file: Path, shard_size: int, num_clients: int) -> dict[str, Any]:
-    if shutil.which("wget") is None:
-        return {"error": "wget is not installed (the reference client shells out to it)"}
-    procs = Processes()
-    logs = work / "logs"
-    logs.mkdir(parents=True)
-    wrapper = work / "ref_node.py"
-    wrapper.write_text(REFERENCE_WRAPPER)
-    package = Path(
+def reference_package(python: Path, work: Path) -> Path:
+    """The directory of the shardcast package installed in the reference venv of ``python``."""
+    return Path(
         subprocess.run(
             [str(python), "-c", "import shardcast, os; print(os.path.dirname(shardcast.__file__))"],
             check=True,
@@ -371,20 +290,32 @@ def run_reference(work: Path, python: Path, checkpoint_file: Path, shard_size: i
             cwd=work,
         ).stdout.strip()
     )
+
+
+def reference_node_env(work: Path, package: Path, name: str) -> dict[str, str]:
+    """Reference node ``name``'s environment: its own ``package`` copy (its client keeps temp files there), temp dir."""
+    root = work / "nodes" / name
+    shutil.copytree(package, root / "pkg" / "shardcast")
+    (root / "tmp").mkdir()
+    return {
+        **os.environ,
+        "PYTHONPATH": str(root / "pkg"),
+        "BENCH_TMP": str(root / "tmp"),
+        "TMPDIR": str(root / "tmp"),
+    }
+
+
+def run_reference(work: Path, python: Path, checkpoint_file: Path, shard_size: int, num_clients: int) -> dict[str, Any]:
+    """Time shardcast 0.3.2 broadcasting ``checkpoint_file`` from its origin through 2 middle nodes to the clients."""
+    if shutil.which("wget") is None:
+        return {"error": "wget is not installed (the reference client shells out to it)"}
+    procs = Processes()
+    logs = work / "logs"
+    logs.mkdir(parents=True)
+    wrapper = work / "ref_node.py"
+    wrapper.write_text(REFERENCE_WRAPPER)
+    node_env = functools.partial(reference_node_env, work, reference_package(python, work))
     probe = os.urandom(10 * 1000 * 1000)
-
-    def node_env(name: str) -> dict[str, str]:
-        # its own package copy (the client keeps temp files next to the package) and temp dir
-        root = work / "nodes" / name
-        shutil.copytree(package, root / "pkg" / "shardcast")
-        (root / "tmp").mkdir()
-        return {
-            **os.environ,
-            "PYTHONPATH": str(root / "pkg"),
-            "BENCH_TMP": str(root / "tmp"),
-            "TMPDIR": str(root / "tmp"),
-        }
-
     origin_port, middle_ports = free_port(), [free_port(), free_port()]
     origin_url = f"http://127.0.0.1:{origin_port}"
     middle_urls = [f"http://127.0.0.1:{port}" for port in middle_ports]

@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from bench.toploc_calibrate import MODELS, make_tasks
+from bench.toploc_tasks import MODELS, make_tasks
 from engines.base import Engine
 from engines.hf import HFEngine
 from tests.support.adversary import honest_claims, repaired

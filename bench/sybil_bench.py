@@ -17,8 +17,8 @@ runs one coordinator per count, one after the other.
 
 The Sybil's keys are all registered (the bench raises the registration caps, as if the keys
 had been gathered through them over hours: at the defaults one /24 registers 64 at once and
-12 a minute after that); the lease limits under test are the defaults. Reuses the load
-generator's pieces of bench/ledger_load.py.
+12 a minute after that); the lease limits under test are the defaults. Drives it with the
+ledger load bench's client (bench/load_client.py).
 
     python -m bench.sybil_bench                         # 1000 Sybil keys from one /24, 60 s
     python -m bench.sybil_bench --quick                 # 200 Sybil keys, 15 s
@@ -43,7 +43,7 @@ from typing import Any
 
 import tomli_w
 
-from bench.ledger_load import Pool, Recorder, SimulatedWorker, cpu_seconds, percentile_ms, registration
+from bench.load_client import Pool, Recorder, SimulatedWorker, cpu_seconds, percentile_ms, registration
 from protocol import routes
 from protocol.identity import NodeIdentity
 from runtime.ports import free_port

@@ -53,20 +53,20 @@ import argparse
 import json
 import math
 import platform
-import random
 import sys
 import tempfile
 import time
 from collections import Counter, defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from bench.toploc_tasks import MODELS, TEMPERATURES, make_tasks
 from engines.adapted import AdapterView
 from engines.base import Engine, GenerationResult, PrefillResult
 from engines.hf import HFEngine
-from protocol.schemas import SamplingParams
 from tests.support.adversary import (
     attack_suite,
     generation_request,
@@ -76,7 +76,6 @@ from tests.support.adversary import (
 )
 from tests.support.lora import LORA_B_SCALE, int8_quantized, make_lora_adapter, merge_lora_adapter, scaled_adapter
 from tests.support.tiny_model import (
-    TINY_EOS_TOKEN_ID,
     TinyModelSpec,
     perturb_checkpoint,
     quantize_checkpoint,
@@ -85,7 +84,7 @@ from tests.support.tiny_model import (
 from toploc.calibrations import CALIBRATION_DIR, HONEST_MAXIMA, CalibrationKey, toploc_config
 from toploc.config import ToplocConfig
 from toploc.proof import ChunkCheck, build_proofs, check_proofs
-from toploc.sampling import sample_stream, sampling_gaps
+from toploc.sampling import sampling_gaps
 from toploc.verify import Claim, RolloutVerdict, SampleTask, verify_claims
 
 SAFETY = 4.0
@@ -101,7 +100,6 @@ FLOORS = {
 vLLM workers of the 3.4M-parameter built-in small-qwen3 differ from the validator's recomputation by up to 1.5e-4
 nats (other batches sum in other orders), and larger models by more. A claimed logprob only weighs its token's
 importance ratio, so 1e-3 nats moves a weight by 0.1%."""
-TEMPERATURES = (0.7, 1.0, 1.3)
 LORA_SEED = 1
 """The seed of the ``--lora`` policy's random adapter (another run's adapter: LORA_SEED + 1)."""
 POLICY_ADAPTER = "policy"
@@ -109,43 +107,6 @@ Prefiller = HFEngine | AdapterView
 """A validator's prefill: the HF engine, or a view of one serving a LoRA version's adapter."""
 TOKEN_SUBSTITUTIONS = {"cheap_model_tokens_policy_proofs", "greedy_as_sampling", "other_temperature_half"}
 """Attacks whose claims are the policy's honest claim whenever their tokens happen to be the policy's draws."""
-MODELS = {
-    "tiny": TinyModelSpec(),
-    # The tiny model with 32-wide attention heads: vLLM's CPU attention has no kernel for 16-wide ones.
-    "tiny-heads32": TinyModelSpec(num_attention_heads=2, num_key_value_heads=1),
-    # ~50M parameters (two 16.8M embedding matrices, 8 x 2.8M layers); the head scaled so logits have about
-    # the tiny model's spread (~1.3 nats), the EOS bias raised for its 32x larger vocabulary.
-    "medium": TinyModelSpec(
-        vocab_size=32768,
-        hidden_size=512,
-        intermediate_size=1408,
-        num_hidden_layers=8,
-        num_attention_heads=8,
-        num_key_value_heads=2,
-        logit_scale=2.8,
-        eos_bias=4.0,
-    ),
-}
-
-
-def make_tasks(num_prompts: int, group_size: int, max_tokens: int, vocab_size: int, seed: int) -> list[SampleTask]:
-    """Prompts of 1 to 48 tokens, ``group_size`` samples each, temperatures cycling through TEMPERATURES."""
-    rng = random.Random(seed)
-    tasks = []
-    for prompt_index in range(num_prompts):
-        prompt = [rng.randrange(2, vocab_size) for _ in range(rng.randint(1, 48))]
-        sampling = SamplingParams(temperature=TEMPERATURES[prompt_index % 3], max_tokens=max_tokens)
-        for sample_index in range(group_size):
-            tasks.append(
-                SampleTask(
-                    prompt_ids=prompt,
-                    sampling=sampling,
-                    seed=seed * 1000 + prompt_index,
-                    stream=sample_stream(prompt_index, sample_index),
-                    eos_token_ids=(TINY_EOS_TOKEN_ID,),
-                )
-            )
-    return tasks
 
 
 def _hf(engine: Engine | AdapterView) -> HFEngine | None:
@@ -460,7 +421,8 @@ def _against(honest: dict[str, Any], thresholds: dict[str, float]) -> dict[str, 
     }
 
 
-def main() -> None:
+def _parser() -> argparse.ArgumentParser:
+    """The calibration's command line."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
     parser.add_argument("--engine", choices=["hf", "vllm"], default="hf", help="the generating engine")
@@ -484,10 +446,37 @@ def main() -> None:
         action="store_true",
         help="verify the holdout and the attacks against the kept calibration of --dtype/--engine (validators' own)",
     )
-    args = parser.parse_args()
-    if args.lora is not None and args.write:
-        parser.error("--lora measures a LoRA policy against the base's thresholds; it writes no calibration")
-    started = time.perf_counter()
+    return parser
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What a calibration measures: how many prompts and tokens, the variations, the policy's shape."""
+
+    num_prompts: int
+    max_tokens: int
+    batch_sizes: list[int]
+    attack_trials: int
+    spec: TinyModelSpec
+    gen_threads: list[int]
+    prefill_threads: list[int]
+
+
+@dataclass(frozen=True)
+class _Measured:
+    """What a calibration found: the honest maxima, the thresholds, the holdout and every attack's trials."""
+
+    num_parameters: int
+    honest: dict[str, Any]
+    thresholds: dict[str, float]
+    config: ToplocConfig
+    stored: ToplocConfig | None
+    holdout: dict[str, Any] | None
+    attacks: dict[str, Any]
+
+
+def _plan(args: argparse.Namespace) -> _Plan:
+    """The sizes and variations of the run: --quick's or the full ones, under the flags that set them."""
     if args.quick:
         num_prompts, max_tokens, batch_sizes, attack_trials = 8, 48, [1, 4, 16], 8
     else:
@@ -497,12 +486,17 @@ def main() -> None:
     attack_trials = args.attack_trials or attack_trials
     if args.batch_sizes:
         batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
-    key = CalibrationKey(args.dtype, args.engine, "hf")
     spec = MODELS[args.model or ("tiny-heads32" if args.engine == "vllm" else "tiny")]
     # vLLM on CPU binds its threads and makes torch.set_num_threads a no-op in its process from then on, so
     # with vLLM generating neither its nor the HF prefill's thread count can be varied.
     gen_threads = [1, 2] if args.engine == "hf" else [torch.get_num_threads()]
     prefill_threads = [1, 2] if args.engine == "hf" else [torch.get_num_threads()]
+    return _Plan(num_prompts, max_tokens, batch_sizes, attack_trials, spec, gen_threads, prefill_threads)
+
+
+def _measure(args: argparse.Namespace, plan: _Plan) -> _Measured:
+    """Generate honest rollouts, derive the thresholds, verify the holdout and run the attacks (in a scratch dir)."""
+    spec, max_tokens = plan.spec, plan.max_tokens
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         model_dir = save_tiny_qwen2(work / "policy", seed=0, spec=spec)
@@ -516,8 +510,8 @@ def main() -> None:
         if args.engine != "hf":
             base_generator = _generator(args.engine, model_dir, args.dtype, args.lora)
             generator = base_generator if lora is None else _serving(base_generator, adapter)
-        tasks = make_tasks(num_prompts, 2, max_tokens, verifier.vocab_size, seed=1)
-        honest = _honest(generator, verifier, tasks, batch_sizes, gen_threads, prefill_threads)
+        tasks = make_tasks(plan.num_prompts, 2, max_tokens, verifier.vocab_size, seed=1)
+        honest = _honest(generator, verifier, tasks, plan.batch_sizes, plan.gen_threads, plan.prefill_threads)
         thresholds = thresholds_from(honest, args.safety, args.replay_safety)
         stored = toploc_config(args.dtype, args.engine) if args.against_stored else None
         config = stored if stored is not None else ToplocConfig(**thresholds)
@@ -527,15 +521,21 @@ def main() -> None:
             holdout = _holdout(generator, verifier, holdout_tasks[: args.holdout], config, threads=2)
         if base_generator is not base_verifier:
             base_generator.close()
-        attack_tasks = make_tasks(attack_trials, 1, max_tokens, verifier.vocab_size, seed=2)
+        attack_tasks = make_tasks(plan.attack_trials, 1, max_tokens, verifier.vocab_size, seed=2)
         attacks = _attacks(model_dir, work, spec, args.dtype, attack_tasks, config, lora)
+    return _Measured(num_parameters, honest, thresholds, config, stored, holdout, attacks)
+
+
+def _summary(args: argparse.Namespace, key: CalibrationKey, measured: _Measured) -> dict[str, Any]:
+    """The report's ``summary``: the thresholds, the honest rollouts, the attacks caught, the holdout's rejections."""
+    honest, holdout, attacks, stored = measured.honest, measured.holdout, measured.attacks, measured.stored
     scored = {name: a for name, a in attacks.items() if not name.startswith("probe_")}
     summary: dict[str, Any] = {
         "dtype": args.dtype,
         "generating_engine": args.engine,
         "verifying_engine": "hf",
-        "model_parameters": num_parameters,
-        "thresholds": thresholds,
+        "model_parameters": measured.num_parameters,
+        "thresholds": measured.thresholds,
         "honest_rollouts": honest["num_rollouts"],
         "honest_verifications": honest["num_verifications"],
         "attacks_all_detected": all(a["cheating_trials_rejected"] == a["cheating_trials"] for a in scored.values()),
@@ -547,43 +547,61 @@ def main() -> None:
         summary["holdout_false_rejections"] = holdout["false_rejections"]
     if args.lora is not None:
         summary["lora_rank"] = args.lora
-    checked_with = config.model_dump(include=set(HONEST_MAXIMA))
+    checked_with = measured.config.model_dump(include=set(HONEST_MAXIMA))
     if stored is not None:
         summary["verified_against"] = f"toploc/calibration/{key.filename} (kept, toploc.calibrations)"
         summary["stored_thresholds"] = checked_with
         summary["honest_vs_stored"] = _against(honest, checked_with)
         if holdout is not None:
             summary["holdout_vs_stored"] = _against(holdout, checked_with)
-    model = f"tests.support.tiny_model.save_tiny_qwen2(seed=0, {spec}), {args.dtype}, sdpa attention"
+    return summary
+
+
+def _report(
+    args: argparse.Namespace, key: CalibrationKey, plan: _Plan, measured: _Measured, started: float
+) -> dict[str, Any]:
+    """The whole JSON report: the summary, the rule, the model, the variations and every measurement."""
+    model = f"tests.support.tiny_model.save_tiny_qwen2(seed=0, {plan.spec}), {args.dtype}, sdpa attention"
     if args.lora is not None:
         model += (
             f"; served with a rank-{args.lora} LoRA adapter on every linear layer (tests.support.lora.make_lora_adapter"
             f"(seed={LORA_SEED}): lora_A ~ N(0, 1/fan_in), lora_B ~ N(0, {LORA_B_SCALE}), lora_alpha {2 * args.lora})"
         )
-    report = {
-        "summary": summary,
+    return {
+        "summary": _summary(args, key, measured),
         "rule": (
             f"threshold = max(floor, {args.safety} x largest honest value) for the proof, "
             f"{args.replay_safety} x for the sampling gap and logprob error; floors {FLOORS}"
         ),
         "model": model,
         "variations": {
-            "generation_batch_sizes": batch_sizes,
-            "generation_torch_threads": gen_threads if args.engine == "hf" else "vLLM's own",
-            "prefill_torch_threads": prefill_threads if args.engine == "hf" else "as vLLM bound them",
+            "generation_batch_sizes": plan.batch_sizes,
+            "generation_torch_threads": plan.gen_threads if args.engine == "hf" else "vLLM's own",
+            "prefill_torch_threads": plan.prefill_threads if args.engine == "hf" else "as vLLM bound them",
             "prefill_batch_sizes": [1, 64],
             "temperatures": list(TEMPERATURES),
             "prompt_tokens": [1, 48],
-            "max_tokens": max_tokens,
+            "max_tokens": plan.max_tokens,
             "quick": args.quick,
         },
-        "honest": honest,
-        "holdout": holdout,
-        "attacks": attacks,
+        "honest": measured.honest,
+        "holdout": measured.holdout,
+        "attacks": measured.attacks,
         "machine": {"platform": platform.platform(), "torch": torch.__version__, "python": sys.version.split()[0]},
         "elapsed_s": round(time.perf_counter() - started, 1),
     }
-    text = json.dumps(report, indent=2, sort_keys=True)
+
+
+def main() -> None:
+    """Calibrate one (dtype, generating engine); print the report and, with --write, keep it for validators."""
+    parser = _parser()
+    args = parser.parse_args()
+    if args.lora is not None and args.write:
+        parser.error("--lora measures a LoRA policy against the base's thresholds; it writes no calibration")
+    started = time.perf_counter()
+    plan = _plan(args)
+    key = CalibrationKey(args.dtype, args.engine, "hf")
+    text = json.dumps(_report(args, key, plan, _measure(args, plan), started), indent=2, sort_keys=True)
     if args.write:
         CALIBRATION_DIR.mkdir(parents=True, exist_ok=True)
         (CALIBRATION_DIR / key.filename).write_text(text + "\n")

@@ -20,7 +20,7 @@ import time
 
 import torch
 
-from bench.rollout_bench import local_task
+from bench.rollout_tasks import local_task
 from coordinator.ledger.audit_choice import audit_sample_indices
 from coordinator.ledger.seeds import new_run_secret
 from engines.hf import HFEngine

@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import math
 
-from bench.ledger_load import ENDPOINTS, Pool, default_validators, lives, summarize
+from bench.ledger_load import default_validators, lives, summarize
+from bench.load_client import ENDPOINTS, Pool
 
 
 def test_the_plan_churns_the_asked_share_at_heterogeneous_speeds() -> None:
