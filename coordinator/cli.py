@@ -66,7 +66,7 @@ def start(
 
         run_or_exit("coordinator", run_api_replica, loaded)
         return
-    from coordinator.serving.service import run
+    from coordinator.start import run
 
     run_or_exit("coordinator", run, loaded)
 
@@ -84,7 +84,7 @@ def publish(
     """Publish a checkpoint as the run's next policy version: signed, sharded, served at /shardcast."""
     start_logging(log_level, json_logs)
     loaded = load_role_config(CoordinatorConfig, config, sets, {"data_dir": data_dir})
-    from coordinator.serving.service import publish_from_cli
+    from coordinator.publish import publish_from_cli
 
     run_or_exit("coordinator", publish_from_cli, loaded, checkpoint, version)
 
@@ -160,7 +160,7 @@ def reset(
     coordinator key: workers and relays must be given the new id. Refused while a coordinator runs the run."""
     start_logging(log_level, json_logs)
     loaded = load_role_config(CoordinatorConfig, config, sets, {"data_dir": data_dir, "ledger.url": ledger_url})
-    from coordinator.serving.service import reset_run
+    from coordinator.reset import reset_run
 
     run_or_exit("coordinator", reset_run, loaded, yes)
 

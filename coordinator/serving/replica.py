@@ -30,7 +30,7 @@ def run_api_replica(config: CoordinatorConfig) -> None:
     from coordinator.ledger.run_spec import environment_prompts
     from coordinator.serving.app import create_app
     from coordinator.serving.dashboard.relays import RelayWatch
-    from coordinator.serving.service import api_server, bind_api_socket, open_database
+    from coordinator.serving.server import api_server, bind_api_socket, open_database
     from environments.loader import environment_identity
 
     if not config.ledger_url.startswith("postgresql"):

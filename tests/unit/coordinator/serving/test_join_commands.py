@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import socket
 
-from coordinator.serving.service import join_commands, reachable_url
+from coordinator.serving.server import join_commands, reachable_url
 
 
 def test_a_wildcard_bind_is_named_by_this_machine_or_the_public_host() -> None:
