@@ -1,4 +1,5 @@
-"""bench/'s shape: no bench module imports a bench program, and no function of bench/ runs past 100 lines.
+"""bench/'s shape: no bench module imports a bench program (the length of its functions is checked with every
+package's, in test_function_length.py).
 
 A bench program is a module of bench/ with an ``if __name__ == "__main__":`` block; what programs share lives
 in modules without one (bench/record.py, which runs other benches and is imported for its provenance helpers,
@@ -14,7 +15,6 @@ from pathlib import Path
 from tests.unit.project.test_import_graph import _imported
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
-MAX_FUNCTION_LINES = 100
 SHARED_AND_RUN = ("bench.record",)
 """Modules of bench/ with a ``__main__`` block that are shared all the same: bench modules may import them."""
 
@@ -57,19 +57,6 @@ def program_imports(root: Path = REPO_ROOT) -> list[str]:
     return found
 
 
-def long_functions(root: Path = REPO_ROOT, limit: int = MAX_FUNCTION_LINES) -> list[str]:
-    """Every function of bench/ longer than ``limit`` lines (from its ``def`` to its last line), nested ones too."""
-    found = []
-    for path, tree in _bench_modules(root).values():
-        for node in ast.walk(tree):
-            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-                num_lines = (node.end_lineno or node.lineno) - node.lineno + 1
-                if num_lines > limit:
-                    where = f"{path.relative_to(root).as_posix()}:{node.lineno}"
-                    found.append(f"{where} {node.name} ({num_lines} lines)")
-    return found
-
-
 def test_no_bench_module_imports_a_bench_program() -> None:
     assert program_imports() == [], "move what programs share to a bench module without a __main__ block"
 
@@ -80,10 +67,6 @@ def test_the_programs_are_the_runnable_benches_and_not_what_they_share() -> None
     shared = {"bench", "bench.record", "bench.runs", "bench.venvs", "bench.load_client", "bench.polling"}
     shared |= {"bench.rollout_tasks", "bench.shardcast_clients", "bench.toploc_tasks"}
     assert not shared & programs
-
-
-def test_no_function_in_bench_is_over_the_limit() -> None:
-    assert long_functions() == [], f"split these into named parts of at most {MAX_FUNCTION_LINES} lines"
 
 
 def _plant(root: Path, files: dict[str, str]) -> None:
@@ -118,20 +101,3 @@ def test_a_planted_program_import_is_found_wherever_it_stands(tmp_path: Path) ->
         "bench.three_bench imports bench.one_bench",
         "bench.two_bench imports bench.one_bench",
     ]
-
-
-def _function(name: str, num_lines: int, indent: str = "") -> str:
-    """The source of a function ``num_lines`` long, its ``def`` line included."""
-    body = "".join(f"{indent}    x{index} = {index}\n" for index in range(num_lines - 1))
-    return f"{indent}def {name}() -> None:\n{body}"
-
-
-def test_a_planted_long_function_is_found(tmp_path: Path) -> None:
-    _plant(
-        tmp_path,
-        {
-            "at_limit.py": _function("fits", MAX_FUNCTION_LINES),
-            "over.py": "class Runner:\n" + _function("run", MAX_FUNCTION_LINES + 1, indent="    "),
-        },
-    )
-    assert long_functions(tmp_path) == [f"bench/over.py:2 run ({MAX_FUNCTION_LINES + 1} lines)"]
