@@ -186,8 +186,8 @@ def run_wan(root: Path, spec: WanSpec, warmup: int, steps: int, churn_interval_s
 CLIENT = r"""
 import json, sys, time
 from pathlib import Path
-from shardcast.client import download_version
-from shardcast.transfer import TransferOptions
+from shardcast.client.download import download_version
+from shardcast.client.transfer import TransferOptions
 
 relays, coordinator_id, out = sys.argv[1].split(","), sys.argv[2], Path(sys.argv[3])
 print("ready", flush=True)
@@ -213,8 +213,8 @@ def wait_done(proc: subprocess.Popen[bytes], started: float) -> float:
 
 def run_broadcast(root: Path, spec: WanSpec, size_bytes: int, options: dict[str, Any] | None = None) -> dict[str, Any]:
     from protocol.identity import load_or_create_identity
-    from shardcast.origin import publish_checkpoint
-    from shardcast.store import VersionStore
+    from shardcast.format.store import VersionStore
+    from shardcast.origin.publish import publish_checkpoint
     from tests.support.shardcast_nodes import make_checkpoint
 
     checkpoint = make_checkpoint(root / "checkpoint", seed=1, size_bytes=size_bytes)

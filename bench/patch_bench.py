@@ -1,4 +1,4 @@
-"""Value patches on real AdamW steps: how small shardcast.patch makes each version, how exact, how much sooner it lands.
+"""Value patches (shardcast.format.patch) on real AdamW steps: how small, how exact, how much sooner a version lands.
 
 The trainer's own :class:`~trainer.train.Trainer` (AdamW, fp32 master weights, default betas,
 no weight decay, grad clip 1.0) takes GRPO steps on a randomly initialised Qwen2 (default:
@@ -61,7 +61,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from protocol.identity import NodeIdentity
     from protocol.schemas import SignedManifest
-    from shardcast.origin import PatchPolicy
+    from shardcast.origin.publish import PatchPolicy
 
 QUICK = {"hidden": 256, "layers": 4, "intermediate": 704, "vocab": 8000, "steps": 12}
 FULL = {"hidden": 768, "layers": 12, "intermediate": 2048, "vocab": 32000, "steps": 30}
@@ -147,7 +147,7 @@ def sample_batch(trainer: Any, step: int, args: argparse.Namespace, vocab: int) 
 
 def tree_hashes(directory: Path) -> dict[str, str]:
     """Relative path -> blake3 of every checkpoint file (a client's local manifest left out)."""
-    from shardcast.manifest import result_files_of
+    from shardcast.format.manifest import result_files_of
 
     return {entry.path: entry.hash for entry in result_files_of(directory, "blake3")}
 
@@ -159,7 +159,7 @@ def run_lr(
 
     With ``keep``, the last two versions are kept as ``keep/base`` and ``keep/new``.
     """
-    from shardcast.patch import apply_patch, encode_patch
+    from shardcast.format.patch import apply_patch, encode_patch
     from trainer.config import TrainerSection
     from trainer.train import Trainer
 
@@ -251,8 +251,8 @@ def broadcast_once(
     Timed: from v1's announcement until the last client has it (relays mirror it and serve it meanwhile).
     """
     from bench.shardcast_clients import OUR_CLIENT, Processes, start_waiting_clients, tell
-    from shardcast.origin import PatchPolicy, publish_checkpoint
-    from shardcast.store import VersionStore
+    from shardcast.format.store import VersionStore
+    from shardcast.origin.publish import PatchPolicy, publish_checkpoint
     from tests.support.shardcast_nodes import Nodes, holds, wait_until
 
     work.mkdir(parents=True)
@@ -284,7 +284,7 @@ def broadcast_once(
             done_of(proc)
         # warm clients, as a running worker is when a version is announced: interpreter start-up and the
         # first import of the patch codec are no part of either figure
-        script = f"import shardcast.patch\n{OUR_CLIENT}"
+        script = f"import shardcast.format.patch\n{OUR_CLIENT}"
         argvs = [[sys.executable, "-c", script, ",".join(relays), coordinator.node_id, str(out), "0"] for out in outs]
         clients = start_waiting_clients(procs, argvs, work)
         started = time.monotonic()
@@ -471,7 +471,7 @@ def config_of(args: argparse.Namespace, dims: dict[str, int], skip: int) -> dict
                 f"1 origin (prime-relay origin) -> {NUM_RELAYS} relays (prime-relay serve, each mirroring "
                 f"the origin, polling it every {RELAY_POLL_INTERVAL_S} s) -> {NUM_CLIENTS} clients (each a "
                 "process given both relays: the base fetched with prime-relay fetch --no-fsync, the new "
-                "version with shardcast.client.download_version, fsync off, in a warm process)"
+                "version with shardcast.client.download.download_version, fsync off, in a warm process)"
             ),
             "origins": 1,
             "relays": NUM_RELAYS,

@@ -32,7 +32,7 @@ from protocol.identity import NodeIdentity
 from protocol.ledger_client import LedgerClient
 from protocol.schemas import Hardware, RegisterRequest
 from runtime.ports import free_port
-from shardcast.cache import WeightsCache
+from shardcast.client.cache import WeightsCache
 from tests.support.coordinator_process import CoordinatorProcess
 from worker.loop import TaskRunner, WorkerState
 from worker.submission import generation_requests

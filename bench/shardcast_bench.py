@@ -50,7 +50,7 @@ from bench.polling import wait_until
 from bench.shardcast_clients import OUR_CLIENT, Processes, start_waiting_clients, tell
 from bench.venvs import reference_venv
 from runtime.ports import free_port
-from shardcast.manifest import hash_file
+from shardcast.format.manifest import hash_file
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -172,8 +172,8 @@ def run_ours(work: Path, checkpoint_dir: Path, shard_size: int, num_clients: int
     logs.mkdir(parents=True)
     key_dir = work / "coordinator"
     from protocol.identity import load_or_create_identity
-    from shardcast.origin import publish_checkpoint
-    from shardcast.store import VersionStore
+    from shardcast.format.store import VersionStore
+    from shardcast.origin.publish import publish_checkpoint
 
     coordinator = load_or_create_identity(key_dir)
     coordinator_id = coordinator.node_id

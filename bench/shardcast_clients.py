@@ -20,8 +20,8 @@ OUR_CLIENT = r'''
 """A worker-like process: imports first, then downloads the version it is told (benchmark harness)."""
 import json, sys
 from pathlib import Path
-from shardcast.client import download_version
-from shardcast.transfer import TransferOptions
+from shardcast.client.download import download_version
+from shardcast.client.transfer import TransferOptions
 
 relays, coordinator_id, out, fsync = sys.argv[1].split(","), sys.argv[2], Path(sys.argv[3]), sys.argv[4] == "1"
 print("ready", flush=True)

@@ -31,8 +31,8 @@ from coordinator.serving.p2p import start_coordinator_gossip
 from coordinator.serving.server import api_server, bind_api_socket, join_commands, open_ledger, reachable_url
 from protocol.identity import NodeIdentity, key_path, load_or_create_identity
 from runtime.data_dir_lock import hold_data_dir
-from shardcast.origin import OriginSource
-from shardcast.server import create_app as create_shardcast_app
+from shardcast.http.server import create_app as create_shardcast_app
+from shardcast.origin.publish import OriginSource
 from trainer.resolve import resolve_model_path
 
 if TYPE_CHECKING:
@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from coordinator.ledger.ledger import Ledger
     from environments.prompts import PromptSource
     from protocol.schemas import SignedRunSpec
-    from shardcast.store import VersionStore
+    from shardcast.format.store import VersionStore
 
 log = logging.getLogger("coordinator")
 

@@ -3,7 +3,7 @@
 Announcements arrive in the libp2p thread already checked (signed by the pinned coordinator,
 fresh, newer than the last); :class:`WorkerGossipHandler` hands each to the worker's asyncio
 loop. A new policy version starts downloading through the worker's
-:class:`~shardcast.cache.WeightsCache` immediately (retrying while relays are still mirroring
+:class:`~shardcast.client.cache.WeightsCache` immediately (retrying while relays are still mirroring
 it), so the engine can switch as soon as the first task of that version is leased; a relay's
 address (authentic but untrusted: every shard is still checked against the signed manifest)
 joins the relays downloads are spread over, up to a cap; task availability wakes an idle task
@@ -25,7 +25,7 @@ from protocol.identity import NodeIdentity
 from protocol.schemas import PolicyAnnouncement, RelayAnnouncement
 from runtime.p2p.config import P2PConfig
 from runtime.p2p.gossip import Listener, keep_joined, start_gossip
-from shardcast.cache import WeightsCache
+from shardcast.client.cache import WeightsCache
 
 log = logging.getLogger("node.gossip")
 MAX_LEARNED_RELAYS = 16

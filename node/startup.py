@@ -109,7 +109,7 @@ def eos_token_ids(checkpoint_dir: Path) -> tuple[int, ...]:
 
 def check_lora_base(checkpoint_dir: Path, lora: LoraPin) -> None:
     """A StartupError (one line) unless ``checkpoint_dir``, a LoRA run's version 0, is the base its spec pins."""
-    from shardcast.manifest import checkpoint_digest
+    from shardcast.format.manifest import checkpoint_digest
 
     found = checkpoint_digest(checkpoint_dir)
     if found != lora.base_hash:

@@ -260,7 +260,7 @@ class LoraPin(WireModel):
 
     base_hash: str = Field(
         pattern=r"^[0-9a-f]{64}$",
-        description="blake3 over the base checkpoint's files (shardcast.manifest.checkpoint_digest): two runs "
+        description="blake3 over the base checkpoint's files (shardcast.format.manifest.checkpoint_digest): two runs "
         "with the same base_hash share one copy of the base on a worker.",
     )
     rank: int = Field(ge=1, le=1024)
@@ -332,7 +332,9 @@ class ResultFileEntry(WireModel):
 
 
 PATCH_ENCODING = "bitpatch-zstd-v1"
-"""The value-patch format this release writes and reads (shardcast.patch); a manifest naming another is refused."""
+"""The value-patch format this release writes and reads (shardcast.format.patch).
+
+A manifest naming another is refused."""
 _PATCH_FIELDS = ("kind", "base_version", "encoding", "result_files")
 
 

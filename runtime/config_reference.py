@@ -47,7 +47,7 @@ ROLES = (
     ),
     Role("Worker", "worker.config:WorkerConfig", "`prime-worker join` (and `slurm`)", "`configs/worker.toml`"),
     Role("Validator", "validator.config:ValidatorConfig", "`prime-validator run`", "`configs/validator.toml`"),
-    Role("Relay", "shardcast.config:RelayConfig", "`prime-relay serve`", "`configs/relay.toml`"),
+    Role("Relay", "shardcast.relay.config:RelayConfig", "`prime-relay serve`", "`configs/relay.toml`"),
     Role("Trainer: SFT", "trainer.config:SftConfig", "`prime-trainer sft`", "`configs/sft.toml`"),
     Role("Trainer: local RL", "trainer.config:RlConfig", "`prime-trainer rl`", "`configs/rl.toml`"),
     Role("Trainer: eval", "trainer.config:EvalConfig", "`prime-trainer eval`", "`configs/eval.toml`"),

@@ -22,7 +22,7 @@ from runtime.cli import (
     set_option,
     start_logging,
 )
-from shardcast.config import RelayConfig
+from shardcast.relay.config import RelayConfig
 
 SetOption = set_option("port=8101")
 
@@ -54,8 +54,8 @@ def serve(
         "p2p.enabled": False if no_p2p else None,
     }
     relay_config = load_role_config(RelayConfig, config, sets, flags)
-    from shardcast.relay_service import serve_relay
-    from shardcast.server import run_event_loop
+    from shardcast.http.server import run_event_loop
+    from shardcast.relay.service import serve_relay
 
     run_or_exit("relay", run_event_loop, lambda: serve_relay(relay_config))
 
@@ -90,8 +90,8 @@ def fetch(
     """Download one version from several relays, verifying every shard; resumes an interrupted download."""
     start_logging(log_level, json_logs=False)
     from protocol.errors import PrimeError
-    from shardcast.client import describe_failure, download_version
-    from shardcast.transfer import TransferOptions
+    from shardcast.client.download import describe_failure, download_version
+    from shardcast.client.transfer import TransferOptions
 
     options = TransferOptions(
         num_parallel=parallel,
@@ -153,8 +153,8 @@ def publish(
     start_logging(log_level, json_logs=False)
     from protocol.errors import PrimeError
     from protocol.identity import load_or_create_identity
-    from shardcast.origin import PatchPolicy, publish_checkpoint
-    from shardcast.store import VersionStore
+    from shardcast.format.store import VersionStore
+    from shardcast.origin.publish import PatchPolicy, publish_checkpoint
 
     if hash_algorithm not in ("blake3", "sha256"):
         fail(f"--hash-algorithm must be blake3 or sha256, not {hash_algorithm!r}", 2)
@@ -201,9 +201,9 @@ def origin(
 ) -> None:
     """Serve a published store as a SHARDCAST origin (the coordinator mounts the same app at /shardcast)."""
     start_logging(log_level, json_logs)
-    from shardcast.origin import OriginSource
-    from shardcast.server import create_app, run_event_loop, serve_http
-    from shardcast.store import VersionStore
+    from shardcast.format.store import VersionStore
+    from shardcast.http.server import create_app, run_event_loop, serve_http
+    from shardcast.origin.publish import OriginSource
 
     version_store = VersionStore(store)
     version_store.clear_leftovers_if_idle()  # what a killed `prime-relay publish` left in staging
@@ -215,7 +215,7 @@ def _resolve_latest(relays: list[str], coordinator_id: str, out: Path, sink: Any
     """What 'latest' means here: the newest version the relays list, never older than one held or seen."""
     import asyncio
 
-    from shardcast.client import latest_version, newest_known
+    from shardcast.client.download import latest_version, newest_known
 
     floor = newest_known(out, coordinator_id)
     listed = asyncio.run(latest_version(relays))

@@ -52,7 +52,7 @@ from protocol.ledger_client import LedgerClient
 from protocol.schemas import LORA_BASE_VERSION, Hardware, LoraPin, PendingSubmission, RegisterRequest
 from runtime.data_dir_lock import hold_data_dir
 from runtime.first_contact import check_coordinator, check_relays
-from shardcast.cache import WeightsCache
+from shardcast.client.cache import WeightsCache
 from toploc.calibrations import require_calibrated
 from toploc.config import ToplocConfig
 from validator.audit import (

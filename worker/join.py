@@ -31,7 +31,7 @@ from protocol.ledger_client import LedgerClient
 from protocol.schemas import LORA_BASE_VERSION, Hardware, RegisterRequest, RunSpec
 from runtime.data_dir_lock import hold_data_dir
 from runtime.first_contact import check_coordinator, check_relays
-from shardcast.cache import WeightsCache
+from shardcast.client.cache import WeightsCache
 from worker.config import WorkerConfig
 from worker.devices import DeviceInfo, cpu_engine_threads, detect_devices
 from worker.episodes import EpisodePlayer

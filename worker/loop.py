@@ -51,7 +51,7 @@ from protocol.schemas import (
     LeaseRequest,
     Task,
 )
-from shardcast.cache import WeightsCache
+from shardcast.client.cache import WeightsCache
 from worker.episodes import EpisodePlayer
 from worker.submission import Sample, build_turns_submission, generation_requests
 

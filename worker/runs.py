@@ -24,7 +24,7 @@ from urllib.parse import urlparse
 from protocol.errors import ConfigError, RunEndedError
 from protocol.ledger_client import LedgerClient
 from protocol.schemas import RegisterResponse, RunSpec
-from shardcast.cache import WeightsCache
+from shardcast.client.cache import WeightsCache
 from worker.loop import WorkerState, run_jobs_until_stopped
 
 log = logging.getLogger(__name__)

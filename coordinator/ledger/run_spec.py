@@ -65,7 +65,7 @@ def lora_pin(config: CoordinatorConfig) -> LoraPin | None:
     lora = config.orchestrator.trainer.lora
     if not lora.enabled:
         return None
-    from shardcast.manifest import checkpoint_digest
+    from shardcast.format.manifest import checkpoint_digest
     from trainer.resolve import resolve_model_path
 
     targets = [lora.target_modules] if isinstance(lora.target_modules, str) else list(lora.target_modules)

@@ -53,7 +53,7 @@ from environments.prompts import EnvironmentPrompts, PromptSource
 from node.startup import eos_token_ids
 from protocol.identity import NodeIdentity
 from runtime.memory import release_free_memory
-from shardcast.store import VersionStore
+from shardcast.format.store import VersionStore
 from trainer.resolve import resolve_model_path
 from trainer.transport import Doorbell, StepBatch, TrainDir
 

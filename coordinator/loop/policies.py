@@ -1,6 +1,6 @@
 """Publishing policy versions: the SHARDCAST origin store and the ledger, kept in step.
 
-A version is published in two steps: :func:`shardcast.origin.publish_checkpoint` shards, signs
+A version is published in two steps: :func:`shardcast.origin.publish.publish_checkpoint` shards, signs
 and atomically installs it in the origin store; then the ledger records the signed manifest
 and makes it current. A crash between the two leaves a version in the store that the ledger
 does not know; :func:`publish_policy` finishes such a publication instead of failing, so a
@@ -15,7 +15,7 @@ downloadable), the current version, and every version a kept value patch's chain
 down to a full version (so a worker a few versions behind, or a new one, can rebuild it), and in a
 LoRA run the base (version 0), which every adapter version names as the version it is served on.
 Whether a version is published as a patch is ``policy.patches_enabled`` and ``policy.full_every``
-(:class:`shardcast.origin.PatchPolicy`).
+(:class:`shardcast.origin.publish.PatchPolicy`).
 """
 
 from __future__ import annotations
@@ -32,9 +32,9 @@ from coordinator.ledger.ledger import Ledger
 from protocol.errors import ConflictError, NotFoundError
 from protocol.identity import NodeIdentity
 from protocol.schemas import LORA_BASE_VERSION, SignedManifest
-from shardcast.manifest import parse_signed_manifest
-from shardcast.origin import PatchPolicy, chain_bases, publish_checkpoint, stored_version_differs
-from shardcast.store import VersionStore, versions_to_prune
+from shardcast.format.manifest import parse_signed_manifest
+from shardcast.format.store import VersionStore, versions_to_prune
+from shardcast.origin.publish import PatchPolicy, chain_bases, publish_checkpoint, stored_version_differs
 
 log = logging.getLogger("coordinator.loop.policies")
 

@@ -31,7 +31,7 @@ from coordinator.loop.tracking import Trackers, open_trackers
 from coordinator.processes.local_network import Processes, start_local_network
 from coordinator.processes.trainer_process import TrainerProcess, trainer_node
 from protocol.identity import NodeIdentity
-from shardcast.store import VersionStore
+from shardcast.format.store import VersionStore
 from trainer.resolve import resolve_model_path
 from trainer.service import ServiceSpec
 from trainer.transport import TrainDir

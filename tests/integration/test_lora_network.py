@@ -24,7 +24,7 @@ import tomli_w
 import torch
 
 from runtime.ports import free_port
-from shardcast.manifest import checkpoint_digest
+from shardcast.format.manifest import checkpoint_digest
 from tests.integration.test_orchestrator_network import (
     NUM_STEPS,
     finish,

@@ -17,7 +17,7 @@ import pytest
 
 from runtime.children import stop_processes
 from runtime.ports import free_port
-from shardcast.store import VersionStore
+from shardcast.format.store import VersionStore
 from tests.support.coordinator_process import CoordinatorProcess
 from tests.support.ledger_helpers import scratch_postgres_database
 from tests.support.network import BIN, REPO_ROOT

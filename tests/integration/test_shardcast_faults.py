@@ -26,8 +26,8 @@ import httpx
 import pytest
 
 from protocol.identity import NodeIdentity, load_or_create_identity
-from shardcast.origin import OriginSource, publish_checkpoint
-from shardcast.store import VersionStore
+from shardcast.format.store import VersionStore
+from shardcast.origin.publish import OriginSource, publish_checkpoint
 from tests.support.relay_doubles import RelayDouble, TricklingRelay
 from tests.support.shardcast_nodes import (
     Nodes,
@@ -202,7 +202,7 @@ def test_fetch_latest_never_goes_back_to_an_older_version(
     assert not (out / "v1").exists()
 
     # seen signed but not held (deleted since): still never v1; the hidden v2 is asked for and not found
-    from shardcast.client import NEWEST_SEEN_NAME
+    from shardcast.client.download import NEWEST_SEEN_NAME
 
     shutil.rmtree(out / "v2")
     assert (out / NEWEST_SEEN_NAME).is_file()

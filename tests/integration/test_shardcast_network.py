@@ -21,10 +21,10 @@ import pytest
 
 from protocol.errors import PrimeError
 from protocol.identity import NodeIdentity
-from shardcast.client import download_version, latest_version
-from shardcast.origin import publish_checkpoint
-from shardcast.store import VersionStore
-from shardcast.transfer import TransferOptions
+from shardcast.client.download import download_version, latest_version
+from shardcast.client.transfer import TransferOptions
+from shardcast.format.store import VersionStore
+from shardcast.origin.publish import publish_checkpoint
 from tests.support.shardcast_nodes import (
     Nodes,
     corrupt_shard,

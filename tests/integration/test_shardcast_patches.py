@@ -26,10 +26,12 @@ import pytest
 from protocol.errors import IntegrityError, VersionRefusedError
 from protocol.identity import NodeIdentity, load_or_create_identity
 from protocol.schemas import PATCH_ENCODING, PolicyManifest
-from shardcast.cache import WeightsCache
-from shardcast.client import download_version
-from shardcast.manifest import PatchOf, list_checkpoint_files, make_manifest, result_files_of, sign_manifest
-from shardcast.origin import (
+from shardcast.client.cache import WeightsCache
+from shardcast.client.download import download_version
+from shardcast.client.transfer import TransferOptions
+from shardcast.format.manifest import PatchOf, list_checkpoint_files, make_manifest, result_files_of, sign_manifest
+from shardcast.format.store import MANIFEST_NAME, VersionStore
+from shardcast.origin.publish import (
     FILES_DIR,
     PATCH_FILE_NAME,
     RESULT_DIR,
@@ -38,8 +40,6 @@ from shardcast.origin import (
     checkpoint_dir_of,
     publish_checkpoint,
 )
-from shardcast.store import MANIFEST_NAME, VersionStore
-from shardcast.transfer import TransferOptions
 from tests.support.shardcast_nodes import Nodes, events_of, header_bomb, holds, metric, tree_bytes, wait_until
 
 pytestmark = pytest.mark.slow
@@ -104,7 +104,7 @@ class Run:
         self, version: int, made_against: int, signed_base: int, result_hash: str | None = None
     ) -> PolicyManifest:
         """Install a coordinator-signed patch version by hand: made against one base, naming another."""
-        from shardcast.patch import ENCODING, encode_patch
+        from shardcast.format.patch import ENCODING, encode_patch
 
         checkpoint = write_checkpoint(self.tmp_path / f"ckpt{version}", version)
         self.checkpoints[version] = checkpoint
@@ -407,7 +407,7 @@ def test_a_signed_patch_whose_header_inflates_is_refused_once_and_the_node_goes_
         await cache.aclose()
         return peak, path
 
-    with caplog.at_level(logging.WARNING, logger="shardcast.cache"):
+    with caplog.at_level(logging.WARNING, logger="shardcast.client.cache"):
         peak, path = asyncio.run(scenario())
     assert peak < 32 * 1024 * 1024, f"refusing the patch took {peak} bytes"
     assert_bit_exact(path, run.checkpoints[2])

@@ -45,7 +45,7 @@ def header_bomb(raw_bytes: int) -> bytes:
     of a few kilobytes: what a bad publish or a hostile file can hand an applier."""
     import zstandard
 
-    from shardcast.patch import ENCODING, MAGIC
+    from shardcast.format.patch import ENCODING, MAGIC
 
     count = (raw_bytes - 60) // 3
     raw = b'{"encoding":"' + ENCODING.encode() + b'","base":[],"files":[' + b"{}," * (count - 1) + b"{}]}"
@@ -170,7 +170,7 @@ def stream_events(proc: subprocess.Popen[bytes]) -> Iterator[dict[str, Any]]:
 def corrupt_shard(version_dir: Path, index: int) -> None:
     """Flip one byte inside shard ``index`` of a stored version (origin layout: files under files/)."""
     from protocol.schemas import SignedManifest
-    from shardcast.manifest import shard_spans
+    from shardcast.format.manifest import shard_spans
 
     manifest = SignedManifest.model_validate_json((version_dir / "manifest.json").read_bytes()).manifest
     span = max(shard_spans(manifest, manifest.shards[index]), key=lambda s: s.length)

@@ -1,6 +1,6 @@
 """Relays for the dashboard: which ones announced themselves on gossip, and what each says it holds.
 
-A relay announces its public URL on gossip, signed with its own key (:mod:`shardcast.p2p`); the
+A relay announces its public URL on gossip, signed with its own key (:mod:`shardcast.relay.gossip`); the
 gossip filter has already checked the signature and freshness, but anyone can make a key, so
 the URL and everything behind it stay untrusted. :class:`RelayWatch` keeps the
 ``MAX_RELAYS`` most recently heard URLs (http/https, no credentials, query, fragment or

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from engines.hf import HFEngine
-from shardcast.patch import apply_patch, encode_patch
+from shardcast.format.patch import apply_patch, encode_patch
 from tests.integration.architectures.conftest import ledger_task, sample_tasks
 from tests.support.adversary import generation_request
 from tests.support.tiny_model import ARCHITECTURES

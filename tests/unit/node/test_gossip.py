@@ -13,7 +13,7 @@ from node.retry import sleep_until_work
 from protocol.announcements import KIND_OF_BODY, Accepted
 from protocol.errors import IntegrityError, NotFoundError
 from protocol.schemas import PolicyAnnouncement, RelayAnnouncement, TaskAnnouncement
-from shardcast.cache import WeightsCache
+from shardcast.client.cache import WeightsCache
 
 pytestmark = pytest.mark.anyio
 

@@ -18,7 +18,7 @@ import yaml
 
 from coordinator.config import CoordinatorConfig
 from runtime.config import RoleConfig, load_config
-from shardcast.config import RelayConfig
+from shardcast.relay.config import RelayConfig
 from tests.support.cli_parse import console_scripts, parse_command
 from validator.config import ValidatorConfig
 from worker.config import WorkerConfig

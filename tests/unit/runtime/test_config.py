@@ -9,7 +9,7 @@ import pytest
 from coordinator.config import CoordinatorConfig
 from protocol.errors import ConfigError
 from runtime.config import RoleConfig, load_config, parse_assignment
-from shardcast.config import RelayConfig
+from shardcast.relay.config import RelayConfig
 from trainer.config import EvalConfig, RlConfig, SftConfig
 from validator.config import ValidatorConfig
 from worker.config import WorkerConfig

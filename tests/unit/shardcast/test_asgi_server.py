@@ -10,10 +10,10 @@ import pytest
 
 from protocol.identity import NodeIdentity
 from runtime.ports import free_port
-from shardcast.asgi_server import serve_asgi
-from shardcast.origin import OriginSource, publish_checkpoint
-from shardcast.server import create_app
-from shardcast.store import VersionStore
+from shardcast.format.store import VersionStore
+from shardcast.http.asgi_server import serve_asgi
+from shardcast.http.server import create_app
+from shardcast.origin.publish import OriginSource, publish_checkpoint
 
 pytestmark = pytest.mark.anyio
 SHARD = 64 * 1024

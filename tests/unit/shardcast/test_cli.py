@@ -10,8 +10,8 @@ from typer.testing import CliRunner
 from protocol.identity import load_or_create_identity
 from runtime.cli import EXIT_BAD_CONFIG
 from shardcast.cli import app
-from shardcast.manifest import load_verified_manifest
-from shardcast.store import VersionStore
+from shardcast.format.manifest import load_verified_manifest
+from shardcast.format.store import VersionStore
 
 
 def test_publish_signs_with_the_key_in_key_dir(tmp_path: Path) -> None:

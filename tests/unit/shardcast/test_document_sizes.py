@@ -12,11 +12,11 @@ import pytest
 
 from protocol.errors import PrimeError, ProtocolError, RemoteUnavailableError
 from protocol.identity import NodeIdentity
-from shardcast import origin as origin_module
-from shardcast.client import download_version, latest_version
-from shardcast.manifest import MAX_LISTING_BYTES, MAX_MANIFEST_BYTES
-from shardcast.origin import publish_checkpoint
-from shardcast.store import VersionStore
+from shardcast.client.download import download_version, latest_version
+from shardcast.format.manifest import MAX_LISTING_BYTES, MAX_MANIFEST_BYTES
+from shardcast.format.store import VersionStore
+from shardcast.origin import publish as origin_module
+from shardcast.origin.publish import publish_checkpoint
 
 
 def serving(body: bytes, counter: list[int]) -> httpx.ASGITransport:

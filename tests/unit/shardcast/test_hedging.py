@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from shardcast.transfer import DRAG_RATIO, _Attempt, is_dragging
+from shardcast.client.transfer import DRAG_RATIO, _Attempt, is_dragging
 
 
 def attempt(source: str, started: float, received: int) -> _Attempt:

@@ -18,12 +18,12 @@ import pytest
 
 from protocol.errors import IntegrityError, NotFoundError, RemoteUnavailableError
 from protocol.identity import NodeIdentity
-from shardcast.client import fetch_version
-from shardcast.manifest import load_verified_manifest
-from shardcast.origin import OriginSource, publish_checkpoint
-from shardcast.server import create_app
-from shardcast.store import VersionStore
-from shardcast.transfer import TransferOptions
+from shardcast.client.download import fetch_version
+from shardcast.client.transfer import TransferOptions
+from shardcast.format.manifest import load_verified_manifest
+from shardcast.format.store import VersionStore
+from shardcast.http.server import create_app
+from shardcast.origin.publish import OriginSource, publish_checkpoint
 from tests.support.shardcast_nodes import corrupt_shard
 
 SHARD = 8192
@@ -232,7 +232,7 @@ async def test_two_downloads_of_one_version_do_not_collide(
 
 
 def _download_blocking(coordinator_id: str, out: Path, router: httpx.AsyncBaseTransport) -> Path:
-    from shardcast.client import download_version
+    from shardcast.client.download import download_version
 
     return download_version(1, ["http://origin"], coordinator_id, out, FAST, router)
 
@@ -254,9 +254,9 @@ async def test_a_local_write_failure_stops_the_transfer_instead_of_hanging(
     tmp_path: Path, origin_store: VersionStore, coordinator: NodeIdentity
 ) -> None:
     from protocol.errors import LocalFaultError
-    from shardcast.fetchers import HttpxFetcher
-    from shardcast.scoring import Scoreboard
-    from shardcast.transfer import fetch_shards
+    from shardcast.client.fetchers import HttpxFetcher
+    from shardcast.client.scoring import Scoreboard
+    from shardcast.client.transfer import fetch_shards
 
     class FullDisk:
         location = tmp_path
@@ -285,8 +285,8 @@ async def test_a_hedge_that_wins_is_never_overwritten_by_the_request_it_outran(
     tmp_path: Path, origin_store: VersionStore, coordinator: NodeIdentity
 ) -> None:
     """Two fetches of one shard run at once; the loser's bytes (maybe a liar's) must not land after the winner's."""
-    from shardcast.client import _InPlaceSink, _PreallocatedFiles
-    from shardcast.manifest import shard_spans
+    from shardcast.client.download import _InPlaceSink, _PreallocatedFiles
+    from shardcast.format.manifest import shard_spans
 
     manifest = load_verified_manifest(origin_store.manifest_path(1).read_bytes(), coordinator.node_id).manifest
     shard = manifest.shards[0]
@@ -351,9 +351,9 @@ async def test_fetches_waiting_for_a_hedge_slot_hedge_as_soon_as_one_frees(
 ) -> None:
     """More shards drag on a mute source than hedges may run at once: each still hedges within seconds,
     none waits out its response timeout."""
-    from shardcast.fetchers import HttpxFetcher
-    from shardcast.scoring import Scoreboard
-    from shardcast.transfer import fetch_shards
+    from shardcast.client.fetchers import HttpxFetcher
+    from shardcast.client.scoring import Scoreboard
+    from shardcast.client.transfer import fetch_shards
 
     manifest = load_verified_manifest(origin_store.manifest_path(1).read_bytes(), coordinator.node_id).manifest
     assert len(manifest.shards) >= 4

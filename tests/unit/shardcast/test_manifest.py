@@ -9,7 +9,7 @@ import pytest
 from protocol.errors import IntegrityError, ProtocolError
 from protocol.identity import NodeIdentity
 from protocol.schemas import FileEntry, SignedManifest
-from shardcast.manifest import (
+from shardcast.format.manifest import (
     check_relative_path,
     hash_bytes,
     list_checkpoint_files,
@@ -121,7 +121,7 @@ def test_checkpoint_listing_is_sorted_and_refuses_symlinks(tmp_path: Path) -> No
 
 def test_a_manifest_is_bound_to_its_run() -> None:
     from protocol.errors import OtherRunError
-    from shardcast.manifest import make_manifest, sign_manifest, verify_signed_manifest
+    from shardcast.format.manifest import make_manifest, sign_manifest, verify_signed_manifest
 
     key = NodeIdentity.generate()
     files, hashes = [("model.bin", 10)], ["a" * 64]

@@ -6,8 +6,8 @@ import os
 from pathlib import Path
 
 from protocol.identity import NodeIdentity
-from shardcast.origin import PatchPolicy, publish_checkpoint
-from shardcast.store import VersionStore
+from shardcast.format.store import VersionStore
+from shardcast.origin.publish import PatchPolicy, publish_checkpoint
 
 
 def checkpoint(directory: Path, changed: bytes, kept: bytes) -> Path:
@@ -41,8 +41,8 @@ def test_a_patch_that_saves_more_than_the_threshold_is_published(tmp_path: Path)
 def test_adapter_versions_keep_the_base_they_are_served_on(tmp_path: Path) -> None:
     """A LoRA run: the base (v0) stays however far pruning goes, adapters patch only against adapters (never against
     the base, whose files are others), and a manifest without ``served_on`` signs the bytes it always did."""
-    from shardcast.manifest import chain_closure
-    from shardcast.origin import prune_store, stored_manifests
+    from shardcast.format.manifest import chain_closure
+    from shardcast.origin.publish import prune_store, stored_manifests
 
     store = VersionStore(tmp_path / "store")
     signer = NodeIdentity.generate()

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from safetensors.torch import save_file
 
 from protocol.errors import IntegrityError, LocalFaultError
-from shardcast.patch import ENCODING, MAGIC, PatchStats, apply_patch, encode_patch
+from shardcast.format.patch import ENCODING, MAGIC, PatchStats, apply_patch, encode_patch
 from tests.support.shardcast_nodes import header_bomb
 
 LIMIT = 1 << 30

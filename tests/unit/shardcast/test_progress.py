@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from shardcast.progress import ProgressDeadline, TooSlowError, prompt_answers, with_progress_deadline
+from shardcast.client.progress import ProgressDeadline, TooSlowError, prompt_answers, with_progress_deadline
 
 pytestmark = pytest.mark.anyio
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from shardcast.ranges import ByteRange, MalformedRange, UnsatisfiableRange, parse_range
+from shardcast.http.ranges import ByteRange, MalformedRange, UnsatisfiableRange, parse_range
 
 
 @pytest.mark.parametrize(
@@ -43,7 +43,7 @@ def test_unsatisfiable(header: str, size: int) -> None:
 def test_slice_segments_maps_a_range_onto_file_pieces() -> None:
     from pathlib import Path
 
-    from shardcast.server import Segment, slice_segments
+    from shardcast.http.server import Segment, slice_segments
 
     a, b = Path("a"), Path("b")
     segments = [Segment(a, 100, 10), Segment(b, 0, 20)]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from collections import Counter
 
-from shardcast.scoring import Scoreboard
+from shardcast.client.scoring import Scoreboard
 
 
 class FakeClock:

@@ -9,9 +9,9 @@ import pytest
 
 from protocol.errors import ConflictError, ProtocolError
 from protocol.identity import NodeIdentity
-from shardcast.manifest import load_verified_manifest
-from shardcast.origin import publish_checkpoint
-from shardcast.store import VersionStore, versions_to_prune
+from shardcast.format.manifest import load_verified_manifest
+from shardcast.format.store import VersionStore, versions_to_prune
+from shardcast.origin.publish import publish_checkpoint
 
 
 def make_checkpoint(root: Path, version: int, size: int = 20_000) -> Path:
@@ -89,7 +89,7 @@ def test_prune_never_removes_the_protected_version(tmp_path: Path) -> None:
 
 def test_pwrite_all_finishes_short_writes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A filling disk makes os.pwrite write less than asked; nothing may be silently left out."""
-    from shardcast.store import pwrite_all
+    from shardcast.format.store import pwrite_all
 
     real_pwrite = os.pwrite
     monkeypatch.setattr(os, "pwrite", lambda fd, data, offset: real_pwrite(fd, bytes(data)[:3], offset))

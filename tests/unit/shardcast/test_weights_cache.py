@@ -14,10 +14,10 @@ from environments.base import Scores
 from environments.builtin import builtin_environment
 from protocol.errors import VersionRefusedError
 from protocol.schemas import Prompt, SamplingParams, Task
-from shardcast import cache as cache_module
-from shardcast.cache import WeightsCache
-from shardcast.config import RelayConfig
-from shardcast.relay import RelayMirror
+from shardcast.client import cache as cache_module
+from shardcast.client.cache import WeightsCache
+from shardcast.relay.config import RelayConfig
+from shardcast.relay.mirror import RelayMirror
 from validator.run import LoadedPolicy, PolicyEngines
 from worker.loop import TaskRunner, WorkerState
 
@@ -191,7 +191,7 @@ async def test_a_relay_keeps_an_old_version_while_it_is_being_served(tmp_path: P
 
 
 def make_mirrored(version: int) -> Any:
-    from shardcast.relay import MirroredVersion
+    from shardcast.relay.mirror import MirroredVersion
 
     class Manifest:
         pass

@@ -24,7 +24,7 @@ from protocol.errors import (
     RequestRefused,
 )
 from protocol.schemas import PendingSubmission, SamplingParams, Task, Verdict, VerdictResponse
-from shardcast.cache import WeightsCache
+from shardcast.client.cache import WeightsCache
 from tests.support.ledger_helpers import submission_for
 from validator import run as validator_run
 from validator.progress import ValidatorState

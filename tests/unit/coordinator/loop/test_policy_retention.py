@@ -6,7 +6,7 @@ from pathlib import Path
 
 from coordinator.config import CoordinatorConfig
 from coordinator.loop.policies import origin_versions_to_remove, prune_origin
-from shardcast.store import VersionStore
+from shardcast.format.store import VersionStore
 
 
 def test_origin_keeps_the_newest_versions_the_current_one_and_bases() -> None:
@@ -31,7 +31,7 @@ def test_prune_origin_keeps_what_a_worker_k_versions_behind_downloads(tmp_path: 
 
 def test_prune_origin_keeps_the_chain_a_kept_patch_stands_on(tmp_path: Path) -> None:
     from protocol.identity import load_or_create_identity
-    from shardcast.origin import PatchPolicy, publish_checkpoint
+    from shardcast.origin.publish import PatchPolicy, publish_checkpoint
 
     store = VersionStore(tmp_path / "store")
     signer = load_or_create_identity(tmp_path / "key")

@@ -2,8 +2,8 @@
 
 A relay trusts nothing it receives. It polls each upstream's ``/versions`` (an origin or
 another relay, so relays chain into a tree), and for each new version it fetches the manifest
-and accepts it only if the trusted coordinator signed it (:func:`shardcast.manifest.load_verified_manifest`).
-It then mirrors the shards with the shared engine (:mod:`shardcast.transfer`): from all
+and accepts it only if the trusted coordinator signed it (:func:`shardcast.format.manifest.load_verified_manifest`).
+It then mirrors the shards with the shared engine (:mod:`shardcast.client.transfer`): from all
 upstreams at once, weighted by their measured speed, failing over between them, each shard
 hashed as it streams in and made visible only once it matches. Serving is pipelined: a
 version is listed as soon as its manifest verifies, each shard is served from the moment it
@@ -40,18 +40,18 @@ import pydantic
 
 from protocol.errors import IntegrityError, LocalFaultError, NotFoundError, NotReadyError, PrimeError
 from protocol.schemas import PolicyManifest, ShardEntry, VersionInfo, VersionsResponse
-from shardcast.client import fetch_manifest
-from shardcast.config import RelayConfig
-from shardcast.fetchers import get_bounded, open_fetcher
-from shardcast.manifest import MAX_LISTING_BYTES, chain_closure, load_verified_manifest, new_hasher
-from shardcast.metrics import ShardcastMetrics
-from shardcast.progress import prompt_answers
-from shardcast.scoring import Scoreboard
-from shardcast.server import Segment
-from shardcast.store import MANIFEST_NAME, VersionStore, local_disk, pwrite_all, write_file_atomically
-from shardcast.transfer import ShardWriter, TransferOptions, fetch_shards, http_timeout
+from shardcast.client.download import fetch_manifest
+from shardcast.client.fetchers import get_bounded, open_fetcher
+from shardcast.client.progress import prompt_answers
+from shardcast.client.scoring import Scoreboard
+from shardcast.client.transfer import ShardWriter, TransferOptions, fetch_shards, http_timeout
+from shardcast.format.manifest import MAX_LISTING_BYTES, chain_closure, load_verified_manifest, new_hasher
+from shardcast.format.store import MANIFEST_NAME, VersionStore, local_disk, pwrite_all, write_file_atomically
+from shardcast.http.metrics import ShardcastMetrics
+from shardcast.http.server import Segment
+from shardcast.relay.config import RelayConfig
 
-log = logging.getLogger("shardcast.relay")
+log = logging.getLogger("shardcast.relay.mirror")
 _POLL_GRACE_S = 1.0
 """How long a poll waits for the other upstreams' listings once one has answered."""
 _HASH_CHUNK_BYTES = 8 * 1024 * 1024
@@ -150,7 +150,7 @@ def shard_file_matches(path: Path, shard: ShardEntry, algorithm: Literal["blake3
 
 
 class RelayMirror:
-    """The relay's state and its mirroring loop; also the :class:`~shardcast.server.ShardSource` it serves."""
+    """The relay's state and its mirroring loop; also the :class:`~shardcast.http.server.ShardSource` it serves."""
 
     role: Literal["origin", "relay"] = "relay"
 

@@ -4,10 +4,10 @@
 when the filesystem allows), hashes each shard of their concatenation, signs the manifest with
 the coordinator's key, and renames the finished version directory into the store: a version is
 there complete or not at all. A shard is served straight from the parts of the files it
-covers (:class:`~shardcast.server.Segment`), so the origin keeps no second copy of the bytes. It then announces the
+covers (:class:`~shardcast.http.server.Segment`), so the origin keeps no second copy of the bytes. It then announces the
 new version and prunes old ones, keeping the newest ``keep_versions`` (choose at least
 ``async_level + 1`` so every version a worker may still use stays downloadable) and never the
-announced one. :class:`OriginSource` serves the store through :func:`shardcast.server.create_app`;
+announced one. :class:`OriginSource` serves the store through :func:`shardcast.http.server.create_app`;
 the coordinator mounts that app, and ``prime-relay origin`` serves a store on its own.
 
 With a :class:`PatchPolicy` the origin may publish a version as a *value patch* against the
@@ -17,7 +17,7 @@ the new version is not a multiple of ``full_every``, and the patch saves at leas
 holds the patch under ``files/`` (what is served) and the checkpoint it rebuilds under
 ``result/`` (hard links; the base of the next patch).
 Pruning never breaks a chain: every kept patch keeps the versions down to its full base
-(:func:`shardcast.manifest.chain_closure`).
+(:func:`shardcast.format.manifest.chain_closure`).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from typing import Literal
 from protocol.errors import ConflictError, NotFoundError, ProtocolError
 from protocol.identity import NodeIdentity
 from protocol.schemas import PATCH_ENCODING, PolicyManifest, ShardEntry, SignedManifest, VersionInfo, VersionsResponse
-from shardcast.manifest import (
+from shardcast.format.manifest import (
     DEFAULT_SHARD_SIZE_BYTES,
     MAX_MANIFEST_BYTES,
     HashAlgorithm,
@@ -53,11 +53,11 @@ from shardcast.manifest import (
     sign_manifest,
     spans_of_range,
 )
-from shardcast.metrics import ShardcastMetrics
-from shardcast.server import Segment
-from shardcast.store import MANIFEST_NAME, VersionStore, fsync_dir, fsync_file, write_file_atomically
+from shardcast.format.store import MANIFEST_NAME, VersionStore, fsync_dir, fsync_file, write_file_atomically
+from shardcast.http.metrics import ShardcastMetrics
+from shardcast.http.server import Segment
 
-log = logging.getLogger("shardcast.origin")
+log = logging.getLogger("shardcast.origin.publish")
 _READ_CHUNK_BYTES = 8 * 1024 * 1024
 FILES_DIR = "files"
 RESULT_DIR = "result"
@@ -113,7 +113,7 @@ def choose_patch(
     base_files = {path for path, _ in list_checkpoint_files(checkpoint_dir_of(store, base))}
     if base_files != {path for path, _ in list_checkpoint_files(new_dir)}:
         return None  # other files (a LoRA run's first adapter after its base): nothing to patch against
-    from shardcast.patch import encode_patch
+    from shardcast.format.patch import encode_patch
 
     work_dir.mkdir(parents=True, exist_ok=True)
     patch_path = work_dir / PATCH_FILE_NAME

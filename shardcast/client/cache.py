@@ -1,6 +1,6 @@
 """Policy versions on a node's disk (worker or validator): download once through SHARDCAST, prefetch, prune.
 
-Each version is fetched from the relays by :func:`shardcast.client.fetch_version`, which
+Each version is fetched from the relays by :func:`shardcast.client.download.fetch_version`, which
 verifies every shard against the manifest signed by the coordinator and exposes the version
 atomically. Concurrent asks for one version share one download; a failed download is logged
 once per version and kind of failure, at warning (a version on no relay yet, which every prefetch
@@ -27,9 +27,9 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from protocol.errors import NotFoundError, PrimeError, VersionRefusedError
-from shardcast.client import fetch_version, version_path
-from shardcast.store import versions_to_prune
-from shardcast.transfer import TransferOptions
+from shardcast.client.download import fetch_version, version_path
+from shardcast.client.transfer import TransferOptions
+from shardcast.format.store import versions_to_prune
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """How shard bodies travel: through any httpx transport, or a lean socket reader for plain http://.
 
-The engine (:mod:`shardcast.transfer`) asks a :class:`ShardFetcher` for one URL and gets
+The engine (:mod:`shardcast.client.transfer`) asks a :class:`ShardFetcher` for one URL and gets
 the body in pieces, each handed to a callback that hashes and writes it before the next piece
 is read. Two implementations:
 
@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from shardcast.progress import ProgressDeadline, with_progress_deadline
+from shardcast.client.progress import ProgressDeadline, with_progress_deadline
 
 BodyConsumer = Callable[[memoryview], None]
 _RECV_BUFFER_BYTES = 1024 * 1024
@@ -256,7 +256,7 @@ async def get_bytes(
 ) -> tuple[int, bytes]:
     """GET a small document (a manifest): the status and, for a 200, the body (at most ``max_bytes``).
 
-    Under ``deadline`` a source too slow to answer raises :class:`~shardcast.progress.TooSlowError`."""
+    Under ``deadline`` a source too slow to answer raises :class:`~shardcast.client.progress.TooSlowError`."""
     parts: list[bytes] = []
     size = 0
 

@@ -10,7 +10,7 @@ What the worker and the validator call::
 1. The manifest is taken from the first relay whose copy the coordinator signed; relays
    serving a forged one are banned for this download.
 2. The files are preallocated under ``dest_root/.partial-v{N}/`` and each shard, fetched by
-   the shared engine (:mod:`shardcast.transfer`: parallel, spread over all relays by measured
+   the shared engine (:mod:`shardcast.client.transfer`: parallel, spread over all relays by measured
    throughput, per-shard failover, bounded retries with backoff), is written straight into its
    place in those files while it is hashed. Nothing is copied twice.
 3. An interrupted download resumes: the partial directory keeps the manifest, and on the next
@@ -20,11 +20,11 @@ What the worker and the validator call::
 
 A slow relay costs little: the manifest request is hedged to the next relay after
 ``hedge_after_s``, shard requests are hedged by the engine, and every request runs under a
-progress deadline (see :mod:`shardcast.transfer`). A local fault (no space, read-only,
+progress deadline (see :mod:`shardcast.client.transfer`). A local fault (no space, read-only,
 permissions) raises :class:`~protocol.errors.LocalFaultError` at once; the partial directory
 keeps what verified, and no version is exposed.
 
-A *patch* version (a value patch against a base version, :mod:`shardcast.patch`) is rebuilt
+A *patch* version (a value patch against a base version, :mod:`shardcast.format.patch`) is rebuilt
 instead: :meth:`_ChainDownload.plan` walks the signed manifests down the chain of bases to the first
 version held under ``dest_root`` (then only the patches after it are downloaded) or, failing
 that, to the newest full version (downloaded first, then the patches after it). Each patch is
@@ -74,8 +74,18 @@ from protocol.errors import (
     VersionRefusedError,
 )
 from protocol.schemas import PolicyManifest, ShardEntry, SignedManifest, VersionsResponse
-from shardcast.fetchers import ShardFetcher, get_bounded, get_bytes, open_fetcher
-from shardcast.manifest import (
+from shardcast.client.fetchers import ShardFetcher, get_bounded, get_bytes, open_fetcher
+from shardcast.client.progress import TooSlowError, prompt_answers
+from shardcast.client.scoring import Outcome, Scoreboard
+from shardcast.client.transfer import (
+    EventSink,
+    ShardWriter,
+    TransferOptions,
+    fetch_shards,
+    no_events,
+    progress_deadline,
+)
+from shardcast.format.manifest import (
     LOCAL_MANIFEST_NAME,
     MAX_LISTING_BYTES,
     MAX_MANIFEST_BYTES,
@@ -85,10 +95,7 @@ from shardcast.manifest import (
     result_mismatch,
     shard_spans,
 )
-from shardcast.progress import TooSlowError, prompt_answers
-from shardcast.scoring import Outcome, Scoreboard
-from shardcast.store import fsync_file, local_disk, pwrite_all, write_file_atomically
-from shardcast.transfer import EventSink, ShardWriter, TransferOptions, fetch_shards, no_events, progress_deadline
+from shardcast.format.store import fsync_file, local_disk, pwrite_all, write_file_atomically
 
 PARTIAL_PREFIX = ".partial-v"
 NEWEST_SEEN_NAME = ".shardcast-newest.json"
@@ -678,7 +685,7 @@ class _PatchRefusedError(Exception):
 
 def _apply_and_verify(base_dir: Path, patch_file: Path, out_dir: Path, manifest: PolicyManifest) -> None:
     """Apply the patch into ``out_dir``; IntegrityError unless the result hashes as ``result_files`` say."""
-    from shardcast.patch import apply_patch
+    from shardcast.format.patch import apply_patch
 
     apply_patch(base_dir, patch_file, out_dir, manifest.result_size_bytes)
     problem = result_mismatch(out_dir, manifest)

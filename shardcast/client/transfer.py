@@ -2,8 +2,8 @@
 
 The one engine behind both the relay (mirroring from upstreams) and the client (downloading
 from relays). ``num_parallel`` tasks take shards from a queue; each picks a source from the
-:class:`~shardcast.scoring.Scoreboard`, streams ``GET {source}/v/{N}/shards/{i}`` (through a
-:class:`~shardcast.fetchers.ShardFetcher`) into a
+:class:`~shardcast.client.scoring.Scoreboard`, streams ``GET {source}/v/{N}/shards/{i}`` (through a
+:class:`~shardcast.client.fetchers.ShardFetcher`) into a
 :class:`ShardSink`, hashing as the bytes arrive, and commits the shard only when its hash is
 the one the coordinator signed. A failed shard goes back on the queue with exponential
 backoff and another source is tried (the failing one is excluded for that shard); after
@@ -18,7 +18,7 @@ is banned by the scoreboard; one whose bodies break off before their declared le
 at its second such body (one may be the network's fault, two are the source's).
 
 One slow source costs little. Every fetch runs under a progress deadline
-(:mod:`shardcast.progress`): a body that starts too late or flows below ``min_rate_bps`` is
+(:mod:`shardcast.client.progress`): a body that starts too late or flows below ``min_rate_bps`` is
 cut off and its source demoted (outcome ``slow``). And a fetch still running after
 ``hedge_after_s`` (or ``hedge_factor`` times what the fastest measured source would need)
 is hedged: the same shard is asked of another source, the first verified copy wins, the
@@ -46,11 +46,11 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from protocol.errors import IntegrityError, LocalFaultError, NotFoundError, PrimeError, RemoteUnavailableError
 from protocol.schemas import PolicyManifest, ShardEntry
-from shardcast.fetchers import CutShortError, ShardFetcher
-from shardcast.manifest import new_hasher
-from shardcast.progress import ProgressDeadline, TooSlowError, with_progress_deadline
-from shardcast.scoring import Outcome, Scoreboard
-from shardcast.store import local_disk
+from shardcast.client.fetchers import CutShortError, ShardFetcher
+from shardcast.client.progress import ProgressDeadline, TooSlowError, with_progress_deadline
+from shardcast.client.scoring import Outcome, Scoreboard
+from shardcast.format.manifest import new_hasher
+from shardcast.format.store import local_disk
 
 EventSink = Callable[[dict[str, Any]], None]
 FailureKind = Literal["network", "slow", "not_ready", "integrity", "missing", "short"]

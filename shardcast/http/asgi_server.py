@@ -1,6 +1,6 @@
 """A small HTTP/1.1 server for the SHARDCAST ASGI app, with zero-copy file bodies.
 
-The app (:func:`shardcast.server.create_app`) is the one home of the routes; uvicorn can host
+The app (:func:`shardcast.http.server.create_app`) is the one home of the routes; uvicorn can host
 it (the coordinator mounts it in its own app), and so can this server, which the standalone
 origin and relay use because it implements the ASGI *zero-copy send* extension
 (``http.response.zerocopysend``): shard bodies go from the page cache to the socket with

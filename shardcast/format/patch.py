@@ -30,7 +30,7 @@ import zstandard
 
 from protocol.errors import IntegrityError, LocalFaultError, ProtocolError
 from protocol.schemas import PATCH_ENCODING
-from shardcast.manifest import check_relative_path, hash_file, list_checkpoint_files
+from shardcast.format.manifest import check_relative_path, hash_file, list_checkpoint_files
 
 ENCODING = PATCH_ENCODING
 MAGIC = b"PNBPATCH"
@@ -398,7 +398,7 @@ def encode_patch(base_dir: Path, new_dir: Path, patch_path: Path, level: int = 3
     (both tiling their data buffer) -> patched tensor by tensor; anything else -> carried
     whole, zstd-compressed at ``level``. Base files the new version lacks are not written.
     ``patch_path`` is written through a temporary sibling and renamed, so it never holds a
-    partial patch. A local manifest copy (:data:`~shardcast.manifest.LOCAL_MANIFEST_NAME`)
+    partial patch. A local manifest copy (:data:`~shardcast.format.manifest.LOCAL_MANIFEST_NAME`)
     in either directory is ignored, as the manifest itself ignores it.
     """
     base_files = dict(list_checkpoint_files(base_dir))

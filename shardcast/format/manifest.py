@@ -9,7 +9,7 @@ because a well-signed manifest could still be malformed by a bug and a relay mus
 able to steer a client into writing outside its output directory.
 
 A *patch* version (``kind="patch"``) carries one file, a value patch against ``base_version``
-in ``encoding`` (:mod:`shardcast.patch`), and lists the checkpoint it rebuilds as
+in ``encoding`` (:mod:`shardcast.format.patch`), and lists the checkpoint it rebuilds as
 ``result_files`` with each file's hash, so a client checks the rebuilt checkpoint bit for bit
 (:func:`result_mismatch`), not only the patch it downloaded.
 

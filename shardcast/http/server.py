@@ -14,7 +14,7 @@ published store or a relay's mirror (which may hold a request for a shard it is 
 verifying). A shard is served from :class:`Segment` s: the relay's shard file, or the parts of
 the origin's checkpoint files it covers. Bad input gets a 4xx with a JSON ``ErrorBody`` saying
 why; files are streamed in 1 MiB slices from already-open descriptors (or handed to the server
-whole when it supports the ASGI zero-copy send extension, as :mod:`shardcast.asgi_server`
+whole when it supports the ASGI zero-copy send extension, as :mod:`shardcast.http.asgi_server`
 does), so pruning a version never cuts a response short.
 """
 
@@ -38,8 +38,8 @@ from starlette.types import Receive, Scope, Send
 from protocol.errors import NotFoundError, NotReadyError, PrimeError, ProtocolError
 from protocol.schemas import ErrorBody, ShardEntry, VersionsResponse
 from runtime.http_metrics import RequestMetrics
-from shardcast.metrics import ShardcastMetrics
-from shardcast.ranges import MalformedRange, RangeError, parse_range
+from shardcast.http.metrics import ShardcastMetrics
+from shardcast.http.ranges import MalformedRange, RangeError, parse_range
 
 CHUNK_BYTES = 1024 * 1024
 _MAX_VERSION = 2**62
@@ -256,7 +256,7 @@ async def serve_http(
     app: Starlette, host: str, port: int, background: Callable[[], Coroutine[Any, Any, None]] | None = None
 ) -> None:
     """Serve ``app`` until SIGINT/SIGTERM with the zero-copy server, running ``background`` alongside."""
-    from shardcast.asgi_server import serve_asgi
+    from shardcast.http.asgi_server import serve_asgi
 
     task = asyncio.create_task(background()) if background is not None else None
     try:

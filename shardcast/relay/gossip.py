@@ -22,10 +22,10 @@ from protocol.errors import PrimeError
 from protocol.identity import load_or_create_identity
 from protocol.schemas import RelayAnnouncement
 from runtime.p2p.gossip import Gossip, keep_joined, start_gossip
-from shardcast.config import RelayConfig
-from shardcast.relay import RelayMirror
+from shardcast.relay.config import RelayConfig
+from shardcast.relay.mirror import RelayMirror
 
-log = logging.getLogger("shardcast.p2p")
+log = logging.getLogger("shardcast.relay.gossip")
 REANNOUNCE_S = 30.0
 _SHARDCAST_SUFFIX = "/shardcast"
 

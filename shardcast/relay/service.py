@@ -1,7 +1,7 @@
 """A relay as a service: first-contact checks, the mirroring loop, gossip and the HTTP server together.
 
-Kept apart from :mod:`shardcast.relay` (the mirror itself) so the gossip side
-(:mod:`shardcast.p2p`) can build on the mirror without an import cycle.
+Kept apart from :mod:`shardcast.relay.mirror` (the mirror itself) so the gossip side
+(:mod:`shardcast.relay.gossip`) can build on the mirror without an import cycle.
 """
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ import logging
 
 from protocol.errors import ConfigError
 from runtime.first_contact import check_relays
-from shardcast.config import RelayConfig
-from shardcast.p2p import run_relay_gossip
-from shardcast.relay import RelayMirror
-from shardcast.server import create_app, serve_http
+from shardcast.http.server import create_app, serve_http
+from shardcast.relay.config import RelayConfig
+from shardcast.relay.gossip import run_relay_gossip
+from shardcast.relay.mirror import RelayMirror
 
-log = logging.getLogger("shardcast.relay")
+log = logging.getLogger("shardcast.relay.mirror")
 
 
 async def serve_relay(config: RelayConfig) -> None:
