@@ -18,7 +18,15 @@ from typing import Any
 
 from sqlalchemy import Connection, Row, func, insert, select, update
 
-from coordinator.ledger.batches import AcceptedGroup, accepted_group, verdict_rewards
+from coordinator.ledger.batches import (
+    AcceptedGroup,
+    TurnPrompts,
+    accepted_group,
+    batch_summary,
+    sampled_fraction,
+    train_samples,
+    verdict_rewards,
+)
 from coordinator.ledger.ledger import Ledger
 from coordinator.ledger.storage.engine import Database
 from coordinator.ledger.storage.tables import (
@@ -29,6 +37,7 @@ from coordinator.ledger.storage.tables import (
     tasks,
     train_steps,
 )
+from trainer.transport import StepBatch
 
 CANDIDATE_SCAN_FACTOR = 4
 
@@ -155,6 +164,21 @@ class TrainSteps:
         return [
             accepted_group(r.submission_id, r.policy_version, r.prompts_json, r.body_json, r.verdict_json) for r in rows
         ]
+
+    def batch(
+        self, record: StepRecord, normalize_std: bool, turn_prompts: TurnPrompts, temperature: float, with_samples: bool
+    ) -> tuple[dict[str, float], StepBatch | None]:
+        """A recorded step's batch figures and, ``with_samples``, its training batch: the step's groups rebuilt from
+        the ledger, each rollout's reward and group advantage, and its samples (:mod:`coordinator.ledger.batches`).
+
+        The one place a batch is assembled; the figures alone when the trainer already has the batch."""
+        groups = self.groups(record.step)
+        summary = batch_summary(groups, trained_version=record.step - 1)
+        if not with_samples:
+            return summary, None
+        samples = train_samples(groups, normalize_std, turn_prompts)
+        summary["sampled_fraction"] = sampled_fraction(samples)
+        return summary, StepBatch(record.step, samples, temperature, record.submission_ids)
 
     def _advance(self, step: int, state: str, metrics: dict[str, Any] | None = None) -> None:
         column = {"trained": "trained_at", "published": "published_at"}[state]

@@ -6,8 +6,8 @@ For step s (1-based; step s turns policy v(s-1) into v(s)) the loop:
    accepted submissions not used before, made with a policy no older than s - 1 - k), or
    finds the one recorded before a restart; it waits while too few are accepted, woken by each
    verdict the ledger commits (:mod:`coordinator.ledger.changes`);
-2. builds the samples (task prompt tokens, completion tokens, the worker's validated logprobs,
-   the validator's rewards, group advantages) and writes them as the step's batch file for
+2. builds the samples (:meth:`TrainSteps.batch`: task prompt tokens, completion tokens, the
+   worker's validated logprobs, the validator's rewards, group advantages) and writes them as the step's batch file for
    the trainer service (:mod:`trainer.transport`), unless the trainer already finished it;
 3. waits for the trainer's done marker (woken by the trainer's doorbell), records the step as
    trained with its metrics, and publishes ``policies/step_s`` as version s through
@@ -36,11 +36,8 @@ from typing import Any, TypeVar
 from coordinator.config import CoordinatorConfig
 from coordinator.ledger.batches import (
     TurnPrompts,
-    batch_summary,
     episode_prompts,
-    sampled_fraction,
     task_prompt,
-    train_samples,
 )
 from coordinator.ledger.ledger import Ledger
 from coordinator.ledger.train_steps import StepRecord, TrainSteps, min_policy_version
@@ -55,7 +52,7 @@ from protocol.identity import NodeIdentity
 from runtime.memory import release_free_memory
 from shardcast.format.store import VersionStore
 from trainer.resolve import resolve_model_path
-from trainer.transport import Doorbell, StepBatch, TrainDir
+from trainer.transport import Doorbell, TrainDir
 
 log = logging.getLogger("coordinator.loop.orchestrator")
 BATCH_WAKE_KINDS = ("verdict",)
@@ -167,18 +164,16 @@ class Orchestrator:
         )
         if record.state == "published":
             return
-        groups = self.steps.groups(step)
-        summary = batch_summary(groups, trained_version=step - 1)
-        if self.train_dir.read_done(step) is None and not self.train_dir.has_batch(step):
-            samples = train_samples(groups, settings.normalize_std, self.turn_prompts)
-            summary["sampled_fraction"] = sampled_fraction(samples)
-            batch = StepBatch(step, samples, self.config.scheduling.temperature, record.submission_ids)
+        needed = self.train_dir.read_done(step) is None and not self.train_dir.has_batch(step)
+        temperature = self.config.scheduling.temperature
+        summary, batch = self.steps.batch(record, settings.normalize_std, self.turn_prompts, temperature, needed)
+        if batch is not None:
             self.train_dir.write_batch(batch)
             log.info(
                 "step %d: batch of %d groups (%d samples, staleness %.2f) after %.1f s",
                 step,
-                len(groups),
-                len(samples),
+                len(record.submission_ids),
+                len(batch.samples),
                 summary["staleness_mean"],
                 time.monotonic() - waiting_since,
             )

@@ -9,6 +9,7 @@ import pytest
 from sqlalchemy import insert
 from sqlalchemy.exc import IntegrityError
 
+from coordinator.ledger.batches import task_prompt
 from coordinator.ledger.storage.tables import step_submissions
 from coordinator.ledger.train_steps import TrainSteps, min_policy_version
 from protocol.ledger_client import LedgerClient
@@ -168,3 +169,17 @@ async def test_async_leasing_runs_ahead_of_training_by_k_plus_one_steps(
     assert len((await worker.lease(LeaseRequest(max_tasks=10))).tasks) == window
     for client in (worker, validator, coordinator):
         await client.aclose()
+
+
+async def test_a_step_batch_is_assembled_from_its_recorded_groups(harness: LedgerHarness) -> None:
+    worker, validator = await harness.worker(), await harness.validator()
+    ids = [await judged(harness, worker, validator, reward=0.2) for _ in range(2)]
+    steps = TrainSteps(harness.ledger)
+    record = steps.record_batch(1, groups_per_step=2, min_version=0)
+    assert record is not None
+    figures, none = steps.batch(record, False, task_prompt, temperature=0.7, with_samples=False)
+    assert none is None and figures["num_samples"] == 8.0 and "sampled_fraction" not in figures
+    figures, batch = steps.batch(record, False, task_prompt, temperature=0.7, with_samples=True)
+    assert batch is not None and batch.step == 1 and batch.submission_ids == ids and batch.temperature == 0.7
+    assert len(batch.samples) == 8  # one sample per rollout: 2 groups of 2 prompts x 2 samples
+    assert figures["reward_mean"] == pytest.approx(0.35) and 0.0 <= figures["sampled_fraction"] <= 1.0
