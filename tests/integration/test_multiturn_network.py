@@ -226,17 +226,26 @@ async def cheat_at_episodes(url: str, checkpoint: Path) -> dict[str, tuple[int |
         task = await lease()
         await submit("tampered_tool_reply", play(task, EpisodePlayer(OffByOne(seed=0), tokenizer)))
 
-        async def two_turn_episode() -> tuple[Task, SubmitRequest, int, Rollout]:
-            """An honestly played task, and a rollout of it that called the tool (and its position)."""
-            task = await lease()
-            honest = play(task)
-            position = next(i for i, r in enumerate(honest.rollouts) if r.later_turns)
-            return task, honest, position, honest.rollouts[position]
+        async def two_turn_episode(min_second_turn_tokens: int = 1) -> tuple[Task, SubmitRequest, int, Rollout]:
+            """An honestly played task, and a rollout of it that called the tool (and its position) whose second
+            turn sampled at least ``min_second_turn_tokens`` tokens (another task is played until one does)."""
+            while True:
+                task = await lease()
+                honest = play(task)
+                found = [
+                    i
+                    for i, r in enumerate(honest.rollouts)
+                    if r.later_turns and len(r.later_turns[0].completion_ids) >= min_second_turn_tokens
+                ]
+                if found:
+                    return task, honest, found[0], honest.rollouts[found[0]]
+                await ledger.abandon(task.lease_id)  # a node holds few leases: give this one back
 
         task, honest, position, rollout = await two_turn_episode()
         await submit("tool_tokens_claimed_as_sampled", folded(honest, task, tokenizer, eos, position))
 
-        _task, honest, position, rollout = await two_turn_episode()
+        # a second turn of at least 3 tokens: with 2 or fewer the cheat below leaves it empty, refused at the door
+        _task, honest, position, rollout = await two_turn_episode(min_second_turn_tokens=3)
         second = rollout.later_turns[0]
         shortened = second.model_copy(
             update={"completion_ids": second.completion_ids[2:], "logprobs": second.logprobs[2:]}
