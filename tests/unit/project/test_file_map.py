@@ -6,23 +6,17 @@ regenerates it; so does a mapped module without a docstring.
 
 from __future__ import annotations
 
-import difflib
 from pathlib import Path
 
-import pytest
-
 from runtime.file_map import COMMAND, file_map, first_line, mapped_files, modules
+from tests.support.generated_pages import assert_page_is_fresh
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 PAGE = REPO_ROOT / "docs" / "files.md"
 
 
 def test_the_committed_file_map_is_up_to_date() -> None:
-    fresh = file_map()
-    committed = PAGE.read_text()
-    if fresh != committed:
-        diff = difflib.unified_diff(committed.splitlines(True), fresh.splitlines(True), "committed", "generated")
-        pytest.fail(f"docs/files.md is stale: run `{COMMAND}` (or make file-map)\n{''.join(list(diff)[:60])}")
+    assert_page_is_fresh(PAGE, file_map(), COMMAND, "file-map")
 
 
 def test_every_mapped_module_says_what_it_is() -> None:

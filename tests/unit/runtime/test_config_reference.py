@@ -7,14 +7,12 @@ that regenerates it. The page does not depend on who makes it (home directories 
 
 from __future__ import annotations
 
-import difflib
 import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from runtime.config_reference import COMMAND, ROLES, _home_relative, reference, role_config, type_name
+from tests.support.generated_pages import assert_page_is_fresh
 from tests.unit.runtime.test_config_docs import ROOTS
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -22,15 +20,7 @@ PAGE = REPO_ROOT / "docs" / "config-reference.md"
 
 
 def test_the_committed_reference_is_up_to_date() -> None:
-    fresh = reference()
-    committed = PAGE.read_text()
-    if fresh != committed:
-        diff = "".join(
-            list(difflib.unified_diff(committed.splitlines(True), fresh.splitlines(True), "committed", "generated"))[
-                :60
-            ]
-        )
-        pytest.fail(f"docs/config-reference.md is stale: run `{COMMAND}` (or make config-reference)\n{diff}")
+    assert_page_is_fresh(PAGE, reference(), COMMAND, "config-reference")
 
 
 def test_the_module_writes_the_page_to_stdout() -> None:
