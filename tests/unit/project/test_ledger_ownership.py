@@ -10,8 +10,9 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from runtime.file_map import mapped_files
+
 REPO_ROOT = Path(__file__).resolve().parents[3]
-CHECKED = ("coordinator", "worker", "validator", "trainer", "node", "runtime", "protocol", "shardcast", "bench")
 OWNER = "coordinator/ledger/"
 PRIVATE_MODULES = ("coordinator.ledger.storage.tables", "coordinator.ledger.storage.migrations")
 LEDGER_NAMES = frozenset({"ledger", "views", "ledger_views"})
@@ -26,30 +27,30 @@ def _holder_name(node: ast.expr) -> str | None:
     return None
 
 
-def violations(root: Path, folders: tuple[str, ...] = CHECKED) -> list[str]:
-    """``path:line what`` for each import of a private ledger module and each private access to a ledger object."""
+def violations(root: Path) -> list[str]:
+    """``path:line what`` for each import of a private ledger module and each private access to a ledger object, in
+    the project's modules (every package, bench/ and tests/support/: :func:`runtime.file_map.mapped_files`)."""
     found = []
-    for folder in folders:
-        for path in sorted((root / folder).rglob("*.py")):
-            relative = path.relative_to(root).as_posix()
-            if relative.startswith(OWNER):
-                continue
-            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-                if isinstance(node, ast.ImportFrom) and node.module:
-                    names = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
-                    if any(name in PRIVATE_MODULES for name in names):
-                        found.append(f"{relative}:{node.lineno} imports {node.module}")
-                elif isinstance(node, ast.Import):
-                    for alias in node.names:
-                        if alias.name in PRIVATE_MODULES:
-                            found.append(f"{relative}:{node.lineno} imports {alias.name}")
-                elif (
-                    isinstance(node, ast.Attribute)
-                    and node.attr.startswith("_")
-                    and not node.attr.startswith("__")
-                    and _holder_name(node.value) in LEDGER_NAMES
-                ):
-                    found.append(f"{relative}:{node.lineno} uses {_holder_name(node.value)}.{node.attr}")
+    for path in mapped_files(root):
+        relative = path.relative_to(root).as_posix()
+        if relative.startswith(OWNER):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
+                if any(name in PRIVATE_MODULES for name in names):
+                    found.append(f"{relative}:{node.lineno} imports {node.module}")
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name in PRIVATE_MODULES:
+                        found.append(f"{relative}:{node.lineno} imports {alias.name}")
+            elif (
+                isinstance(node, ast.Attribute)
+                and node.attr.startswith("_")
+                and not node.attr.startswith("__")
+                and _holder_name(node.value) in LEDGER_NAMES
+            ):
+                found.append(f"{relative}:{node.lineno} uses {_holder_name(node.value)}.{node.attr}")
     return found
 
 
@@ -60,6 +61,7 @@ def test_nothing_outside_the_ledger_touches_its_tables_or_private_methods() -> N
 def test_a_planted_violation_is_found(tmp_path: Path) -> None:
     role = tmp_path / "coordinator" / "loop"
     role.mkdir(parents=True)
+    (tmp_path / "coordinator" / "__init__.py").write_text('"""The planted package."""\n')
     (role / "steps.py").write_text(
         "from coordinator.ledger.storage.tables import nodes\n"
         "def record(self):\n"
@@ -69,7 +71,7 @@ def test_a_planted_violation_is_found(tmp_path: Path) -> None:
     owner = tmp_path / "coordinator" / "ledger"
     owner.mkdir()
     (owner / "part.py").write_text("from coordinator.ledger.storage.tables import nodes\nledger._run(None)\n")
-    assert violations(tmp_path, ("coordinator",)) == [
+    assert violations(tmp_path) == [
         "coordinator/loop/steps.py:1 imports coordinator.ledger.storage.tables",
         "coordinator/loop/steps.py:3 uses ledger._write",
     ]
