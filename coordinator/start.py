@@ -60,16 +60,17 @@ def run(config: CoordinatorConfig) -> None:
 @dataclass(frozen=True)
 class RunSetup:
     """What the coordinator settles before it opens the ledger: its key, the final config, the start checkpoint,
-    the signed run spec and the built-in validator."""
+    the environment's prompts, the signed run spec and the built-in validator."""
 
     identity: NodeIdentity
     config: CoordinatorConfig
     start_checkpoint: Path
+    prompts: PromptSource
     run_spec: SignedRunSpec
     builtin_validator: BuiltinValidator
 
 
-def set_up(config: CoordinatorConfig, precision: str) -> tuple[RunSetup, PromptSource]:
+def set_up(config: CoordinatorConfig, precision: str) -> RunSetup:
     """The node key, the start checkpoint (its vocabulary size in the config), the environment's prompts and the
     signed run spec; each logged."""
     identity = load_or_create_identity(config.data_dir)
@@ -90,13 +91,13 @@ def set_up(config: CoordinatorConfig, precision: str) -> tuple[RunSetup, PromptS
         environment.package_version,
         environment.config_hash[:12],
     )
-    return RunSetup(identity, config, start, run_spec, builtin_validator), prompts
+    return RunSetup(identity, config, start, prompts, run_spec, builtin_validator)
 
 
 def serve_run(config: CoordinatorConfig, precision: str) -> None:
     """Open the run's ledger, publish v0 on the first start, and serve until the run ends or is stopped."""
-    setup, prompts = set_up(config, precision)
-    database, ledger = open_ledger(setup.config, prompts, setup.identity.node_id)
+    setup = set_up(config, precision)
+    database, ledger = open_ledger(setup.config, setup.prompts, setup.identity.node_id)
     ledger_lock = None
     try:
         ledger_lock = hold_ledger(database)  # one coordinator per run, whatever data dir the other one has
