@@ -150,7 +150,7 @@ def serve(setup: RunSetup, ledger: Ledger, replay_cache: DatabaseReplayCache) ->
         for line in join_commands(reachable_url(host, port, config.p2p.public_host), setup.identity.node_id):
             log.info("%s", line)
     gossip = start_coordinator_gossip(
-        setup.identity, config, ledger, app, f"http://{url_host}:{port}", relays.on_announcement
+        setup.identity, config, ledger.views, app, f"http://{url_host}:{port}", relays.on_announcement
     )
     if gossip is not None:
         relays.start()  # asks the relays heard on gossip what they hold, for the dashboard

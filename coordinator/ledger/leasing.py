@@ -3,8 +3,8 @@
 Each public method takes an already-authenticated node id, a validated wire message and the
 request's nonce, runs one transaction (which also stores the nonce and appends to the event
 log), and returns a wire message or raises a :class:`~protocol.errors.RequestRefused` saying
-why. It knows nothing of HTTP. Submissions, verdicts and publishing build on this in
-:class:`coordinator.ledger.ledger.Ledger`; read-only views live in :mod:`coordinator.ledger.views`.
+why. It knows nothing of HTTP. The other parts of the ledger use its lease rows through
+:func:`end_lease`, :func:`locked_lease` and :func:`task_view`.
 
 Concurrency: SQLite runs one write transaction at a time (see
 :mod:`coordinator.ledger.storage.engine`). On PostgreSQL a lease call locks its node's row (so the
@@ -31,21 +31,15 @@ from __future__ import annotations
 
 import json
 import secrets
-import threading
-import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from types import SimpleNamespace
 from typing import Any
 
 from sqlalchemy import Connection, Row, bindparam, case, exists, func, insert, select, update
 
-from coordinator.config import CoordinatorConfig
 from coordinator.ledger.approvals import operator_approves
-from coordinator.ledger.change_feed import ChangeFeed
-from coordinator.ledger.changes import NODE_SCOPED_KINDS, LedgerChanges, node_kind
-from coordinator.ledger.replay import NonceClaim, claim_nonce
-from coordinator.ledger.reputation import BanPolicy, ProbationPolicy, lease_allowance, on_probation
+from coordinator.ledger.core import NODE_ROW, RUN_ROW_ID, UPDATE_NODE, LedgerCore, dumps
+from coordinator.ledger.replay import NonceClaim
+from coordinator.ledger.reputation import ProbationPolicy, lease_allowance, on_probation
 from coordinator.ledger.scheduling import (
     choose_policy_version,
     grant_count,
@@ -55,12 +49,9 @@ from coordinator.ledger.scheduling import (
     probation_pool_room,
     probation_pool_size,
 )
-from coordinator.ledger.seeds import new_run_secret, sampling_seed
+from coordinator.ledger.seeds import sampling_seed
 from coordinator.ledger.sources import SourcePolicy
-from coordinator.ledger.storage.engine import Database
-from coordinator.ledger.storage.migrations import migrate
 from coordinator.ledger.storage.tables import (
-    events,
     leases,
     nodes,
     run_state,
@@ -68,15 +59,11 @@ from coordinator.ledger.storage.tables import (
     submissions,
     tasks,
 )
-from coordinator.ledger.views import RUN_ROW_ID, LedgerViews
 from environments.prompts import PromptSource
-from protocol import routes
 from protocol.errors import (
-    ConfigError,
     ConflictError,
     ForbiddenError,
     NotFoundError,
-    ReplayedNonceError,
 )
 from protocol.schemas import (
     HeartbeatRequest,
@@ -87,7 +74,6 @@ from protocol.schemas import (
     Prompt,
     RegisterRequest,
     RegisterResponse,
-    Role,
     SamplingParams,
     Task,
 )
@@ -97,10 +83,6 @@ RETRY_EMPTY_S = 2.0
 
 # The statements of every registration, heartbeat, lease and submission, built once
 # (see coordinator.ledger.storage.engine).
-INSERT_EVENT = insert(events)
-NODE_ROW = select(nodes).where(nodes.c.node_id == bindparam("b_node_id"))
-UPDATE_NODE = update(nodes).where(nodes.c.node_id == bindparam("b_node_id"))  # SET: the columns passed
-_TOUCH_NODE = UPDATE_NODE.returning(*nodes.c)  # the row as updated, locked until the commit
 _LEASE_ROW_LOCKED = select(leases).where(leases.c.lease_id == bindparam("b_lease_id")).with_for_update()
 _ACTIVE_LEASES = select(func.count()).where(leases.c.state == "active")
 _ACTIVE_LEASES_ALL_AND_OF_NODE = select(  # one scan for the network-wide cap and the node's own
@@ -148,147 +130,24 @@ _SET_NEXT_GROUP_INDEX = (
 )
 
 
-def _dumps(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"), sort_keys=True)
+class Leases:
+    """Nodes and leases over the ledger's :class:`~coordinator.ledger.core.LedgerCore` (module docstring)."""
 
-
-class LeasingLedger(LedgerViews):
-    """Nodes and leases over one :class:`Database` (see the module docstring)."""
-
-    def __init__(
-        self,
-        database: Database,
-        config: CoordinatorConfig,
-        prompts: PromptSource,
-        coordinator_id: str,
-        clock: Callable[[], float] = time.time,
-    ) -> None:
-        super().__init__(database, config.scheduling, clock)
-        self.config = config
-        self.trust = config.trust
+    def __init__(self, core: LedgerCore, prompts: PromptSource) -> None:
+        self.core = core
+        self.db = core.db
+        self.config = core.config
+        self.scheduling = core.scheduling
+        self.clock = core.clock
         self.prompts = prompts
-        self.coordinator_id = coordinator_id
-        self.ban_policy = BanPolicy(ban_after_rejections=config.trust.ban_after_rejections)
-        self.sources = SourcePolicy(config.sources)
+        self.sources = SourcePolicy(self.config.sources)
         self.probation = ProbationPolicy(
-            new_identity_leases=config.sources.new_identity_leases,
-            max_leases_per_node=config.scheduling.max_leases_per_node,
-            proven_after_accepted=config.sources.proven_after_accepted,
+            new_identity_leases=self.config.sources.new_identity_leases,
+            max_leases_per_node=self.scheduling.max_leases_per_node,
+            proven_after_accepted=self.config.sources.proven_after_accepted,
         )
-        migrate(self.db)
-        self._secret = self._load_or_create_run()
         self._next_expiry_check = 0.0
         self._live_sources = (float("-inf"), 0, 0)
-        self.changes = LedgerChanges()
-        """Told the event kinds of each committed write (see :mod:`coordinator.ledger.changes`)."""
-        self._transaction = threading.local()  # .kinds: the event kinds of this thread's open write
-        self.feed: ChangeFeed | None = None
-        """Carries commits between the processes on one PostgreSQL ledger, once :meth:`share_changes` started it."""
-
-    def share_changes(self) -> None:
-        """On PostgreSQL, announce this process's commits to the other processes on the ledger (API replicas, the
-        coordinator) and wake this one's waiters on theirs (:mod:`coordinator.ledger.change_feed`)."""
-        if not self.db.is_sqlite and self.feed is None:
-            self.feed = ChangeFeed(self.db, self.changes).start()
-
-    def stop_sharing_changes(self) -> None:
-        if self.feed is not None:
-            self.feed.close()
-            self.feed = None
-
-    def _load_or_create_run(self) -> str:
-        with self.db.write() as conn:
-            row = conn.execute(select(run_state).where(run_state.c.id == RUN_ROW_ID)).first()
-            if row is None:
-                secret = new_run_secret()
-                conn.execute(
-                    insert(run_state).values(
-                        id=RUN_ROW_ID,
-                        run_name=self.config.run_name,
-                        secret_hex=secret,
-                        current_policy_version=0,
-                        next_group_index=0,
-                        created_at=self.clock(),
-                    )
-                )
-                return secret
-            if row.run_name != self.config.run_name:
-                raise ConfigError(
-                    f"the ledger at {self.db.engine.url.render_as_string(hide_password=True)} belongs to run "
-                    f"{row.run_name!r}, not {self.config.run_name!r}; use another data_dir or ledger.url"
-                )
-            return str(row.secret_hex)
-
-    # ---- helpers -------------------------------------------------------------------------------
-
-    @contextmanager
-    def _write(self, nonce: NonceClaim | None, durable: bool = True) -> Iterator[Connection]:
-        """A write transaction that first claims the signed request's nonce (in the same commit).
-
-        One transaction per request instead of two; a request refused by the ledger rolls back its
-        nonce with everything else, which is harmless: replaying it changes nothing either.
-        """
-        kinds: set[str] = set()
-        outer = getattr(self._transaction, "kinds", None)
-        self._transaction.kinds = kinds
-        try:
-            with self.db.write(durable) as conn:
-                if nonce is not None and not claim_nonce(conn, nonce, self.clock()):
-                    raise ReplayedNonceError(
-                        f"nonce {nonce.nonce} was already used by node {nonce.node_id}; requests cannot be replayed"
-                    )
-                yield conn
-                if self.feed is not None:
-                    self.feed.announce(conn, kinds)  # delivered to the other processes at the commit
-        finally:
-            self._transaction.kinds = outer
-        self.changes.committed(kinds)  # only after the commit: a rolled-back write changed nothing
-
-    def _event(self, conn: Connection, kind: str, node_id: str | None, subject: str | None, **data: Any) -> None:
-        values = {"at": self.clock(), "kind": kind, "node_id": node_id, "subject": subject, "data_json": _dumps(data)}
-        conn.execute(INSERT_EVENT, values)
-        kinds = getattr(self._transaction, "kinds", None)
-        if kinds is not None:
-            kinds.add(kind)
-            if kind in NODE_SCOPED_KINDS and node_id is not None:
-                kinds.add(node_kind(kind, node_id))
-
-    def _node(self, conn: Connection, node_id: str, role: Role | None, touch: dict[str, Any] | None = None) -> Row[Any]:
-        """The node's row, or a 403 saying why it may not act in ``role`` (None: in any role). With ``touch``, in the
-        same statement: the node is seen now, with those columns set too, and its row locked until the commit (a
-        refusal rolls the update back)."""
-        if touch is None:
-            row = conn.execute(NODE_ROW, {"b_node_id": node_id}).first()
-        else:
-            values = {"b_node_id": node_id, "last_seen": self.clock(), **touch}
-            row = conn.execute(_TOUCH_NODE, values).first()
-        if row is None:
-            raise ForbiddenError(f"node {node_id} is not registered; call POST {routes.NODES_REGISTER} first")
-        if row.banned:
-            raise ForbiddenError(f"node {node_id} is banned: {row.ban_reason}")
-        if role is not None and row.role != role:
-            raise ForbiddenError(f"node {node_id} registered as a {row.role}; this call is for a {role}")
-        if not row.approved:
-            raise ForbiddenError(f"validator {node_id} is not approved by the operator (trust.approved_validators)")
-        return row
-
-    def _touch(self, conn: Connection, node_id: str) -> None:
-        conn.execute(UPDATE_NODE, {"b_node_id": node_id, "last_seen": self.clock()})
-
-    def _task_view(self, task_row: Any, lease_row: Any) -> Task:
-        """The wire Task from a task's and a lease's columns (rows, or namespaces of just-inserted values)."""
-        prompts = [Prompt(**prompt) for prompt in json.loads(task_row.prompts_json)]
-        return Task(
-            task_id=task_row.task_id,
-            lease_id=lease_row.lease_id,
-            task_name=task_row.task_name,
-            prompts=prompts,
-            group_size=lease_row.group_size,
-            sampling=SamplingParams(**json.loads(lease_row.sampling_json)),
-            policy_version=lease_row.policy_version,
-            sampling_seed=lease_row.sampling_seed,
-            deadline=lease_row.deadline,
-        )
 
     def _expire_overdue(self, conn: Connection, now: float) -> int:
         overdue = conn.execute(
@@ -298,44 +157,20 @@ class LeasingLedger(LedgerViews):
         ).all()
         num_expired = 0
         for lease_id, task_id, node_id in overdue:
-            if self._end_lease(conn, lease_id, task_id, "expired", "deadline", node_id):
-                self._event(conn, "expire", node_id, lease_id, task_id=task_id, reason="deadline passed")
+            if end_lease(conn, lease_id, task_id, "expired", "deadline", node_id):
+                self.core.event(conn, "expire", node_id, lease_id, task_id=task_id, reason="deadline passed")
                 num_expired += 1
         return num_expired
-
-    def _end_lease(
-        self, conn: Connection, lease_id: str, task_id: str, state: str, reason: str, node_id: str | None = None
-    ) -> bool:
-        """End an active lease for ``reason`` (``deadline``, ``abandoned``, ``policy``, ``banned``) and re-queue its
-        task; False when it was no longer active. A reason in :data:`FORFEIT_REASONS` costs ``node_id`` allowance.
-
-        The ``state = 'active'`` condition matters on PostgreSQL: two transactions may both have
-        seen the lease overdue; the second one's UPDATE waits for the first and then matches
-        nothing, so it cannot re-open a task that was meanwhile leased to someone else.
-        """
-        ended = conn.execute(
-            update(leases)
-            .where(leases.c.lease_id == lease_id, leases.c.state == "active")
-            .values(state=state, end_reason=reason)
-        )
-        if ended.rowcount != 1:
-            return False
-        conn.execute(update(tasks).where(tasks.c.task_id == task_id, tasks.c.state == "leased").values(state="open"))
-        if reason in FORFEIT_REASONS and node_id is not None:
-            conn.execute(
-                update(nodes).where(nodes.c.node_id == node_id).values(num_forfeited=nodes.c.num_forfeited + 1)
-            )
-        return True
 
     # ---- nodes ---------------------------------------------------------------------------------
 
     def register(
         self, node_id: str, ip: str, request: RegisterRequest, nonce: NonceClaim | None = None
     ) -> RegisterResponse:
-        approved = request.role == "worker" or self.trust.validators_open
+        approved = request.role == "worker" or self.config.trust.validators_open
         if not approved:
             with self.db.read() as conn:
-                approved = operator_approves(conn, node_id, self.trust.approved_validators)
+                approved = operator_approves(conn, node_id, self.config.trust.approved_validators)
         if not approved:
             raise ForbiddenError(
                 f"validator {node_id} is not approved: ask the operator to approve it "
@@ -351,7 +186,7 @@ class LeasingLedger(LedgerViews):
             "engine": request.engine,
             "software_version": request.software_version,
         }
-        with self._write(nonce) as conn:
+        with self.core.write(nonce) as conn:
             row = conn.execute(NODE_ROW, {"b_node_id": node_id}).first()
             if row is not None and row.banned:
                 raise ForbiddenError(f"node {node_id} is banned: {row.ban_reason}")
@@ -363,32 +198,32 @@ class LeasingLedger(LedgerViews):
                 conn.execute(_INSERT_NODE, new_node)
             else:
                 conn.execute(UPDATE_NODE, {"b_node_id": node_id, **values})
-            self._event(conn, "register", node_id, node_id, role=request.role, ip=ip, new=row is None)
-            current = self._run(conn).current_policy_version
+            self.core.event(conn, "register", node_id, node_id, role=request.role, ip=ip, new=row is None)
+            current = self.core.run_row(conn).current_policy_version
         return RegisterResponse(node_id=node_id, role=request.role, approved=approved, current_policy_version=current)
 
     def heartbeat(self, node_id: str, request: HeartbeatRequest, nonce: NonceClaim | None = None) -> HeartbeatResponse:
         values: dict[str, Any] = {
-            "versions_held_json": _dumps(request.policy_versions_held),
+            "versions_held_json": dumps(request.policy_versions_held),
             "tokens_per_s": request.tokens_per_s,
         }
         if request.engine is not None:
             values["engine"] = request.engine
         if request.hardware is not None:
             values["hardware_json"] = request.hardware.model_dump_json()
-        with self._write(nonce, durable=False) as conn:  # liveness is soft state
-            self._node(conn, node_id, None, touch=values)
-            current = self._run(conn).current_policy_version
+        with self.core.write(nonce, durable=False) as conn:  # liveness is soft state
+            self.core.node(conn, node_id, None, touch=values)
+            current = self.core.run_row(conn).current_policy_version
         return HeartbeatResponse(current_policy_version=current, heartbeat_interval_s=HEARTBEAT_INTERVAL_S)
 
     # ---- leases --------------------------------------------------------------------------------
 
     def lease(self, node_id: str, request: LeaseRequest, nonce: NonceClaim | None = None) -> LeaseResponse:
         now = self.clock()
-        with self._write(nonce) as conn:
+        with self.core.write(nonce) as conn:
             # One lease call per node at a time (its cap holds); different nodes do not wait for each other.
-            node = self._node(conn, node_id, "worker", touch={})
-            run = self._run(conn)
+            node = self.core.node(conn, node_id, "worker", touch={})
+            run = self.core.run_row(conn)
             if now >= self._next_expiry_check:  # at most once a second per process; maintenance does it too
                 self._expire_overdue(conn, now)
                 self._next_expiry_check = now + 1.0
@@ -473,7 +308,7 @@ class LeasingLedger(LedgerViews):
         (they draw from the probation pool)."""
         counted_at, num_all, num_proven = self._live_sources
         if now - counted_at >= 1.0 or now < counted_at:
-            live = conn.execute(_LIVE_WORKERS, {"b_live_after": now - self._live_s}).all()
+            live = conn.execute(_LIVE_WORKERS, {"b_live_after": now - self.scheduling.worker_live_s}).all()
             num_all = len({self.sources.source_of(row.node_id, row.ip) for row in live})
             num_proven = len(
                 {
@@ -494,7 +329,7 @@ class LeasingLedger(LedgerViews):
         index drawn by a transaction that then rolls back is skipped, never reused.
         """
         if self.db.is_sqlite:
-            index = int(self._run(conn).next_group_index)
+            index = int(self.core.run_row(conn).next_group_index)
             conn.execute(_SET_NEXT_GROUP_INDEX, {"b_next_group_index": index + 1})
             return index
         return int(conn.exec_driver_sql("SELECT nextval('group_index_seq')").scalar_one())
@@ -520,7 +355,7 @@ class LeasingLedger(LedgerViews):
                 "task_id": f"t{next_index}",
                 "group_index": next_index,
                 "task_name": self.prompts.name,
-                "prompts_json": _dumps(prompts),
+                "prompts_json": dumps(prompts),
                 "state": "leased",  # made for the lease being issued: _issue does not mark it again
                 "num_leases": 1,
                 "created_at": now,
@@ -541,7 +376,7 @@ class LeasingLedger(LedgerViews):
         probation: bool,
     ) -> Task:
         lease_id = f"l-{secrets.token_hex(12)}"
-        seed = sampling_seed(self._secret, task_row.task_name, task_row.group_index, lease_id)
+        seed = sampling_seed(self.core.secret, task_row.task_name, task_row.group_index, lease_id)
         deadline = now + self.scheduling.lease_ttl_s
         if probation:
             max_s = self.config.sources.probation_lease_max_s
@@ -563,27 +398,19 @@ class LeasingLedger(LedgerViews):
         conn.execute(_INSERT_LEASE, values)
         if task_row.state == "open":
             conn.execute(_MARK_TASK_LEASED, {"b_task_id": task_row.task_id})
-        self._event(conn, "lease", node_id, lease_id, task_id=task_row.task_id, policy_version=version)
-        return self._task_view(task_row, SimpleNamespace(**values))
-
-    @staticmethod
-    def _lease_row(conn: Connection, lease_id: str) -> Row[Any]:
-        """The lease's row, locked, or a 404."""
-        row = conn.execute(_LEASE_ROW_LOCKED, {"b_lease_id": lease_id}).first()
-        if row is None:
-            raise NotFoundError(f"no lease {lease_id!r}; lease a task first")
-        return row
+        self.core.event(conn, "lease", node_id, lease_id, task_id=task_row.task_id, policy_version=version)
+        return task_view(task_row, SimpleNamespace(**values))
 
     def _own_lease(self, conn: Connection, node_id: str, lease_id: str) -> Row[Any]:
-        row = self._lease_row(conn, lease_id)
+        row = locked_lease(conn, lease_id)
         if row.node_id != node_id:
             raise ForbiddenError(f"lease {lease_id} belongs to another node")
         return row
 
     def renew(self, node_id: str, lease_id: str, nonce: NonceClaim | None = None) -> LeaseState:
         now = self.clock()
-        with self._write(nonce) as conn:
-            self._node(conn, node_id, "worker")
+        with self.core.write(nonce) as conn:
+            self.core.node(conn, node_id, "worker")
             row = self._own_lease(conn, node_id, lease_id)
             if row.state != "active" or row.deadline < now:
                 raise ConflictError(f"lease {lease_id} cannot be renewed: {lease_end_cause(row, now)}")
@@ -597,16 +424,16 @@ class LeasingLedger(LedgerViews):
                         f"{max_s:g} s (sources.probation_lease_max_s); submit it now, accepted work ends probation"
                     )
             conn.execute(update(leases).where(leases.c.lease_id == lease_id).values(deadline=deadline))
-            self._event(conn, "renew", node_id, lease_id, deadline=deadline)
+            self.core.event(conn, "renew", node_id, lease_id, deadline=deadline)
         return LeaseState(lease_id=lease_id, task_id=row.task_id, state="active", deadline=deadline)
 
     def abandon(self, node_id: str, lease_id: str, nonce: NonceClaim | None = None) -> LeaseState:
-        with self._write(nonce) as conn:
-            self._node(conn, node_id, "worker")
+        with self.core.write(nonce) as conn:
+            self.core.node(conn, node_id, "worker")
             row = self._own_lease(conn, node_id, lease_id)
             if row.state == "active":
-                self._end_lease(conn, lease_id, row.task_id, "abandoned", "abandoned", node_id)
-                self._event(conn, "abandon", node_id, lease_id, task_id=row.task_id)
+                end_lease(conn, lease_id, row.task_id, "abandoned", "abandoned", node_id)
+                self.core.event(conn, "abandon", node_id, lease_id, task_id=row.task_id)
                 state = "abandoned"
             elif row.state == "abandoned":
                 state = "abandoned"
@@ -616,12 +443,59 @@ class LeasingLedger(LedgerViews):
 
     def expire_overdue(self) -> int:
         """Re-queue the tasks of leases whose deadline passed (the background maintenance calls this)."""
-        with self._write(None) as conn:
+        with self.core.write(None) as conn:
             return self._expire_overdue(conn, self.clock())
 
 
+def task_view(task_row: Any, lease_row: Any) -> Task:
+    """The wire Task from a task's and a lease's columns (rows, or namespaces of just-inserted values)."""
+    prompts = [Prompt(**prompt) for prompt in json.loads(task_row.prompts_json)]
+    return Task(
+        task_id=task_row.task_id,
+        lease_id=lease_row.lease_id,
+        task_name=task_row.task_name,
+        prompts=prompts,
+        group_size=lease_row.group_size,
+        sampling=SamplingParams(**json.loads(lease_row.sampling_json)),
+        policy_version=lease_row.policy_version,
+        sampling_seed=lease_row.sampling_seed,
+        deadline=lease_row.deadline,
+    )
+
+
+def end_lease(
+    conn: Connection, lease_id: str, task_id: str, state: str, reason: str, node_id: str | None = None
+) -> bool:
+    """End an active lease for ``reason`` (``deadline``, ``abandoned``, ``policy``, ``banned``) and re-queue its
+    task; False when it was no longer active. A reason in :data:`FORFEIT_REASONS` costs ``node_id`` allowance.
+
+    The ``state = 'active'`` condition matters on PostgreSQL: two transactions may both have
+    seen the lease overdue; the second one's UPDATE waits for the first and then matches
+    nothing, so it cannot re-open a task that was meanwhile leased to someone else.
+    """
+    ended = conn.execute(
+        update(leases)
+        .where(leases.c.lease_id == lease_id, leases.c.state == "active")
+        .values(state=state, end_reason=reason)
+    )
+    if ended.rowcount != 1:
+        return False
+    conn.execute(update(tasks).where(tasks.c.task_id == task_id, tasks.c.state == "leased").values(state="open"))
+    if reason in FORFEIT_REASONS and node_id is not None:
+        conn.execute(update(nodes).where(nodes.c.node_id == node_id).values(num_forfeited=nodes.c.num_forfeited + 1))
+    return True
+
+
+def locked_lease(conn: Connection, lease_id: str) -> Row[Any]:
+    """The lease's row, locked, or a 404."""
+    row = conn.execute(_LEASE_ROW_LOCKED, {"b_lease_id": lease_id}).first()
+    if row is None:
+        raise NotFoundError(f"no lease {lease_id!r}; lease a task first")
+    return row
+
+
 def lease_end_cause(lease: Row[Any], now: float) -> str:
-    """Why a lease is no longer active, in words its worker can act on (``end_reason``: see ``_end_lease``)."""
+    """Why a lease is no longer active, in words its worker can act on (``end_reason``: see :func:`end_lease`)."""
     if lease.state == "active" and lease.deadline < now:
         return "it expired: its deadline passed; renew leases before their deadline"
     if lease.end_reason == "banned":

@@ -18,11 +18,11 @@ from typing import Any
 from sqlalchemy import select, update
 
 from coordinator.config import CoordinatorConfig
+from coordinator.ledger.core import RUN_ROW_ID
 from coordinator.ledger.ownership import shown_url
 from coordinator.ledger.storage.engine import Database
 from coordinator.ledger.storage.migrations import LATEST_VERSION, current_version
 from coordinator.ledger.storage.tables import run_state
-from coordinator.ledger.views import RUN_ROW_ID
 from protocol.errors import BadSignatureError, StartupError
 from protocol.schemas import SignedRunSpec
 from protocol.signing import verify_document

@@ -27,7 +27,7 @@ from coordinator.ledger.batches import (
     train_samples,
     verdict_rewards,
 )
-from coordinator.ledger.ledger import Ledger
+from coordinator.ledger.core import LedgerCore
 from coordinator.ledger.storage.engine import Database
 from coordinator.ledger.storage.tables import (
     accepted_groups,
@@ -75,11 +75,11 @@ def trained_steps_and_evals(db: Database) -> tuple[Sequence[Row[Any, Any, Any, A
 
 
 class TrainSteps:
-    """Reads and writes the orchestrator's tables through the run's :class:`Ledger`."""
+    """Reads and writes the orchestrator's tables over the ledger's :class:`~coordinator.ledger.core.LedgerCore`."""
 
-    def __init__(self, ledger: Ledger) -> None:
-        self.ledger = ledger
-        self.db = ledger.db
+    def __init__(self, core: LedgerCore) -> None:
+        self.core = core
+        self.db = core.db
 
     def _record(self, conn: Connection, row: Any) -> StepRecord:
         ids = conn.execute(
@@ -107,8 +107,8 @@ class TrainSteps:
 
     def record_batch(self, step: int, groups_per_step: int, min_version: int) -> StepRecord | None:
         """Record step ``step``'s batch (or return the one already recorded); None while too few groups."""
-        with self.ledger._write(None) as conn:
-            self.ledger._run(conn, lock=True)  # one recorder at a time, also across API replicas
+        with self.core.write(None) as conn:
+            self.core.run_row(conn, lock=True)  # one recorder at a time, also across API replicas
             existing = conn.execute(select(train_steps).where(train_steps.c.step == step)).first()
             if existing is not None:
                 return self._record(conn, existing)
@@ -131,7 +131,7 @@ class TrainSteps:
             ][:groups_per_step]
             if len(chosen) < groups_per_step:
                 return None
-            now = self.ledger.clock()
+            now = self.core.clock()
             conn.execute(
                 insert(train_steps).values(step=step, state="recorded", min_policy_version=min_version, recorded_at=now)
             )
@@ -139,8 +139,8 @@ class TrainSteps:
                 insert(step_submissions),
                 [{"submission_id": sid, "step": step, "position": i} for i, sid in enumerate(chosen)],
             )
-            self.ledger._event(
-                conn, "train_step", self.ledger.coordinator_id, str(step), state="recorded", submission_ids=chosen
+            self.core.event(
+                conn, "train_step", self.core.coordinator_id, str(step), state="recorded", submission_ids=chosen
             )
             row = conn.execute(select(train_steps).where(train_steps.c.step == step)).one()
             return self._record(conn, row)
@@ -182,14 +182,12 @@ class TrainSteps:
 
     def _advance(self, step: int, state: str, metrics: dict[str, Any] | None = None) -> None:
         column = {"trained": "trained_at", "published": "published_at"}[state]
-        values: dict[str, Any] = {"state": state, column: self.ledger.clock()}
+        values: dict[str, Any] = {"state": state, column: self.core.clock()}
         if metrics is not None:
             values["metrics_json"] = json.dumps(metrics, sort_keys=True)
-        with self.ledger._write(None) as conn:
+        with self.core.write(None) as conn:
             conn.execute(update(train_steps).where(train_steps.c.step == step).values(**values))
-            self.ledger._event(
-                conn, "train_step", self.ledger.coordinator_id, str(step), state=state, metrics=metrics or {}
-            )
+            self.core.event(conn, "train_step", self.core.coordinator_id, str(step), state=state, metrics=metrics or {})
 
     def mark_trained(self, step: int, metrics: dict[str, Any]) -> None:
         self._advance(step, "trained", metrics)
@@ -200,7 +198,7 @@ class TrainSteps:
     def record_eval(self, step: int, values: dict[str, float]) -> None:
         """The eval of policy v``step``: merged into step ``step``'s metrics (v0, the start policy, has no step
         row) and logged as a ``train_step`` event in state ``evaluated``, in one transaction."""
-        with self.ledger._write(None) as conn:
+        with self.core.write(None) as conn:
             row = conn.execute(select(train_steps.c.metrics_json).where(train_steps.c.step == step)).first()
             if row is not None:
                 merged = {**(json.loads(row.metrics_json) if row.metrics_json else {}), **values}
@@ -209,9 +207,7 @@ class TrainSteps:
                     .where(train_steps.c.step == step)
                     .values(metrics_json=json.dumps(merged, sort_keys=True))
                 )
-            self.ledger._event(
-                conn, "train_step", self.ledger.coordinator_id, str(step), state="evaluated", metrics=values
-            )
+            self.core.event(conn, "train_step", self.core.coordinator_id, str(step), state="evaluated", metrics=values)
 
     def num_published(self) -> int:
         with self.db.read() as conn:

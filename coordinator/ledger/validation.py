@@ -1,6 +1,6 @@
 """The validators' side of the ledger: what each one must audit, and turning their verdicts into decisions.
 
-:class:`ValidationLedger` lists pending submissions to a validator (never one it already
+:class:`Validation` lists pending submissions to a validator (never one it already
 judged), each with the samples it must re-check (:mod:`coordinator.ledger.audit_choice`), logging
 a ``hand_out`` event of what it handed to whom (when each audit began, for whoever measures the
 loop) and keeping each hand-out (table ``hand_outs``) for ``validation.hand_out_ttl_s``: a verdict
@@ -18,8 +18,8 @@ their task and count against the worker's reputation, which may ban it; each vot
 worker or the accepted set changes before the decision. A vote locks the submission's row, so
 concurrent validators (and API replicas) decide each submission exactly once. Stored rows are
 read defensively: a vote or submission body that no longer parses (written before the wire
-schema refused NaN, say) never fails a later request; see :meth:`ValidationLedger._votes`
-and :meth:`ValidationLedger.pending`. Submissions nobody can audit are closed without judging their
+schema refused NaN, say) never fails a later request; see :meth:`Validation._votes`
+and :meth:`Validation.pending`. Submissions nobody can audit are closed without judging their
 worker (:mod:`coordinator.ledger.voiding`): an environment that cannot score them (a quorum of
 ``environment_error`` verdicts), and pending ones whose policy version the origin no longer keeps
 (never handed out: expired before each pending list and at each publication).
@@ -27,7 +27,6 @@ worker (:mod:`coordinator.ledger.voiding`): an environment that cannot score the
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import math
@@ -42,10 +41,11 @@ from coordinator.ledger import reaudits
 from coordinator.ledger.audit_choice import audit_sample_indices, reaudit_chosen
 from coordinator.ledger.audit_policy import audit_policy, audit_share
 from coordinator.ledger.audit_records import accepted_in_a_row, count_decision
-from coordinator.ledger.leasing import LeasingLedger
+from coordinator.ledger.core import LedgerCore
+from coordinator.ledger.leasing import end_lease, task_view
 from coordinator.ledger.quorum import Decision, Vote, agrees_with, decide
 from coordinator.ledger.replay import NonceClaim
-from coordinator.ledger.reputation import ValidatorRecordPolicy, ban_reason, validator_flagged
+from coordinator.ledger.reputation import BanPolicy, ValidatorRecordPolicy, ban_reason
 from coordinator.ledger.storage.tables import (
     accepted_groups,
     hand_outs,
@@ -55,6 +55,7 @@ from coordinator.ledger.storage.tables import (
     tasks,
     verdict_votes,
 )
+from coordinator.ledger.views import LedgerViews
 from coordinator.ledger.voiding import close_submission, expire_unauditable
 from protocol import routes
 from protocol.errors import (
@@ -184,12 +185,17 @@ def _wanted_by_no_other(validator_id: str, fresh_after: float, quorum: int, reco
     return or_(in_flight == 0, in_flight + votes < quorum)
 
 
-class ValidationLedger(LeasingLedger):
-    """Pending lists and verdicts over the ledger's database (see the module docstring)."""
+class Validation:
+    """Pending lists and verdicts over the ledger's :class:`~coordinator.ledger.core.LedgerCore` (module docstring)."""
 
-    @functools.cached_property
-    def audit_policy(self) -> AuditPolicy:
-        return audit_policy(self.config.validation)
+    def __init__(self, core: LedgerCore, views: LedgerViews) -> None:
+        self.core = core
+        self.db = core.db
+        self.config = core.config
+        self.clock = core.clock
+        self.views = views
+        self.audit_policy: AuditPolicy = audit_policy(self.config.validation)
+        self.ban_policy = BanPolicy(ban_after_rejections=self.config.trust.ban_after_rejections)
 
     def submission_audit_share(self, conn: Connection, worker: Row[Any], engine: str) -> float:
         """The share of a new submission's samples to recompute, from its worker's record now."""
@@ -201,23 +207,13 @@ class ValidationLedger(LeasingLedger):
         """The rollout positions of a submission that validators must re-check (deterministic per run): ``share``
         of them (the one fixed when it was stored; the run's fixed share for a submission stored without one)."""
         share = self.audit_policy.fixed_share if share is None else share
-        return audit_sample_indices(self._secret, submission_id, num_rollouts, share)
-
-    @property
-    def validator_record(self) -> ValidatorRecordPolicy:
-        validation = self.config.validation
-        return ValidatorRecordPolicy(validation.flag_after_outvoted, validation.max_outvoted_fraction)
-
-    def flagged(self, node: Row[Any]) -> bool:
-        return node.role == "validator" and validator_flagged(
-            self.validator_record, node.num_votes_agreed, node.num_votes_outvoted
-        )
+        return audit_sample_indices(self.core.secret, submission_id, num_rollouts, share)
 
     def pending(self, validator_id: str, limit: int, nonce: NonceClaim | None = None) -> PendingSubmissions:
-        with self._write(nonce) as conn:
-            node = self._node(conn, validator_id, "validator", touch={})
+        with self.core.write(nonce) as conn:
+            node = self.core.node(conn, validator_id, "validator", touch={})
             self.expire_unauditable(conn)  # never hand out a submission whose version no validator can fetch
-        if self.flagged(node):
+        if self.views.flagged(node):
             limit = min(limit, self.config.validation.flagged_hand_outs)
             if limit == 0:
                 return PendingSubmissions(submissions=[])
@@ -229,10 +225,10 @@ class ValidationLedger(LeasingLedger):
         if validation.hand_out_claim_s > 0:  # hand-outs claim: none the others already cover
             fresh_after = self.clock() - validation.hand_out_claim_s
             quorum = validation.validators_per_submission
-            wanted.append(_wanted_by_no_other(validator_id, fresh_after, quorum, self.validator_record))
+            wanted.append(_wanted_by_no_other(validator_id, fresh_after, quorum, self.views.validator_record))
         with self.db.read() as conn:
             # Re-audits first (a cheat caught sooner trains on less), at most half the list; never to a flagged one.
-            again = [] if self.flagged(node) else reaudits.pending_for(conn, validator_id, max(1, limit // 2))
+            again = [] if self.views.flagged(node) else reaudits.pending_for(conn, validator_id, max(1, limit // 2))
             rows = conn.execute(
                 select(submissions)
                 .where(*wanted)
@@ -258,7 +254,7 @@ class ValidationLedger(LeasingLedger):
                     PendingSubmission(
                         submission_id=row.submission_id,
                         worker_id=row.node_id,
-                        task=self._task_view(task_rows[row.task_id], lease_rows[row.lease_id]),
+                        task=task_view(task_rows[row.task_id], lease_rows[row.lease_id]),
                         submission=submission,
                         submitted_at=row.submitted_at,
                         worker_signature_b64=row.worker_signature,
@@ -269,7 +265,7 @@ class ValidationLedger(LeasingLedger):
         for submission_id in unreadable:
             self._reject_unreadable(submission_id)
         if found:  # when each validator began on what: the start of its audit, for whoever measures the loop
-            with self._write(None) as conn:
+            with self.core.write(None) as conn:
                 ids = [item.submission_id for item in found]
                 now = self.clock()
                 expires_at = now + self.config.validation.hand_out_ttl_s
@@ -280,21 +276,21 @@ class ValidationLedger(LeasingLedger):
                         for sid in ids
                     ],
                 )
-                self._event(conn, "hand_out", validator_id, ids[0], submission_ids=ids)
+                self.core.event(conn, "hand_out", validator_id, ids[0], submission_ids=ids)
         return PendingSubmissions(submissions=found)
 
     def expire_unauditable(self, conn: Connection) -> list[str]:
         """Close the pending submissions whose policy version the origin no longer keeps (see
         :mod:`coordinator.ledger.voiding`); their ids."""
-        current = self._run(conn).current_policy_version
-        return expire_unauditable(conn, current, self.config.policy_keep_versions, self.clock(), self._event)
+        current = self.core.run_row(conn).current_policy_version
+        return expire_unauditable(conn, current, self.config.policy_keep_versions, self.clock(), self.core.event)
 
     def _reject_unreadable(self, submission_id: str) -> None:
         """Reject a pending submission whose stored body fails today's schema (stored by an older ledger), so it
         neither fails every validator's pending list nor stays pending for good; not counted against the worker,
         whose submission passed the checks of its day."""
         log.warning("submission %s: %s", submission_id, UNREADABLE_SUBMISSION)
-        with self._write(None) as conn:
+        with self.core.write(None) as conn:
             sub = conn.execute(
                 select(submissions).where(submissions.c.submission_id == submission_id).with_for_update()
             ).first()
@@ -304,7 +300,7 @@ class ValidationLedger(LeasingLedger):
             values = {"status": "rejected", "verdict_at": self.clock(), "verdict_json": final.model_dump_json()}
             conn.execute(update(submissions).where(submissions.c.submission_id == submission_id).values(**values))
             conn.execute(update(tasks).where(tasks.c.task_id == sub.task_id).values(state="open"))
-            self._event(
+            self.core.event(
                 conn,
                 "verdict",
                 None,
@@ -319,8 +315,8 @@ class ValidationLedger(LeasingLedger):
 
     def post_verdict(self, validator_id: str, verdict: Verdict, nonce: NonceClaim | None = None) -> VerdictResponse:
         now = self.clock()
-        with self._write(nonce) as conn:
-            self._node(conn, validator_id, "validator")
+        with self.core.write(nonce) as conn:
+            self.core.node(conn, validator_id, "validator")
             sub = conn.execute(
                 select(submissions).where(submissions.c.submission_id == verdict.submission_id).with_for_update()
             ).first()
@@ -356,11 +352,11 @@ class ValidationLedger(LeasingLedger):
                 )
             )
             # That it voted, never how: a vote (and its rewards) made public before the decision could be copied.
-            self._event(conn, "vote", validator_id, sub.submission_id, worker_id=sub.node_id)
+            self.core.event(conn, "vote", validator_id, sub.submission_id, worker_id=sub.node_id)
             all_votes = [*votes, vote_of(validator_id, verdict)]
             decision = decide(all_votes, self.config.validation.validators_per_submission)
             if decision is None:
-                self._touch(conn, validator_id)
+                self.core.touch(conn, validator_id)
                 return VerdictResponse(submission_id=sub.submission_id, status="pending", worker_banned=worker.banned)
             banned = self._decide(conn, sub, body, worker, decision, validator_id, now, all_votes)
         status = "environment_error" if decision.environment_error else "accepted" if decision.accepted else "rejected"
@@ -387,11 +383,11 @@ class ValidationLedger(LeasingLedger):
     def record_violation(self, node_id: str, reason: str, nonce: NonceClaim | None) -> None:
         """Count a refused cheat against the node (it may ban it), once per signed request (nonce)."""
         try:
-            with self._write(nonce) as conn:
+            with self.core.write(nonce) as conn:
                 worker = conn.execute(select(nodes).where(nodes.c.node_id == node_id).with_for_update()).one()
                 if worker.banned:
                     return
-                self._event(conn, "violation", node_id, node_id, reason=reason)
+                self.core.event(conn, "violation", node_id, node_id, reason=reason)
                 self._count_rejection(conn, worker, [f"refused at the door: {reason}"])
         except ReplayedNonceError:  # the same signed request again: counted already
             return
@@ -407,7 +403,7 @@ class ValidationLedger(LeasingLedger):
         conn.execute(update(nodes).where(nodes.c.node_id == worker.node_id).values(**values))
         if values.get("banned"):
             self._ban_cleanup(conn, worker.node_id)
-            self._event(conn, "ban", worker.node_id, worker.node_id, reason=reason)
+            self.core.event(conn, "ban", worker.node_id, worker.node_id, reason=reason)
         return banned
 
     @staticmethod
@@ -454,7 +450,9 @@ class ValidationLedger(LeasingLedger):
             conn.execute(update(nodes).where(nodes.c.node_id == voter).values(**values))
         if decision.environment_error:  # not the worker's doing: neither counted nor trained on
             voters = tuple(vote.validator_id for vote in decision.votes)
-            close_submission(conn, sub, "environment_error", decision.reasons, now, self._event, validator_id, voters)
+            close_submission(
+                conn, sub, "environment_error", decision.reasons, now, self.core.event, validator_id, voters
+            )
             return bool(worker.banned)
         final = Verdict(
             submission_id=sub.submission_id,
@@ -481,7 +479,7 @@ class ValidationLedger(LeasingLedger):
         else:
             conn.execute(update(tasks).where(tasks.c.task_id == sub.task_id).values(state="open"))
             banned = self._count_rejection(conn, worker, final.reasons)
-        self._event(
+        self.core.event(
             conn,
             "verdict",
             validator_id,
@@ -499,7 +497,7 @@ class ValidationLedger(LeasingLedger):
     def _maybe_reaudit(self, conn: Connection, sub: Row[Any], num_rollouts: int, now: float) -> None:
         """Schedule a later audit of the samples of an accepted submission nobody recomputed (the keyed coin)."""
         share = self.audit_policy.reaudit_share
-        if share <= 0 or not reaudit_chosen(self._secret, sub.submission_id, share):
+        if share <= 0 or not reaudit_chosen(self.core.secret, sub.submission_id, share):
             return
         checked = set(self.audit_indices(sub.submission_id, num_rollouts, sub.audit_share))
         unchecked = [position for position in range(num_rollouts) if position not in checked]
@@ -519,14 +517,14 @@ class ValidationLedger(LeasingLedger):
         """A validator's vote on a re-audit; a failed one catches the worker after the fact (module docstring)."""
         now = self.clock()
         outcome = reaudits.vote(conn, row, validator_id, verdict, self.config.validation.validators_per_submission, now)
-        self._touch(conn, validator_id)
+        self.core.touch(conn, validator_id)
         banned = bool(worker.banned)
         if outcome == "failed":
             reason = f"re-audit of accepted submission {sub.submission_id} failed: {'; '.join(verdict.reasons[:3])}"
             count_decision(conn, body, worker, accepted=False)
             voided = reaudits.void_untrained(conn, worker.node_id, reason, now)
             banned = self._count_rejection(conn, worker, [reason])
-            self._event(
+            self.core.event(
                 conn,
                 "reaudit",
                 validator_id,
@@ -537,7 +535,7 @@ class ValidationLedger(LeasingLedger):
                 voided=voided,
             )
         elif outcome == "passed":
-            self._event(conn, "reaudit", validator_id, sub.submission_id, worker_id=worker.node_id, passed=True)
+            self.core.event(conn, "reaudit", validator_id, sub.submission_id, worker_id=worker.node_id, passed=True)
         status = "rejected" if outcome == "failed" else "accepted"
         return VerdictResponse(submission_id=sub.submission_id, status=status, worker_banned=banned)
 
@@ -546,4 +544,4 @@ class ValidationLedger(LeasingLedger):
         for lease_id, task_id in conn.execute(
             select(leases.c.lease_id, leases.c.task_id).where(leases.c.node_id == node_id, leases.c.state == "active")
         ).all():
-            self._end_lease(conn, lease_id, task_id, "abandoned", "banned")
+            end_lease(conn, lease_id, task_id, "abandoned", "banned")

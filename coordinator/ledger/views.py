@@ -1,28 +1,24 @@
 """Read-only views of the ledger: run status, node reputation, the event log, policy manifests.
 
-The public, unsigned routes read through these; :class:`coordinator.ledger.ledger.Ledger` (which
-writes) extends this class. Each view is one read transaction (a consistent snapshot).
+The public, unsigned routes, the gossip node and the dashboard read through these (the
+:class:`coordinator.ledger.ledger.Ledger` facade passes them on). Each view is one read transaction
+(a consistent snapshot).
 """
 
 from __future__ import annotations
 
 import json
-import time
-from collections.abc import Callable
 from typing import Any
 
-from sqlalchemy import Connection, Row, func, select
+from sqlalchemy import Row, func, select
 
-from coordinator.config import SchedulingConfig
 from coordinator.ledger.batches import EVAL_ACCURACY, named_rewards, step_figure, trainer_figures
-from coordinator.ledger.storage.engine import Database
+from coordinator.ledger.core import LedgerCore
+from coordinator.ledger.reputation import ValidatorRecordPolicy, validator_flagged
 from coordinator.ledger.storage.tables import events, nodes, policy_versions, run_state, submissions, tasks, train_steps
 from protocol.errors import NotFoundError
 from protocol.schemas import Event, EventPage, NodeStats, RunStats, RunStatus, SignedManifest
 
-RUN_ROW_ID = 1
-_RUN_ROW = select(run_state).where(run_state.c.id == RUN_ROW_ID)  # built once: nearly every request reads it
-_RUN_ROW_LOCKED = _RUN_ROW.with_for_update()
 EVAL_SCAN_STEPS = 1000
 """How many of the newest steps are searched for the newest eval (each status read; evals come every few steps)."""
 _NEWEST_STEPS = (
@@ -51,15 +47,15 @@ RECENT_STEPS = 10
 
 
 class LedgerViews:
-    def __init__(
-        self, database: Database, scheduling: SchedulingConfig, clock: Callable[[], float] = time.time
-    ) -> None:
-        self.db = database
-        self.scheduling = scheduling
-        self.clock = clock
+    """The read-only part of the ledger, over its :class:`~coordinator.ledger.core.LedgerCore`."""
 
-    def _run(self, conn: Connection, lock: bool = False) -> Row[Any]:
-        return conn.execute(_RUN_ROW_LOCKED if lock else _RUN_ROW).one()
+    def __init__(self, core: LedgerCore) -> None:
+        self.db = core.db
+        self.scheduling = core.scheduling
+        self.clock = core.clock
+        validation = core.config.validation
+        self.validator_record = ValidatorRecordPolicy(validation.flag_after_outvoted, validation.max_outvoted_fraction)
+        """When a validator's votes against the decisions flag it (see :mod:`coordinator.ledger.reputation`)."""
 
     @property
     def _live_s(self) -> float:
@@ -91,7 +87,7 @@ class LedgerViews:
     def status(self) -> RunStatus:
         now = self.clock()
         with self.db.read() as conn:
-            run = self._run(conn)
+            run = LedgerCore.run_row(conn)
             live: dict[str, int] = dict(
                 conn.execute(
                     select(nodes.c.role, func.count())
@@ -161,8 +157,10 @@ class LedgerViews:
         return {row.node_id for row in rows}
 
     def flagged(self, node: Row[Any]) -> bool:
-        """Whether a node's row shows a validator that keeps voting against the decisions (no config: never)."""
-        return False
+        """Whether a node's row shows a validator that keeps voting against the decisions."""
+        return node.role == "validator" and validator_flagged(
+            self.validator_record, node.num_votes_agreed, node.num_votes_outvoted
+        )
 
     def recent_nodes(self, limit: int) -> list[Row[Any]]:
         """The ``limit`` nodes seen most recently, newest first: every column of their rows."""

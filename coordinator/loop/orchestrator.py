@@ -96,7 +96,7 @@ class Orchestrator:
     _done_bell: Doorbell = field(init=False)
 
     def __post_init__(self) -> None:
-        self.steps = TrainSteps(self.ledger)
+        self.steps = self.ledger.train_steps
         self.turn_prompts = run_turn_prompts(self.ledger.prompts, self.config)
         self._done_bell = Doorbell(self.train_dir.done_bell)
         self._done_bell.listen()  # before the trainer can ring it

@@ -23,7 +23,7 @@ from typing import Any
 from coordinator.config import CoordinatorConfig
 from coordinator.ledger.ledger import Ledger
 from coordinator.ledger.run_spec import trainer_section
-from coordinator.ledger.train_steps import StepRecord, TrainSteps
+from coordinator.ledger.train_steps import StepRecord
 from coordinator.loop.evals import PolicyEvals
 from coordinator.loop.orchestrator import Orchestrator, StoppedError
 from coordinator.loop.run_metrics import METRICS_FILE, RunMetricsFile
@@ -69,7 +69,7 @@ def progress_line(
     staleness, how the last batch's rollouts ended and the newest eval (when known), on one line."""
     status = ledger.status()
     tokens_per_s = ledger.live_tokens_per_s()
-    num_trained, last = TrainSteps(ledger).trained_progress()
+    num_trained, last = ledger.train_steps.trained_progress()
     reward = f"{last['batch_reward_mean']:.3f}" if "batch_reward_mean" in last else "-"
     staleness = f"{last['batch_staleness_mean']:.2f}" if "batch_staleness_mean" in last else "-"
     return (
@@ -170,7 +170,7 @@ class RunThread(threading.Thread):
         config = self.config
         if config.orchestrator.enabled:
             self._open_trackers()
-        steps = TrainSteps(self.ledger)
+        steps = self.ledger.train_steps
         training = config.orchestrator.enabled and steps.num_published() < config.orchestrator.num_steps
         if config.local_network.enabled and (training or not config.orchestrator.enabled):
             root = config.data_dir / "network"
@@ -242,11 +242,11 @@ class RunThread(threading.Thread):
         )
         orchestrator.run()
         self._finish_evals()
-        return TrainSteps(self.ledger).steps()
+        return self.ledger.train_steps.steps()
 
     def _record_eval(self, step: int, figures: dict[str, float]) -> None:
         """An eval's figures into the ledger (with its step), the metrics file and the console."""
-        TrainSteps(self.ledger).record_eval(step, figures)
+        self.ledger.train_steps.record_eval(step, figures)
         self.metrics_file.append("eval", step, self.ledger.clock(), figures)
         self.newest_eval = (step, figures)
         log.info(

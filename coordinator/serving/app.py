@@ -100,7 +100,7 @@ def create_app(
     app.include_router(submission_routes(ledger, in_thread, signed_caller, long_polls))
     app.include_router(policy_routes(ledger, in_thread, signed_caller, run_spec))
     app.include_router(status_routes(ledger, status_now, metrics))
-    app.include_router(dashboard_router(ledger, relays, status_now, _audit(config, run_spec)))
+    app.include_router(dashboard_router(ledger.views, relays, status_now, _audit(config, run_spec)))
     return app
 
 

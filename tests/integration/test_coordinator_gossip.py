@@ -58,7 +58,7 @@ def setup(tmp_path: Path) -> Iterator[tuple[Ledger, CoordinatorGossip, Heard, No
     config = ledger_config(tmp_path, f"sqlite:///{tmp_path / 'ledger.db'}")
     database = Database(config.ledger_url, config.ledger.sqlite_synchronous, config.ledger.pool_size)
     ledger = Ledger(database, config, CountingPrompts(), identity.node_id)
-    coordinator = CoordinatorGossip(identity, config, ledger, ORIGIN)
+    coordinator = CoordinatorGossip(identity, config, ledger.views, ORIGIN)
     heard = Heard()
     observer = Gossip(NodeIdentity.generate(), P2PConfig(), identity.node_id)
     observer.on("policy_version", heard)

@@ -1,5 +1,7 @@
-"""The ledger owns its tables: outside ``coordinator/ledger/`` no module imports the table definitions or the schema
-migrations, and none reaches into a ledger object's private attributes (``ledger._write``, ``views._run``...).
+"""The ledger owns its tables: outside ``coordinator/ledger/`` no module imports the table definitions, the schema
+migrations or the ledger's core, and none reaches into a ledger object's core or private attributes
+(``ledger.core``, ``ledger._write``, ``views._run``...). Inside, the ledger is a core and parts built on it, not a
+tower of classes: no ledger class extends another.
 
 Code that needs the ledger's data asks a public method (the views, the train steps, the leasing and validation
 calls); tests of the ledger itself may read its tables and are not checked.
@@ -14,7 +16,11 @@ from runtime.file_map import mapped_files
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 OWNER = "coordinator/ledger/"
-PRIVATE_MODULES = ("coordinator.ledger.storage.tables", "coordinator.ledger.storage.migrations")
+PRIVATE_MODULES = (
+    "coordinator.ledger.storage.tables",
+    "coordinator.ledger.storage.migrations",
+    "coordinator.ledger.core",
+)
 LEDGER_NAMES = frozenset({"ledger", "views", "ledger_views"})
 """Names a ledger object goes by; ``X._name`` with X one of these (or ``self.X``) is a private access."""
 
@@ -46,16 +52,35 @@ def violations(root: Path) -> list[str]:
                         found.append(f"{relative}:{node.lineno} imports {alias.name}")
             elif (
                 isinstance(node, ast.Attribute)
-                and node.attr.startswith("_")
-                and not node.attr.startswith("__")
+                and (node.attr == "core" or (node.attr.startswith("_") and not node.attr.startswith("__")))
                 and _holder_name(node.value) in LEDGER_NAMES
             ):
                 found.append(f"{relative}:{node.lineno} uses {_holder_name(node.value)}.{node.attr}")
     return found
 
 
+def towers(root: Path) -> list[str]:
+    """``path:line class Name(Base)`` for each class in ``coordinator/ledger/`` that extends another of its classes."""
+    ledger_dir = root / OWNER
+    modules = [ast.parse(path.read_text(encoding="utf-8")) for path in sorted(ledger_dir.rglob("*.py"))]
+    classes = {node.name for tree in modules for node in ast.walk(tree) if isinstance(node, ast.ClassDef)}
+    found = []
+    for path in sorted(ledger_dir.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ClassDef):
+                for base in node.bases:
+                    if _holder_name(base) in classes:
+                        relative = path.relative_to(root).as_posix()
+                        found.append(f"{relative}:{node.lineno} class {node.name}({_holder_name(base)})")
+    return found
+
+
 def test_nothing_outside_the_ledger_touches_its_tables_or_private_methods() -> None:
     assert violations(REPO_ROOT) == []
+
+
+def test_the_ledger_parts_are_built_on_its_core_not_on_each_other() -> None:
+    assert towers(REPO_ROOT) == []
 
 
 def test_a_planted_violation_is_found(tmp_path: Path) -> None:
@@ -66,7 +91,7 @@ def test_a_planted_violation_is_found(tmp_path: Path) -> None:
         "from coordinator.ledger.storage.tables import nodes\n"
         "def record(self):\n"
         "    with self.ledger._write(None) as conn:\n"
-        "        return conn\n"
+        "        return self.ledger.core.secret\n"
     )
     owner = tmp_path / "coordinator" / "ledger"
     owner.mkdir()
@@ -74,4 +99,7 @@ def test_a_planted_violation_is_found(tmp_path: Path) -> None:
     assert violations(tmp_path) == [
         "coordinator/loop/steps.py:1 imports coordinator.ledger.storage.tables",
         "coordinator/loop/steps.py:3 uses ledger._write",
+        "coordinator/loop/steps.py:4 uses ledger.core",
     ]
+    (owner / "tower.py").write_text("class Core:\n    pass\n\n\nclass Part(Core):\n    pass\n")
+    assert towers(tmp_path) == ["coordinator/ledger/tower.py:5 class Part(Core)"]

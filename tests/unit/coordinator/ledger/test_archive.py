@@ -21,7 +21,6 @@ from coordinator.ledger.archive import ARCHIVED_BODY, archive_ledger, archived_b
 from coordinator.ledger.batches import train_samples
 from coordinator.ledger.export import export_rollouts, parse_steps
 from coordinator.ledger.storage.tables import events, submissions
-from coordinator.ledger.train_steps import TrainSteps
 from protocol.errors import ConfigError
 from protocol.ledger_client import LedgerClient
 from protocol.schemas import LeaseRequest
@@ -36,7 +35,7 @@ pytestmark = pytest.mark.anyio
 async def trained_run(harness: LedgerHarness) -> tuple[LedgerClient, LedgerClient, dict[str, str]]:
     """Two published steps (2 + 1 groups), a rejected and a pending submission; returns the bodies by id."""
     worker, validator = await harness.worker(), await harness.validator()
-    steps = TrainSteps(harness.ledger)
+    steps = harness.ledger.train_steps
     for _ in range(3):
         await judged(harness, worker, validator, reward=0.25)
     await judged(harness, worker, validator, accepted=False)
@@ -63,7 +62,7 @@ async def test_export_round_trips_the_trained_rollouts_with_rewards(
 ) -> None:
     harness = make_harness()
     worker, validator, _ = await trained_run(harness)
-    steps = TrainSteps(harness.ledger)
+    steps = harness.ledger.train_steps
     out = tmp_path / f"rollouts.{fmt}"
     count = export_rollouts(harness.database, "1:2", fmt, out, harness.config.archive_dir)  # type: ignore[arg-type]
     rows = read_export(out, fmt)
@@ -116,7 +115,7 @@ async def test_archive_moves_old_bodies_and_events_out_and_keeps_them_readable(
         left = [e.event_id for e in conn.execute(select(events.c.event_id)).all()]
     archived = {sid for sid, r in rows.items() if r.body_json == ARCHIVED_BODY}
     decided_v0 = {sid for sid, r in rows.items() if r.status != "pending" and r.policy_version == 0}
-    last_step = set(TrainSteps(harness.ledger).groups(2)[0].submission_id.split())  # within keep_versions steps
+    last_step = set(harness.ledger.train_steps.groups(2)[0].submission_id.split())  # within keep_versions steps
     # the v0 submission still pending when v2 was published was expired then (the origin keeps no v0): closed too
     assert archived == decided_v0 - last_step and len(archived) == 4 and report.submissions == 4
     assert all(rows[sid].status != "pending" for sid in archived) and fresh not in archived

@@ -44,8 +44,8 @@ def ledgers(tmp_path: Path, postgres_database: str) -> Iterator[list[Ledger]]:
 
 
 def commit_event(ledger: Ledger, kind: str, fail: bool = False) -> None:
-    with ledger._write(None) as conn:
-        ledger._event(conn, kind, None, None)
+    with ledger.core.write(None) as conn:
+        ledger.core.event(conn, kind, None, None)
         if fail:
             raise RuntimeError("rolled back")
 

@@ -72,8 +72,8 @@ async def test_the_ledger_reports_committed_kinds_and_not_rolled_back_ones(harne
     (task,) = (await worker.lease(LeaseRequest())).tasks
     assert changes.wait(["lease"], mark[:1], 0)
     assert not changes.wait(["submit"], mark[1:2], 0)
-    with pytest.raises(Exception, match="boom"), harness.ledger._write(None) as conn:
-        harness.ledger._event(conn, "submit", None, None)
+    with pytest.raises(Exception, match="boom"), harness.ledger.core.write(None) as conn:
+        harness.ledger.core.event(conn, "submit", None, None)
         raise RuntimeError("boom")
     assert not changes.wait(["submit"], mark[1:2], 0)  # rolled back: nobody is told
     await worker.submit(submission_for(task))

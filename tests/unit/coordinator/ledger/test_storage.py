@@ -64,7 +64,7 @@ def test_upgrade_from_v1_keeps_the_data(database: Database, tmp_path: Path) -> N
             {"id": node_id, "now": time.time()},
         )
     ledger = open_ledger(database, tmp_path)  # migrates v1 -> latest on open
-    assert ledger._secret == "ab" * 32
+    assert ledger.core.secret == "ab" * 32
     status = ledger.status()
     assert (status.current_policy_version, status.num_workers_live) == (3, 1)
     assert [node.num_accepted for node in ledger.stats(10).nodes] == [7]

@@ -11,7 +11,7 @@ from sqlalchemy.exc import IntegrityError
 
 from coordinator.ledger.batches import task_prompt
 from coordinator.ledger.storage.tables import step_submissions
-from coordinator.ledger.train_steps import TrainSteps, min_policy_version
+from coordinator.ledger.train_steps import min_policy_version
 from protocol.ledger_client import LedgerClient
 from protocol.schemas import LeaseRequest, Verdict
 from tests.support.ledger_helpers import signed_manifest, submission_for
@@ -36,7 +36,7 @@ async def judged(
 
 async def test_batches_take_accepted_groups_oldest_first_and_each_once(harness: LedgerHarness) -> None:
     worker, validator = await harness.worker(), await harness.validator()
-    steps = TrainSteps(harness.ledger)
+    steps = harness.ledger.train_steps
     first, second = await judged(harness, worker, validator), await judged(harness, worker, validator)
     await judged(harness, worker, validator, accepted=False)
     (pending_task,) = (await worker.lease(LeaseRequest(max_tasks=1))).tasks
@@ -68,7 +68,7 @@ async def test_batches_skip_groups_older_than_the_async_level_allows(make_harnes
     for version in (1, 2):
         await coordinator.publish(signed_manifest(harness.coordinator, version))
     fresh = await judged(harness, worker, validator)  # made with v2
-    steps = TrainSteps(harness.ledger)
+    steps = harness.ledger.train_steps
     # Step 3 trains policy v2; with k = 1 it may learn from v1 and v2 only.
     assert min_policy_version(3, 1) == 1
     record = steps.record_batch(3, groups_per_step=1, min_version=min_policy_version(3, 1))
@@ -83,9 +83,9 @@ async def test_recorded_batch_is_rebuilt_after_a_restart(make_harness: MakeHarne
     harness = make_harness()
     worker, validator = await harness.worker(), await harness.validator()
     ids = [await judged(harness, worker, validator, reward=0.2) for _ in range(2)]
-    recorded = TrainSteps(harness.ledger).record_batch(1, groups_per_step=2, min_version=0)
+    recorded = harness.ledger.train_steps.record_batch(1, groups_per_step=2, min_version=0)
     assert recorded is not None
-    reopened = TrainSteps(make_harness().ledger)  # same database, a new coordinator process
+    reopened = make_harness().ledger.train_steps  # same database, a new coordinator process
     record = reopened.step(1)
     assert record is not None and record.submission_ids == ids
     groups = reopened.groups(1)
@@ -161,7 +161,7 @@ async def test_async_leasing_runs_ahead_of_training_by_k_plus_one_steps(
         await validator.post_verdict(Verdict(submission_id=answer.submission_id, accepted=True, rewards=[1.0] * 4))
     assert (await worker.lease(LeaseRequest(max_tasks=10))).tasks == []
     # A step takes two groups: two places free up at once, before any new version.
-    assert TrainSteps(harness.ledger).record_batch(1, groups_per_step=2, min_version=0) is not None
+    assert harness.ledger.train_steps.record_batch(1, groups_per_step=2, min_version=0) is not None
     assert len((await worker.lease(LeaseRequest(max_tasks=10))).tasks) == 2
     # Versions moving past what the leases were for free their places too.
     for version in (1, 2, 3):
@@ -174,7 +174,7 @@ async def test_async_leasing_runs_ahead_of_training_by_k_plus_one_steps(
 async def test_a_step_batch_is_assembled_from_its_recorded_groups(harness: LedgerHarness) -> None:
     worker, validator = await harness.worker(), await harness.validator()
     ids = [await judged(harness, worker, validator, reward=0.2) for _ in range(2)]
-    steps = TrainSteps(harness.ledger)
+    steps = harness.ledger.train_steps
     record = steps.record_batch(1, groups_per_step=2, min_version=0)
     assert record is not None
     figures, none = steps.batch(record, False, task_prompt, temperature=0.7, with_samples=False)

@@ -6,7 +6,6 @@ import httpx
 import pytest
 
 from coordinator.ledger.batches import batch_summary
-from coordinator.ledger.train_steps import TrainSteps
 from coordinator.serving.dashboard.history import RunHistory, rate_series
 from protocol.schemas import Dashboard, ErrorBody, Event, HeartbeatRequest, LeaseRequest, RunStatus, Verdict
 from tests.support.ledger_helpers import signed_manifest, submission_for
@@ -191,7 +190,7 @@ async def test_dashboard_shows_training_steps_and_their_batch_rewards(harness: L
     async with public_client(harness) as http:
         assert Dashboard.model_validate_json((await http.get("/v1/dashboard")).content).training is None
         worker, validator = await harness.worker(), await harness.validator()
-        steps = TrainSteps(harness.ledger)
+        steps = harness.ledger.train_steps
         expected = {}
         for step, reward in ((1, 0.25), (2, 0.5)):  # as the orchestrator does: record, train, publish
             await judged(harness, worker, validator, reward=reward)
@@ -230,7 +229,7 @@ def test_training_history_reads_odd_train_step_events_as_absent() -> None:
 async def test_rollout_endings_and_evals_show_on_the_dashboard_metrics_and_status(harness: LedgerHarness) -> None:
     async with public_client(harness) as http:
         worker, validator = await harness.worker(), await harness.validator()
-        steps = TrainSteps(harness.ledger)
+        steps = harness.ledger.train_steps
         figures = {"eval_accuracy": 0.25, "eval_reward_mean": 0.5, "eval_stop_fraction": 0.75}
         steps.record_eval(0, {**figures, "eval_completion_tokens_mean": 4.0})  # the start policy: no step row
         assert harness.ledger.newest_eval() is None

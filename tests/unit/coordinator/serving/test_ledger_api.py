@@ -148,14 +148,16 @@ async def test_seeds_are_distinct_and_survive_reopening(harness: LedgerHarness, 
     assert len({task.sampling_seed for task in tasks}) == 2
     # Same database, a new coordinator process: the run secret (and so every seed) is the same.
     reopened = make_harness()
-    assert reopened.ledger._secret == harness.ledger._secret
+    assert reopened.ledger.core.secret == harness.ledger.core.secret
     await worker.abandon(tasks[0].lease_id)
     again_client = await reopened.worker()  # another worker: a task never goes straight back to who dropped it
     (again,) = (await again_client.lease(LeaseRequest())).tasks
     # The abandoned task comes back under a new lease with a fresh seed: its old draws replay to nothing.
     assert again.task_id == tasks[0].task_id and again.sampling_seed != tasks[0].sampling_seed
     group_index = int(again.task_id.removeprefix("t"))
-    assert again.sampling_seed == sampling_seed(reopened.ledger._secret, again.task_name, group_index, again.lease_id)
+    assert again.sampling_seed == sampling_seed(
+        reopened.ledger.core.secret, again.task_name, group_index, again.lease_id
+    )
     await worker.aclose()
     await again_client.aclose()
 
