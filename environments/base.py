@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from environments.held_out import MAX_DRAWS, is_held_out
+from environments.images import Image, image_hashes
 
 TruncatedRule = Literal["minimum", "score"]
 """``minimum``: a truncated completion earns no credit; ``score``: it is scored like any other."""
@@ -50,6 +51,9 @@ class Example:
     """A reference completion: the SFT target, when the environment has one."""
     data: Any = field(default=None, compare=True)
     """Whatever the scorer needs beyond the prompt (a dataset row, a task object); compared by ``==``."""
+    images: tuple[Image, ...] = ()
+    """The prompt's images, in order, shown to the policy before the text of its first user message; made from
+    (config, index) like the rest of the example, and pinned by their hashes (:mod:`environments.images`)."""
 
 
 @dataclass(frozen=True)
@@ -176,7 +180,7 @@ class SeededEnvironment(Environment):
     def _first_draw(self, index: int, stream: int, held_out: bool) -> Example:
         for attempt in range(MAX_DRAWS):
             example = self.draw(index, self.rng(stream, attempt))
-            if is_held_out(example.prompt) == held_out:
+            if is_held_out(example.prompt, image_hashes(example.images)) == held_out:
                 return example
         split = "eval" if held_out else "training"
         raise ValueError(f"environment {self.name!r} drew no {split} example in {MAX_DRAWS} draws")

@@ -53,16 +53,17 @@ class Examples(Protocol):
     def eval_example(self, number: int) -> Any: ...
 
 
-def prompt_key(prompt: str | tuple[Message, ...]) -> str:
-    """The content a prompt is compared and partitioned by: its text, or its messages' roles and contents."""
-    if isinstance(prompt, str):
-        return prompt
-    return "\n".join(f"{message.role}: {message.content}" for message in prompt)
+def prompt_key(prompt: str | tuple[Message, ...], image_hashes: Sequence[str] = ()) -> str:
+    """The content a prompt is compared and partitioned by: its text, or its messages' roles and contents, and the
+    hashes of its images (a prompt without images keys as its text alone)."""
+    text = prompt if isinstance(prompt, str) else "\n".join(f"{message.role}: {message.content}" for message in prompt)
+    return text + "".join(f"\nimage: {digest}" for digest in image_hashes)
 
 
-def is_held_out(prompt: str | tuple[Message, ...]) -> bool:
-    """Whether ``prompt`` is on the eval side of the content partition (about :data:`HELD_OUT_PERCENT` percent)."""
-    digest = hashlib.sha256(prompt_key(prompt).encode()).digest()
+def is_held_out(prompt: str | tuple[Message, ...], image_hashes: Sequence[str] = ()) -> bool:
+    """Whether ``prompt`` (with images of ``image_hashes``) is on the eval side of the content partition (about
+    :data:`HELD_OUT_PERCENT` percent)."""
+    digest = hashlib.sha256(prompt_key(prompt, image_hashes).encode()).digest()
     return int.from_bytes(digest[:8], "big") % 100 < HELD_OUT_PERCENT
 
 
@@ -80,11 +81,16 @@ def check_held_out(
     num_eval: int = CHECK_EVAL_EXAMPLES,
 ) -> None:
     """ConfigError when one of the first ``num_eval`` eval prompts is one of the first ``num_train`` training ones."""
-    train = {prompt_key(environment.example(i).prompt): i for i in range(num_train)}
+    train = {example_key(environment.example(i)): i for i in range(num_train)}
     for number in range(num_eval):
-        key = prompt_key(environment.eval_example(number).prompt)
+        key = example_key(environment.eval_example(number))
         if key in train:
             raise ConfigError(
                 f"environment {environment.name!r}: eval example {number} is training example {train[key]} "
                 f"({key[:60]!r}); its eval_example must draw examples its example() never produces"
             )
+
+
+def example_key(example: Any) -> str:
+    """The key of an example (environments.base.Example): its prompt and its images' hashes."""
+    return prompt_key(example.prompt, [image.sha256 for image in getattr(example, "images", ())])

@@ -37,7 +37,13 @@ def render_messages(messages: Sequence[ChatMessage], tokenizer: Any) -> str:
 
 
 def prompt_text(environment: Environment, example: Example, tokenizer: Any) -> str:
-    """The text of ``example``'s prompt for a policy with ``tokenizer``."""
+    """The text of ``example``'s prompt for a policy with ``tokenizer``; ValueError for an example with images (a
+    text-only policy would be shown the question without its picture)."""
+    if example.images:
+        raise ValueError(
+            f"environment {environment.name!r} shows images with its prompts, and this policy reads text only; "
+            "choose a text environment"
+        )
     if isinstance(example.prompt, str) and not has_chat_template(tokenizer):
         return example.prompt
     messages = chat_messages(example, environment.system_prompt)

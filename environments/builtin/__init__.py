@@ -1,5 +1,6 @@
 """The built-in environments, made by this project: ``reverse_text``, ``arithmetic`` and ``sort_digits``
-(single-turn), and ``calculator`` (multi-turn, with a tool); offline, seeded."""
+(single-turn), ``count_shapes`` (single-turn, with an image) and ``calculator`` (multi-turn, with a tool);
+offline, seeded."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from collections.abc import Callable
 from environments.base import SeededEnvironment
 from environments.builtin.arithmetic import Arithmetic
 from environments.builtin.calculator import Calculator
+from environments.builtin.count_shapes import CountShapes
 from environments.builtin.reverse_text import ReverseText
 from environments.builtin.sort_digits import SortDigits
 
@@ -16,6 +18,7 @@ BUILTIN: dict[str, Callable[[int], SeededEnvironment]] = {
     "arithmetic": Arithmetic,
     "sort_digits": SortDigits,
     "calculator": Calculator,
+    "count_shapes": CountShapes,
 }
 """Built-in environment name -> factory of a seed."""
 

@@ -39,7 +39,7 @@ def test_builtin_examples_are_pure_functions_of_seed_and_index() -> None:
         first, second = builtin_environment(name, seed=3), builtin_environment(name, seed=3)
         assert [first.example(i) for i in range(20)] == [second.example(i) for i in range(20)]
         assert [first.example(i) for i in range(20)] != [builtin_environment(name, 4).example(i) for i in range(20)]
-    with pytest.raises(ValueError, match="known: arithmetic, calculator, reverse_text, sort_digits"):
+    with pytest.raises(ValueError, match="known: arithmetic, calculator, count_shapes, reverse_text, sort_digits"):
         builtin_environment("nope")
 
 

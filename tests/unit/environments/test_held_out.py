@@ -10,7 +10,7 @@ from pydantic import TypeAdapter
 from environments.base import Environment
 from environments.builtin import BUILTIN, builtin_environment
 from environments.config import EnvironmentConfig
-from environments.held_out import HELD_OUT_PERCENT, is_held_out, prompt_key
+from environments.held_out import HELD_OUT_PERCENT, example_key, is_held_out
 from environments.loader import load_checked_environment, load_environment
 from protocol.errors import ConfigError
 from tests.unit.environments.test_environments import TASKSETS_DIR, V0_ECHO
@@ -23,8 +23,8 @@ def parse(section: dict[str, Any]) -> EnvironmentConfig:
 
 
 def train_and_eval(environment: Environment, num_train: int, num_eval: int = NUM_EVAL) -> tuple[set[str], set[str]]:
-    train = {prompt_key(environment.example(i).prompt) for i in range(num_train)}
-    return train, {prompt_key(example.prompt) for example in environment.eval_examples(num_eval)}
+    train = {example_key(environment.example(i)) for i in range(num_train)}
+    return train, {example_key(example) for example in environment.eval_examples(num_eval)}
 
 
 def test_the_content_partition_holds_out_a_tenth_whatever_the_seed() -> None:
@@ -44,7 +44,7 @@ def test_builtin_eval_prompts_are_never_training_prompts(name: str, seed: int) -
     # the proof for every index and seed: training draws only one side of the partition, eval only the other
     assert not any(is_held_out(p) for p in train) and all(is_held_out(p) for p in held_out)
     other_seed = builtin_environment(name, seed + 1)
-    assert not {prompt_key(other_seed.example(i).prompt) for i in range(5000)} & held_out
+    assert not {example_key(other_seed.example(i)) for i in range(5000)} & held_out
 
 
 @pytest.mark.parametrize(
