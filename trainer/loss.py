@@ -63,7 +63,7 @@ def grpo_loss(
     mask mode:  -r * A on tokens with r in [1 - mask_low, 1 + mask_high], 0 elsewhere.
     clip mode:  -min(r * A, clip(r, 1 - clip_low, 1 + clip_high) * A), and for A < 0 at most
                 -clip_ratio_max * A (dual clip).
-    Optional:   + kl_coef * k3(log r) on every completion token.
+    Optional:   + kl_coef * k3(-log r), the k3 estimate of KL(policy || sampler), on every completion token.
     """
     mask = mask.bool()
     log_ratio = logprobs - inference_logprobs

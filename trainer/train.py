@@ -128,9 +128,10 @@ class Trainer:
     def train_step(self, samples: list[TrainSample], objective: Objective, temperature: float = 1.0) -> dict[str, Any]:
         """One optimizer step on ``samples`` (the same full batch on every rank); returns metrics."""
         started = time.perf_counter()
-        total_loss_tokens = sum(len(s.completion_ids) for s in samples)
+        # The tokens that carry loss: a multi-turn completion's environment replies are context, not trained.
+        total_loss_tokens = sum(s.num_trained for s in samples)
         if total_loss_tokens == 0:
-            raise ValueError("the batch has no completion tokens to learn from")
+            raise ValueError("the batch has no sampled completion tokens to learn from")
         micro_batches, mine = self._micro_batches(samples)
         # FSDP averages gradients over ranks; scaling by world size turns that into the global token sum.
         scale = self.info.world_size / total_loss_tokens

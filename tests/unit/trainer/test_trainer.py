@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -106,3 +107,21 @@ def test_lr_schedule() -> None:
     linear = OptimizerConfig(schedule="linear")
     assert lr_factor(5, 11, linear) == pytest.approx(0.5)
     assert lr_factor(7, 11, OptimizerConfig()) == 1.0
+
+
+def test_the_loss_is_a_mean_over_the_trained_tokens_only(tiny_model_dir: Path) -> None:
+    """A multi-turn sample's completion holds the environment's replies, which carry no loss: the step's loss,
+    its figures and its gradient scale are over the sampled tokens alone."""
+    trainer = Trainer(_section(tiny_model_dir), num_steps=10)
+    samples = [
+        dataclasses.replace(
+            sample, sampled=[i < len(sample.completion_ids) // 2 for i in range(len(sample.completion_ids))]
+        )
+        for sample in sft_batch(builtin_environment("reverse_text"), trainer.tokenizer, 0, 8)
+    ]
+    num_trained = sum(sample.num_trained for sample in samples)
+    assert 0 < num_trained < sum(len(sample.completion_ids) for sample in samples)
+    expected = trainer.completion_loss(samples)  # before the step: the step reports the loss it took the gradient of
+    metrics = trainer.sft_step(samples)
+    assert metrics["num_loss_tokens"] == num_trained
+    assert metrics["loss"] == pytest.approx(expected, rel=1e-5)
