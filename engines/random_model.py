@@ -17,14 +17,16 @@ if TYPE_CHECKING:
     from transformers import PretrainedConfig
 
 
-def random_causal_lm(config: PretrainedConfig, seed: int) -> Any:
-    """The causal LM of ``config``'s architecture (``AutoModelForCausalLM``), float32, initialised from ``seed``."""
+def random_causal_lm(config: PretrainedConfig, seed: int, image_text: bool = False) -> Any:
+    """The causal LM of ``config``'s architecture (``AutoModelForCausalLM``; ``image_text``: a vision-language model,
+    ``AutoModelForImageTextToText``), float32, initialised from ``seed``."""
     import torch
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
+    auto_class: Any = AutoModelForImageTextToText if image_text else AutoModelForCausalLM
     generator_state = torch.random.get_rng_state()
     torch.manual_seed(seed)
     try:
-        return AutoModelForCausalLM.from_config(config, dtype=torch.float32).to(torch.float32)
+        return auto_class.from_config(config, dtype=torch.float32).to(torch.float32)
     finally:
         torch.random.set_rng_state(generator_state)

@@ -54,6 +54,28 @@ SMALL_QWEN3_SHAPE: dict[str, int] = {
     "head_dim": 64,
 }
 SMALL_TOKENIZER_VOCAB_SIZE = 512
+TINY_QWEN2_VL = "tiny-qwen2-vl"
+"""A Qwen2-VL of under a million parameters: small-qwen3's tokenizer with the vision tokens, random weights."""
+TINY_QWEN2_VL_TEXT_SHAPE: dict[str, int] = {
+    "hidden_size": 128,
+    "intermediate_size": 384,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+}
+TINY_QWEN2_VL_VISION_SHAPE: dict[str, int] = {
+    "depth": 2,
+    "embed_dim": 64,
+    "num_heads": 4,
+    "mlp_ratio": 2,
+    "patch_size": 14,
+    "spatial_merge_size": 2,
+    "temporal_patch_size": 2,
+}
+VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
+IMAGE_PIXELS = (28 * 28, 224 * 224)
+"""The pixel counts the built-in vision model's image processor keeps images within (smaller or larger are
+resized): a 56 x 56 image is 4 image tokens, a 224 x 224 one 64."""
 TOKENIZER_TASKS = ("arithmetic", "reverse_text")
 """The built-in tasks whose text trains the built-in tokenizers: fixed, so a task added later changes no built
 model (their letters, digits and signs cover the later tasks' text)."""
@@ -199,11 +221,70 @@ def build_small_qwen3(output_dir: Path) -> None:
     save_hf_tokenizer(tokenizer, output_dir, config.max_position_embeddings, CHAT_TEMPLATE)
 
 
+def build_tiny_qwen2_vl(output_dir: Path) -> None:
+    """Save the :data:`TINY_QWEN2_VL` checkpoint: random weights from :data:`INIT_SEED`, ChatML template, EOS
+    ``<|im_end|>``, and its image processor (transformers' PIL one)."""
+    from tokenizers import AddedToken
+    from transformers import GenerationConfig, Qwen2VLConfig, Qwen2VLImageProcessorPil
+
+    from engines.random_model import random_causal_lm
+    from trainer.tokenizer import CHAT_END_TOKEN, CHAT_TEMPLATE, EOS_TOKEN, save_hf_tokenizer
+    from trainer.transformers_logs import quiet_transformers
+
+    quiet_transformers()
+    tokenizer = chat_tokenizer()
+    tokenizer.add_special_tokens([AddedToken(token, special=True) for token in VISION_TOKENS])
+    names = (*VISION_TOKENS, CHAT_END_TOKEN, EOS_TOKEN)
+    found = [tokenizer.token_to_id(token) for token in names]
+    ids = [token_id for token_id in found if token_id is not None]
+    if len(ids) != len(names):
+        raise ValueError(f"the tokenizer lacks one of {names}")
+    start_id, end_id, image_id, video_id, eos_id, pad_id = ids
+    text = untied_fp32_config(dict, TINY_QWEN2_VL_TEXT_SHAPE, tokenizer.get_vocab_size(), eos_id, pad_id, 512)
+    head_half = TINY_QWEN2_VL_TEXT_SHAPE["hidden_size"] // TINY_QWEN2_VL_TEXT_SHAPE["num_attention_heads"] // 2
+    text["rope_parameters"] = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": _mrope(head_half)}
+    vision = {**TINY_QWEN2_VL_VISION_SHAPE, "hidden_size": TINY_QWEN2_VL_TEXT_SHAPE["hidden_size"]}
+    config = Qwen2VLConfig(
+        text_config=text,
+        vision_config=vision,
+        image_token_id=image_id,
+        video_token_id=video_id,
+        vision_start_token_id=start_id,
+        vision_end_token_id=end_id,
+        tie_word_embeddings=False,
+    )
+    model = random_causal_lm(config, INIT_SEED, image_text=True)
+    model.generation_config = GenerationConfig(eos_token_id=eos_id, pad_token_id=pad_id, bos_token_id=pad_id)
+    model.save_pretrained(str(output_dir), safe_serialization=True)
+    save_hf_tokenizer(tokenizer, output_dir, 512, CHAT_TEMPLATE)
+    min_pixels, max_pixels = IMAGE_PIXELS
+    Qwen2VLImageProcessorPil(min_pixels=min_pixels, max_pixels=max_pixels).save_pretrained(str(output_dir))
+
+
+def _mrope(head_half: int) -> list[int]:
+    """Qwen2-VL's split of a head's rotary frequencies over (time, height, width), in Qwen2-VL's proportions."""
+    time_part = head_half // 4
+    height_part = (head_half - time_part) // 2
+    return [time_part, height_part, head_half - time_part - height_part]
+
+
 Builder = Callable[[Path], None]
 """Writes a built-in model's checkpoint directory into the given (empty) directory."""
 
-KNOWN_BUILTINS = (TINY_QWEN2, REVERSE_START, SMALL_QWEN3, ARITHMETIC_START, SORT_START, CALCULATOR_START)
-UNTRAINED_BUILDERS: Mapping[str, Builder] = {TINY_QWEN2: build_random_qwen2, SMALL_QWEN3: build_small_qwen3}
+KNOWN_BUILTINS = (
+    TINY_QWEN2,
+    REVERSE_START,
+    SMALL_QWEN3,
+    ARITHMETIC_START,
+    SORT_START,
+    CALCULATOR_START,
+    TINY_QWEN2_VL,
+)
+UNTRAINED_BUILDERS: Mapping[str, Builder] = {
+    TINY_QWEN2: build_random_qwen2,
+    SMALL_QWEN3: build_small_qwen3,
+    TINY_QWEN2_VL: build_tiny_qwen2_vl,
+}
 """What this module builds itself; the trained start is built by :mod:`trainer.resolve` (it needs SFT)."""
 
 

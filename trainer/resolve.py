@@ -21,9 +21,8 @@ from trainer.builtin import (
     SMALL_QWEN3,
     SORT_START,
     TINY_QWEN2,
+    UNTRAINED_BUILDERS,
     Builder,
-    build_random_qwen2,
-    build_small_qwen3,
 )
 from trainer.builtin import resolve_model_path as resolve_with
 from trainer.start import (
@@ -53,16 +52,17 @@ def _start_builder(name: str) -> Builder:
     return build
 
 
-BUILDERS: dict[str, Builder] = {
-    TINY_QWEN2: build_random_qwen2,
-    REVERSE_START: _start_builder(REVERSE_START),
-    SMALL_QWEN3: build_small_qwen3,
-    ARITHMETIC_START: _start_builder(ARITHMETIC_START),
-    SORT_START: _start_builder(SORT_START),
-    CALCULATOR_START: _start_builder(CALCULATOR_START),
-}
+BUILDERS: dict[str, Builder] = {**UNTRAINED_BUILDERS, **{name: _start_builder(name) for name in STARTS}}
 
 
 def resolve_model_path(name: str, cache_dir: Path | None = None) -> Path:
     """The checkpoint directory of ``name``; a built-in is built in the cache dir on first use."""
     return resolve_with(name, cache_dir, BUILDERS)
+
+
+def reverse_start_checkpoint(output_dir: Path | None = None) -> Path:
+    """`prime-trainer start-checkpoint`: the demo's RL start checkpoint, built in ``output_dir`` (default: the
+    built-in cache, as ``builtin:tiny-qwen2-reverse-start``)."""
+    if output_dir is None:
+        return resolve_model_path(BUILTIN_PREFIX + REVERSE_START)
+    return build_start_checkpoint(output_dir)
