@@ -47,8 +47,9 @@ class BuiltinEnvConfig(EnvironmentSection):
 
     type: Literal["builtin"] = "builtin"
     """The adapter: one of this project's built-in environments."""
-    name: Literal["reverse_text", "arithmetic", "sort_digits", "calculator"] = "reverse_text"
-    """Which built-in environment (``calculator`` is multi-turn: its ``[environment.episode]`` limits apply)."""
+    name: Literal["reverse_text", "arithmetic", "sort_digits", "calculator", "count_shapes"] = "reverse_text"
+    """Which built-in environment (``calculator`` is multi-turn: its ``[environment.episode]`` limits apply;
+    ``count_shapes`` shows an image with each prompt and needs a vision-language policy)."""
     seed: int = Field(default=0, ge=0, lt=2**63)
     """Seed of its example generator."""
 

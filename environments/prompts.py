@@ -15,7 +15,8 @@ from typing import Any, Protocol
 
 from environments.base import Environment
 from environments.episode import episode_turns
-from environments.render import prompt_ids, prompt_text
+from environments.images import image_hashes
+from environments.render import ImageBlocks, prompt_text
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,9 @@ class SourcePrompt:
     """The same prompt for people (dashboards, logs)."""
     example_index: int | None = None
     """The example's index in the environment (validators recompute rewards from it)."""
+    image_sha256: tuple[str, ...] = ()
+    """The hashes of the example's images (:mod:`environments.images`): every party renders them from the index
+    and checks them against these; nobody's pixels are taken on trust."""
 
 
 class PromptSource(Protocol):
@@ -40,11 +44,13 @@ class PromptSource(Protocol):
 
 
 class EnvironmentPrompts:
-    """:class:`PromptSource` over an environment and the policy's tokenizer."""
+    """:class:`PromptSource` over an environment and the policy's tokenizer (and, for a vision-language policy, how
+    it writes an image in a prompt)."""
 
-    def __init__(self, environment: Environment, tokenizer: Any) -> None:
+    def __init__(self, environment: Environment, tokenizer: Any, images: ImageBlocks | None = None) -> None:
         self.environment = environment
         self.tokenizer = tokenizer
+        self.images = images
         self.name = environment.name[:64]
         self.max_turns = episode_turns(environment)
 
@@ -53,8 +59,9 @@ class EnvironmentPrompts:
         prompts = []
         for index in range(first, first + num_prompts):
             example = self.environment.example(index)
-            text = prompt_text(self.environment, example, self.tokenizer)
-            prompts.append(SourcePrompt(tuple(prompt_ids(self.environment, example, self.tokenizer)), text, index))
+            text = prompt_text(self.environment, example, self.tokenizer, self.images)
+            token_ids = tuple(self.tokenizer.encode(text, add_special_tokens=False))
+            prompts.append(SourcePrompt(token_ids, text, index, image_hashes(example.images)))
         return prompts
 
 

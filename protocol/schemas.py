@@ -29,6 +29,7 @@ NodeId = Annotated[str, Field(min_length=40, max_length=64, pattern=r"^[1-9A-HJ-
 Sha256Hex = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
 MAX_POLICY_VERSION = 2**31 - 1  # the ledger stores versions as 32-bit INTEGERs
 MAX_PROMPTS_PER_TASK = 256
+MAX_IMAGES_PER_PROMPT = 16
 MAX_GROUP_SIZE = 64
 MAX_TOKENS_PER_SAMPLE = 32768
 MAX_EPISODE_TURNS = 256
@@ -125,6 +126,12 @@ class Prompt(WireModel):
         ge=0,
         le=MAX_COUNT,
         description="The example's index in the task's generator: rewards are recomputed from it.",
+    )
+    image_sha256: list[Sha256Hex] = Field(
+        default_factory=list,
+        max_length=MAX_IMAGES_PER_PROMPT,
+        description="The hashes of the example's images, in order: every party renders them from example_index "
+        "and checks them against these.",
     )
 
 

@@ -59,7 +59,7 @@ from coordinator.ledger.storage.tables import (
     submissions,
     tasks,
 )
-from environments.prompts import PromptSource
+from environments.prompts import PromptSource, SourcePrompt
 from protocol.errors import (
     ConflictError,
     ForbiddenError,
@@ -342,15 +342,7 @@ class Leases:
             group = self.prompts.prompt_group(next_index, self.scheduling.prompts_per_task)
             if not group:
                 break
-            prompts = [
-                {
-                    "prompt_index": index,
-                    "token_ids": list(prompt.token_ids),
-                    "text": prompt.text,
-                    "example_index": prompt.example_index,
-                }
-                for index, prompt in enumerate(group)
-            ]
+            prompts = [_stored_prompt(index, prompt) for index, prompt in enumerate(group)]
             values = {
                 "task_id": f"t{next_index}",
                 "group_index": next_index,
@@ -445,6 +437,19 @@ class Leases:
         """Re-queue the tasks of leases whose deadline passed (the background maintenance calls this)."""
         with self.core.write(None) as conn:
             return self._expire_overdue(conn, self.clock())
+
+
+def _stored_prompt(index: int, prompt: SourcePrompt) -> dict[str, Any]:
+    """A task's prompt as the ledger stores it (its images by their hashes only, and only when it has some)."""
+    stored: dict[str, Any] = {
+        "prompt_index": index,
+        "token_ids": list(prompt.token_ids),
+        "text": prompt.text,
+        "example_index": prompt.example_index,
+    }
+    if prompt.image_sha256:
+        stored["image_sha256"] = list(prompt.image_sha256)
+    return stored
 
 
 def task_view(task_row: Any, lease_row: Any) -> Task:

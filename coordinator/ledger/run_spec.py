@@ -99,6 +99,11 @@ def environment_prompts(config: CoordinatorConfig) -> EnvironmentPrompts:
     from trainer.resolve import resolve_model_path
 
     environment = load_checked_environment(config.environment)
+    if environment.example(0).images:
+        raise ConfigError(
+            f"the environment {environment.name!r} shows images with its prompts, and workers and validators do not "
+            "run vision-language policies yet; choose a text environment"
+        )
     checkpoint = resolve_model_path(config.policy.start_checkpoint)
     tokenizer = AutoTokenizer.from_pretrained(str(checkpoint))
     prompts = EnvironmentPrompts(environment, tokenizer)

@@ -42,3 +42,13 @@ def test_prompts_that_encode_to_nothing_are_refused_at_start_up(
     else:
         prompts = run_spec.environment_prompts(config).prompt_group(0, 2)
         assert all(prompt.token_ids for prompt in prompts)
+
+
+def test_an_image_environment_is_refused_at_start_up_while_nodes_cannot_show_images(tmp_path: Path) -> None:
+    config = CoordinatorConfig(
+        data_dir=tmp_path / "run",
+        policy={"start_checkpoint": str(save_tiny_qwen2(tmp_path / "policy"))},
+        environment={"type": "builtin", "name": "count_shapes"},
+    )
+    with pytest.raises(ConfigError, match="'count_shapes' shows images"):
+        run_spec.environment_prompts(config)
