@@ -25,6 +25,8 @@ from typing import Literal, Protocol
 
 import torch
 
+from environments.images import Image
+
 
 @dataclass(frozen=True)
 class GenerationRequest:
@@ -39,6 +41,8 @@ class GenerationRequest:
     eos_token_ids: tuple[int, ...] = ()
     adapter: str | None = None
     """The loaded LoRA adapter to generate with (:meth:`Engine.load_adapter`); None: the base weights alone."""
+    images: tuple[Image, ...] = ()
+    """The prompt's images, in the order of its image blocks (a vision-language policy only)."""
 
 
 @dataclass
@@ -95,5 +99,11 @@ class PrefillEngine(Engine, Protocol):
     """
 
     def prefill(
-        self, prompts: list[list[int]], completions: list[list[int]], adapter: str | None = None
-    ) -> list[PrefillResult]: ...
+        self,
+        prompts: list[list[int]],
+        completions: list[list[int]],
+        adapter: str | None = None,
+        images: list[tuple[Image, ...]] | None = None,
+    ) -> list[PrefillResult]:
+        """Recompute each completion's rows; ``images[i]`` are prompt ``i``'s images (None: no prompt has any)."""
+        ...

@@ -33,6 +33,10 @@ import torch
 
 from engines.adapters import LoraAdapter, read_adapter
 from engines.base import GenerationRequest, GenerationResult, PrefillResult
+from engines.hf_vision import VisionBatch, vision_batch
+from engines.vision import VisionInputs
+from environments.images import Image
+from runtime.logs import adopt_transformers_logging
 from runtime.memory import release_free_memory
 from toploc.sampling import draw_tokens_at, stream_states
 
@@ -54,9 +58,7 @@ class HFEngine:
         num_threads: int | None = None,
         attn_implementation: str = "sdpa",
     ) -> None:
-        from transformers import AutoModelForCausalLM
-
-        from runtime.logs import adopt_transformers_logging
+        from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
         adopt_transformers_logging()
         if max_batch_size < 1:
@@ -67,8 +69,10 @@ class HFEngine:
         self.dtype = DTYPES[dtype]
         self.device = torch.device(device)
         self.max_batch_size = max_batch_size
-        loader: Any = AutoModelForCausalLM
-        self.model: Any = loader.from_pretrained(
+        self.vision = VisionInputs.of_checkpoint(Path(checkpoint_dir))
+        """The policy's image inputs; None for a text-only policy."""
+        self._loader: Any = AutoModelForCausalLM if self.vision is None else AutoModelForImageTextToText
+        self.model: Any = self._loader.from_pretrained(
             checkpoint_dir, dtype=self.dtype, attn_implementation=attn_implementation
         ).to(self.device)
         self.model.eval()
@@ -87,7 +91,8 @@ class HFEngine:
 
     @property
     def max_positions(self) -> int:
-        return int(getattr(self.model.config, "max_position_embeddings", 1 << 30))
+        config = self.model.config.get_text_config()
+        return int(getattr(config, "max_position_embeddings", 1 << 30))
 
     def _check_ids(self, ids: Sequence[int], what: str) -> None:
         vocab_size = self.vocab_size
@@ -96,15 +101,22 @@ class HFEngine:
                 raise ValueError(f"{what}: token id {token_id} is outside the vocabulary [0, {vocab_size})")
 
     def _forward(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor, cache: Any
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        position_ids: torch.Tensor,
+        cache: Any,
+        images: VisionBatch | None = None,
     ) -> torch.Tensor:
-        """Final-norm hidden states (batch, len, hidden) for the new tokens; ``cache`` is extended in place."""
+        """Final-norm hidden states (batch, len, hidden) for the new tokens; ``cache`` is extended in place. With
+        ``images``: the batch's pixels and their positions (a forward pass from the prompt)."""
         output = self._decoder(
             input_ids=input_ids,
             attention_mask=attention_mask,
-            position_ids=position_ids,
+            position_ids=position_ids if images is None else images.position_ids,
             past_key_values=cache,
             use_cache=cache is not None,
+            **({} if images is None else images.model_inputs),
         )
         hidden: torch.Tensor = output.last_hidden_state
         return hidden
@@ -124,6 +136,16 @@ class HFEngine:
                 attention_mask[row, longest - len(seq) :] = 1
         position_ids = (attention_mask.cumsum(dim=-1) - 1).clamp(min=0)
         return input_ids.to(self.device), attention_mask.to(self.device), position_ids.to(self.device)
+
+    def _vision_batch(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, rows_images: Sequence[tuple[Image, ...]]
+    ) -> VisionBatch | None:
+        """The batch's image inputs (None: no row has images); ValueError for images and a text-only policy."""
+        if self.vision is None:
+            if any(rows_images):
+                raise ValueError("the policy reads text only; a prompt with images needs a vision-language policy")
+            return None
+        return vision_batch(self.vision, self._decoder, input_ids, attention_mask, rows_images)
 
     def _batches(self, lengths: Sequence[int]) -> list[list[int]]:
         """Indices grouped into batches of similar length (less padding), each <= max_batch_size."""
@@ -164,9 +186,10 @@ class HFEngine:
 
         num_rows = len(requests)
         input_ids, attention_mask, position_ids = self._left_pad([r.prompt_ids for r in requests])
+        images = self._vision_batch(input_ids, attention_mask, [r.images for r in requests])
         cache = DynamicCache(config=self.model.config)
-        hidden = self._forward(input_ids, attention_mask, position_ids, cache)[:, -1]
-        next_positions = position_ids[:, -1] + 1
+        hidden = self._forward(input_ids, attention_mask, position_ids, cache, images)[:, -1]
+        next_positions = position_ids[:, -1] + 1 + (0 if images is None else images.offsets)
 
         temperatures = torch.tensor([r.temperature for r in requests], dtype=torch.float32)
         # The (seed, stream) part of every row's noise hash, once per batch instead of once per token.
@@ -227,16 +250,24 @@ class HFEngine:
 
     @torch.inference_mode()
     def prefill(
-        self, prompts: list[list[int]], completions: list[list[int]], adapter: str | None = None
+        self,
+        prompts: list[list[int]],
+        completions: list[list[int]],
+        adapter: str | None = None,
+        images: list[tuple[Image, ...]] | None = None,
     ) -> list[PrefillResult]:
         self._check_adapter(adapter)
         with self._lock:
             self._use_adapter(adapter)
-            return self._prefill(prompts, completions)
+            return self._prefill(prompts, completions, images or [()] * len(prompts))
 
-    def _prefill(self, prompts: list[list[int]], completions: list[list[int]]) -> list[PrefillResult]:
+    def _prefill(
+        self, prompts: list[list[int]], completions: list[list[int]], images: list[tuple[Image, ...]]
+    ) -> list[PrefillResult]:
         if len(prompts) != len(completions):
             raise ValueError(f"{len(prompts)} prompts but {len(completions)} completions")
+        if len(images) != len(prompts):
+            raise ValueError(f"{len(prompts)} prompts but {len(images)} lists of images")
         for index, (prompt, completion) in enumerate(zip(prompts, completions, strict=True)):
             if not prompt:
                 raise ValueError(f"prefill {index}: empty prompt")
@@ -249,7 +280,8 @@ class HFEngine:
         sequences = [p + c[:-1] for p, c in zip(prompts, completions, strict=True)]
         for batch in self._batches([len(s) for s in sequences]):
             input_ids, attention_mask, position_ids = self._left_pad([sequences[i] for i in batch])
-            hidden = self._forward(input_ids, attention_mask, position_ids, None)
+            batch_images = self._vision_batch(input_ids, attention_mask, [images[i] for i in batch])
+            hidden = self._forward(input_ids, attention_mask, position_ids, None, batch_images)
             width = input_ids.shape[1]
             for row, index in enumerate(batch):
                 num_completion = len(completions[index])
@@ -302,15 +334,13 @@ class HFEngine:
 
     def _converted_state(self, checkpoint_dir: Path) -> dict[str, torch.Tensor]:
         """The checkpoint's weights in the module layout, for architectures whose files differ from it
-        (Qwen3-MoE: one tensor per expert on disk, one fused tensor per block in ``transformers``).
+        (Qwen3-MoE: one tensor per expert on disk, one fused tensor per block in ``transformers``; Qwen2-VL: its
+        text model under another prefix).
 
         ``transformers`` alone knows each conversion, so this loads the checkpoint as a second model
         on the CPU (for the moment of the reload) and refuses a checkpoint that does not fill it exactly.
         """
-        from transformers import AutoModelForCausalLM
-
-        loader: Any = AutoModelForCausalLM
-        loaded, info = loader.from_pretrained(checkpoint_dir, dtype=self.dtype, output_loading_info=True)
+        loaded, info = self._loader.from_pretrained(checkpoint_dir, dtype=self.dtype, output_loading_info=True)
         kinds = ("missing_keys", "unexpected_keys", "mismatched_keys")
         wrong = {kind: sorted(info.get(kind) or [])[:5] for kind in kinds}
         if any(wrong.values()):
