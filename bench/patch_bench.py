@@ -109,7 +109,7 @@ def sample_batch(trainer: Any, step: int, args: argparse.Namespace, vocab: int) 
     import torch
 
     from trainer.advantages import batch_advantages
-    from trainer.packing import TrainSample
+    from trainer.transport import TrainSample
 
     generator = torch.Generator().manual_seed(1000 + step)
     prompts = torch.randint(0, vocab, (args.prompts, args.prompt_tokens), generator=generator)

@@ -43,8 +43,7 @@ from coordinator.config import ChildLogsConfig
 from runtime.ports import free_port
 from tests.support.coordinator_process import CoordinatorProcess
 from tests.support.ledger_helpers import read_ledger
-from trainer.packing import TrainSample
-from trainer.transport import StepBatch, TrainDir, write_json_atomic
+from trainer.transport import StepBatch, TrainDir, TrainSample, write_json_atomic
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 

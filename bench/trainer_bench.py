@@ -30,7 +30,7 @@ from typing import Any
 
 def make_batch(tokenizer: Any, num_samples: int, seed: int) -> list[Any]:
     from environments.builtin import builtin_environment
-    from trainer.packing import TrainSample
+    from trainer.transport import TrainSample
 
     rng = random.Random(seed)
     task = builtin_environment("reverse_text")

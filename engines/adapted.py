@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 from engines.adapters import is_adapter_dir
 from engines.base import Engine, GenerationRequest, GenerationResult, PrefillResult
+from environments.images import Image
 
 _LOCKS: weakref.WeakKeyDictionary[Any, threading.RLock] = weakref.WeakKeyDictionary()
 _LOCKS_LOCK = threading.Lock()
@@ -59,12 +60,16 @@ class AdapterView:
             return self.base.generate([replace(request, adapter=adapter) for request in requests])
 
     def prefill(
-        self, prompts: list[list[int]], completions: list[list[int]], adapter: str | None = None
+        self,
+        prompts: list[list[int]],
+        completions: list[list[int]],
+        adapter: str | None = None,
+        images: list[tuple[Image, ...]] | None = None,
     ) -> list[PrefillResult]:
         """Prefill with this view's adapter (``adapter`` is ignored: the view is one policy)."""
         engine: Any = self.base
         with self._lock:
-            results: list[PrefillResult] = engine.prefill(prompts, completions, self._active())
+            results: list[PrefillResult] = engine.prefill(prompts, completions, self._active(), images)
         return results
 
     def load_weights(self, checkpoint_dir: Path) -> None:

@@ -14,7 +14,8 @@ The weights are in the architecture's checkpoint layout, the one ``save_pretrain
 both engines read, which is not always the module layout the trainer holds: Qwen3-MoE's experts
 are one fused 3-D tensor per block in ``transformers`` but one tensor per expert on disk (see
 :func:`checkpoint_tensors`). A LoRA policy exports as its adapter (:func:`export_adapter`, PEFT's
-layout) and, for the run's result, as the merged checkpoint (:func:`export_policy` with ``merged``).
+layout) and, for the run's result, as the merged checkpoint (:func:`export_policy`, which folds a LoRA
+model's adapters into its weights).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Packing variable-length samples into micro-batches, and dealing them to ranks.
 
-A :class:`TrainSample` is prompt + completion token ids with per-completion-token data
+A :class:`~trainer.transport.TrainSample` is prompt + completion token ids with per-completion-token data
 (advantage, the engine's logprobs). Packing concatenates whole samples into rows of at most
 ``row_tokens`` tokens (first-fit-decreasing), with position ids restarting at 0 at each
 sample and a block-diagonal causal mask, so a token attends within its own sample only; rows
@@ -21,29 +21,7 @@ from typing import Any
 
 import torch
 
-
-@dataclass(frozen=True)
-class TrainSample:
-    prompt_ids: list[int]
-    completion_ids: list[int]
-    advantage: float = 0.0
-    """The sample's (group-relative) advantage; unused by SFT."""
-    inference_logprobs: list[float] | None = None
-    """One per completion token, from the engine that sampled it; None for SFT."""
-    reward: float = 0.0
-    """For metrics only."""
-    sampled: list[bool] | None = None
-    """One per completion token: True where the policy sampled it. None: all of them. A multi-turn episode's
-    sample holds the environment's replies between its turns; only sampled tokens carry loss."""
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.prompt_ids) + len(self.completion_ids)
-
-    @property
-    def num_trained(self) -> int:
-        """Completion tokens that carry loss (the sampled ones)."""
-        return len(self.completion_ids) if self.sampled is None else sum(self.sampled)
+from trainer.transport import TrainSample
 
 
 @dataclass

@@ -1,8 +1,8 @@
 """Rollouts and evaluation through an injected engine (engines: the Engine interface).
 
 The trainer package never imports worker/: callers pass the engine and the engine
-interface's request type (``engines.base.GenerationRequest``), so the CLI and the bench
-programs wire a concrete engine in, and worker code may import trainer without a cycle.
+interface's request type (``engines.base.GenerationRequest``), so :mod:`trainer.local` and the
+bench programs wire a concrete engine in, and worker code may import trainer without a cycle.
 
 Prompt ``i`` of a step is task example ``step * prompts_per_step + i``; its sample ``j`` is
 drawn on noise stream ``sample_stream(i, j)`` with the step's sampling seed, so a rollout is
@@ -24,7 +24,7 @@ from environments.render import prompt_ids
 from environments.truncation import completion_scores, is_truncated
 from toploc.sampling import sample_stream
 from trainer.advantages import batch_advantages
-from trainer.packing import TrainSample
+from trainer.transport import TrainSample
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase

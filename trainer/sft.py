@@ -18,13 +18,13 @@ from environments.episode import MultiTurnEnvironment, PolicyTurn, episode_sampl
 from environments.loader import load_environment
 from environments.render import prompt_ids
 from trainer.config import SftConfig
+from trainer.fsdp import shutdown
 from trainer.metrics import MetricsLogger
-from trainer.packing import TrainSample
+from trainer.train import Trainer
+from trainer.transport import TrainSample
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
-
-    from trainer.train import Trainer
 
 log = logging.getLogger("trainer.sft")
 
@@ -93,9 +93,6 @@ def train_sft(trainer: Trainer, config: SftConfig, metrics: MetricsLogger) -> di
 
 def run_sft(config: SftConfig) -> Path:
     """`prime-trainer sft`: train, save the trainer state, export the policy; returns the policy dir."""
-    from trainer.fsdp import shutdown
-    from trainer.train import Trainer
-
     trainer = Trainer(config.trainer_section(), config.num_steps)
     checkpoints = config.output_dir / "checkpoints"
     if config.resume:

@@ -38,7 +38,8 @@ from trainer.lora import apply_lora, trainable_parameters
 from trainer.loss import LossSums, grpo_loss, sft_loss, token_logprobs_and_entropy
 from trainer.model import load_model, load_tokenizer
 from trainer.optim import build_optimizer, build_scheduler
-from trainer.packing import MicroBatch, TrainSample, deal_to_ranks, make_micro_batches
+from trainer.packing import MicroBatch, deal_to_ranks, make_micro_batches
+from trainer.transport import TrainSample
 
 log = logging.getLogger("trainer")
 

@@ -1,15 +1,16 @@
 """The filesystem transport between the orchestrator and the trainer service (like prime-rl's).
 
 Everything lives under one directory (``<data_dir>/train``): the orchestrator writes
-``batches/step_<n>.safetensors`` (the samples of step n, with advantages); the trainer ranks
-read it, train, export the policy to ``policies/step_<n>/``, save the trainer state under
-``checkpoints/`` and write ``done/step_<n>.json`` (the step's metrics) last. Every file is
+``batches/step_<n>.safetensors`` (the samples of step n, with advantages); trainer rank 0 reads
+it and broadcasts it to the other ranks. The ranks train, export the policy to ``policies/step_<n>/``
+and save the trainer state under ``checkpoints/``; rank 0 keeps the step's metrics in
+``metrics/step_<n>.json`` before that save and writes ``done/step_<n>.json`` (the metrics) last. Every file is
 written to a temporary name and renamed, so a reader never sees half of one and a crash
 leaves either the whole file or none. Each side rings a :class:`Doorbell` (a named pipe) after
 writing what the other waits for (``batch.bell``, ``done.bell``), so neither has to poll for it.
 
-A batch file holds the samples as flat safetensors arrays (token ids as int32, advantages,
-rewards and logprobs as float64, so they round-trip exactly) with an offsets array per ragged
+A batch file holds the samples (:class:`TrainSample`) as flat safetensors arrays (token ids as int32,
+advantages, rewards and logprobs as float64, so they round-trip exactly) with an offsets array per ragged
 field (a multi-turn sample's sampled-token flags as uint8, after those of the samples before it), and the
 step, temperature and submission ids in its metadata: a 256-sample x 4,096-token
 batch is a few tens of MB written and read in well under a second, where JSON took seconds.
@@ -35,12 +36,36 @@ import numpy as np
 from safetensors.numpy import load as load_tensors
 from safetensors.numpy import save as save_tensors
 
-from trainer.packing import TrainSample
-
 BATCH_FORMAT = "prime-batch/1"
 """The ``format`` metadata of a batch file; a file with another one is refused, not guessed at."""
 _STEP_NAME = re.compile(r"^\.?step_(\d{1,18})(?:\.json|\.safetensors|\.partial)?(?:\.\d+\.tmp)?$")
 """A step's file or folder in the transport, or its temporary or staging name."""
+
+
+@dataclass(frozen=True)
+class TrainSample:
+    """One sample to train on: prompt and completion token ids, with data per completion token."""
+
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    advantage: float = 0.0
+    """The sample's (group-relative) advantage; unused by SFT."""
+    inference_logprobs: list[float] | None = None
+    """One per completion token, from the engine that sampled it; None for SFT."""
+    reward: float = 0.0
+    """For metrics only."""
+    sampled: list[bool] | None = None
+    """One per completion token: True where the policy sampled it. None: all of them. A multi-turn episode's
+    sample holds the environment's replies between its turns; only sampled tokens carry loss."""
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.completion_ids)
+
+    @property
+    def num_trained(self) -> int:
+        """Completion tokens that carry loss (the sampled ones)."""
+        return len(self.completion_ids) if self.sampled is None else sum(self.sampled)
 
 
 @dataclass(frozen=True)

@@ -17,9 +17,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from environments.episode import EpisodeError, MultiTurnEnvironment, episode_samples, issued_turn_prompts
+from environments.prompts import EnvironmentPrompts, PromptSource
 from protocol.schemas import Rollout, SubmitRequest, TurnRollout, Verdict
 from trainer.advantages import group_advantages
-from trainer.packing import TrainSample
+from trainer.transport import TrainSample
 
 
 @dataclass(frozen=True)
@@ -109,6 +110,15 @@ def episode_prompts(environment: MultiTurnEnvironment, tokenizer: Any, eos_token
             raise ValueError(f"submission {group.submission_id}, prompt {rollout.prompt_index}: {exc}") from exc
 
     return turn_prompts
+
+
+def run_turn_prompts(prompts: PromptSource, end_token_ids: Callable[[], Sequence[int]]) -> TurnPrompts:
+    """How the loop gets each policy turn's prompt: the task's for a single-turn run; for a multi-turn run, the
+    episode replayed from its sampled turns (:func:`episode_prompts`) with the run's environment, the tokenizer
+    that rendered its prompts and the start checkpoint's end tokens (``end_token_ids()``, asked only then)."""
+    if not isinstance(prompts, EnvironmentPrompts) or not isinstance(prompts.environment, MultiTurnEnvironment):
+        return task_prompt
+    return episode_prompts(prompts.environment, prompts.tokenizer, end_token_ids())
 
 
 def train_samples(

@@ -15,8 +15,8 @@ from coordinator.ledger.core import RUN_ROW_ID, LedgerCore
 from coordinator.ledger.leasing import end_lease
 from coordinator.ledger.replay import NonceClaim
 from coordinator.ledger.storage.tables import leases, policy_versions, run_state
+from coordinator.ledger.train_steps import PUBLISHED_STEPS
 from coordinator.ledger.validation import Validation
-from coordinator.ledger.views import PUBLISHED_STEPS
 from protocol.errors import ConflictError, ForbiddenError, ProtocolError, RunEndedError
 from protocol.schemas import MAX_POLICY_VERSION, PublishResponse, SignedManifest
 from protocol.signing import verify_document

@@ -37,9 +37,12 @@ from coordinator.ledger.storage.tables import (
     tasks,
     train_steps,
 )
-from trainer.transport import StepBatch
+from trainer.transport import TrainSample
 
 CANDIDATE_SCAN_FACTOR = 4
+
+PUBLISHED_STEPS = select(func.count()).where(train_steps.c.state == "published")
+"""How many training steps the RL loop has published (the status's count, and the run's end)."""
 
 
 @dataclass(frozen=True)
@@ -166,10 +169,10 @@ class TrainSteps:
         ]
 
     def batch(
-        self, record: StepRecord, normalize_std: bool, turn_prompts: TurnPrompts, temperature: float, with_samples: bool
-    ) -> tuple[dict[str, float], StepBatch | None]:
-        """A recorded step's batch figures and, ``with_samples``, its training batch: the step's groups rebuilt from
-        the ledger, each rollout's reward and group advantage, and its samples (:mod:`coordinator.ledger.batches`).
+        self, record: StepRecord, normalize_std: bool, turn_prompts: TurnPrompts, with_samples: bool
+    ) -> tuple[dict[str, float], list[TrainSample] | None]:
+        """A recorded step's batch figures and, ``with_samples``, its samples: the step's groups rebuilt from the
+        ledger, each rollout's reward and group advantage, and its samples (:mod:`coordinator.ledger.batches`).
 
         The one place a batch is assembled; the figures alone when the trainer already has the batch."""
         groups = self.groups(record.step)
@@ -178,7 +181,7 @@ class TrainSteps:
             return summary, None
         samples = train_samples(groups, normalize_std, turn_prompts)
         summary["sampled_fraction"] = sampled_fraction(samples)
-        return summary, StepBatch(record.step, samples, temperature, record.submission_ids)
+        return summary, samples
 
     def _advance(self, step: int, state: str, metrics: dict[str, Any] | None = None) -> None:
         column = {"trained": "trained_at", "published": "published_at"}[state]

@@ -16,6 +16,7 @@ from coordinator.ledger.batches import EVAL_ACCURACY, named_rewards, step_figure
 from coordinator.ledger.core import LedgerCore
 from coordinator.ledger.reputation import ValidatorRecordPolicy, validator_flagged
 from coordinator.ledger.storage.tables import events, nodes, policy_versions, run_state, submissions, tasks, train_steps
+from coordinator.ledger.train_steps import PUBLISHED_STEPS
 from protocol.errors import NotFoundError
 from protocol.schemas import Event, EventPage, NodeStats, RunStats, RunStatus, SignedManifest
 
@@ -40,8 +41,6 @@ def _no_constant(_name: str) -> None:
     return None
 
 
-PUBLISHED_STEPS = select(func.count()).where(train_steps.c.state == "published")
-"""How many training steps the RL loop has published (the status's count, and the run's end)."""
 RECENT_STEPS = 10
 """How many of the newest steps the status's step time is the mean of."""
 

@@ -34,25 +34,19 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from coordinator.config import CoordinatorConfig
-from coordinator.ledger.batches import (
-    TurnPrompts,
-    episode_prompts,
-    task_prompt,
-)
+from coordinator.ledger.batches import TurnPrompts, run_turn_prompts
 from coordinator.ledger.ledger import Ledger
 from coordinator.ledger.train_steps import StepRecord, TrainSteps, min_policy_version
 from coordinator.loop.evals import PolicyEvals
 from coordinator.loop.policies import publish_policy
 from coordinator.loop.run_metrics import RunMetricsFile
 from coordinator.processes.trainer_process import TrainerProcess
-from environments.episode import MultiTurnEnvironment
-from environments.prompts import EnvironmentPrompts, PromptSource
 from node.startup import eos_token_ids
 from protocol.identity import NodeIdentity
 from runtime.memory import release_free_memory
 from shardcast.format.store import VersionStore
 from trainer.resolve import resolve_model_path
-from trainer.transport import Doorbell, TrainDir
+from trainer.transport import Doorbell, StepBatch, TrainDir
 
 log = logging.getLogger("coordinator.loop.orchestrator")
 BATCH_WAKE_KINDS = ("verdict",)
@@ -63,16 +57,6 @@ T = TypeVar("T")
 
 class StoppedError(Exception):
     """The coordinator is shutting down; the loop returns where it is (the ledger has the state)."""
-
-
-def run_turn_prompts(prompts: PromptSource, config: CoordinatorConfig) -> TurnPrompts:
-    """How the loop gets each policy turn's prompt: the task's for a single-turn run; for a multi-turn run, the
-    episode replayed from its sampled turns with the run's environment and the start checkpoint's tokenizer
-    and end tokens (:func:`coordinator.ledger.batches.episode_prompts`)."""
-    if not isinstance(prompts, EnvironmentPrompts) or not isinstance(prompts.environment, MultiTurnEnvironment):
-        return task_prompt
-    eos = eos_token_ids(resolve_model_path(config.policy.start_checkpoint))
-    return episode_prompts(prompts.environment, prompts.tokenizer, eos)
 
 
 @dataclass
@@ -92,12 +76,16 @@ class Orchestrator:
     """Where the policies due an eval are queued as they are published."""
     steps: TrainSteps = field(init=False)
     turn_prompts: TurnPrompts = field(init=False)
-    """Each policy turn's prompt of a rollout, rebuilt on the trusted side (:func:`run_turn_prompts`)."""
+    """Each policy turn's prompt of a rollout, rebuilt on the trusted side
+    (:func:`coordinator.ledger.batches.run_turn_prompts`)."""
     _done_bell: Doorbell = field(init=False)
 
     def __post_init__(self) -> None:
         self.steps = self.ledger.train_steps
-        self.turn_prompts = run_turn_prompts(self.ledger.prompts, self.config)
+        start_checkpoint = self.config.policy.start_checkpoint
+        self.turn_prompts = run_turn_prompts(
+            self.ledger.prompts, lambda: eos_token_ids(resolve_model_path(start_checkpoint))
+        )
         self._done_bell = Doorbell(self.train_dir.done_bell)
         self._done_bell.listen()  # before the trainer can ring it
 
@@ -165,15 +153,15 @@ class Orchestrator:
         if record.state == "published":
             return
         needed = self.train_dir.read_done(step) is None and not self.train_dir.has_batch(step)
-        temperature = self.config.scheduling.temperature
-        summary, batch = self.steps.batch(record, settings.normalize_std, self.turn_prompts, temperature, needed)
-        if batch is not None:
-            self.train_dir.write_batch(batch)
+        summary, samples = self.steps.batch(record, settings.normalize_std, self.turn_prompts, needed)
+        if samples is not None:
+            temperature = self.config.scheduling.temperature
+            self.train_dir.write_batch(StepBatch(step, samples, temperature, record.submission_ids))
             log.info(
                 "step %d: batch of %d groups (%d samples, staleness %.2f) after %.1f s",
                 step,
                 len(record.submission_ids),
-                len(batch.samples),
+                len(samples),
                 summary["staleness_mean"],
                 time.monotonic() - waiting_since,
             )

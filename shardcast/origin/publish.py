@@ -5,10 +5,12 @@ when the filesystem allows), hashes each shard of their concatenation, signs the
 the coordinator's key, and renames the finished version directory into the store: a version is
 there complete or not at all. A shard is served straight from the parts of the files it
 covers (:class:`~shardcast.http.server.Segment`), so the origin keeps no second copy of the bytes. It then announces the
-new version and prunes old ones, keeping the newest ``keep_versions`` (choose at least
-``async_level + 1`` so every version a worker may still use stays downloadable) and never the
-announced one. :class:`OriginSource` serves the store through :func:`shardcast.http.server.create_app`;
-the coordinator mounts that app, and ``prime-relay origin`` serves a store on its own.
+new version and, given ``keep_versions``, prunes old ones, keeping the newest ``keep_versions`` (choose at
+least ``async_level + 1`` so every version a worker may still use stays downloadable) and never the
+announced one; the coordinator passes none and prunes its store itself, with its own retention policy
+(:func:`coordinator.loop.policies.prune_origin`). :class:`OriginSource` serves the store through
+:func:`shardcast.http.server.create_app`; the coordinator mounts that app, and ``prime-relay origin``
+serves a store on its own.
 
 With a :class:`PatchPolicy` the origin may publish a version as a *value patch* against the
 version announced before it (:func:`choose_patch`): when that version is still in the store,

@@ -20,8 +20,8 @@ from typing import Any
 
 from environments.builtin import builtin_environment
 from trainer.config import LoraConfig, LossConfig, OptimizerConfig, ParallelConfig, TrainerSection
-from trainer.packing import TrainSample
 from trainer.train import Trainer
+from trainer.transport import TrainSample
 
 LOSS = LossConfig(correction="mask", mask_low=0.99, mask_high=100.0)
 

@@ -21,9 +21,8 @@ from typing import Any
 import pytest
 
 from trainer.config import LossConfig, TrainerSection
-from trainer.packing import TrainSample
 from trainer.service import FAILPOINT_ENV, FAILPOINTS, ServiceSpec, write_spec
-from trainer.transport import StepBatch, TrainDir
+from trainer.transport import StepBatch, TrainDir, TrainSample
 
 pytestmark = pytest.mark.slow
 

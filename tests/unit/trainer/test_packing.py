@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 import torch
 
-from trainer.packing import TrainSample, deal_to_ranks, make_micro_batches, plan_bins
+from trainer.packing import deal_to_ranks, make_micro_batches, plan_bins
+from trainer.transport import TrainSample
 
 
 def _samples() -> list[TrainSample]:

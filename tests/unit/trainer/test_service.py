@@ -7,9 +7,8 @@ from pathlib import Path
 import pytest
 
 from trainer.config import LossConfig, TrainerSection
-from trainer.packing import TrainSample
 from trainer.service import ServiceSpec, serve
-from trainer.transport import StepBatch, TrainDir
+from trainer.transport import StepBatch, TrainDir, TrainSample
 
 
 def batch(step: int) -> StepBatch:

@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from trainer.packing import TrainSample
-from trainer.transport import Doorbell, StepBatch, TrainDir, encode_batch
+from trainer.transport import Doorbell, StepBatch, TrainDir, TrainSample, encode_batch
 
 
 def sample(n: int, logprobs: bool = True) -> TrainSample:

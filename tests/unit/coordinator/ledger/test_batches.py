@@ -23,8 +23,7 @@ from coordinator.ledger.batches import (
 from coordinator.ledger.scheduling import lease_room
 from coordinator.ledger.train_steps import min_policy_version
 from protocol.schemas import Rollout, SubmitRequest, TurnRollout, Verdict
-from trainer.packing import TrainSample
-from trainer.transport import StepBatch, TrainDir
+from trainer.transport import StepBatch, TrainDir, TrainSample
 
 
 def group_columns(rewards: list[float], components: dict[str, list[float]] | None = None) -> tuple[str, str, str]:

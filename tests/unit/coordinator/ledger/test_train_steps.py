@@ -177,9 +177,9 @@ async def test_a_step_batch_is_assembled_from_its_recorded_groups(harness: Ledge
     steps = harness.ledger.train_steps
     record = steps.record_batch(1, groups_per_step=2, min_version=0)
     assert record is not None
-    figures, none = steps.batch(record, False, task_prompt, temperature=0.7, with_samples=False)
+    figures, none = steps.batch(record, False, task_prompt, with_samples=False)
     assert none is None and figures["num_samples"] == 8.0 and "sampled_fraction" not in figures
-    figures, batch = steps.batch(record, False, task_prompt, temperature=0.7, with_samples=True)
-    assert batch is not None and batch.step == 1 and batch.submission_ids == ids and batch.temperature == 0.7
-    assert len(batch.samples) == 8  # one sample per rollout: 2 groups of 2 prompts x 2 samples
+    figures, samples = steps.batch(record, False, task_prompt, with_samples=True)
+    assert samples is not None and record.submission_ids == ids
+    assert len(samples) == 8  # one sample per rollout: 2 groups of 2 prompts x 2 samples
     assert figures["reward_mean"] == pytest.approx(0.35) and 0.0 <= figures["sampled_fraction"] <= 1.0
