@@ -20,7 +20,7 @@ from runtime.cli import (
     set_option,
     start_logging,
 )
-from runtime.slurm import DryRunOption, GpusPerNodeOption, PartitionOption, SbatchArgOption, TimeOption
+from runtime.slurm import DryRunOption, GpusPerNodeOption, PartitionOption, SbatchArgOption, TimeOption, print_or_submit
 
 SetOption = set_option("api.port=8001")
 
@@ -99,12 +99,10 @@ def status(
 ) -> None:
     """Show a running run: step and ETA, live workers and validators, accepted and rejected submissions."""
     start_logging(log_level, json_logs)
-    from coordinator.processes.builtin_validator import local_url
-    from coordinator.serving.run_status import show_status
+    from coordinator.serving.run_status import show_status, status_url
 
     if coordinator is None:
-        loaded = load_role_config(CoordinatorConfig, config, sets)
-        coordinator = local_url(loaded.api.host, loaded.api.port)
+        coordinator = status_url(load_role_config(CoordinatorConfig, config, sets))
     run_or_exit("coordinator", show_status, coordinator)
 
 
@@ -253,7 +251,6 @@ def slurm(
     """
     loaded = load_role_config(CoordinatorConfig, config, sets)
     from coordinator.processes.slurm import coordinator_job
-    from runtime.slurm import print_or_submit
 
     job = coordinator_job(
         loaded,

@@ -5,15 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from coordinator.config import CoordinatorConfig
+from coordinator.loop.policies import policy_store, publish_policy, published_version
 from coordinator.serving.server import open_ledger
+from environments.prompts import NoPrompts
+from protocol.identity import load_or_create_identity
 
 
 def publish_from_cli(config: CoordinatorConfig, checkpoint: Path, version: int | None) -> None:
     """`prime-coordinator publish`: the same publication the orchestrator makes, from a shell."""
-    from coordinator.loop.policies import policy_store, publish_policy, published_version
-    from environments.prompts import NoPrompts
-    from protocol.identity import load_or_create_identity
-
     identity = load_or_create_identity(config.data_dir)
     database, ledger = open_ledger(config, NoPrompts(), identity.node_id)
     try:

@@ -2,22 +2,21 @@
 
 from __future__ import annotations
 
+import shutil
+
+import typer
+from sqlalchemy.exc import DBAPIError
+
 from coordinator.config import CoordinatorConfig
+from coordinator.ledger.ownership import drop_ledger, hold_ledger, ledger_tables, shown_url
+from coordinator.ledger.storage.engine import Database
 from coordinator.serving.server import LEDGER_URL_FIX
 from protocol.errors import StartupError
+from runtime.data_dir_lock import hold_data_dir
 
 
 def reset_run(config: CoordinatorConfig, assume_yes: bool) -> None:
     """`prime-coordinator reset`: drop the run's ledger tables and delete its data dir, after saying what goes."""
-    import shutil
-
-    import typer
-    from sqlalchemy.exc import DBAPIError
-
-    from coordinator.ledger.ownership import drop_ledger, hold_ledger, ledger_tables, shown_url
-    from coordinator.ledger.storage.engine import Database
-    from runtime.data_dir_lock import hold_data_dir
-
     data_dir = config.data_dir
     with hold_data_dir(data_dir, "prime-coordinator reset"):  # refused while a coordinator runs on it
         try:

@@ -23,6 +23,7 @@ from coordinator.ledger.replay import DatabaseReplayCache
 from coordinator.ledger.run_record import record_run
 from coordinator.ledger.run_spec import check_precision, environment_prompts, signed_run_spec
 from coordinator.loop.policies import policy_store, publish_policy, published_version, with_vocab_size, without_links
+from coordinator.loop.runner import RunThread
 from coordinator.loop.tracking import check_tracking
 from coordinator.processes.builtin_validator import BuiltinValidator, approve_builtin_validator, local_url
 from coordinator.serving.app import create_app
@@ -159,8 +160,6 @@ def serve(setup: RunSetup, ledger: Ledger, replay_cache: DatabaseReplayCache) ->
         setup.builtin_validator.start(local_url(host, port))
     runner = None
     if config.orchestrator.enabled or config.local_network.enabled:
-        from coordinator.loop.runner import RunThread
-
         runner = RunThread(config, ledger, setup.identity, store, server, f"http://{host}:{port}")
         runner.start()
     try:

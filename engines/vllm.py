@@ -38,6 +38,7 @@ import torch
 from engines.adapters import AdapterError, read_adapter
 from engines.base import GenerationRequest, GenerationResult
 from protocol.errors import StartupError
+from runtime.logs import adopt_transformers_logging
 
 log = logging.getLogger(__name__)
 
@@ -140,7 +141,6 @@ class VllmEngine:
         from vllm import LLM
 
         from engines import vllm_hooks
-        from runtime.logs import adopt_transformers_logging
 
         adopt_transformers_logging()
 

@@ -29,6 +29,11 @@ from environments.config import (
     VerifiersEnvConfig,
 )
 from environments.episode import EnvironmentReplyError, EpisodeRun, MultiTurnEnvironment, PolicyTurn
+from environments.python_env import load_python_environment
+from environments.reasoning_gym_env import ReasoningGymEnvironment
+from environments.verifiers_env import VerifiersEnvironment
+from environments.verifiers_v0 import module_name
+from environments.verifiers_v0_episodes import verifiers_v0_environment
 from protocol.errors import ConfigError
 from protocol.schemas import EnvironmentIdentity
 from protocol.signing import canonical_json
@@ -73,8 +78,6 @@ def _load_adapter(config: EnvironmentConfig) -> Environment:
         return builtin_environment(config.name, config.seed)
     if isinstance(config, ReasoningGymEnvConfig):
         _require("reasoning-gym", "reasoning_gym")
-        from environments.reasoning_gym_env import ReasoningGymEnvironment
-
         try:
             return ReasoningGymEnvironment(config)
         except (ValueError, TypeError, KeyError) as exc:
@@ -82,14 +85,8 @@ def _load_adapter(config: EnvironmentConfig) -> Environment:
     if isinstance(config, VerifiersEnvConfig):
         _require("verifiers", "verifiers")
         if config.api == "v0":
-            from environments.verifiers_v0_episodes import verifiers_v0_environment
-
             return verifiers_v0_environment(config)
-        from environments.verifiers_env import VerifiersEnvironment
-
         return VerifiersEnvironment(config)
-    from environments.python_env import load_python_environment
-
     return load_python_environment(config)
 
 
@@ -118,8 +115,6 @@ def environment_identity(config: EnvironmentConfig) -> EnvironmentIdentity:
     elif isinstance(config, VerifiersEnvConfig):
         name = config.taskset
         if config.api == "v0":
-            from environments.verifiers_v0 import module_name
-
             module = module_name(config.taskset)
         else:
             module = config.taskset.rsplit("/", 1)[-1].split("@", 1)[0].replace("-", "_").lower()

@@ -17,6 +17,8 @@ from protocol.errors import IdentityError, StartupError
 from protocol.identity import public_key_from_node_id
 from protocol.ledger_client import LedgerClient
 from protocol.schemas import LoraPin
+from runtime.logs import adopt_transformers_logging
+from shardcast.format.manifest import checkpoint_digest
 
 log = logging.getLogger("node.startup")
 PINNED_COORDINATOR_FILE = "coordinator_id"
@@ -90,8 +92,6 @@ def _tokenizer_end_tokens(checkpoint_dir: Path) -> list[int]:
         return []
     from transformers import AutoTokenizer
 
-    from runtime.logs import adopt_transformers_logging
-
     adopt_transformers_logging()  # a node's first use of transformers: its lines in the node's log format
     tokenizer = AutoTokenizer.from_pretrained(str(checkpoint_dir))
     found = [] if tokenizer.eos_token_id is None else [int(tokenizer.eos_token_id)]
@@ -109,8 +109,6 @@ def eos_token_ids(checkpoint_dir: Path) -> tuple[int, ...]:
 
 def check_lora_base(checkpoint_dir: Path, lora: LoraPin) -> None:
     """A StartupError (one line) unless ``checkpoint_dir``, a LoRA run's version 0, is the base its spec pins."""
-    from shardcast.format.manifest import checkpoint_digest
-
     found = checkpoint_digest(checkpoint_dir)
     if found != lora.base_hash:
         raise StartupError(

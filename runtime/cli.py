@@ -186,24 +186,13 @@ def make_keys_app(config_cls: type[RoleConfig], script: str, example: str) -> ty
         id_only: bool = typer.Option(False, "--id-only", help="Print the node id alone (for scripts)."),
     ) -> None:
         """Print the node id and key file of an existing key (exit 1 when there is none)."""
-        from protocol.identity import key_path, load_identity
-
         directory = resolve(data_dir, config, sets)
-        path = key_path(directory)
-        if not path.exists():
-            fail(
-                f"no node key in {directory}; `{script} keys create --data-dir {directory}` makes one "
-                "(the node's first start does too), or point --data-dir / -c at the node's data dir"
-            )
+        from runtime.keys import show_key
+
         try:
-            identity = load_identity(path)
+            show_key(directory, script, id_only)
         except PrimeError as exc:
             fail(exc.message)
-        if id_only:
-            typer.echo(identity.node_id)
-            return
-        typer.echo(f"node id:  {identity.node_id}")
-        typer.echo(f"key file: {path}")
 
     @keys_app.command("create")
     def create(
@@ -212,15 +201,13 @@ def make_keys_app(config_cls: type[RoleConfig], script: str, example: str) -> ty
         sets: list[str] | None = set_keys,
     ) -> None:
         """Create the node key (0600) if there is none, and print the node id and key file."""
-        from protocol.identity import key_path, load_or_create_identity
-
         directory = resolve(data_dir, config, sets)
+        from runtime.keys import create_key
+
         try:
-            identity = load_or_create_identity(directory)
+            create_key(directory)
         except PrimeError as exc:
             fail(exc.message)
-        typer.echo(f"node id:  {identity.node_id}")
-        typer.echo(f"key file: {key_path(directory)}")
 
     return keys_app
 

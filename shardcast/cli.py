@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
-from typing import Any
 
 import typer
 
+from protocol.errors import PrimeError
 from runtime.cli import (
     ConfigOption,
     JsonLogsOption,
@@ -54,10 +53,9 @@ def serve(
         "p2p.enabled": False if no_p2p else None,
     }
     relay_config = load_role_config(RelayConfig, config, sets, flags)
-    from shardcast.http.server import run_event_loop
-    from shardcast.relay.service import serve_relay
+    from shardcast.relay.service import run_relay
 
-    run_or_exit("relay", run_event_loop, lambda: serve_relay(relay_config))
+    run_or_exit("relay", run_relay, relay_config)
 
 
 @app.command()
@@ -89,35 +87,18 @@ def fetch(
 ) -> None:
     """Download one version from several relays, verifying every shard; resumes an interrupted download."""
     start_logging(log_level, json_logs=False)
-    from protocol.errors import PrimeError
-    from shardcast.client.download import describe_failure, download_version
-    from shardcast.client.transfer import TransferOptions
+    number = None if version == "latest" else _parse_version(version)
+    transfer = {
+        "num_parallel": parallel,
+        "max_attempts_per_shard": max_attempts,
+        "fsync_enabled": not no_fsync,
+        "min_rate_bps": min_rate,
+        "hedge_after_s": hedge_after,
+        "not_ready_timeout_s": not_ready_timeout,
+    }
+    from shardcast.client.fetch import fetch_from_cli
 
-    options = TransferOptions(
-        num_parallel=parallel,
-        max_attempts_per_shard=max_attempts,
-        fsync_enabled=not no_fsync,
-        min_rate_bps=min_rate,
-        hedge_after_s=hedge_after,
-        not_ready_timeout_s=not_ready_timeout,
-    )
-    progress = None if json_events else _ProgressBar()
-    sink = progress.on_event if progress is not None else _print_json
-    try:
-        number = _resolve_latest(relay, coordinator_id, out, sink) if version == "latest" else _parse_version(version)
-        path = download_version(number, relay, coordinator_id, out, options, on_event=sink, run_name=run_name)
-    except PrimeError as exc:
-        if json_events:
-            _print_json(describe_failure(exc))
-            raise typer.Exit(1) from None
-        fail(f"fetch: {exc.message}")
-    except KeyboardInterrupt:
-        fail("interrupted; run the same command again to resume (verified shards are kept)", 130)
-    finally:
-        if progress is not None:
-            progress.stop()
-    if not json_events:
-        typer.echo(str(path))
+    fetch_from_cli(number, relay, coordinator_id, out, transfer, json_events, run_name)
 
 
 @app.command()
@@ -151,43 +132,27 @@ def publish(
     checkpoint in place, or pass --copy.
     """
     start_logging(log_level, json_logs=False)
-    from protocol.errors import PrimeError
-    from protocol.identity import load_or_create_identity
-    from shardcast.format.store import VersionStore
-    from shardcast.origin.publish import PatchPolicy, publish_checkpoint
-
     if hash_algorithm not in ("blake3", "sha256"):
         fail(f"--hash-algorithm must be blake3 or sha256, not {hash_algorithm!r}", 2)
+    from shardcast.origin.standalone import publish_from_cli
+
     try:
-        identity = load_or_create_identity(key_dir)
-        signed = publish_checkpoint(
+        summary = publish_from_cli(
             checkpoint,
             version,
-            identity,
-            VersionStore(store),
+            store,
+            key_dir,
             shard_size_bytes=shard_size_bytes,
             hash_algorithm="sha256" if hash_algorithm == "sha256" else "blake3",
             keep_versions=keep_versions,
             fsync_enabled=not no_fsync,
             link_enabled=not copy,
-            patches=PatchPolicy(enabled=not no_patches, full_every=full_every),
+            patches_enabled=not no_patches,
+            full_every=full_every,
             run_name=run_name,
         )
     except PrimeError as exc:
         fail(f"publish: {exc.message}")
-    manifest = signed.manifest
-    summary: dict[str, Any] = {
-        "version": manifest.version,
-        "signer": signed.signer,
-        "num_shards": len(manifest.shards),
-        "total_bytes": manifest.total_size_bytes,
-    }
-    if manifest.kind == "patch":
-        summary |= {
-            "kind": "patch",
-            "base_version": manifest.base_version,
-            "checkpoint_bytes": manifest.result_size_bytes,
-        }
     typer.echo(json.dumps(summary))
 
 
@@ -201,128 +166,12 @@ def origin(
 ) -> None:
     """Serve a published store as a SHARDCAST origin (the coordinator mounts the same app at /shardcast)."""
     start_logging(log_level, json_logs)
-    from shardcast.format.store import VersionStore
-    from shardcast.http.server import create_app, run_event_loop, serve_http
-    from shardcast.origin.publish import OriginSource
+    from shardcast.origin.standalone import serve_origin
 
-    version_store = VersionStore(store)
-    version_store.clear_leftovers_if_idle()  # what a killed `prime-relay publish` left in staging
-    app_ = create_app(OriginSource(version_store))
-    run_or_exit("origin", run_event_loop, lambda: serve_http(app_, host, port))
-
-
-def _resolve_latest(relays: list[str], coordinator_id: str, out: Path, sink: Any) -> int:
-    """What 'latest' means here: the newest version the relays list, never older than one held or seen."""
-    import asyncio
-
-    from shardcast.client.download import latest_version, newest_known
-
-    floor = newest_known(out, coordinator_id)
-    listed = asyncio.run(latest_version(relays))
-    if floor is not None and floor > listed:
-        sink(
-            {
-                "event": "relays_behind",
-                "listed": listed,
-                "held": floor,
-                "detail": f"the relays list v{listed} but v{floor} is already held or was seen signed under {out}; "
-                "staying on it (a relay may be hiding newer versions)",
-            }
-        )
-        return floor
-    return listed
+    run_or_exit("origin", serve_origin, store, host, port)
 
 
 def _parse_version(text: str) -> int:
     if not text.isdigit():
         fail(f"VERSION must be a non-negative integer or 'latest', not {text!r}", 2)
     return int(text)
-
-
-def _print_json(event: dict[str, Any]) -> None:
-    sys.stdout.write(json.dumps(event) + "\n")
-    sys.stdout.flush()
-
-
-class _ProgressBar:
-    """A rich progress bar on stderr, driven by the client's events."""
-
-    def __init__(self) -> None:
-        from rich.progress import (
-            BarColumn,
-            DownloadColumn,
-            Progress,
-            TextColumn,
-            TimeRemainingColumn,
-            TransferSpeedColumn,
-        )
-
-        from runtime.cli import err_console
-
-        self.progress = Progress(
-            TextColumn("[bold]v{task.fields[version]}"),
-            BarColumn(),
-            DownloadColumn(binary_units=True),
-            TransferSpeedColumn(),
-            TimeRemainingColumn(),
-            TextColumn("{task.fields[note]}"),
-            console=err_console,
-            transient=False,
-        )
-        self.task_id: Any = None
-        self.num_failures = 0
-        self.route = ""
-        """How the version is had: empty for a full download, else which patch chain from which base."""
-
-    def on_event(self, event: dict[str, Any]) -> None:
-        kind = event["event"]
-        if kind == "manifest" and self.task_id is not None:  # the next version of a planned chain
-            self.progress.advance(self.task_id, event["bytes_resumed"])
-        elif kind in ("manifest", "plan"):
-            # one bar for the whole download: a plan's total is the full start and every patch of its chain
-            total = event["total_bytes"] if kind == "manifest" else event["bytes"]
-            if kind == "plan":
-                saved = max(0, event["checkpoint_bytes"] - event["bytes"])
-                start = f"held v{event['base']}" if event["from"] == "held" else f"full v{event['base']}"
-                self.route = f"patch from {start}, saves {_human_bytes(saved)}"
-            if self.task_id is not None:  # planned again (a damaged base was dropped): start the bar over
-                self.progress.remove_task(self.task_id)
-            self.progress.start()
-            self.task_id = self.progress.add_task(
-                "fetch",
-                total=total,
-                completed=event.get("bytes_resumed", 0),
-                version=event["version"],
-                note=self.route,
-            )
-        elif kind == "done" and not event.get("cached") and self.task_id is not None:
-            if event.get("kind") == "patch":
-                note = f"patch from v{event['base']}: {_human_bytes(event['bytes_saved'])} saved"
-            else:
-                note = "full"
-            self.progress.update(self.task_id, note=note)
-        elif kind == "patch_refused":
-            from runtime.cli import err_console
-
-            err_console.print(f"[yellow]patch v{event['version']} against v{event['base']} refused: {event['reason']}")
-        elif kind == "shard_done" and self.task_id is not None:
-            self.progress.advance(self.task_id, event["bytes"])
-        elif kind == "relays_behind":
-            from runtime.cli import err_console
-
-            err_console.print(f"[yellow]{event['detail']}")
-        elif kind == "shard_failed" and self.task_id is not None:
-            self.num_failures += 1
-            self.progress.update(self.task_id, note=f"[yellow]{self.num_failures} retried ({event['kind']})")
-
-    def stop(self) -> None:
-        self.progress.stop()
-
-
-def _human_bytes(count: int) -> str:
-    size = float(count)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if size < 1024 or unit == "GiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{size:.1f} GiB"

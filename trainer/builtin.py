@@ -21,7 +21,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from engines.random_model import random_causal_lm
+from environments.builtin import builtin_environment
 from protocol.errors import ConfigError
+from trainer.tokenizer import CHAT_END_TOKEN, CHAT_TEMPLATE, EOS_TOKEN, save_hf_tokenizer, train_tokenizer
+from trainer.transformers_logs import quiet_transformers
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -147,8 +151,6 @@ def untied_fp32_config(
 
 def builtin_tokenizer() -> Tokenizer:
     """The built-in tokenizer, trained on the built-in tasks' text (deterministic)."""
-    from environments.builtin import builtin_environment
-    from trainer.tokenizer import train_tokenizer
 
     corpus = [text for name in TOKENIZER_TASKS for text in builtin_environment(name).corpus(TOKENIZER_CORPUS_EXAMPLES)]
     return train_tokenizer(corpus, TOKENIZER_VOCAB_SIZE)
@@ -157,10 +159,6 @@ def builtin_tokenizer() -> Tokenizer:
 def build_random_qwen2(output_dir: Path, shape: str = "tiny", tokenizer: Tokenizer | None = None) -> None:
     """Save a Qwen2 of ``shape`` initialised from :data:`INIT_SEED`, with ``tokenizer`` (default: built-in)."""
     from transformers import GenerationConfig
-
-    from engines.random_model import random_causal_lm
-    from trainer.tokenizer import EOS_TOKEN, save_hf_tokenizer
-    from trainer.transformers_logs import quiet_transformers
 
     quiet_transformers()
     tokenizer = tokenizer or builtin_tokenizer()
@@ -188,8 +186,6 @@ def qwen3_config(
 
 def chat_tokenizer() -> Tokenizer:
     """A subword tokenizer trained on the built-in tasks' text as a chat model sees it (deterministic)."""
-    from environments.builtin import builtin_environment
-    from trainer.tokenizer import train_tokenizer
 
     corpus: list[str] = []
     for name in TOKENIZER_TASKS:
@@ -204,10 +200,6 @@ def build_small_qwen3(output_dir: Path) -> None:
     """Save the :data:`SMALL_QWEN3` checkpoint: random weights from :data:`INIT_SEED`, ChatML template, EOS
     ``<|im_end|>``."""
     from transformers import GenerationConfig
-
-    from engines.random_model import random_causal_lm
-    from trainer.tokenizer import CHAT_END_TOKEN, CHAT_TEMPLATE, EOS_TOKEN, save_hf_tokenizer
-    from trainer.transformers_logs import quiet_transformers
 
     quiet_transformers()
     tokenizer = chat_tokenizer()
@@ -226,10 +218,6 @@ def build_tiny_qwen2_vl(output_dir: Path) -> None:
     ``<|im_end|>``, and its image processor (transformers' PIL one)."""
     from tokenizers import AddedToken
     from transformers import GenerationConfig, Qwen2VLConfig, Qwen2VLImageProcessorPil
-
-    from engines.random_model import random_causal_lm
-    from trainer.tokenizer import CHAT_END_TOKEN, CHAT_TEMPLATE, EOS_TOKEN, save_hf_tokenizer
-    from trainer.transformers_logs import quiet_transformers
 
     quiet_transformers()
     tokenizer = chat_tokenizer()

@@ -1,18 +1,18 @@
 """`prime-trainer`: SFT, a local RL loop, evaluation, the RL start checkpoint, and joining a multi-node trainer.
 
 Thin entry points: each parses its config and calls one function imported lazily, so
-``--help`` imports neither torch nor transformers. This module is where a concrete engine
-(engines) is wired into the trainer's engine-agnostic rollout code.
+``--help`` imports neither torch nor transformers. A concrete engine meets the trainer's
+engine-agnostic rollout code in :mod:`trainer.local`.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import typer
 
+from protocol.errors import ConfigError
 from runtime.cli import (
     ConfigOption,
     JsonLogsOption,
@@ -35,32 +35,6 @@ app.add_typer(
     make_config_app("prime-trainer", {"sft": SftConfig, "rl": RlConfig, "eval": EvalConfig}, "num_steps=20"),
     name="config",
 )
-
-
-def _hf_engine(model_dir: Path) -> tuple[Any, Any]:
-    """The HF engine on ``model_dir`` and the Engine interface's request type."""
-    from engines.base import GenerationRequest
-    from engines.hf import HFEngine
-    from trainer.transformers_logs import quiet_transformers
-
-    quiet_transformers()
-    return HFEngine(model_dir, max_batch_size=256), GenerationRequest
-
-
-def _policy_engine(model_dir: Path) -> tuple[Any, Any, Path]:
-    """The HF engine serving the policy in ``model_dir``, the request type, and the directory of its tokenizer: a
-    checkpoint's own, or for a LoRA adapter directory the base it names, with the adapter loaded on it."""
-    from engines.adapted import AdapterView
-    from engines.adapters import adapter_base, is_adapter_dir
-    from trainer.resolve import resolve_model_path
-
-    if not is_adapter_dir(model_dir):
-        return (*_hf_engine(model_dir), model_dir)
-    base = resolve_model_path(adapter_base(model_dir))
-    engine, request_type = _hf_engine(base)
-    view = AdapterView(engine, "policy")
-    view.load_weights(model_dir)
-    return view, request_type, base
 
 
 @app.command()
@@ -94,17 +68,9 @@ def rl(
     """A local synchronous RL run: the trainer and the HF engine in one loop (one process)."""
     start_logging(log_level, json_logs)
     loaded = load_role_config(RlConfig, config, sets, {"output_dir": output_dir})
-    from trainer.resolve import resolve_model_path
-    from trainer.rl import run_rl
+    from trainer.local import run_local_rl
 
-    engine, request_type = _hf_engine(resolve_model_path(loaded.trainer.model))
-    if loaded.trainer.lora.enabled:  # the engine keeps the base and loads each exported adapter on it
-        from engines.adapted import AdapterView
-
-        engine = AdapterView(engine, "policy")
-    result = run_rl(loaded, engine, request_type)
-    curve = [(step, round(report.reward_mean, 4)) for step, report in result.evals]
-    typer.echo(json.dumps({"eval_reward_curve": curve}))
+    typer.echo(json.dumps(run_local_rl(loaded)))
 
 
 @app.command("eval")
@@ -127,26 +93,9 @@ def evaluate(
     builtin = {"environment.type": "builtin", "environment.name": task} if task else {}
     flags = {"model": model, "num_examples": num_examples, **builtin}
     loaded = load_role_config(EvalConfig, config, sets, flags)
-    from engines.adapters import is_adapter_dir
-    from environments.loader import load_environment
-    from trainer.model import load_tokenizer
-    from trainer.resolve import resolve_model_path
-    from trainer.rollout import RolloutSampler
+    from trainer.local import run_eval
 
-    given = Path(loaded.model)
-    # a ConfigError is one line and exit code 2 (PrimeTyper)
-    model_dir = given if is_adapter_dir(given) else resolve_model_path(loaded.model)
-    environment = load_environment(loaded.environment)
-    engine, request_type, tokenizer_dir = _policy_engine(model_dir)
-    tokenizer = load_tokenizer(str(tokenizer_dir))
-    sampler = RolloutSampler(engine, request_type, environment, tokenizer, loaded.temperature, loaded.max_tokens)
-    report = sampler.evaluate(loaded.num_examples, loaded.num_samples, loaded.seed)
-    found = {"model": str(model_dir), **report.as_dict()}
-    if output is not None:
-        from trainer.transport import write_json_atomic
-
-        write_json_atomic(output, found)
-    typer.echo(json.dumps(found))
+    typer.echo(json.dumps(run_eval(loaded, output)))
 
 
 @app.command("start-checkpoint")
@@ -159,12 +108,9 @@ def start_checkpoint(
 ) -> None:
     """Build the demo's RL start checkpoint (an early SFT of the built-in model on reverse_text)."""
     start_logging(log_level, json_logs)
-    from trainer.builtin import REVERSE_START
-    from trainer.resolve import resolve_model_path
-    from trainer.start import build_start_checkpoint
+    from trainer.resolve import reverse_start_checkpoint
 
-    path = resolve_model_path(f"builtin:{REVERSE_START}") if output_dir is None else build_start_checkpoint(output_dir)
-    typer.echo(str(path))
+    typer.echo(str(reverse_start_checkpoint(output_dir)))
 
 
 @app.command()
@@ -194,20 +140,12 @@ def node(
     and exported policies travel through it. This node stops when the run's steps are done or when the
     coordinator's node goes away.
     """
-    import os
-
-    from protocol.errors import ConfigError
-    from trainer.launch import TrainerNode, check_train_dir, torchrun_command
+    from trainer.launch import run_trainer_node
 
     try:
-        check_train_dir(train_dir)
-        spec = TrainerNode(nproc_per_node, nnodes, node_rank, master_addr, master_port)
+        run_trainer_node(train_dir, nproc_per_node, nnodes, node_rank, master_addr, master_port)
     except ConfigError as exc:
         fail(exc.message)
-    command = torchrun_command(train_dir.resolve(), spec, coordinator_pid=None)
-    typer.echo(f"trainer node {node_rank}/{nnodes}: {' '.join(command)}", err=True)
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    os.execv(command[0], command)
 
 
 if __name__ == "__main__":

@@ -11,9 +11,11 @@ shares, mounted at the same path. Only stdlib here: ``prime-trainer --help`` mus
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn
 
 from protocol.errors import ConfigError
 
@@ -92,3 +94,16 @@ def check_train_dir(train_dir: Path) -> Path:
             f"and check that {SHARED_DIR_HINT}"
         )
     return spec
+
+
+def run_trainer_node(
+    train_dir: Path, nproc_per_node: int, nnodes: int, node_rank: int, master_addr: str, master_port: int
+) -> NoReturn:
+    """`prime-trainer node`: become (exec) torchrun as node ``node_rank`` of the trainer job whose train dir,
+    checked first, is ``train_dir``; a :class:`ConfigError` when that dir or the node's place is wrong."""
+    check_train_dir(train_dir)
+    node = TrainerNode(nproc_per_node, nnodes, node_rank, master_addr, master_port)
+    command = torchrun_command(train_dir.resolve(), node, coordinator_pid=None)
+    print(f"trainer node {node_rank}/{nnodes}: {' '.join(command)}", file=sys.stderr, flush=True)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.execv(command[0], command)

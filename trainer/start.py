@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainer.config import OptimizerConfig, SftConfig
+from trainer.metrics import MetricsLogger
 
 log = logging.getLogger("trainer.start")
 
@@ -64,7 +65,6 @@ def build_start_checkpoint(
     output_dir: Path, base_model: str = "builtin:tiny-qwen2", recipe: StartRecipe = REVERSE_RECIPE
 ) -> Path:
     """Run the early SFT into ``output_dir`` (run files under ``output_dir/run``); returns the policy dir."""
-    from trainer.metrics import MetricsLogger
     from trainer.sft import train_sft
     from trainer.train import Trainer
 

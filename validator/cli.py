@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 import typer
@@ -50,21 +49,6 @@ def run(
     start_logging(log_level, json_logs)
     flags = {"coordinator_url": coordinator, "data_dir": data_dir, "p2p.enabled": False if no_p2p else None}
     settings = load_role_config(ValidatorConfig, config, sets, flags)
+    from validator.run import run_audit
+
     raise typer.Exit(run_audit(settings, show_live_status=not json_logs))
-
-
-def run_audit(settings: ValidatorConfig, show_live_status: bool = False) -> int:
-    """Run the validator until the run ends; the exit code says how it ended (:func:`node.lifecycle.run_node`)."""
-    from node.lifecycle import run_node
-    from validator.progress import ValidatorState, show_status
-    from validator.run import run_validator
-
-    state = ValidatorState()
-
-    async def work(stop: asyncio.Event) -> None:
-        await run_validator(settings, stop, state)
-
-    async def display(stop: asyncio.Event) -> None:
-        await show_status(state, stop)
-
-    return run_node("validator", work, display if show_live_status else None)

@@ -39,10 +39,12 @@ from pathlib import Path
 
 from engines.adapted import AdapterView
 from engines.base import PrefillEngine
+from engines.hf import HFEngine
 from environments.base import Environment
 from environments.episode import MultiTurnEnvironment
 from environments.pinning import run_environment
 from node.gossip import run_node_gossip
+from node.lifecycle import run_node
 from node.retry import sleep_unless_stopped, unless_stopped, with_retries
 from node.startup import check_lora_base, eos_token_ids, software_version, trusted_coordinator_id
 from node.stopping import in_thread_unless_stopped
@@ -64,7 +66,7 @@ from validator.audit import (
     mostly_unrecomputed,
 )
 from validator.config import ValidatorConfig
-from validator.progress import ValidatorState
+from validator.progress import ValidatorState, show_status
 
 log = logging.getLogger("validator")
 
@@ -130,8 +132,6 @@ class PolicyEngines:
         return path
 
     async def _start_engine(self, path: Path, version: int) -> PrefillEngine:
-        from engines.hf import HFEngine
-
         start = functools.partial(
             HFEngine,
             path,
@@ -268,6 +268,20 @@ async def run_validator(config: ValidatorConfig, stop: asyncio.Event, state: Val
     state = state or ValidatorState()
     with hold_data_dir(config.data_dir, "prime-validator"):  # one node per data dir: one id, one weights folder
         await _validator(config, stop, state)
+
+
+def run_audit(config: ValidatorConfig, show_live_status: bool = False) -> int:
+    """`prime-validator run`: the validator until the run ends; the exit code says how it ended
+    (:func:`node.lifecycle.run_node`)."""
+    state = ValidatorState()
+
+    async def work(stop: asyncio.Event) -> None:
+        await run_validator(config, stop, state)
+
+    async def display(stop: asyncio.Event) -> None:
+        await show_status(state, stop)
+
+    return run_node("validator", work, display if show_live_status else None)
 
 
 async def _validator(config: ValidatorConfig, stop: asyncio.Event, state: ValidatorState) -> None:

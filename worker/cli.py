@@ -2,47 +2,28 @@
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 import typer
 
+from protocol.errors import ConfigError
 from runtime.cli import (
     ConfigOption,
     JsonLogsOption,
     LogLevelOption,
     NoP2POption,
     PrimeTyper,
+    fail,
     load_role_config,
     make_config_app,
     make_keys_app,
     set_option,
     start_logging,
 )
-from runtime.slurm import DryRunOption, GpusPerNodeOption, PartitionOption, SbatchArgOption, TimeOption
+from runtime.slurm import DryRunOption, GpusPerNodeOption, PartitionOption, SbatchArgOption, TimeOption, print_or_submit
 from worker.config import WorkerConfig
 
 SetOption = set_option("gpu=none")
-
-
-def run_join(settings: WorkerConfig, show_live_status: bool) -> int:
-    """Run the worker until the run ends or a ban; the exit code tells which (:func:`node.lifecycle.run_node`)."""
-    from node.lifecycle import run_node
-    from worker.join import check_config, run_worker
-    from worker.loop import WorkerState
-    from worker.status import show_status
-
-    state = WorkerState()
-
-    async def work(stop: asyncio.Event) -> None:
-        check_config(settings)
-        await run_worker(settings, stop, state)
-
-    async def display(stop: asyncio.Event) -> None:
-        await show_status(state, stop)
-
-    return run_node("worker", work, display if show_live_status else None)
-
 
 app = PrimeTyper(
     help="Contribute GPUs (or a CPU) to a prime-network run: generate rollouts, prove them, get credit.",
@@ -84,8 +65,9 @@ def join(
     flags.update({"relays": relay or None, "also_join": also_join or None, "data_dir": data_dir})
     flags["p2p.enabled"] = False if no_p2p else None
     settings = load_role_config(WorkerConfig, config, sets, flags)
-    code = run_join(settings, show_live_status=not json_logs)
-    raise typer.Exit(code)
+    from worker.join import run_join
+
+    raise typer.Exit(run_join(settings, show_live_status=not json_logs))
 
 
 @app.command()
@@ -114,23 +96,16 @@ def slurm(
     Each task keeps its own data dir (DATA_DIR/worker-<array index>), so a requeued task resumes as the same
     node. `scancel` stops the workers cleanly: each submits the task it is generating and abandons the rest.
     """
-    from protocol.errors import ConfigError
-    from runtime.cli import fail
-    from runtime.slurm import print_or_submit
-    from worker.slurm import worker_job
-
     flags: dict[str, object] = {"coordinator_url": coordinator, "gpu": gpu, "engine": engine}
     flags.update({"relays": relay or None, "p2p.enabled": False if no_p2p else None})
     load_role_config(WorkerConfig, config, sets, flags)  # a bad config fails here, not on every node
-    join_args = [] if config is None else ["-c", str(config.resolve())]
-    join_args += [arg for item in sets or [] for arg in ("--set", item)]
-    join_args += ["--gpu", gpu] + ([] if coordinator is None else ["--coordinator", coordinator])
-    join_args += ([] if engine is None else ["--engine", engine]) + (["--no-p2p"] if no_p2p else [])
-    join_args += [arg for url in relay or [] for arg in ("--relay", url)]
+    from worker.slurm import join_flags, worker_job
+
+    join = join_flags(config, sets or [], gpu, coordinator, engine, relay or [], p2p_enabled=not no_p2p)
     try:
         job = worker_job(
             workers,
-            join_args,
+            join,
             data_dir,
             partition=partition,
             time=time,
@@ -149,35 +124,6 @@ def status(
     data_dir: Path = typer.Option(WorkerConfig.model_fields["data_dir"].default, help="The worker's data dir."),
 ) -> None:
     """Show this node's standing with a coordinator: accepted, rejected, credit (verified work), banned."""
-    import asyncio
+    from worker.standing import show_standing
 
-    from protocol.errors import PrimeError
-    from protocol.identity import load_or_create_identity
-    from protocol.ledger_client import LedgerClient
-    from runtime.cli import EXIT_BANNED, fail
-
-    async def fetch() -> int:
-        identity = load_or_create_identity(data_dir)
-        async with LedgerClient(coordinator, identity) as ledger:
-            stats = await ledger.stats(limit=10_000)
-        run = stats.status
-        typer.echo(f"run {run.run_name}: policy v{run.current_policy_version}, {run.num_workers_live} live workers")
-        mine = next((node for node in stats.nodes if node.node_id == identity.node_id), None)
-        if mine is None:
-            typer.echo(f"node {identity.node_id} is not registered with this coordinator (or not seen recently)")
-            return 0
-        typer.echo(f"node {mine.node_id} ({mine.role}): {mine.num_accepted} accepted, {mine.num_rejected} rejected")
-        if mine.role == "worker":
-            credit = f"credit: {mine.credit_samples:,} verified samples ({mine.credit_tokens:,} tokens)"
-            lost = f", {mine.credit_lost_samples:,} samples lost to caught cheating" if mine.credit_lost_samples else ""
-            typer.echo(credit + lost)
-        if mine.banned:
-            typer.echo(f"banned: {mine.ban_reason}")
-            return EXIT_BANNED
-        return 0
-
-    try:
-        code = asyncio.run(fetch())
-    except PrimeError as exc:
-        fail(exc.message)
-    raise typer.Exit(code)
+    raise typer.Exit(show_standing(coordinator, data_dir))

@@ -19,9 +19,12 @@ from pathlib import Path
 
 from engines.adapted import AdapterView
 from engines.base import Engine
+from engines.hf import DTYPES, HFEngine
+from engines.vllm import VllmEngine
 from environments.episode import MultiTurnEnvironment
 from environments.pinning import run_environment
 from node.gossip import run_node_gossip
+from node.lifecycle import run_node
 from node.retry import sleep_unless_stopped, with_retries
 from node.startup import check_lora_base, eos_token_ids, software_version, trusted_coordinator_id
 from node.stopping import in_thread_unless_stopped
@@ -43,6 +46,7 @@ from worker.loop import (
     heartbeat_forever,
 )
 from worker.runs import JoinedRun, check_shared_base, run_data_dir, serve_runs
+from worker.status import show_status
 
 log = logging.getLogger(__name__)
 PINNED_COORDINATOR_FILE = "coordinator_id"
@@ -86,8 +90,6 @@ def create_engine(
     """An engine of ``kind`` computing in ``dtype``, the run's precision (validators recompute in it too); with
     ``lora_rank``, ready to serve LoRA adapters up to that rank on ``checkpoint_dir``, the base."""
     if kind == "vllm":
-        from engines.vllm import VllmEngine
-
         return VllmEngine(
             checkpoint_dir,
             max_batch_size=max_batch_size,
@@ -96,8 +98,6 @@ def create_engine(
             cpu_compile=cpu_compile,
             lora_rank=lora_rank,
         )
-    from engines.hf import DTYPES, HFEngine
-
     if dtype not in DTYPES:
         raise ConfigError(f"the run's precision {dtype!r} is not one the HF engine runs in ({', '.join(DTYPES)})")
     threads = cpu_engine_threads() if device.device == "cpu" else None
@@ -354,3 +354,18 @@ def check_config(config: WorkerConfig) -> None:
             public_key_from_node_id(config.coordinator_id)
         except IdentityError as exc:
             raise ConfigError(f"coordinator_id: {exc.message}") from exc
+
+
+def run_join(config: WorkerConfig, show_live_status: bool) -> int:
+    """`prime-worker join`: the worker until the run ends or a ban; the exit code tells which
+    (:func:`node.lifecycle.run_node`)."""
+    state = WorkerState()
+
+    async def work(stop: asyncio.Event) -> None:
+        check_config(config)
+        await run_worker(config, stop, state)
+
+    async def display(stop: asyncio.Event) -> None:
+        await show_status(state, stop)
+
+    return run_node("worker", work, display if show_live_status else None)

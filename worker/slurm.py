@@ -19,6 +19,24 @@ from runtime.slurm import BatchJob, quote, role_command
 MAX_ARRAY = 10_000
 
 
+def join_flags(
+    config: Path | None,
+    sets: list[str],
+    gpu: str,
+    coordinator: str | None,
+    engine: str | None,
+    relays: list[str],
+    p2p_enabled: bool,
+) -> list[str]:
+    """The flags of `prime-worker join` that give each array task what `prime-worker slurm` was given."""
+    args = [] if config is None else ["-c", str(config.resolve())]
+    args += [arg for item in sets for arg in ("--set", item)]
+    args += ["--gpu", gpu] + ([] if coordinator is None else ["--coordinator", coordinator])
+    args += ([] if engine is None else ["--engine", engine]) + ([] if p2p_enabled else ["--no-p2p"])
+    args += [arg for url in relays for arg in ("--relay", url)]
+    return args
+
+
 def worker_job(
     num_workers: int,
     join_args: list[str],

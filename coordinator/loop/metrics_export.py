@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from coordinator.config import CoordinatorConfig
+from coordinator.ledger.archive import open_existing
 from coordinator.ledger.storage.engine import Database
 from coordinator.ledger.train_steps import trained_steps_and_evals
 from coordinator.loop.run_metrics import eval_values, step_values
@@ -76,8 +77,6 @@ def render(rows: Iterable[dict[str, Any]], fmt: MetricsFormat) -> str:
 
 def export_metrics_from_cli(config: CoordinatorConfig, fmt: MetricsFormat, output: Path | None) -> None:
     """Write the run's metrics to ``output`` (replaced whole once complete) or to stdout."""
-    from coordinator.ledger.archive import open_existing
-
     db = open_existing(config)
     try:
         rows = metrics_rows(db)

@@ -31,7 +31,9 @@ from coordinator.loop.tracking import Trackers, open_trackers
 from coordinator.processes.local_network import Processes, start_local_network
 from coordinator.processes.trainer_process import TrainerProcess, trainer_node
 from protocol.identity import NodeIdentity
+from runtime.config import config_to_toml
 from shardcast.format.store import VersionStore
+from trainer.config import EvalConfig
 from trainer.resolve import resolve_model_path
 from trainer.service import ServiceSpec
 from trainer.transport import TrainDir
@@ -84,9 +86,6 @@ def progress_line(
 
 def write_final_eval_config(config: CoordinatorConfig) -> Path:
     """An eval config of the final policy on this run's environment, sampling and budget, beside the policy."""
-    from runtime.config import config_to_toml
-    from trainer.config import EvalConfig
-
     evaluation = EvalConfig(
         model=str(config.final_policy_dir.resolve()),
         environment=config.environment,

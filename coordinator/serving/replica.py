@@ -16,7 +16,14 @@ from __future__ import annotations
 import logging
 
 from coordinator.config import CoordinatorConfig
-from coordinator.ledger.run_record import START_COORDINATOR_FIRST
+from coordinator.ledger.ledger import Ledger
+from coordinator.ledger.replay import DatabaseReplayCache
+from coordinator.ledger.run_record import START_COORDINATOR_FIRST, recorded_run
+from coordinator.ledger.run_spec import environment_prompts
+from coordinator.serving.app import create_app
+from coordinator.serving.dashboard.relays import RelayWatch
+from coordinator.serving.server import api_server, bind_api_socket, open_database
+from environments.loader import environment_identity
 from protocol.errors import StartupError
 
 log = logging.getLogger("coordinator")
@@ -24,15 +31,6 @@ log = logging.getLogger("coordinator")
 
 def run_api_replica(config: CoordinatorConfig) -> None:
     """Serve the ledger API of the run the coordinator recorded in ``config``'s PostgreSQL ledger until stopped."""
-    from coordinator.ledger.ledger import Ledger
-    from coordinator.ledger.replay import DatabaseReplayCache
-    from coordinator.ledger.run_record import recorded_run
-    from coordinator.ledger.run_spec import environment_prompts
-    from coordinator.serving.app import create_app
-    from coordinator.serving.dashboard.relays import RelayWatch
-    from coordinator.serving.server import api_server, bind_api_socket, open_database
-    from environments.loader import environment_identity
-
     if not config.ledger_url.startswith("postgresql"):
         raise StartupError(
             "an API replica shares the coordinator's PostgreSQL ledger, and ledger.url is not PostgreSQL",

@@ -9,6 +9,8 @@ from __future__ import annotations
 import httpx
 import pydantic
 
+from coordinator.config import CoordinatorConfig
+from coordinator.processes.builtin_validator import local_url
 from protocol import routes
 from protocol.errors import StartupError
 from protocol.schemas import RunStatus
@@ -64,3 +66,8 @@ def show_status(url: str) -> None:
     """Print the run's status lines (`prime-coordinator status`)."""
     for line in describe_status(fetch_status(url)):
         print(line)
+
+
+def status_url(config: CoordinatorConfig) -> str:
+    """Where the API of the run ``config`` describes answers on this machine (the default of ``--coordinator``)."""
+    return local_url(config.api.host, config.api.port)

@@ -11,7 +11,10 @@ import errno
 import socket
 from typing import TYPE_CHECKING
 
+from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+
 from coordinator.config import CoordinatorConfig
+from coordinator.ledger.storage.engine import Database
 from protocol.errors import StartupError
 
 if TYPE_CHECKING:
@@ -19,7 +22,6 @@ if TYPE_CHECKING:
     from fastapi import FastAPI
 
     from coordinator.ledger.ledger import Ledger
-    from coordinator.ledger.storage.engine import Database
     from environments.prompts import PromptSource
 
 LEDGER_URL_FIX = (
@@ -35,10 +37,6 @@ SQLITE_URL_FIX = (
 
 def open_database(config: CoordinatorConfig) -> Database:
     """The run's ledger database; one that cannot be opened is a StartupError."""
-    from sqlalchemy.exc import ArgumentError, NoSuchModuleError
-
-    from coordinator.ledger.storage.engine import Database
-
     try:
         return Database(config.ledger_url, config.ledger.sqlite_synchronous, config.ledger.pool_size)
     except (ArgumentError, NoSuchModuleError) as exc:

@@ -38,6 +38,7 @@ from starlette.types import Receive, Scope, Send
 from protocol.errors import NotFoundError, NotReadyError, PrimeError, ProtocolError
 from protocol.schemas import ErrorBody, ShardEntry, VersionsResponse
 from runtime.http_metrics import RequestMetrics
+from shardcast.http.asgi_server import serve_asgi
 from shardcast.http.metrics import ShardcastMetrics
 from shardcast.http.ranges import MalformedRange, RangeError, parse_range
 
@@ -256,8 +257,6 @@ async def serve_http(
     app: Starlette, host: str, port: int, background: Callable[[], Coroutine[Any, Any, None]] | None = None
 ) -> None:
     """Serve ``app`` until SIGINT/SIGTERM with the zero-copy server, running ``background`` alongside."""
-    from shardcast.http.asgi_server import serve_asgi
-
     task = asyncio.create_task(background()) if background is not None else None
     try:
         await serve_asgi(app, host, port)

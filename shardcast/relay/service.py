@@ -11,7 +11,7 @@ import logging
 
 from protocol.errors import ConfigError
 from runtime.first_contact import check_relays
-from shardcast.http.server import create_app, serve_http
+from shardcast.http.server import create_app, run_event_loop, serve_http
 from shardcast.relay.config import RelayConfig
 from shardcast.relay.gossip import run_relay_gossip
 from shardcast.relay.mirror import RelayMirror
@@ -36,3 +36,8 @@ async def serve_relay(config: RelayConfig) -> None:
         await serve_http(create_app(relay), config.host, config.port, background)
     finally:
         await relay.aclose()
+
+
+def run_relay(config: RelayConfig) -> None:
+    """`prime-relay serve`: :func:`serve_relay` on asyncio's own loop (:func:`shardcast.http.server.run_event_loop`)."""
+    run_event_loop(lambda: serve_relay(config))

@@ -57,9 +57,9 @@ def test_serve_refuses_an_empty_or_placeholder_coordinator_id(tmp_path: Path) ->
 
 
 def test_the_progress_of_a_full_start_and_a_chain_counts_every_byte() -> None:
-    from shardcast.cli import _ProgressBar
+    from shardcast.client.fetch import ProgressBar
 
-    bar = _ProgressBar()
+    bar = ProgressBar()
     events: list[dict[str, object]] = [
         {
             "event": "plan",
