@@ -10,12 +10,12 @@ against a prefill) are the inference logprobs of the off-policy correction.
 from __future__ import annotations
 
 import json
-import math
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from coordinator.ledger.step_metrics import NAMED_REWARD_PREFIX
 from environments.episode import EpisodeError, MultiTurnEnvironment, episode_samples, issued_turn_prompts
 from environments.prompts import EnvironmentPrompts, PromptSource
 from protocol.schemas import Rollout, SubmitRequest, TurnRollout, Verdict
@@ -158,50 +158,6 @@ def episode_train_samples(
             )
         )
     return samples
-
-
-NAMED_REWARD_PREFIX = "reward_mean/"
-"""Step metrics ``reward_mean/<name>``: the batch mean of each named reward of the environment."""
-
-
-STEP_NAMED_REWARD_PREFIX = "batch_" + NAMED_REWARD_PREFIX
-"""The same means as a step's metrics carry them (the orchestrator prefixes the batch summary with ``batch_``)."""
-
-
-def named_rewards(step_metrics: object) -> dict[str, float]:
-    """Reward name -> batch mean, from a step's metrics (read defensively: junk counts as absent)."""
-    if not isinstance(step_metrics, dict):
-        return {}
-    found = {}
-    for key, value in step_metrics.items():
-        name = str(key).removeprefix(STEP_NAMED_REWARD_PREFIX)
-        number = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-        if str(key).startswith(STEP_NAMED_REWARD_PREFIX) and number and 0 < len(name) <= 64:
-            found[name] = float(value)
-    return dict(sorted(found.items())[:16])
-
-
-EVAL_ACCURACY = "eval_accuracy"
-"""The key that marks a step's metrics as holding the eval of its policy (``eval_*``, merged in after it)."""
-
-
-def step_figure(step_metrics: object, key: str) -> float | None:
-    """One number of a step's metrics, read defensively (junk and non-finite values count as absent)."""
-    if not isinstance(step_metrics, dict):
-        return None
-    value = step_metrics.get(key)
-    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
-        return float(value)
-    return None
-
-
-TRAINER_FIGURES = ("loss", "entropy", "mismatch_kl", "grad_norm")
-"""What the trainer measures on a step's batch, among the step's metrics (the dashboard and /metrics show them)."""
-
-
-def trainer_figures(step_metrics: object) -> dict[str, float | None]:
-    """Each of :data:`TRAINER_FIGURES` of a step's metrics, read as :func:`step_figure` reads one."""
-    return {key: step_figure(step_metrics, key) for key in TRAINER_FIGURES}
 
 
 def named_reward_means(groups: list[AcceptedGroup]) -> dict[str, float]:

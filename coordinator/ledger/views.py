@@ -12,9 +12,9 @@ from typing import Any
 
 from sqlalchemy import Row, func, select
 
-from coordinator.ledger.batches import EVAL_ACCURACY, named_rewards, step_figure, trainer_figures
 from coordinator.ledger.core import LedgerCore
 from coordinator.ledger.reputation import ValidatorRecordPolicy, validator_flagged
+from coordinator.ledger.step_metrics import EVAL_ACCURACY, named_rewards, step_figure, trainer_figures
 from coordinator.ledger.storage.tables import events, nodes, policy_versions, run_state, submissions, tasks, train_steps
 from coordinator.ledger.train_steps import PUBLISHED_STEPS
 from protocol.errors import NotFoundError

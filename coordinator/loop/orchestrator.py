@@ -31,11 +31,12 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from coordinator.config import CoordinatorConfig
 from coordinator.ledger.batches import TurnPrompts, run_turn_prompts
 from coordinator.ledger.ledger import Ledger
+from coordinator.ledger.step_metrics import step_metrics
 from coordinator.ledger.train_steps import StepRecord, TrainSteps, min_policy_version
 from coordinator.loop.evals import PolicyEvals
 from coordinator.loop.policies import publish_policy
@@ -167,7 +168,7 @@ class Orchestrator:
             )
         done = self._wait(lambda: self.train_dir.read_done(step), self._done_bell.wait)
         if record.state == "recorded":
-            metrics: dict[str, Any] = {**done, **{f"batch_{k}": v for k, v in summary.items()}}
+            metrics = step_metrics(done, summary)
             metrics["wait_s"] = time.monotonic() - waiting_since
             self.steps.mark_trained(step, metrics)
             if self.metrics_file is not None:
@@ -175,9 +176,8 @@ class Orchestrator:
         publish_policy(self.train_dir.policy_dir(step), step, self.identity, self.store, self.ledger, self.config)
         if step == settings.num_steps:  # the run's result: kept whole, apart from the step files pruning removes
             lora = self.config.orchestrator.trainer.lora.enabled
-            self.train_dir.keep_policy(step, self.config.final_policy_dir, merged=lora)
-            if lora:
-                self.train_dir.keep_policy(step, self.config.final_adapter_dir)
+            adapter_dir = self.config.final_adapter_dir if lora else None
+            self.train_dir.keep_result(step, self.config.final_policy_dir, adapter_dir)
         self.steps.mark_published(step)
         if self.evals is not None and self.evals.due(step):
             self.evals.submit(step, self.train_dir.policy_dir(step))

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from collections import deque
 
-from coordinator.ledger.batches import named_rewards, step_figure, trainer_figures
+from coordinator.ledger.step_metrics import named_rewards, step_figure, trainer_figures
 from protocol.schemas import DashboardEval, DashboardTraining, DashboardTrainStep, Event
 
 MAX_STEP_POINTS = 500

@@ -13,14 +13,13 @@ from coordinator.ledger.batches import (
     accepted_group,
     batch_summary,
     episode_prompts,
-    named_rewards,
     rollout_stats,
     sampled_fraction,
-    step_figure,
     train_samples,
     verdict_rewards,
 )
 from coordinator.ledger.scheduling import lease_room
+from coordinator.ledger.step_metrics import named_rewards, step_figure
 from coordinator.ledger.train_steps import min_policy_version
 from protocol.schemas import Rollout, SubmitRequest, TurnRollout, Verdict
 from trainer.transport import StepBatch, TrainDir, TrainSample
