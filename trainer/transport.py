@@ -16,6 +16,17 @@ step, temperature and submission ids in its metadata: a 256-sample x 4,096-token
 batch is a few tens of MB written and read in well under a second, where JSON took seconds.
 Batch files of older runs (``step_<n>.json``) are still read. :meth:`TrainDir.prune_published`
 removes what published steps no longer need (see docs/retention.md).
+
+The whole directory, as :class:`TrainDir` names it:
+
+- ``service.json``: what the coordinator tells its trainer service (:mod:`trainer.launch`);
+- ``batches/step_<n>.safetensors``: the orchestrator's batch of step n;
+- ``policies/step_<n>/``: the policy the trainer exported after step n, exported under
+  ``policies/.step_<n>.partial`` and renamed when whole; ``merged/step_<n>/`` the same for a LoRA
+  run's last policy with its adapter folded in;
+- ``checkpoints/``: the trainer's own state, for an exact resume;
+- ``metrics/step_<n>.json``, then ``done/step_<n>.json``: the step's metrics, the second file the hand-off;
+- ``batch.bell``, ``done.bell``: the doorbells; ``trainer.log``: the trainer job's output.
 """
 
 from __future__ import annotations
@@ -400,6 +411,14 @@ class TrainDir:
             shutil.rmtree(target)
         staging.replace(target)
         return target
+
+    def keep_result(self, step: int, policy_target: Path, adapter_target: Path | None = None) -> None:
+        """Keep the run's result, the policy of its last step ``step``, at ``policy_target``. A LoRA run passes
+        ``adapter_target``: its result is the copy with the adapter folded in (the trainer exports one with the
+        last step only), and the adapter itself is kept there."""
+        self.keep_policy(step, policy_target, merged=adapter_target is not None)
+        if adapter_target is not None:
+            self.keep_policy(step, adapter_target)
 
     def prune_published(self, published: int, keep_steps: int = 0) -> list[Path]:
         """Remove what steps up to ``published`` (trained, and published by the coordinator) no longer need.

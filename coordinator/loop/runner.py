@@ -22,20 +22,17 @@ from typing import Any
 
 from coordinator.config import CoordinatorConfig
 from coordinator.ledger.ledger import Ledger
-from coordinator.ledger.run_spec import trainer_section
 from coordinator.ledger.train_steps import StepRecord
 from coordinator.loop.evals import PolicyEvals
 from coordinator.loop.orchestrator import Orchestrator, StoppedError
 from coordinator.loop.run_metrics import METRICS_FILE, RunMetricsFile
 from coordinator.loop.tracking import Trackers, open_trackers
 from coordinator.processes.local_network import Processes, start_local_network
-from coordinator.processes.trainer_process import TrainerProcess, trainer_node
+from coordinator.processes.trainer_process import TrainerProcess
 from protocol.identity import NodeIdentity
 from runtime.config import config_to_toml
 from shardcast.format.store import VersionStore
 from trainer.config import EvalConfig
-from trainer.resolve import resolve_model_path
-from trainer.service import ServiceSpec
 from trainer.transport import TrainDir
 
 log = logging.getLogger("coordinator.loop.runner")
@@ -208,16 +205,7 @@ class RunThread(threading.Thread):
     def _train(self) -> list[StepRecord]:
         config = self.config
         train_dir = TrainDir(config.data_dir / "train")
-        section = trainer_section(config, str(resolve_model_path(config.policy.start_checkpoint)))
-        spec = ServiceSpec(trainer=section, loss=config.orchestrator.loss, num_steps=config.orchestrator.num_steps)
-        self.trainer = TrainerProcess(
-            train_dir,
-            spec,
-            config.orchestrator.trainer_launch.nproc,
-            config.orchestrator.trainer_launch.cpus,
-            trainer_node(config),
-            config.child_logs.limits(),
-        )
+        self.trainer = TrainerProcess.for_run(config, train_dir)
         self.trainer.start()
         log.info(
             "trainer service started (%d ranks on this machine, %d node(s), log %s)",

@@ -18,9 +18,11 @@ import shutil
 from pathlib import Path
 
 from coordinator.config import CoordinatorConfig
+from coordinator.ledger.run_spec import trainer_section
 from runtime.children import Child, LogLimits, sharing_cores_env
 from runtime.ports import free_port
 from trainer.launch import TrainerNode, torchrun_command
+from trainer.resolve import resolve_model_path
 from trainer.service import ServiceSpec, write_spec
 from trainer.transport import TrainDir
 
@@ -57,6 +59,15 @@ class TrainerProcess:
         self.nproc = nproc
         self.node = node or TrainerNode(nproc_per_node=nproc)
         self.child: Child | None = None
+
+    @classmethod
+    def for_run(cls, config: CoordinatorConfig, train_dir: TrainDir) -> TrainerProcess:
+        """The run's trainer job: node 0 of ``[orchestrator.trainer_launch]``, training the start checkpoint with the
+        run's trainer section (:func:`coordinator.ledger.run_spec.trainer_section`), loss and number of steps."""
+        section = trainer_section(config, str(resolve_model_path(config.policy.start_checkpoint)))
+        spec = ServiceSpec(trainer=section, loss=config.orchestrator.loss, num_steps=config.orchestrator.num_steps)
+        launch = config.orchestrator.trainer_launch
+        return cls(train_dir, spec, launch.nproc, launch.cpus, trainer_node(config), config.child_logs.limits())
 
     def command(self) -> list[str]:
         return torchrun_command(self.train_dir.root, self.node, os.getpid(), master_port=free_port())

@@ -118,6 +118,18 @@ def test_the_final_policy_is_kept_whole_and_outlives_pruning(tmp_path: Path) -> 
     assert (final / "model.safetensors").read_bytes() == b"weights of step 4"
 
 
+def test_a_lora_runs_result_is_the_merged_policy_and_its_adapter(tmp_path: Path) -> None:
+    train_dir = TrainDir(tmp_path / "train")
+    for merged, content in ((False, b"adapter of step 2"), (True, b"merged weights of step 2")):
+        train_dir.policy_dir(2, merged).mkdir(parents=True)
+        (train_dir.policy_dir(2, merged) / "weights.safetensors").write_bytes(content)
+    train_dir.keep_result(2, tmp_path / "final-policy", tmp_path / "final-adapter")
+    assert (tmp_path / "final-policy" / "weights.safetensors").read_bytes() == b"merged weights of step 2"
+    assert (tmp_path / "final-adapter" / "weights.safetensors").read_bytes() == b"adapter of step 2"
+    train_dir.keep_result(2, tmp_path / "full-run")  # no adapter: the exported policy itself
+    assert (tmp_path / "full-run" / "weights.safetensors").read_bytes() == b"adapter of step 2"
+
+
 def test_a_doorbell_wakes_its_listener_and_a_lost_ring_costs_one_timeout(tmp_path: Path) -> None:
     bell_path = tmp_path / "train" / "batch.bell"
     Doorbell(bell_path).ring()  # nobody listens yet (no pipe even): nothing happens, nothing blocks
