@@ -41,14 +41,17 @@ def vision_batch(
     attention_mask: torch.Tensor,
     rows_images: Sequence[tuple[Image, ...]],
 ) -> VisionBatch | None:
-    """The image inputs of a left-padded batch whose row ``i`` shows ``rows_images[i]``; None when none has any."""
+    """The image inputs of a left-padded batch whose row ``i`` shows ``rows_images[i]``; None when no row has images
+    (nor image tokens)."""
     images = tuple(image for row in rows_images for image in row)
+    mask = vision.image_token_mask(input_ids)
     if not images:
+        if int(mask.sum()):
+            raise ValueError("the prompts hold image tokens, but no images were given for them")
         return None
     pixels = vision.pixel_inputs(images)
     grid = pixels.image_grid_thw.to(input_ids.device)
     tokens_per_image = (grid.prod(-1) // (vision.merge_size * vision.merge_size)).tolist()
-    mask = vision.image_token_mask(input_ids)
     first = 0
     for row, row_images in enumerate(rows_images):
         expected = sum(tokens_per_image[first : first + len(row_images)])

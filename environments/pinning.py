@@ -13,6 +13,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from environments.base import Environment
 from environments.config import EnvironmentConfig
+from environments.images import Image
 from environments.loader import environment_identity, identity_mismatch, load_checked_environment
 from protocol.errors import ConfigError
 from protocol.schemas import RunSpec
@@ -44,3 +45,26 @@ def run_environment(spec: RunSpec, own: EnvironmentConfig | None) -> Environment
     if mismatch is not None:
         raise ConfigError(mismatch)
     return environment
+
+
+class ImageMismatch(ValueError):  # noqa: N818 - names what differs, as EpisodeError does
+    """A task prompt's images, rendered here, are not the ones the ledger pinned (this node's environment differs
+    from the run's), or a prompt that pins images names no example."""
+
+
+def prompt_images(environment: Environment, example_index: int | None, pinned_sha256: list[str]) -> tuple[Image, ...]:
+    """The images of a task prompt, rendered here from ``example_index`` and checked against ``pinned_sha256``
+    (a prompt that pins none has none); :class:`ImageMismatch` naming the first difference otherwise."""
+    if not pinned_sha256:
+        return ()
+    if example_index is None:
+        raise ImageMismatch("the prompt pins images but names no example to render them from")
+    images = environment.example(example_index).images
+    rendered = [image.sha256 for image in images]
+    if rendered != pinned_sha256:
+        raise ImageMismatch(
+            f"example {example_index} renders {len(rendered)} image(s) here that are not the {len(pinned_sha256)} "
+            f"the run pinned (first here {rendered[0][:12] if rendered else 'none'}, pinned {pinned_sha256[0][:12]}); "
+            "this node's environment differs from the run's"
+        )
+    return images

@@ -13,13 +13,20 @@ import base64
 from collections.abc import Sequence
 
 from engines.base import GenerationRequest, GenerationResult
+from environments.images import Image
 from protocol.schemas import Rollout, SubmitRequest, Task, TurnRollout
 from toploc.proof import build_proofs
 from toploc.sampling import sample_stream
 
 
-def generation_requests(task: Task, eos_token_ids: tuple[int, ...]) -> list[GenerationRequest]:
-    """One request per (prompt, sample) of a task, each on its own noise stream."""
+def generation_requests(
+    task: Task, eos_token_ids: tuple[int, ...], images: Sequence[tuple[Image, ...]] | None = None
+) -> list[GenerationRequest]:
+    """One request per (prompt, sample) of a task, each on its own noise stream; ``images[i]``: prompt ``i``'s
+    images, rendered here and checked against the task's hashes (:func:`environments.pinning.prompt_images`)."""
+    shown = images if images is not None else [()] * len(task.prompts)
+    if len(shown) != len(task.prompts):
+        raise ValueError(f"task {task.task_id} has {len(task.prompts)} prompts but {len(shown)} lists of images")
     return [
         GenerationRequest(
             uid=f"{task.task_id}/{prompt.prompt_index}/{sample}",
@@ -29,8 +36,9 @@ def generation_requests(task: Task, eos_token_ids: tuple[int, ...]) -> list[Gene
             seed=task.sampling_seed,
             stream=sample_stream(prompt.prompt_index, sample),
             eos_token_ids=eos_token_ids,
+            images=prompt_images,
         )
-        for prompt in task.prompts
+        for prompt, prompt_images in zip(task.prompts, shown, strict=True)
         for sample in range(task.group_size)
     ]
 

@@ -95,6 +95,9 @@ def test_a_prompt_that_misplaces_its_images_is_refused(engine: HFEngine, tokeniz
     two = GenerationRequest(**{**request.__dict__, "images": request.images * 2})
     with pytest.raises(ValueError, match="image tokens"):
         engine.generate([two])
+    none = GenerationRequest(**{**request.__dict__, "images": ()})
+    with pytest.raises(ValueError, match="no images were given"):
+        engine.generate([none])
     text_engine = HFEngine(save_tiny_qwen2(tmp_path / "text"))
     with pytest.raises(ValueError, match="reads text only"):
         text_engine.prefill([[1, 2]], [[3]], images=[request.images])

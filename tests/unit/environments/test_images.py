@@ -8,6 +8,7 @@ from environments.builtin import builtin_environment
 from environments.builtin.count_shapes import BACKGROUND, CountShapes
 from environments.held_out import check_held_out, is_held_out, prompt_key
 from environments.images import Image
+from environments.pinning import ImageMismatch, prompt_images
 from environments.render import prompt_ids
 
 
@@ -98,3 +99,14 @@ def test_a_text_only_policy_is_refused_an_image_prompt() -> None:
     environment = builtin_environment("count_shapes")
     with pytest.raises(ValueError, match="reads text only"):
         prompt_ids(environment, environment.example(0), TextTokenizer())
+
+
+def test_a_nodes_images_of_a_prompt_are_checked_against_the_pinned_hashes() -> None:
+    environment = builtin_environment("count_shapes")
+    pinned = [environment.example(5).images[0].sha256]
+    assert prompt_images(environment, 5, pinned) == environment.example(5).images
+    assert prompt_images(environment, None, []) == ()  # a text prompt
+    with pytest.raises(ImageMismatch, match="differs from the run's"):
+        prompt_images(builtin_environment("count_shapes", seed=1), 5, pinned)  # another seed: other pictures
+    with pytest.raises(ImageMismatch, match="names no example"):
+        prompt_images(environment, None, pinned)
