@@ -37,9 +37,11 @@ from environments.episode import (
     policy_turn,
     rebuild_episode,
 )
+from environments.images import Image
+from environments.pinning import ImageMismatch, prompt_images
 from environments.truncation import completion_scores
 from protocol.errors import BadSignatureError, ProofError
-from protocol.schemas import PendingSubmission, TurnRollout, Verdict
+from protocol.schemas import PendingSubmission, Prompt, TurnRollout, Verdict
 from protocol.signing import verify_document
 from toploc.calibrations import run_toploc_config
 from toploc.config import ToplocConfig
@@ -84,17 +86,23 @@ class TurnClaim:
     claim: Claim
     label: str
     """``rollout pP/sS`` (with `` turn T`` in an episode of several turns): how reasons name it."""
+    images: tuple[Image, ...] = ()
+    """The prompt's images, rendered by this validator and checked against the ledger's pins."""
 
 
 def claims_of(
-    item: PendingSubmission, eos_token_ids: Sequence[int], episodes: Episodes | None = None
+    item: PendingSubmission,
+    eos_token_ids: Sequence[int],
+    episodes: Episodes | None = None,
+    images: Environment | None = None,
 ) -> tuple[list[TurnClaim], list[str]]:
     """The rollouts of a submission as claims, one per policy turn, against the task the ledger issued; reasons
     for junk. A single turn's prompt is the task's; in a multi-turn run (``episodes``) every turn's prompt is
     rebuilt from the environment and the sampled turns (:func:`environments.episode.rebuild_episode`), and the
-    first must be the task's."""
+    first must be the task's. A prompt's pinned images are rendered with ``images`` (the run's environment)."""
     task, submission = item.task, item.submission
     prompts = {prompt.prompt_index: prompt for prompt in task.prompts}
+    shown = {index: _prompt_images(prompt, images) for index, prompt in prompts.items()}
     claims: list[TurnClaim] = []
     reasons: list[str] = []
     for position, rollout in enumerate(submission.rollouts):
@@ -123,8 +131,21 @@ def claims_of(
                 eos_token_ids=tuple(eos_token_ids),
             )
             claim = Claim(sample, turn.completion_ids, turn.logprobs, turn.finish_reason, proof)
-            claims.append(TurnClaim(position, number, claim, label + (f" turn {number}" if len(turns) > 1 else "")))
+            suffix = f" turn {number}" if len(turns) > 1 else ""
+            claims.append(TurnClaim(position, number, claim, label + suffix, shown[rollout.prompt_index]))
     return claims, reasons
+
+
+def _prompt_images(prompt: Prompt, images: Environment | None) -> tuple[Image, ...]:
+    """The images ``prompt`` pins, rendered here; RewardsUnavailable when they cannot be (not the worker's doing)."""
+    if not prompt.image_sha256:
+        return ()
+    if images is None:
+        raise RewardsUnavailable("environment: the task's prompts show images, and this validator renders none")
+    try:
+        return prompt_images(images, prompt.example_index, prompt.image_sha256)
+    except ImageMismatch as exc:
+        raise RewardsUnavailable(f"environment: prompt {prompt.prompt_index}: {exc}") from exc
 
 
 def _turn_prompts(
@@ -246,12 +267,16 @@ class _Audit:
 
 
 def _start_audit(
-    item: PendingSubmission, vocab_size: int, eos_token_ids: Sequence[int], episodes: Episodes | None
+    item: PendingSubmission,
+    vocab_size: int,
+    eos_token_ids: Sequence[int],
+    episodes: Episodes | None,
+    images: Environment | None,
 ) -> _Audit:
     """The checks that need no model, on every turn of every rollout; the claims of the audited rollouts' turns
     when all pass."""
     reasons = submission_reasons(item)
-    claims, junk = claims_of(item, eos_token_ids, episodes)
+    claims, junk = claims_of(item, eos_token_ids, episodes, images)
     reasons += junk
     if reasons:
         return _Audit(item, reasons, [])
@@ -273,17 +298,23 @@ def audit_submissions(
     config: ToplocConfig | None = None,
     reward_fn: RewardFn | None = None,
     episodes: Episodes | None = None,
+    images: Environment | None = None,
 ) -> list[tuple[Verdict, list[RolloutVerdict]]]:
     """Verdicts on submissions of one policy version, with one batched prefill of all their audited rollouts.
 
     Only the rollouts the ledger picked (``audit_sample_indices``) are recomputed; the checks
     that need no model run on all of them, and rewards are recomputed for all of them.
     """
-    audits = [_start_audit(item, engine.vocab_size, eos_token_ids, episodes) for item in items]
+    audits = [_start_audit(item, engine.vocab_size, eos_token_ids, episodes, images) for item in items]
     batch = [(audit, turn) for audit in audits for turn in audit.claims]
     if batch:
         claims = [turn.claim for _audit, turn in batch]
-        prefills = engine.prefill([c.task.prompt_ids for c in claims], [c.completion_ids for c in claims])
+        shown = [turn.images for _audit, turn in batch]
+        prompt_ids, completions = [c.task.prompt_ids for c in claims], [c.completion_ids for c in claims]
+        if any(shown):
+            prefills = engine.prefill(prompt_ids, completions, images=shown)
+        else:  # a text run: the engine's plain prefill
+            prefills = engine.prefill(prompt_ids, completions)
         for (audit, turn), checked in zip(batch, verify_claims(claims, prefills, config), strict=True):
             audit.reasons += [f"{turn.label}: {r}" for r in checked.reasons]
             audit.rollout_verdicts.append(checked)
@@ -311,19 +342,20 @@ def audit_submissions_safely(
     config: ToplocConfig | None = None,
     reward_fn: RewardFn | None = None,
     episodes: Episodes | None = None,
+    images: Environment | None = None,
 ) -> list[tuple[Verdict, list[RolloutVerdict]]]:
     """:func:`audit_submissions`, but a submission the engine cannot recompute (e.g. longer than the model's
     positions) is rejected with the reason instead of failing the whole batch and the validator with it, and
     a submission whose rewards cannot be recomputed gets an ``environment_error`` verdict (accepting nothing,
     with the failure in one line) instead of no verdict: it neither stays pending nor counts against the worker."""
     try:
-        return list(audit_submissions(items, engine, eos_token_ids, config, reward_fn, episodes))
+        return list(audit_submissions(items, engine, eos_token_ids, config, reward_fn, episodes, images))
     except (ValueError, RewardsUnavailable):
         pass  # find the submission(s) at fault, one at a time
     results: list[tuple[Verdict, list[RolloutVerdict]]] = []
     for item in items:
         try:
-            results += audit_submissions([item], engine, eos_token_ids, config, reward_fn, episodes)
+            results += audit_submissions([item], engine, eos_token_ids, config, reward_fn, episodes, images)
         except ValueError as exc:
             reason = f"audit: the rollouts cannot be recomputed: {exc}"[:512]
             results.append((Verdict(submission_id=item.submission_id, accepted=False, reasons=[reason]), []))
@@ -341,6 +373,7 @@ def audit_submission(
     config: ToplocConfig | None = None,
     reward_fn: RewardFn | None = None,
     episodes: Episodes | None = None,
+    images: Environment | None = None,
 ) -> tuple[Verdict, list[RolloutVerdict]]:
     """The verdict on one submission (with recomputed rewards when accepted), and the audited rollouts' verdicts."""
-    return audit_submissions([item], engine, eos_token_ids, config, reward_fn, episodes)[0]
+    return audit_submissions([item], engine, eos_token_ids, config, reward_fn, episodes, images)[0]

@@ -73,13 +73,14 @@ log = logging.getLogger("validator")
 
 @dataclass(frozen=True)
 class LoadedPolicy:
-    """A policy version ready to audit against: its prefill engine, end tokens and rewards, and for a multi-turn
-    run how its episodes are rebuilt."""
+    """A policy version ready to audit against: its prefill engine, end tokens and rewards, for a multi-turn run how
+    its episodes are rebuilt, and the run's environment, which renders the images prompts pin."""
 
     engine: PrefillEngine
     eos_token_ids: tuple[int, ...]
     reward_fn: RewardFn
     episodes: Episodes | None
+    environment: Environment | None = None
 
 
 class PolicyEngines:
@@ -167,7 +168,8 @@ class PolicyEngines:
         eos = eos_token_ids(path)
         tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, str(path))
         episodes = Episodes(self.environment, tokenizer) if isinstance(self.environment, MultiTurnEnvironment) else None
-        return LoadedPolicy(engine, eos, environment_reward_fn(self.environment, tokenizer, eos), episodes)
+        reward_fn = environment_reward_fn(self.environment, tokenizer, eos)
+        return LoadedPolicy(engine, eos, reward_fn, episodes, self.environment)
 
     def close(self) -> None:
         for version, loaded in self._engines.items():
@@ -238,6 +240,7 @@ async def _audit_version(
         config,
         loaded.reward_fn,
         loaded.episodes,
+        loaded.environment,
     )
     state.audit_s += time.monotonic() - started
     state.audit_cpu_s += time.process_time() - cpu_started
