@@ -22,10 +22,12 @@ from typing import Any
 import httpx
 import pytest
 
+from node.startup import eos_token_ids
 from runtime.ports import free_port
 from tests.support.coordinator_process import CoordinatorProcess
 from tests.support.network import SPEC, ledger_rows, tiny_policy
 from tests.support.run_configs import write_small_run
+from tests.support.tiny_model import TINY_EOS_TOKEN_ID
 
 pytestmark = pytest.mark.slow
 
@@ -48,8 +50,17 @@ EVAL_KEYS = {"eval_accuracy", "eval_reward_mean", "eval_stop_fraction", "eval_co
 
 
 def never_ending_policy(path: Path) -> Path:
-    """A tiny random policy whose EOS (its config's, what workers stop on) is never drawn."""
-    return tiny_policy(path, seed=5, spec=replace(SPEC, eos_bias=-40.0))
+    """A tiny random policy that never draws a token its workers stop on: its config's EOS is pushed far down, and
+    every other end token they stop on (the tokenizer's, another id) gets the same output row."""
+    from safetensors.torch import load_file, save_file
+
+    policy = tiny_policy(path, seed=5, spec=replace(SPEC, eos_bias=-40.0))
+    weights = load_file(str(policy / "model.safetensors"))
+    head = weights["lm_head.weight"]
+    for token in eos_token_ids(policy):
+        head[token] = head[TINY_EOS_TOKEN_ID]
+    save_file(weights, str(policy / "model.safetensors"), metadata={"format": "pt"})
+    return policy
 
 
 def write_config(root: Path, port: int, start_checkpoint: Path) -> Path:
