@@ -60,13 +60,6 @@ SMALL_QWEN3_SHAPE: dict[str, int] = {
 SMALL_TOKENIZER_VOCAB_SIZE = 512
 TINY_QWEN2_VL = "tiny-qwen2-vl"
 """A Qwen2-VL of under a million parameters: small-qwen3's tokenizer with the vision tokens, random weights."""
-TINY_QWEN2_VL_TEXT_SHAPE: dict[str, int] = {
-    "hidden_size": 128,
-    "intermediate_size": 384,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-}
 TINY_QWEN2_VL_VISION_SHAPE: dict[str, int] = {
     "depth": 2,
     "embed_dim": 64,
@@ -102,6 +95,9 @@ MODEL_SHAPES: dict[str, dict[str, int]] = {
         "num_key_value_heads": 4,
     },
 }
+
+TINY_QWEN2_VL_TEXT_SHAPE = MODEL_SHAPES["tiny"]
+"""The text model of :data:`TINY_QWEN2_VL`: tiny-qwen2's shape."""
 
 
 def builtin_cache_dir() -> Path:
