@@ -309,12 +309,8 @@ def audit_submissions(
     batch = [(audit, turn) for audit in audits for turn in audit.claims]
     if batch:
         claims = [turn.claim for _audit, turn in batch]
-        shown = [turn.images for _audit, turn in batch]
         prompt_ids, completions = [c.task.prompt_ids for c in claims], [c.completion_ids for c in claims]
-        if any(shown):
-            prefills = engine.prefill(prompt_ids, completions, images=shown)
-        else:  # a text run: the engine's plain prefill
-            prefills = engine.prefill(prompt_ids, completions)
+        prefills = engine.prefill(prompt_ids, completions, images=[turn.images for _audit, turn in batch])
         for (audit, turn), checked in zip(batch, verify_claims(claims, prefills, config), strict=True):
             audit.reasons += [f"{turn.label}: {r}" for r in checked.reasons]
             audit.rollout_verdicts.append(checked)
