@@ -51,7 +51,7 @@ def vision_batch(
         return None
     pixels = vision.pixel_inputs(images)
     grid = pixels.image_grid_thw.to(input_ids.device)
-    tokens_per_image = (grid.prod(-1) // (vision.merge_size * vision.merge_size)).tolist()
+    tokens_per_image = vision.tokens_per_image(grid)
     first = 0
     for row, row_images in enumerate(rows_images):
         expected = sum(tokens_per_image[first : first + len(row_images)])

@@ -66,9 +66,14 @@ class VisionInputs:
         return PixelInputs(features["pixel_values"].float(), features["image_grid_thw"].long())
 
     def num_image_tokens(self, image: Image) -> int:
-        """How many prompt tokens stand for ``image``: its patches after the merge."""
-        grid = self.pixel_inputs((image,)).image_grid_thw[0]
-        return int(grid.prod().item()) // (self.merge_size * self.merge_size)
+        """How many prompt tokens stand for ``image``: its patches after the merge, from its size alone (the
+        processor's own resize rule; no pixels are processed)."""
+        patches = int(self.processor.get_number_of_image_patches(image.height, image.width))
+        return patches // (self.merge_size * self.merge_size)
+
+    def tokens_per_image(self, image_grid_thw: torch.Tensor) -> list[int]:
+        """How many prompt tokens stand for each image of processed inputs (``PixelInputs.image_grid_thw``)."""
+        return (image_grid_thw.prod(-1) // (self.merge_size * self.merge_size)).tolist()
 
     def image_block(self, image: Image) -> str:
         """The prompt text that holds ``image``'s place."""

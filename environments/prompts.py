@@ -16,7 +16,7 @@ from typing import Any, Protocol
 from environments.base import Environment
 from environments.episode import episode_turns
 from environments.images import image_hashes
-from environments.render import ImageBlocks, prompt_text
+from environments.render import ImageBlocks, encode_prompt, prompt_text
 
 
 @dataclass(frozen=True)
@@ -60,7 +60,7 @@ class EnvironmentPrompts:
         for index in range(first, first + num_prompts):
             example = self.environment.example(index)
             text = prompt_text(self.environment, example, self.tokenizer, self.images)
-            token_ids = tuple(self.tokenizer.encode(text, add_special_tokens=False))
+            token_ids = tuple(encode_prompt(text, self.tokenizer))
             prompts.append(SourcePrompt(token_ids, text, index, image_hashes(example.images)))
         return prompts
 

@@ -69,5 +69,10 @@ def prompt_text(environment: Environment, example: Example, tokenizer: Any, imag
 def prompt_ids(
     environment: Environment, example: Example, tokenizer: Any, images: ImageBlocks | None = None
 ) -> list[int]:
-    """:func:`prompt_text` encoded with ``tokenizer`` (no special tokens added)."""
-    return list(tokenizer.encode(prompt_text(environment, example, tokenizer, images), add_special_tokens=False))
+    """:func:`prompt_text` encoded with ``tokenizer`` (:func:`encode_prompt`)."""
+    return encode_prompt(prompt_text(environment, example, tokenizer, images), tokenizer)
+
+
+def encode_prompt(text: str, tokenizer: Any) -> list[int]:
+    """A rendered prompt's token ids: encoded without adding special tokens (the template wrote the ones it wants)."""
+    return list(tokenizer.encode(text, add_special_tokens=False))
