@@ -34,7 +34,7 @@ import torch
 from engines.adapters import LoraAdapter, read_adapter
 from engines.base import GenerationRequest, GenerationResult, PrefillResult
 from engines.hf_vision import VisionBatch, vision_batch
-from engines.vision import VisionInputs
+from engines.vision import VisionInputs, auto_model_class, never_draw_vision_tokens
 from environments.images import Image
 from runtime.logs import adopt_transformers_logging
 from runtime.memory import release_free_memory
@@ -58,8 +58,6 @@ class HFEngine:
         num_threads: int | None = None,
         attn_implementation: str = "sdpa",
     ) -> None:
-        from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
-
         adopt_transformers_logging()
         if max_batch_size < 1:
             raise ValueError("max_batch_size must be >= 1")
@@ -71,11 +69,13 @@ class HFEngine:
         self.max_batch_size = max_batch_size
         self.vision = VisionInputs.of_checkpoint(Path(checkpoint_dir))
         """The policy's image inputs; None for a text-only policy."""
-        self._loader: Any = AutoModelForCausalLM if self.vision is None else AutoModelForImageTextToText
+        self._loader: Any = auto_model_class(self.vision)
         self.model: Any = self._loader.from_pretrained(
             checkpoint_dir, dtype=self.dtype, attn_implementation=attn_implementation
         ).to(self.device)
         self.model.eval()
+        if self.vision is not None:
+            never_draw_vision_tokens(self.model, self.vision)
         self._decoder: Any = self.model.base_model
         self._head: Any = self.model.get_output_embeddings()
         self.pad_token_id = 0

@@ -7,7 +7,9 @@ prefilling and the trainer computing log-probabilities all call :meth:`VisionInp
 they see the same patches, and :meth:`VisionInputs.image_block` writes the prompt text that holds an
 image's place (``<|vision_start|>``, one ``<|image_pad|>`` per merged patch, ``<|vision_end|>``), so the
 prompt's token ids say how many patches each image has. The image processor is transformers' PIL one:
-it needs no torchvision.
+it needs no torchvision. :func:`auto_model_class` is the one rule for which transformers class loads a
+checkpoint, so the engines and the trainer load the same model from it, and :func:`never_draw_vision_tokens`
+keeps a policy from drawing a token that holds an image's place.
 """
 
 from __future__ import annotations
@@ -47,6 +49,10 @@ class VisionInputs:
         self.image_token_id = int(config["image_token_id"])
         self.vision_start_token_id = int(config["vision_start_token_id"])
         self.vision_end_token_id = int(config["vision_end_token_id"])
+        placeholders = [self.image_token_id, self.vision_start_token_id, self.vision_end_token_id]
+        video = config.get("video_token_id")
+        self.never_drawn_ids = tuple(sorted({*placeholders, *([int(video)] if video is not None else [])}))
+        """The tokens that hold an image's (or a video's) place: never drawn (:func:`never_draw_vision_tokens`)."""
         self.processor: Any = Qwen2VLImageProcessorPil.from_pretrained(str(model_dir))
         self.merge_size = int(self.processor.merge_size)
 
@@ -82,3 +88,33 @@ class VisionInputs:
     def image_token_mask(self, token_ids: torch.Tensor) -> torch.Tensor:
         """1 where ``token_ids`` holds an image's place, else 0 (the model's ``mm_token_type_ids``)."""
         return (token_ids == self.image_token_id).long()
+
+
+NEVER_DRAWN_LOGIT = -1e9
+"""The logit every party's forward gives a vision token: its probability is exactly 0 at any temperature, and
+log-probabilities and entropies stay finite."""
+
+
+def never_draw_vision_tokens(model: Any, vision: VisionInputs) -> None:
+    """Make ``model``'s output head give its vision tokens (:attr:`VisionInputs.never_drawn_ids`) the logit
+    :data:`NEVER_DRAWN_LOGIT`, so a policy never draws one.
+
+    A prompt's image tokens are where its images go: a model's forward places image features at every one of
+    them, so a completion holding one could not be prefilled (by a validator, by the trainer) as the engine that
+    drew it saw it, a token among text. The workers' engines, the validators' prefills and the trainer all load a
+    vision-language policy with this hook, so the distribution they sample, check and train is the same."""
+    ids = torch.tensor(vision.never_drawn_ids, dtype=torch.long)
+
+    def hook(_module: Any, _inputs: Any, logits: torch.Tensor) -> torch.Tensor:
+        return logits.index_fill(-1, ids.to(logits.device), NEVER_DRAWN_LOGIT)
+
+    model.get_output_embeddings().register_forward_hook(hook)
+
+
+def auto_model_class(vision: VisionInputs | None) -> Any:
+    """The transformers auto class a checkpoint loads with: ``AutoModelForImageTextToText`` for a vision-language
+    one (``vision``, from :meth:`VisionInputs.of_checkpoint`), else ``AutoModelForCausalLM``. Both give a model whose
+    forward returns the logits of every position; a vision-language one also takes the images' inputs."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    return AutoModelForCausalLM if vision is None else AutoModelForImageTextToText

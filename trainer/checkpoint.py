@@ -9,7 +9,9 @@ saved with 2 ranks resumes on 1 and vice versa. ``latest`` names the newest comp
 keeps the newest few.
 
 The exported policy is what SHARDCAST's origin publishes and what HF and vLLM load:
-``model.safetensors``, ``config.json``, ``generation_config.json`` and the tokenizer files.
+``model.safetensors``, ``config.json``, ``generation_config.json``, the tokenizer files, and a
+vision-language policy's ``preprocessor_config.json`` (its image processor, by which engines know to load
+it as one and process its images alike).
 The weights are in the architecture's checkpoint layout, the one ``save_pretrained`` writes and
 both engines read, which is not always the module layout the trainer holds: Qwen3-MoE's experts
 are one fused 3-D tensor per block in ``transformers`` but one tensor per expert on disk (see
@@ -45,6 +47,8 @@ from trainer.model import DTYPES
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
+
+    from engines.vision import VisionInputs
 
 LATEST_FILE = "latest"
 STATE_FILE = "trainer_state.pt"
@@ -190,9 +194,10 @@ def export_policy(
     tokenizer: PreTrainedTokenizerBase,
     info: DistInfo,
     dtype: str = "float32",
+    vision: VisionInputs | None = None,
 ) -> Path:
     """Write the policy as an HF checkpoint directory (rank 0 writes; every rank must call); a LoRA model's
-    adapters are merged into its weights."""
+    adapters are merged into its weights, and a vision-language one's image processor (``vision``) goes with it."""
     from safetensors.torch import save_file
 
     state = full_model_state(model, info)
@@ -213,6 +218,8 @@ def export_policy(
         if generation_config is not None:
             generation_config.save_pretrained(str(directory))
         tokenizer.save_pretrained(str(directory))
+        if vision is not None:
+            vision.processor.save_pretrained(str(directory))
     barrier(info)
     return directory
 

@@ -141,6 +141,9 @@ class TrainerSection(Section):
     coordinator's run: the run's precision, unless set)."""
     lora: LoraConfig = LoraConfig()
     """LoRA adapters instead of full-weight training (off by default)."""
+    freeze_vision: bool = True
+    """A vision-language model's image encoder (Qwen2-VL's `visual`, its merger into the text model included) keeps
+    its start weights and only the text model trains; false trains it too. Text-only models have none to freeze."""
 
 
 class SftConfig(RoleConfig):
@@ -172,6 +175,9 @@ class SftConfig(RoleConfig):
     lora: LoraConfig = LoraConfig()
     """LoRA adapters instead of full-weight training (off by default): output_dir/policy is then the adapter,
     and output_dir/merged the base with the adapter folded in."""
+    freeze_vision: bool = True
+    """A vision-language model's image encoder keeps its start weights (false: it trains too, as a start
+    checkpoint's SFT from random weights needs)."""
     resume: bool = True
     """Continue from the latest trainer state in output_dir/checkpoints when there is one."""
     wandb_project: str | None = None
@@ -189,6 +195,7 @@ class SftConfig(RoleConfig):
             packing=self.packing,
             checkpoint=self.checkpoint,
             lora=self.lora,
+            freeze_vision=self.freeze_vision,
         )
 
 

@@ -14,6 +14,7 @@ from engines.adapted import AdapterView
 from engines.adapters import adapter_base, is_adapter_dir
 from engines.base import Engine, GenerationRequest
 from engines.hf import HFEngine
+from engines.vision import VisionInputs
 from environments.loader import load_environment
 from trainer.config import EvalConfig, RlConfig
 from trainer.model import load_tokenizer
@@ -59,7 +60,10 @@ def run_eval(config: EvalConfig, output: Path | None = None) -> dict[str, Any]:
     environment = load_environment(config.environment)
     engine, tokenizer_dir = policy_engine(model_dir)
     tokenizer = load_tokenizer(str(tokenizer_dir))
-    sampler = RolloutSampler(engine, GenerationRequest, environment, tokenizer, config.temperature, config.max_tokens)
+    vision = VisionInputs.of_checkpoint(tokenizer_dir)
+    sampler = RolloutSampler(
+        engine, GenerationRequest, environment, tokenizer, config.temperature, config.max_tokens, vision=vision
+    )
     report = sampler.evaluate(config.num_examples, config.num_samples, config.seed)
     found = {"model": str(model_dir), **report.as_dict()}
     if output is not None:

@@ -12,24 +12,68 @@ O(row length^2) on CPU whatever the mask hides; on GPUs set ``row_tokens`` to
 Every per-token tensor of a micro-batch is aligned with the *input* positions: position j
 holds the target token j + 1 of the same sample, and ``loss_mask[j]`` is true where that
 target is a completion token.
+
+A vision-language policy (:class:`VisionPacking`) adds each sample's images: their pixel patches, concatenated
+in the order their image tokens appear in the micro-batch's rows read one after another (the order in which
+the model puts image features in place of image tokens), and multimodal rotary positions of shape
+(3, rows, length) in (time, height, width), each sample's computed for it alone by the model's own rule and
+placed as its text positions are. Every micro-batch of such a run shows the vision tower an image: one
+without any gets a loss-free row holding a one-pixel image, so that sharded ranks run the tower's layers
+(their collectives) alike whatever their share holds, and a trainable tower gets a gradient on every rank.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
+from engines.vision import PixelInputs, VisionInputs
+from environments.images import Image
 from trainer.transport import TrainSample
+
+IDLE_IMAGE = Image(1, 1, bytes(3))
+"""The image of a micro-batch that shows none (one black pixel; the processor enlarges it to its smallest size)."""
+
+
+class SamplePositions(Protocol):
+    """A vision-language model's rotary positions for one sample (Qwen2-VL: its ``get_rope_index``)."""
+
+    def __call__(
+        self, input_ids: torch.Tensor, image_token_mask: torch.Tensor, image_grid_thw: torch.Tensor | None
+    ) -> torch.Tensor:
+        """(3, length): the positions of the sample's tokens ``input_ids`` (length,), counted from 0, whose image
+        tokens (``image_token_mask``, 1 where one is) stand for images of patch grids ``image_grid_thw``."""
+        ...
+
+
+@dataclass(frozen=True)
+class VisionPacking:
+    """What packing needs of a vision-language policy: its image inputs, and its rule for a sample's positions."""
+
+    inputs: VisionInputs
+    positions: SamplePositions
+
+
+@dataclass(frozen=True)
+class _SampleImages:
+    """One sample's images as the model takes them, and its multimodal positions."""
+
+    positions: torch.Tensor
+    """(3, num_tokens)."""
+    pixels: PixelInputs | None
+    """None: the sample shows no image."""
 
 
 @dataclass
 class MicroBatch:
-    """Tensors of shape (rows, length); rows = 1 when packed."""
+    """Tensors of shape (rows, length)."""
 
     input_ids: torch.Tensor
     position_ids: torch.Tensor
+    """(rows, length); a vision-language policy's: (3, rows, length), in (time, height, width)."""
     targets: torch.Tensor
     loss_mask: torch.Tensor
     advantages: torch.Tensor
@@ -40,10 +84,26 @@ class MicroBatch:
     sample_ids: list[int] = field(default_factory=list)
     num_real_tokens: int = 0
     """Tokens that belong to a sample (the rest is padding)."""
+    pixel_values: torch.Tensor | None = None
+    """A vision-language policy's: the patches of every image shown, in the order of their image tokens."""
+    image_grid_thw: torch.Tensor | None = None
+    """(images, 3): each image's patch grid."""
+    mm_token_type_ids: torch.Tensor | None = None
+    """(rows, length): 1 at image tokens, else 0."""
 
     @property
     def num_loss_tokens(self) -> int:
         return int(self.loss_mask.sum().item())
+
+    def image_inputs(self) -> dict[str, torch.Tensor]:
+        """The model's image arguments (``pixel_values``, ``image_grid_thw``, ``mm_token_type_ids``); empty for a
+        text-only policy."""
+        inputs = {
+            "pixel_values": self.pixel_values,
+            "image_grid_thw": self.image_grid_thw,
+            "mm_token_type_ids": self.mm_token_type_ids,
+        }
+        return {name: value for name, value in inputs.items() if value is not None}
 
 
 def _sample_rows(sample: TrainSample) -> dict[str, list[Any]]:
@@ -67,6 +127,57 @@ def _sample_rows(sample: TrainSample) -> dict[str, list[Any]]:
         "advantages": [sample.advantage if m else 0.0 for m in in_completion],
         "inference_logprobs": [logprobs[j - first] if m else 0.0 for j, m in enumerate(in_completion)],
     }
+
+
+def _sample_images(sample: TrainSample, vision: VisionPacking) -> _SampleImages:
+    """The sample's pixels and positions; ValueError when its image tokens do not stand for exactly its images."""
+    input_ids = torch.tensor(sample.prompt_ids + sample.completion_ids, dtype=torch.long)
+    mask = vision.inputs.image_token_mask(input_ids)
+    pixels = vision.inputs.pixel_inputs(sample.images) if sample.images else None
+    expected = 0 if pixels is None else sum(vision.inputs.tokens_per_image(pixels.image_grid_thw))
+    found = int(mask.sum())
+    if found != expected:
+        raise ValueError(
+            f"a sample holds {found} image tokens, but its {len(sample.images)} image(s) take {expected}; its "
+            "prompt must be rendered with the policy's image blocks, one per image, and its completion hold none"
+        )
+    positions = vision.positions(input_ids, mask, None if pixels is None else pixels.image_grid_thw)
+    if positions.shape != (3, len(input_ids)):
+        raise ValueError(f"positions of shape {tuple(positions.shape)} for a sample of {len(input_ids)} tokens")
+    return _SampleImages(positions.long(), pixels)
+
+
+def _idle_sample(vision: VisionPacking) -> TrainSample:
+    """A sample that only shows :data:`IDLE_IMAGE`, with nothing to learn (no completion)."""
+    num_tokens = vision.inputs.num_image_tokens(IDLE_IMAGE)
+    return TrainSample(prompt_ids=[vision.inputs.image_token_id] * num_tokens, completion_ids=[], images=(IDLE_IMAGE,))
+
+
+@dataclass(frozen=True)
+class _Pool:
+    """The samples micro-batches are made of: a batch's, then (a vision-language run) the idle sample, whose row is
+    padding as far as counts go; with each one's images."""
+
+    samples: list[TrainSample]
+    num_real: int
+    images: list[_SampleImages] | None = None
+    vision: VisionPacking | None = None
+
+    @staticmethod
+    def of(samples: list[TrainSample], vision: VisionPacking | None) -> _Pool:
+        if vision is None:
+            if any(sample.images for sample in samples):
+                raise ValueError("a sample shows images, but the policy reads text only")
+            return _Pool(samples, len(samples))
+        pool = [*samples, _idle_sample(vision)]
+        return _Pool(pool, len(samples), [_sample_images(sample, vision) for sample in pool], vision)
+
+    @property
+    def idle(self) -> int:
+        return len(self.samples) - 1
+
+    def shows_images(self, ids: list[int]) -> bool:
+        return self.images is not None and any(self.images[i].pixels is not None for i in ids)
 
 
 _DTYPES = {
@@ -110,27 +221,68 @@ def _block_causal_mask(rows: list[list[dict[str, list[Any]]]], width: int) -> to
     return (same & causal).unsqueeze(1)
 
 
-def _packed(samples: list[TrainSample], rows: list[list[int]], pad_id: int) -> MicroBatch:
+def _vision_tensors(
+    pool: _Pool, rows: list[list[int]], input_ids: torch.Tensor, packed: bool
+) -> dict[str, torch.Tensor | None]:
+    """A vision-language micro-batch's positions and image inputs (its rows ``rows`` of pool indices)."""
+    assert pool.images is not None and pool.vision is not None
+    width = input_ids.shape[1]
+    positions = torch.zeros((3, len(rows), width), dtype=torch.long)
+    for r, row in enumerate(rows):
+        start = 0
+        for i in row:
+            length = pool.samples[i].num_tokens
+            positions[:, r, start : start + length] = pool.images[i].positions
+            start += length
+        if packed:  # the end-of-row padding counts from 0, as the text positions' does
+            positions[:, r, start:] = torch.arange(width - start)
+    shown = [pixels for row in rows for i in row if (pixels := pool.images[i].pixels) is not None]
+    return {
+        "position_ids": positions,
+        "pixel_values": torch.cat([p.pixel_values for p in shown]) if shown else None,
+        "image_grid_thw": torch.cat([p.image_grid_thw for p in shown]) if shown else None,
+        "mm_token_type_ids": pool.vision.inputs.image_token_mask(input_ids),
+    }
+
+
+def _counts(pool: _Pool, rows: list[list[int]]) -> dict[str, Any]:
+    ids = [i for row in rows for i in row if i < pool.num_real]
+    real = sum(pool.samples[i].num_tokens for i in ids)
+    return {"num_samples": len(ids), "sample_ids": ids, "num_real_tokens": real}
+
+
+def _with_idle_row(pool: _Pool, rows: list[list[int]]) -> list[list[int]]:
+    """``rows``, and in a vision-language run one row more with the idle image when they show none."""
+    if pool.vision is None or pool.shows_images([i for row in rows for i in row]):
+        return rows
+    return [*rows, [pool.idle]]
+
+
+def _packed(pool: _Pool, rows: list[list[int]], pad_id: int) -> MicroBatch:
+    rows = _with_idle_row(pool, rows)
+    samples = pool.samples
     sample_rows = [[_sample_rows(samples[i]) for i in row] for row in rows]
     width = max(sum(samples[i].num_tokens for i in row) for row in rows)
-    tensors = _tensors(sample_rows, width, pad_id)
+    tensors: dict[str, Any] = dict(_tensors(sample_rows, width, pad_id))
     # Position ids restart at 0 for each sample; the end-of-row padding counts from 0 as well.
     for r, row in enumerate(rows):
         used = sum(samples[i].num_tokens for i in row)
         tensors["position_ids"][r, used:] = torch.arange(width - used)
-    ids = [i for row in rows for i in row]
-    real = sum(samples[i].num_tokens for i in ids)
+    if pool.vision is not None:
+        tensors.update(_vision_tensors(pool, rows, tensors["input_ids"], packed=True))
     mask = _block_causal_mask(sample_rows, width)
-    return MicroBatch(**tensors, attention_mask=mask, num_samples=len(ids), sample_ids=ids, num_real_tokens=real)
+    return MicroBatch(**tensors, attention_mask=mask, **_counts(pool, rows))
 
 
-def _padded(samples: list[TrainSample], ids: list[int], pad_id: int) -> MicroBatch:
-    rows = [[_sample_rows(samples[i])] for i in ids]
-    width = max(samples[i].num_tokens for i in ids)
-    tensors = _tensors(rows, width, pad_id)
-    attention = torch.tensor([[1] * samples[i].num_tokens + [0] * (width - samples[i].num_tokens) for i in ids])
-    real = sum(samples[i].num_tokens for i in ids)
-    return MicroBatch(**tensors, attention_mask=attention, num_samples=len(ids), sample_ids=ids, num_real_tokens=real)
+def _padded(pool: _Pool, ids: list[int], pad_id: int) -> MicroBatch:
+    rows = _with_idle_row(pool, [[i] for i in ids])
+    lengths = [pool.samples[i].num_tokens for (i,) in rows]
+    width = max(lengths)
+    tensors: dict[str, Any] = dict(_tensors([[_sample_rows(pool.samples[i])] for (i,) in rows], width, pad_id))
+    if pool.vision is not None:
+        tensors.update(_vision_tensors(pool, rows, tensors["input_ids"], packed=False))
+    attention = torch.tensor([[1] * length + [0] * (width - length) for length in lengths])
+    return MicroBatch(**tensors, attention_mask=attention, **_counts(pool, rows))
 
 
 def plan_bins(lengths: list[int], capacity: int) -> list[list[int]]:
@@ -172,15 +324,19 @@ def make_micro_batches(
     packed: bool = True,
     row_tokens: int | None = None,
     pad_id: int = 0,
+    vision: VisionPacking | None = None,
 ) -> list[MicroBatch]:
     """Micro-batches of at most ``micro_batch_tokens`` tokens (padding included) each.
 
     Packed: samples go into rows of at most ``row_tokens`` tokens (or the longest sample, if
     longer) by first-fit-decreasing, rows into micro-batches. Unpacked (the baseline):
-    consecutive samples, one per row, each padded to the longest of its micro-batch.
+    consecutive samples, one per row, each padded to the longest of its micro-batch. ``vision``: the
+    policy reads images (module docstring); a micro-batch that shows none has one short row more.
+    ValueError for a sample whose image tokens do not match its images, or with images and no ``vision``.
     """
     if not samples:
         return []
+    pool = _Pool.of(samples, vision)
     if packed:
         longest = max(s.num_tokens for s in samples)
         # A row is at least as wide as the longest sample, so every sample fits one.
@@ -188,16 +344,19 @@ def make_micro_batches(
         rows = plan_bins([s.num_tokens for s in samples], row_capacity)
         rows.sort(key=lambda row: -sum(samples[i].num_tokens for i in row))
         widths = [sum(samples[i].num_tokens for i in row) for row in rows]
-        return [_packed(samples, [rows[r] for r in group], pad_id) for group in _chunk_rows(widths, micro_batch_tokens)]
+        return [_packed(pool, [rows[r] for r in group], pad_id) for group in _chunk_rows(widths, micro_batch_tokens)]
     lengths = [s.num_tokens for s in samples]
     if max(lengths) > micro_batch_tokens:
         raise ValueError(f"a sample of {max(lengths)} tokens exceeds micro_batch_tokens={micro_batch_tokens}")
     groups = _chunk_rows(lengths, micro_batch_tokens)
-    return [_padded(samples, group, pad_id) for group in groups]
+    return [_padded(pool, group, pad_id) for group in groups]
 
 
-def empty_micro_batch() -> MicroBatch:
-    """One token with nothing to learn: keeps a rank's collective calls in step with the others."""
+def empty_micro_batch(vision: VisionPacking | None = None) -> MicroBatch:
+    """Nothing to learn: keeps a rank's collective calls in step with the others. One token; with ``vision``, the
+    idle image's row (the vision tower runs on every rank)."""
+    if vision is not None:
+        return _packed(_Pool.of([], vision), [], 0)
     zeros = torch.zeros((1, 1), dtype=torch.long)
     return MicroBatch(
         input_ids=zeros,
@@ -209,10 +368,12 @@ def empty_micro_batch() -> MicroBatch:
     )
 
 
-def deal_to_ranks(micro_batches: list[MicroBatch], world_size: int) -> list[list[MicroBatch]]:
+def deal_to_ranks(
+    micro_batches: list[MicroBatch], world_size: int, filler: Callable[[], MicroBatch] = empty_micro_batch
+) -> list[list[MicroBatch]]:
     """Deal micro-batches to ranks, heaviest first to the lightest rank; every rank gets the same count.
 
-    Ranks that run short get :func:`empty_micro_batch` fillers, since FSDP's collectives
+    Ranks that run short get ``filler`` micro-batches (:func:`empty_micro_batch`), since FSDP's collectives
     need every rank to run the same number of forward/backward passes.
     """
     order = sorted(range(len(micro_batches)), key=lambda i: (-micro_batches[i].input_ids.numel(), i))
@@ -224,5 +385,5 @@ def deal_to_ranks(micro_batches: list[MicroBatch], world_size: int) -> list[list
         per_rank[rank].append(micro_batches[i])
         load[rank] += micro_batches[i].input_ids.numel()
     for batches in per_rank:
-        batches.extend(empty_micro_batch() for _ in range(count - len(batches)))
+        batches.extend(filler() for _ in range(count - len(batches)))
     return per_rank

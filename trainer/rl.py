@@ -54,8 +54,9 @@ def run_rl(
     trainer = trainer or Trainer(config.trainer, config.num_steps)
     if trainer.info.world_size != 1:
         raise ValueError("the local RL loop runs in one process; the network drives Trainer.rl_step on every rank")
+    tokenizer, vision = trainer.tokenizer, trainer.vision
     sampler = RolloutSampler(
-        engine, make_request, environment, trainer.tokenizer, config.temperature, config.max_tokens
+        engine, make_request, environment, tokenizer, config.temperature, config.max_tokens, vision=vision
     )
     policy_dir = config.output_dir / "policy"
     result = RlResult()

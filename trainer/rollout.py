@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 from engines.episodes import EpisodeRequest, Generate, play_episodes
 from environments.base import Environment, Example
 from environments.episode import MultiTurnEnvironment, episode_scores
-from environments.render import prompt_ids
+from environments.render import ImageBlocks, prompt_ids
 from environments.truncation import completion_scores, is_truncated
 from toploc.sampling import sample_stream
 from trainer.advantages import batch_advantages
@@ -83,6 +83,7 @@ def to_train_samples(rollouts: list[Rollout], group_size: int, normalize_std: bo
             advantage=a,
             inference_logprobs=r.logprobs,
             reward=r.reward,
+            images=r.example.images,
         )
         for r, a in zip(rollouts, advantages, strict=True)
     ]
@@ -121,6 +122,9 @@ class RolloutSampler:
     max_tokens: int = 32
     end_token_ids: tuple[int, ...] | None = None
     """The tokens that end a completion; None: the tokenizer's EOS."""
+    vision: ImageBlocks | None = None
+    """A vision-language policy's image blocks (:class:`engines.vision.VisionInputs`): the prompts of an
+    environment that shows images are written with them and the engine is given the images; None: text only."""
 
     @property
     def eos_token_ids(self) -> tuple[int, ...]:
@@ -135,7 +139,7 @@ class RolloutSampler:
         if isinstance(self.environment, MultiTurnEnvironment):
             return self.play(self.environment, examples, num_samples, seed)
         eos_ids = self.eos_token_ids
-        prompts = [prompt_ids(self.environment, ex, self.tokenizer) for ex in examples]
+        prompts = [prompt_ids(self.environment, ex, self.tokenizer, self.vision) for ex in examples]
         requests = [
             self.make_request(
                 uid=f"{ex.index}-{j}",
@@ -145,6 +149,7 @@ class RolloutSampler:
                 seed=seed,
                 stream=sample_stream(i, j),
                 eos_token_ids=eos_ids,
+                images=ex.images,
             )
             for i, ex in enumerate(examples)
             for j in range(num_samples)

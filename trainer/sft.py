@@ -15,8 +15,9 @@ from typing import TYPE_CHECKING, Any
 
 from environments.base import Environment, Example
 from environments.episode import MultiTurnEnvironment, PolicyTurn, episode_samples, replay, turn_prompt_ids
+from environments.images import Image
 from environments.loader import load_environment
-from environments.render import prompt_ids
+from environments.render import ImageBlocks, prompt_ids
 from trainer.config import SftConfig
 from trainer.fsdp import shutdown
 from trainer.metrics import MetricsLogger
@@ -29,13 +30,15 @@ if TYPE_CHECKING:
 log = logging.getLogger("trainer.sft")
 
 
-def sft_sample(tokenizer: PreTrainedTokenizerBase, prompt: list[int], answer: str) -> TrainSample:
-    """The prompt's ids, then the answer's ids followed by EOS (the model must learn to stop)."""
+def sft_sample(
+    tokenizer: PreTrainedTokenizerBase, prompt: list[int], answer: str, images: tuple[Image, ...] = ()
+) -> TrainSample:
+    """The prompt's ids (showing ``images``), then the answer's ids followed by EOS (the model must learn to stop)."""
     eos = tokenizer.eos_token_id
     if eos is None:
         raise ValueError("the tokenizer has no EOS token; SFT targets need one")
     completion_ids = [*tokenizer.encode(answer, add_special_tokens=False), int(eos)]
-    return TrainSample(prompt_ids=list(prompt), completion_ids=completion_ids)
+    return TrainSample(prompt_ids=list(prompt), completion_ids=completion_ids, images=images)
 
 
 def episode_sft_samples(
@@ -56,25 +59,38 @@ def episode_sft_samples(
 
 
 def reference_samples(
-    environment: Environment, tokenizer: PreTrainedTokenizerBase, examples: list[Example]
+    environment: Environment,
+    tokenizer: PreTrainedTokenizerBase,
+    examples: list[Example],
+    vision: ImageBlocks | None = None,
 ) -> list[TrainSample]:
-    """SFT samples of ``examples``: each prompt with its reference answer, or its model episode for a multi-turn
-    environment."""
+    """SFT samples of ``examples``: each prompt (with its images, written with a vision-language policy's
+    ``vision`` blocks) and its reference answer, or its model episode for a multi-turn environment."""
     if isinstance(environment, MultiTurnEnvironment):
         return [sample for ex in examples for sample in episode_sft_samples(environment, tokenizer, ex)]
-    return [sft_sample(tokenizer, prompt_ids(environment, ex, tokenizer), ex.answer or "") for ex in examples]
+    return [
+        sft_sample(tokenizer, prompt_ids(environment, ex, tokenizer, vision), ex.answer or "", ex.images)
+        for ex in examples
+    ]
 
 
 def sft_batch(
-    environment: Environment, tokenizer: PreTrainedTokenizerBase, step: int, batch_size: int
+    environment: Environment,
+    tokenizer: PreTrainedTokenizerBase,
+    step: int,
+    batch_size: int,
+    vision: ImageBlocks | None = None,
 ) -> list[TrainSample]:
     """Training examples ``step * batch_size ...`` with their reference answers, prompts rendered for the policy."""
-    return reference_samples(environment, tokenizer, environment.sft_examples(step * batch_size, batch_size))
+    examples = environment.sft_examples(step * batch_size, batch_size)
+    return reference_samples(environment, tokenizer, examples, vision)
 
 
-def eval_samples(environment: Environment, tokenizer: PreTrainedTokenizerBase, num_examples: int) -> list[TrainSample]:
+def eval_samples(
+    environment: Environment, tokenizer: PreTrainedTokenizerBase, num_examples: int, vision: ImageBlocks | None = None
+) -> list[TrainSample]:
     examples = [ex for ex in environment.eval_examples(num_examples) if ex.answer is not None]
-    return reference_samples(environment, tokenizer, examples)
+    return reference_samples(environment, tokenizer, examples, vision)
 
 
 def train_sft(trainer: Trainer, config: SftConfig, metrics: MetricsLogger) -> dict[str, Any]:
@@ -83,7 +99,9 @@ def train_sft(trainer: Trainer, config: SftConfig, metrics: MetricsLogger) -> di
     checkpoints = config.output_dir / "checkpoints"
     last: dict[str, Any] = {}
     while trainer.step < config.num_steps:
-        last = trainer.sft_step(sft_batch(environment, trainer.tokenizer, trainer.step, config.batch_size))
+        last = trainer.sft_step(
+            sft_batch(environment, trainer.tokenizer, trainer.step, config.batch_size, trainer.vision)
+        )
         metrics.log(last)
         interval = config.checkpoint.interval_steps
         if interval and trainer.step % interval == 0 and trainer.step < config.num_steps:
@@ -102,7 +120,9 @@ def run_sft(config: SftConfig) -> Path:
         train_sft(trainer, config, metrics)
         if config.eval_examples:
             held_out = trainer.completion_loss(
-                eval_samples(load_environment(config.environment), trainer.tokenizer, config.eval_examples)
+                eval_samples(
+                    load_environment(config.environment), trainer.tokenizer, config.eval_examples, trainer.vision
+                )
             )
             metrics.log({"step": trainer.step, "eval_completion_loss": held_out})
     trainer.save(checkpoints)

@@ -32,6 +32,8 @@ class StartRecipe:
     batch_size: int
     lr: float
     warmup_steps: int = 0
+    train_vision: bool = False
+    """A vision-language base's image encoder trains too (a random one sees nothing until it does)."""
 
 
 REVERSE_RECIPE = StartRecipe(environment="reverse_text", num_steps=200, batch_size=32, lr=1e-3)
@@ -58,6 +60,7 @@ def start_sft_config(
         optimizer=OptimizerConfig(lr=recipe.lr, warmup_steps=recipe.warmup_steps),
         resume=False,
         eval_examples=0,
+        freeze_vision=not recipe.train_vision,
     )
 
 

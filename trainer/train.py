@@ -7,7 +7,9 @@ last), clips the global gradient norm, steps the optimizer and the schedule, and
 step's metrics. Every rank is given the *same* full batch and takes its own share, so the
 orchestrator hands all ranks one file. The loss is a sum over tokens divided by the number
 of loss tokens of the whole batch, so the update does not depend on how the batch was split
-into micro-batches or ranks.
+into micro-batches or ranks. A vision-language model (a checkpoint with an image processor) also
+takes each sample's images (:mod:`trainer.packing`), its vision tower frozen unless the config says
+otherwise (:mod:`trainer.vision`).
 
 The RL entry point the orchestrator drives is :meth:`Trainer.rl_step`; SFT uses
 :meth:`Trainer.sft_step`.
@@ -36,10 +38,11 @@ from trainer.config import LossConfig, TrainerSection
 from trainer.fsdp import DistInfo, all_reduce_sum, init_distributed, shard_model
 from trainer.lora import apply_lora, trainable_parameters
 from trainer.loss import LossSums, grpo_loss, sft_loss, token_logprobs_and_entropy
-from trainer.model import load_model, load_tokenizer
+from trainer.model import load_model, load_tokenizer, load_vision_inputs
 from trainer.optim import build_optimizer, build_scheduler
-from trainer.packing import MicroBatch, deal_to_ranks, make_micro_batches
+from trainer.packing import MicroBatch, VisionPacking, deal_to_ranks, empty_micro_batch, make_micro_batches
 from trainer.transport import TrainSample
+from trainer.vision import freeze_vision_tower, sample_positions
 
 log = logging.getLogger("trainer")
 
@@ -93,8 +96,15 @@ class Trainer:
             torch.distributed.barrier()
         self.tokenizer = load_tokenizer(config.model)
         model = load_model(config.model, config.dtype)
+        self.vision = load_vision_inputs(config.model)
+        """The policy's image inputs; None for a text-only policy."""
         if config.lora.enabled:  # adapters on the unsharded model, then FSDP2 shards base and adapters alike
             model = apply_lora(model, config.lora, config.model)
+        self.vision_packing: VisionPacking | None = None
+        if self.vision is not None:
+            self.vision_packing = VisionPacking(self.vision, sample_positions(model))
+            if config.freeze_vision:  # after LoRA, so adapters PEFT put in the tower stay off too
+                log.info("vision tower frozen (%d parameters)", freeze_vision_tower(model))
         self.model = shard_model(model, config.parallel, self.info)
         self.optimizer = build_optimizer(self.model, config.optimizer)
         self.scheduler = build_scheduler(self.optimizer, num_steps, config.optimizer)
@@ -109,9 +119,10 @@ class Trainer:
         """All micro-batches of the batch, and this rank's share (same count on every rank)."""
         packing = self.config.packing
         micro_batches = make_micro_batches(
-            samples, packing.micro_batch_tokens, packing.enabled, packing.row_tokens, self.pad_id
+            samples, packing.micro_batch_tokens, packing.enabled, packing.row_tokens, self.pad_id, self.vision_packing
         )
-        return micro_batches, deal_to_ranks(micro_batches, self.info.world_size)[self.info.rank]
+        dealt = deal_to_ranks(micro_batches, self.info.world_size, lambda: empty_micro_batch(self.vision_packing))
+        return micro_batches, dealt[self.info.rank]
 
     def _forward_logprobs(self, batch: MicroBatch, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
         device = self.info.device
@@ -120,6 +131,7 @@ class Trainer:
             position_ids=batch.position_ids.to(device),
             attention_mask=None if batch.attention_mask is None else batch.attention_mask.to(device),
             use_cache=False,
+            **{name: value.to(device) for name, value in batch.image_inputs().items()},
         )
         logits = output.logits
         return token_logprobs_and_entropy(
@@ -223,13 +235,15 @@ class Trainer:
         return self.config.lora.enabled
 
     def export(self, directory: Path) -> Path:
-        """Write the current policy: an HF checkpoint directory (safetensors, config, tokenizer), or for a LoRA
-        run its adapter (PEFT's layout), which engines load on top of the base."""
+        """Write the current policy: an HF checkpoint directory (safetensors, config, tokenizer, a vision-language
+        policy's image processor), or for a LoRA run its adapter (PEFT's layout), which engines load on top of the
+        base."""
         dtype = self.config.checkpoint.export_dtype
         if self.lora_enabled:
             return export_adapter(directory, self.model, self.info, dtype)
-        return export_policy(directory, self.model, self.tokenizer, self.info, dtype)
+        return export_policy(directory, self.model, self.tokenizer, self.info, dtype, self.vision)
 
     def export_merged(self, directory: Path) -> Path:
         """Write the current policy as an HF checkpoint directory, a LoRA run's adapters folded into the weights."""
-        return export_policy(directory, self.model, self.tokenizer, self.info, self.config.checkpoint.export_dtype)
+        dtype = self.config.checkpoint.export_dtype
+        return export_policy(directory, self.model, self.tokenizer, self.info, dtype, self.vision)

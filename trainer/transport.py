@@ -11,8 +11,10 @@ writing what the other waits for (``batch.bell``, ``done.bell``), so neither has
 
 A batch file holds the samples (:class:`TrainSample`) as flat safetensors arrays (token ids as int32,
 advantages, rewards and logprobs as float64, so they round-trip exactly) with an offsets array per ragged
-field (a multi-turn sample's sampled-token flags as uint8, after those of the samples before it), and the
-step, temperature and submission ids in its metadata: a 256-sample x 4,096-token
+field (a multi-turn sample's sampled-token flags as uint8, after those of the samples before it; the images a
+vision-language sample's prompt shows as their RGB bytes in one flat uint8 array, each image's (height, width),
+and an offsets array of images per sample), and the step, temperature and submission ids in its metadata: a
+256-sample x 4,096-token
 batch is a few tens of MB written and read in well under a second, where JSON took seconds.
 Batch files of older runs (``step_<n>.json``) are still read. :meth:`TrainDir.prune_published`
 removes what published steps no longer need (see docs/retention.md).
@@ -47,6 +49,8 @@ import numpy as np
 from safetensors.numpy import load as load_tensors
 from safetensors.numpy import save as save_tensors
 
+from environments.images import Image
+
 BATCH_FORMAT = "prime-batch/1"
 """The ``format`` metadata of a batch file; a file with another one is refused, not guessed at."""
 _STEP_NAME = re.compile(r"^\.?step_(\d{1,18})(?:\.json|\.safetensors|\.partial)?(?:\.\d+\.tmp)?$")
@@ -68,6 +72,9 @@ class TrainSample:
     sampled: list[bool] | None = None
     """One per completion token: True where the policy sampled it. None: all of them. A multi-turn episode's
     sample holds the environment's replies between its turns; only sampled tokens carry loss."""
+    images: tuple[Image, ...] = ()
+    """The images the prompt shows (a vision-language run), rendered by the trusted side from the task's example
+    and checked against the hashes the ledger pinned; its image tokens stand for them, in order."""
 
     @property
     def num_tokens(self) -> int:
@@ -142,6 +149,7 @@ def encode_batch(batch: StepBatch) -> bytes:
         "has_sampled": np.array([s.sampled is not None for s in samples], dtype=np.uint8),
         "advantage": np.array([s.advantage for s in samples], dtype=np.float64),
         "reward": np.array([s.reward for s in samples], dtype=np.float64),
+        **_encode_images([s.images for s in samples]),
     }
     metadata = {
         "format": BATCH_FORMAT,
@@ -170,6 +178,7 @@ def decode_batch(data: bytes) -> StepBatch:
     logprobs = _split(t["inference_logprobs"], t["logprob_offsets"])
     has_logprobs = t["has_logprobs"].tolist()
     sampled = _sampled_flags(t, completions)
+    images = _decode_images(t, len(prompts))
     samples = [
         TrainSample(
             prompt_ids=prompt,
@@ -178,8 +187,9 @@ def decode_batch(data: bytes) -> StepBatch:
             inference_logprobs=lps if has else None,
             reward=reward,
             sampled=flags,
+            images=shown,
         )
-        for prompt, completion, lps, has, advantage, reward, flags in zip(
+        for prompt, completion, lps, has, advantage, reward, flags, shown in zip(
             prompts,
             completions,
             logprobs,
@@ -187,6 +197,7 @@ def decode_batch(data: bytes) -> StepBatch:
             t["advantage"].tolist(),
             t["reward"].tolist(),
             sampled,
+            images,
             strict=True,
         )
     ]
@@ -214,11 +225,50 @@ def _sampled_flags(tensors: dict[str, np.ndarray], completions: list[list[int]])
     return flags
 
 
+def _encode_images(samples_images: list[tuple[Image, ...]]) -> dict[str, np.ndarray]:
+    """Every sample's images, in sample order: their pixels one after another, each one's (height, width), and
+    where each sample's images start among them."""
+    images = [image for shown in samples_images for image in shown]
+    offsets = np.zeros(len(samples_images) + 1, dtype=np.int64)
+    np.cumsum([len(shown) for shown in samples_images], out=offsets[1:])
+    return {
+        "image_rgb": np.frombuffer(b"".join(image.rgb for image in images), dtype=np.uint8),
+        "image_sizes": np.array([(image.height, image.width) for image in images], dtype=np.int64).reshape(-1, 2),
+        "image_offsets": offsets,
+    }
+
+
+def _decode_images(tensors: dict[str, np.ndarray], num_samples: int) -> list[tuple[Image, ...]]:
+    """Each sample's images (none in a batch file written before samples had them)."""
+    if "image_offsets" not in tensors:
+        return [()] * num_samples
+    rgb = tensors["image_rgb"].tobytes()
+    sizes = tensors["image_sizes"].reshape(-1, 2).tolist()
+    images: list[Image] = []
+    at = 0
+    for height, width in sizes:
+        size = height * width * 3
+        images.append(Image(width, height, rgb[at : at + size]))
+        at += size
+    if at != len(rgb):
+        raise ValueError(f"{len(rgb)} bytes of pixels for images of {at}")
+    bounds = tensors["image_offsets"].tolist()
+    if len(bounds) != num_samples + 1 or bounds[-1] != len(images):
+        raise ValueError(f"image offsets {bounds[:3]}... do not fit {num_samples} samples and {len(images)} images")
+    return [tuple(images[bounds[i] : bounds[i + 1]]) for i in range(num_samples)]
+
+
 def _decode_json_batch(text: str) -> StepBatch:
+    """A batch of the JSON format, which predates images in prompts (an ``images`` field, if any, must be empty)."""
     value = json.loads(text)
+    samples = []
+    for sample in value["samples"]:
+        if sample.pop("images", None):
+            raise ValueError("a JSON batch file cannot hold images")
+        samples.append(TrainSample(**sample))
     return StepBatch(
         step=int(value["step"]),
-        samples=[TrainSample(**sample) for sample in value["samples"]],
+        samples=samples,
         temperature=float(value["temperature"]),
         submission_ids=list(value["submission_ids"]),
     )

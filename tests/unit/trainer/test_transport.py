@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from trainer.transport import Doorbell, StepBatch, TrainDir, TrainSample, encode_batch
+from environments.builtin import builtin_environment
+from environments.images import Image
+from trainer.transport import Doorbell, StepBatch, TrainDir, TrainSample, decode_batch, encode_batch
 
 
 def sample(n: int, logprobs: bool = True) -> TrainSample:
@@ -62,6 +64,39 @@ def test_a_foreign_or_misplaced_batch_file_is_refused_with_the_fix(tmp_path: Pat
     train_dir.batch_path(2).write_bytes(encode_batch(StepBatch(5, [sample(1)], 1.0, ["s"])))
     with pytest.raises(ValueError, match="holds the batch of step 5, not 2"):
         train_dir.read_batch(2)
+
+
+def test_a_samples_images_round_trip_exactly(tmp_path: Path) -> None:
+    shapes = builtin_environment("count_shapes")
+    first, second = shapes.example(0).images[0], shapes.example(1).images[0]
+    odd = Image(3, 2, bytes(range(18)))  # not square: height and width must not swap
+    samples = [
+        TrainSample([1, 2], [3], 0.5, [-0.1], images=(first,)),
+        sample(2),  # text only, between two with images
+        TrainSample([4], [5, 6], -0.5, [-0.2, -0.3], images=(odd, second, first)),
+    ]
+    train_dir = TrainDir(tmp_path)
+    train_dir.write_batch(StepBatch(7, samples, 1.0, ["a", "b", "c"]))
+    read = train_dir.read_batch(7)
+    assert read is not None and read.samples == samples
+    assert [[image.sha256 for image in s.images] for s in read.samples] == [
+        [first.sha256],
+        [],
+        [odd.sha256, second.sha256, first.sha256],
+    ]
+    assert read.samples[2].images[0].to_pil().size == (3, 2)
+
+
+def test_a_batch_file_written_before_images_still_decodes() -> None:
+    from safetensors.numpy import load, save
+
+    data = encode_batch(StepBatch(1, [sample(1), sample(2)], 1.0, ["a", "b"]))
+    header_len = int.from_bytes(data[:8], "little")
+    metadata = json.loads(data[8 : 8 + header_len])["__metadata__"]
+    older = {name: value for name, value in load(data).items() if not name.startswith("image_")}
+    batch = decode_batch(save(older, metadata=metadata))
+    assert [s.images for s in batch.samples] == [(), ()]
+    assert batch.samples == [sample(1), sample(2)]
 
 
 def populate(train_dir: TrainDir, steps: range) -> None:
