@@ -82,7 +82,7 @@ def set_up(config: CoordinatorConfig, precision: str) -> RunSetup:
     config = with_vocab_size(config, start)
     builtin_validator = BuiltinValidator(config, identity.node_id)
     prompts = environment_prompts(config)
-    run_spec = signed_run_spec(config, identity, prompts.max_turns)
+    run_spec = signed_run_spec(config, identity, prompts)
     environment = run_spec.spec.environment
     log.info(
         "environment %s %r (%s %s, hash %s)",

@@ -37,6 +37,8 @@ class PromptSource(Protocol):
     """The environment's name, recorded as each task's ``task_name``."""
     max_turns: int
     """Policy turns a rollout may have: 1 for a single-turn environment (:func:`environments.episode.episode_turns`)."""
+    shows_images: bool
+    """The prompts show images (their examples carry them; the environment's first example decides)."""
 
     def prompt_group(self, group_index: int, num_prompts: int) -> Sequence[SourcePrompt]:
         """The prompts of group ``group_index``; the same arguments always give the same prompts."""
@@ -53,6 +55,7 @@ class EnvironmentPrompts:
         self.images = images
         self.name = environment.name[:64]
         self.max_turns = episode_turns(environment)
+        self.shows_images = bool(environment.example(0).images)
 
     def prompt_group(self, group_index: int, num_prompts: int) -> Sequence[SourcePrompt]:
         first = group_index * num_prompts
@@ -70,6 +73,7 @@ class NoPrompts:
 
     name = "none"
     max_turns = 1
+    shows_images = False
 
     def prompt_group(self, group_index: int, num_prompts: int) -> Sequence[SourcePrompt]:
         return ()

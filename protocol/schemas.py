@@ -307,6 +307,10 @@ class RunSpec(WireModel):
     policy, and workers play each sample as an episode with it (the environment's ``[environment.episode]``)."""
     lora: LoraPin | None = None
     """A LoRA run's base and adapter shape; None: every version is a full checkpoint."""
+    images: bool = False
+    """The run's prompts show images (a vision-language policy): workers and validators render each prompt's
+    images from its example with the run's environment, check them against the hashes the task pins, and give
+    them to an engine that takes images."""
     audit: AuditPolicy = Field(default_factory=AuditPolicy)
     """How much of each submission validators recompute (docs/trust-model.md, "Adaptive audit")."""
 

@@ -201,6 +201,16 @@ async def join_run(
             run.lora.rank,
             run.lora.base_hash[:12],
         )
+    if run.images and registration.engine == "vllm":
+        raise ConfigError(
+            f"the run {run.run_name!r} shows images with its prompts, and this worker's vLLM engine is given text "
+            "only; join it with --engine hf"
+        )
+    if run.images:
+        log.info(
+            "the run's prompts show images: each is rendered here with the run's environment and checked "
+            "against the hash its task pins"
+        )
     registered = await with_retries("register", lambda: ledger.register(registration), stop)
     relays = list(config.relays)
     if config.origin_fallback_enabled or not relays:
@@ -275,17 +285,20 @@ async def run_jobs(
 ) -> list[asyncio.Task[None]]:
     """A run's heartbeat and one task loop per engine, the engines holding ``version``; with ``check_base`` (a run
     whose base the engines were not started from) its v0 is checked against its own pin first. Its end tokens and
-    episodes are the run's own."""
+    episodes (or the environment that renders its images) are the run's own."""
     with run.weights.pinned(version):
         checkpoint = await fetch_policy(run.weights, version, stop, run.state, wait_s=None)
         if run.spec.lora is not None and check_base:
             await asyncio.to_thread(check_lora_base, checkpoint, run.spec.lora)
         # transformers' first import is slow too: off the event loop, where a stop is heard
         eos = await in_thread_unless_stopped(stop, "reading the end tokens", eos_token_ids, checkpoint)
-        episodes = None
+        episodes, environment = None, None
         if run.spec.max_turns > 1:
             what = "loading the run's environment"
             episodes = await in_thread_unless_stopped(stop, what, episode_player, run.spec, checkpoint)
+        elif run.spec.images:
+            what = "loading the run's environment, which renders its images"
+            environment = await in_thread_unless_stopped(stop, what, run_environment, run.spec, None)
     run.state.policy_version = version
     runners = [
         TaskRunner(
@@ -297,6 +310,7 @@ async def run_jobs(
             version,
             config.long_poll_s,
             episodes,
+            environment,
         )
         for engine in engines
     ]

@@ -32,7 +32,9 @@ from typing import Any, TypeVar
 from pydantic import ValidationError
 
 from engines.base import Engine
+from environments.base import Environment
 from environments.episode import EnvironmentReplyError, EpisodeError
+from environments.pinning import ImageMismatch, prompt_images
 from node.retry import sleep_unless_stopped, sleep_until_work, unless_stopped, with_retries
 from protocol.errors import (
     ForbiddenError,
@@ -146,10 +148,14 @@ class TaskRunner:
         loaded_version: int | None = None,
         long_poll_s: float = LONG_POLL_S,
         episodes: EpisodePlayer | None = None,
+        environment: Environment | None = None,
     ) -> None:
         self.long_poll_s = long_poll_s
         self.episodes = episodes
         """A multi-turn run's environment: each sample is played as an episode with it; None: single turns."""
+        self.environment = environment
+        """The run's environment when its prompts show images: each prompt's images are rendered here from it and
+        checked against the task's hashes; None: the prompts are text."""
         self.ledger = ledger
         self.engine = engine
         self.weights = weights
@@ -207,7 +213,8 @@ class TaskRunner:
         generating abandons the lease so the ledger can re-issue it at once. A task whose policy
         version this node cannot get (refused, or on no relay within ``VERSION_WAIT_S``) is handed
         back the same way, and None is returned: the node goes on with the next lease. So is a task whose
-        episodes cannot be played here (a prompt that is not its example's, an environment that fails to reply).
+        episodes cannot be played here (a prompt that is not its example's, an environment that fails to reply)
+        or whose pinned images this node's environment does not render.
         """
         self.state.current_task = task.task_id
         renewer = asyncio.create_task(self._renew_until_cancelled(task))
@@ -218,7 +225,7 @@ class TaskRunner:
             started = time.monotonic()
             samples = await asyncio.to_thread(self._generate, task)
             self.state.generation_s += time.monotonic() - started
-        except (TaskHandedBackError, EpisodeError, EnvironmentReplyError) as exc:
+        except (TaskHandedBackError, EpisodeError, EnvironmentReplyError, ImageMismatch) as exc:
             renewer.cancel()
             await asyncio.gather(renewer, return_exceptions=True)
             self.state.last_error = f"handed task {task.task_id} back: {exc}"
@@ -239,7 +246,11 @@ class TaskRunner:
     def _generate(self, task: Task) -> list[Sample]:
         """Each sample of ``task``: its uid and the engine's result of each policy turn."""
         if self.episodes is None:
-            results = self.engine.generate(generation_requests(task, self.eos_token_ids))
+            images = None
+            if self.environment is not None:
+                shown = self.environment
+                images = [prompt_images(shown, p.example_index, p.image_sha256) for p in task.prompts]
+            results = self.engine.generate(generation_requests(task, self.eos_token_ids, images))
             return [(result.uid, [result]) for result in results]
         played = self.episodes.play(self.engine.generate, task, self.eos_token_ids)
         return [(episode.uid, episode.turns) for episode in played]

@@ -16,7 +16,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from coordinator.ledger.step_metrics import NAMED_REWARD_PREFIX
+from environments.base import Environment
 from environments.episode import EpisodeError, MultiTurnEnvironment, episode_samples, issued_turn_prompts
+from environments.images import Image
+from environments.pinning import ImageMismatch, prompt_images
 from environments.prompts import EnvironmentPrompts, PromptSource
 from protocol.schemas import Rollout, SubmitRequest, TurnRollout, Verdict
 from trainer.advantages import group_advantages
@@ -38,6 +41,8 @@ class AcceptedGroup:
     """Each named reward of the environment, per rollout (what ``rewards`` weighs together)."""
     example_indices: dict[int, int | None] = field(default_factory=dict)
     """Prompt index -> the environment example the task's prompt is (from the ledger)."""
+    image_sha256: dict[int, list[str]] = field(default_factory=dict)
+    """Prompt index -> the hashes of the images the task's prompt shows (from the ledger; empty: none)."""
 
 
 def verdict_rewards(verdict_json: str | None, num_rollouts: int) -> list[float] | None:
@@ -66,6 +71,7 @@ def accepted_group(
         rewards=rewards,
         reward_components={k: list(v) for k, v in components.items() if len(v) == len(submission.rollouts)},
         example_indices={int(p["prompt_index"]): p.get("example_index") for p in prompts},
+        image_sha256={int(p["prompt_index"]): list(p.get("image_sha256", [])) for p in prompts},
     )
 
 
@@ -121,8 +127,46 @@ def run_turn_prompts(prompts: PromptSource, end_token_ids: Callable[[], Sequence
     return episode_prompts(prompts.environment, prompts.tokenizer, end_token_ids())
 
 
+PromptImages = Callable[[AcceptedGroup, Rollout], tuple[Image, ...]]
+"""(group, rollout) -> the images the rollout's prompt shows, rendered by the trusted side and checked against the
+hashes the ledger pinned (:func:`rendered_images`)."""
+
+
+def text_images(group: AcceptedGroup, rollout: Rollout) -> tuple[Image, ...]:
+    """A text run's prompts show no images: none, and a ValueError for a prompt that pins some."""
+    if group.image_sha256.get(rollout.prompt_index):
+        raise ValueError(f"submission {group.submission_id}, prompt {rollout.prompt_index} pins images in a text run")
+    return ()
+
+
+def rendered_images(environment: Environment) -> PromptImages:
+    """Each rollout's prompt images, rendered from its example with the run's environment and checked against the
+    task's pinned hashes (:func:`environments.pinning.prompt_images`); a mismatch is an environment that does not
+    render alike twice, a ValueError naming the submission."""
+
+    def images(group: AcceptedGroup, rollout: Rollout) -> tuple[Image, ...]:
+        index, pinned = group.example_indices.get(rollout.prompt_index), group.image_sha256.get(rollout.prompt_index)
+        try:
+            return prompt_images(environment, index, pinned or [])
+        except ImageMismatch as exc:
+            raise ValueError(f"submission {group.submission_id}, prompt {rollout.prompt_index}: {exc}") from exc
+
+    return images
+
+
+def run_prompt_images(prompts: PromptSource) -> PromptImages:
+    """How the loop gets each rollout's prompt images: none for a text run; rendered with the run's environment
+    (:func:`rendered_images`) when its prompts show images."""
+    if isinstance(prompts, EnvironmentPrompts) and prompts.shows_images:
+        return rendered_images(prompts.environment)
+    return text_images
+
+
 def train_samples(
-    groups: list[AcceptedGroup], normalize_std: bool = False, turn_prompts: TurnPrompts = task_prompt
+    groups: list[AcceptedGroup],
+    normalize_std: bool = False,
+    turn_prompts: TurnPrompts = task_prompt,
+    images: PromptImages = text_images,
 ) -> list[TrainSample]:
     """Samples of every group, prompt by prompt, each prompt's samples in sample order; a multi-turn episode
     gives one sample per run of turns that extend each other (:func:`episode_train_samples`)."""
@@ -130,16 +174,18 @@ def train_samples(
         sample
         for group in groups
         for rollout, reward, advantage in scored_rollouts(group, normalize_std)
-        for sample in episode_train_samples(turn_prompts(group, rollout), rollout, reward, advantage)
+        for sample in episode_train_samples(
+            turn_prompts(group, rollout), rollout, reward, advantage, images(group, rollout)
+        )
     ]
 
 
 def episode_train_samples(
-    prompts: list[list[int]], rollout: Rollout, reward: float, advantage: float
+    prompts: list[list[int]], rollout: Rollout, reward: float, advantage: float, images: tuple[Image, ...] = ()
 ) -> list[TrainSample]:
-    """The training samples of one rollout from its turns' trusted prompts: only the tokens the policy sampled
-    carry loss (:attr:`TrainSample.sampled`), each with the logprob the validator checked; a single turn gives
-    one sample whose every completion token was sampled (``sampled`` None)."""
+    """The training samples of one rollout from its turns' trusted prompts (the first showing ``images``): only
+    the tokens the policy sampled carry loss (:attr:`TrainSample.sampled`), each with the logprob the validator
+    checked; a single turn gives one sample whose every completion token was sampled (``sampled`` None)."""
     turns: list[TurnRollout] = [rollout, *rollout.later_turns]
     samples = []
     for episode_sample in episode_samples(prompts, [turn.completion_ids for turn in turns]):
@@ -155,6 +201,7 @@ def episode_train_samples(
                 inference_logprobs=[next(logprobs) if flag else 0.0 for flag in flags],
                 reward=reward,
                 sampled=sampled,
+                images=images,
             )
         )
     return samples

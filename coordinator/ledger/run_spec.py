@@ -14,10 +14,15 @@ its work is checked at.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from coordinator.config import CoordinatorConfig
 from coordinator.ledger.audit_policy import audit_policy
+from environments.base import Environment
+from environments.episode import episode_turns
 from environments.loader import environment_identity, load_checked_environment
-from environments.prompts import EnvironmentPrompts
+from environments.prompts import EnvironmentPrompts, PromptSource
+from environments.render import ImageBlocks
 from protocol.errors import ConfigError
 from protocol.identity import NodeIdentity
 from protocol.schemas import LoraPin, Precision, RunSpec, SignedRunSpec
@@ -73,23 +78,47 @@ def lora_pin(config: CoordinatorConfig) -> LoraPin | None:
     return LoraPin(base_hash=checkpoint_digest(base), rank=lora.rank, alpha=lora.alpha, target_modules=targets)
 
 
-def run_spec(config: CoordinatorConfig, max_turns: int = 1) -> RunSpec:
-    """The run spec of ``config``, whose environment gives episodes of at most ``max_turns`` policy turns."""
+def run_spec(config: CoordinatorConfig, max_turns: int = 1, images: bool = False) -> RunSpec:
+    """The run spec of ``config``, whose environment gives episodes of at most ``max_turns`` policy turns and, with
+    ``images``, prompts that show images."""
     return RunSpec(
         run_name=config.run_name,
         environment=environment_identity(config.environment),
         precision=run_precision(config),
         max_turns=max_turns,
         lora=lora_pin(config),
+        images=images,
         audit=audit_policy(config.validation),
     )
 
 
-def signed_run_spec(config: CoordinatorConfig, identity: NodeIdentity, max_turns: int = 1) -> SignedRunSpec:
-    spec = run_spec(config, max_turns)
+def signed_run_spec(config: CoordinatorConfig, identity: NodeIdentity, prompts: PromptSource) -> SignedRunSpec:
+    """The run spec of ``config`` and its ``prompts``, signed with the coordinator's key."""
+    spec = run_spec(config, prompts.max_turns, prompts.shows_images)
     return SignedRunSpec(
         spec=spec, signer=identity.node_id, signature_b64=sign_document(identity, spec.model_dump(mode="json"))
     )
+
+
+def vision_of(config: CoordinatorConfig, environment: Environment, checkpoint: Path) -> ImageBlocks | None:
+    """How the start checkpoint writes an image in a prompt, for an environment that shows images (None for one
+    that does not); ConfigError (one line, with the fix) when the run cannot show them."""
+    if not environment.example(0).images:
+        return None
+    from engines.vision import VisionInputs
+
+    where = f"the environment {environment.name!r} shows images with its prompts"
+    vision = VisionInputs.of_checkpoint(checkpoint)
+    if vision is None:
+        raise ConfigError(
+            f"{where}, and the start checkpoint {config.policy.start_checkpoint!r} reads text only; start from a "
+            "vision-language checkpoint (e.g. policy.start_checkpoint = 'builtin:tiny-qwen2-vl')"
+        )
+    if episode_turns(environment) > 1:
+        raise ConfigError(f"{where} and answers the policy over several turns; episodes with images are not run")
+    if config.orchestrator.trainer.lora.enabled:
+        raise ConfigError(f"{where}; LoRA runs train text-only policies: set orchestrator.trainer.lora.enabled = false")
+    return vision
 
 
 def environment_prompts(config: CoordinatorConfig) -> EnvironmentPrompts:
@@ -99,14 +128,9 @@ def environment_prompts(config: CoordinatorConfig) -> EnvironmentPrompts:
     from trainer.resolve import resolve_model_path
 
     environment = load_checked_environment(config.environment)
-    if environment.example(0).images:
-        raise ConfigError(
-            f"the environment {environment.name!r} shows images with its prompts, and workers and validators do not "
-            "run vision-language policies yet; choose a text environment"
-        )
     checkpoint = resolve_model_path(config.policy.start_checkpoint)
     tokenizer = AutoTokenizer.from_pretrained(str(checkpoint))
-    prompts = EnvironmentPrompts(environment, tokenizer)
+    prompts = EnvironmentPrompts(environment, tokenizer, vision_of(config, environment, checkpoint))
     # A tokenizer that cannot encode the environment's text gives empty prompts, which no task may carry:
     # refuse at start-up rather than fail every lease.
     if any(not prompt.token_ids for prompt in prompts.prompt_group(0, config.scheduling.prompts_per_task)):

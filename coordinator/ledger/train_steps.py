@@ -20,10 +20,12 @@ from sqlalchemy import Connection, Row, func, insert, select, update
 
 from coordinator.ledger.batches import (
     AcceptedGroup,
+    PromptImages,
     TurnPrompts,
     accepted_group,
     batch_summary,
     sampled_fraction,
+    text_images,
     train_samples,
     verdict_rewards,
 )
@@ -169,7 +171,12 @@ class TrainSteps:
         ]
 
     def batch(
-        self, record: StepRecord, normalize_std: bool, turn_prompts: TurnPrompts, with_samples: bool
+        self,
+        record: StepRecord,
+        normalize_std: bool,
+        turn_prompts: TurnPrompts,
+        with_samples: bool,
+        images: PromptImages = text_images,
     ) -> tuple[dict[str, float], list[TrainSample] | None]:
         """A recorded step's batch figures and, ``with_samples``, its samples: the step's groups rebuilt from the
         ledger, each rollout's reward and group advantage, and its samples (:mod:`coordinator.ledger.batches`).
@@ -179,7 +186,7 @@ class TrainSteps:
         summary = batch_summary(groups, trained_version=record.step - 1)
         if not with_samples:
             return summary, None
-        samples = train_samples(groups, normalize_std, turn_prompts)
+        samples = train_samples(groups, normalize_std, turn_prompts, images)
         summary["sampled_fraction"] = sampled_fraction(samples)
         return summary, samples
 

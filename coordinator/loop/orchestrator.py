@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from coordinator.config import CoordinatorConfig
-from coordinator.ledger.batches import TurnPrompts, run_turn_prompts
+from coordinator.ledger.batches import PromptImages, TurnPrompts, run_prompt_images, run_turn_prompts
 from coordinator.ledger.ledger import Ledger
 from coordinator.ledger.step_metrics import step_metrics
 from coordinator.ledger.train_steps import StepRecord, TrainSteps, min_policy_version
@@ -79,6 +79,9 @@ class Orchestrator:
     turn_prompts: TurnPrompts = field(init=False)
     """Each policy turn's prompt of a rollout, rebuilt on the trusted side
     (:func:`coordinator.ledger.batches.run_turn_prompts`)."""
+    prompt_images: PromptImages = field(init=False)
+    """The images each rollout's prompt shows, rendered on the trusted side
+    (:func:`coordinator.ledger.batches.run_prompt_images`)."""
     _done_bell: Doorbell = field(init=False)
 
     def __post_init__(self) -> None:
@@ -87,6 +90,7 @@ class Orchestrator:
         self.turn_prompts = run_turn_prompts(
             self.ledger.prompts, lambda: eos_token_ids(resolve_model_path(start_checkpoint))
         )
+        self.prompt_images = run_prompt_images(self.ledger.prompts)
         self._done_bell = Doorbell(self.train_dir.done_bell)
         self._done_bell.listen()  # before the trainer can ring it
 
@@ -154,7 +158,9 @@ class Orchestrator:
         if record.state == "published":
             return
         needed = self.train_dir.read_done(step) is None and not self.train_dir.has_batch(step)
-        summary, samples = self.steps.batch(record, settings.normalize_std, self.turn_prompts, needed)
+        summary, samples = self.steps.batch(
+            record, settings.normalize_std, self.turn_prompts, needed, self.prompt_images
+        )
         if samples is not None:
             temperature = self.config.scheduling.temperature
             self.train_dir.write_batch(StepBatch(step, samples, temperature, record.submission_ids))

@@ -14,14 +14,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-import tomli_w
 from pydantic import TypeAdapter
 from sqlalchemy import select
 
@@ -37,12 +35,9 @@ from protocol.errors import PrimeError
 from protocol.identity import NodeIdentity
 from protocol.ledger_client import LedgerClient
 from protocol.schemas import Hardware, LeaseRequest, RegisterRequest, Rollout, SubmitRequest, Task
-from runtime.ports import free_port
 from tests.integration.test_environments_network import TASKSETS_DIR
-from tests.integration.test_orchestrator_network import REPO_ROOT, finish
-from tests.support.coordinator_process import CoordinatorProcess
 from tests.support.malicious_worker import signed_post
-from tests.support.network import ledger_rows, running_network
+from tests.support.network import ledger_rows, running_network, train_through_local_network
 from worker.episodes import EpisodePlayer, build_episode_submission
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
@@ -87,36 +82,8 @@ ADAPTERS: dict[str, tuple[dict[str, Any], str, int]] = {
 def test_a_run_trains_on_episodes_the_validator_replayed(tmp_path: Path, adapter: str) -> None:
     section, name, max_turns = ADAPTERS[adapter]
     checkpoint = start_checkpoint()
-    port = free_port()
-    config = {
-        "run_name": f"episodes-{adapter}",
-        "data_dir": str(tmp_path / "run"),
-        "environment": section,
-        "api": {"host": "127.0.0.1", "port": port, "node_burst": 10000, "ip_burst": 10000},
-        "scheduling": {"async_level": 1, "prompts_per_task": 2, "group_size": 4, "max_tokens": 24, "lease_ttl_s": 60},
-        "trust": {"validators_open": True},
-        "policy": {"start_checkpoint": str(checkpoint), "shard_size_bytes": 1 << 20},
-        "orchestrator": {
-            "enabled": True,
-            "num_steps": NUM_STEPS,
-            "groups_per_step": 1,
-            "trainer_launch": {"nproc": 1},
-            "progress_interval_s": 2,
-        },
-        "local_network": {"enabled": True, "engines": ["hf"], "num_validators": 1},
-    }
-    config_path = tmp_path / "run.toml"
-    config_path.write_text(tomli_w.dumps(config))
-    path = os.pathsep.join([str(REPO_ROOT), str(TASKSETS_DIR)])
-    coordinator = CoordinatorProcess(
-        config_path, tmp_path / "coordinator.log", {"PYTHONPATH": path}, stdout_path=tmp_path / "coordinator.out"
-    )
-    coordinator.start(f"http://127.0.0.1:{port}", timeout_s=300)
-    try:
-        rc = finish(coordinator, 600)
-    finally:
-        coordinator.stop()
-    assert rc == 0, (tmp_path / "coordinator.log").read_text()[-4000:]
+    where = [TASKSETS_DIR]
+    train_through_local_network(tmp_path, f"episodes-{adapter}", section, str(checkpoint), NUM_STEPS, 24, where)
     worker_log = (tmp_path / "run" / "network" / "worker-hf.log").read_text()
     assert f"run episodes: up to {max_turns} policy turns with {name}" in worker_log
 

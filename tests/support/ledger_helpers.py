@@ -38,6 +38,7 @@ class CountingPrompts:
 
     name = TASK_NAME
     max_turns = 1
+    shows_images = False
 
     def prompt_group(self, group_index: int, num_prompts: int) -> Sequence[SourcePrompt]:
         return [

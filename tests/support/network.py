@@ -13,7 +13,7 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -194,3 +194,58 @@ def submissions_by_node(net: Network) -> dict[str, list[dict[str, Any]]]:
     for event in net.events("submit"):
         by_node.setdefault(event["node_id"], []).append(event)
     return by_node
+
+
+def train_through_local_network(
+    tmp_path: Path,
+    run_name: str,
+    environment: dict[str, Any],
+    start_checkpoint: str,
+    num_steps: int,
+    max_tokens: int,
+    pythonpath: Sequence[Path] = (),
+    while_running: Callable[[str], None] | None = None,
+) -> None:
+    """`prime-coordinator start` of a small RL run (2 prompts x 4 samples a task, one task a step, async level 1)
+    with its local network (an HF worker, a validator, a one-rank trainer) to its end, in ``tmp_path / "run"``;
+    ``while_running(url)`` is called once the API answers. Fails with the coordinator's log unless it exits 0."""
+    port = free_port()
+    config = {
+        "run_name": run_name,
+        "data_dir": str(tmp_path / "run"),
+        "environment": environment,
+        "api": {"host": "127.0.0.1", "port": port, "node_burst": 10000, "ip_burst": 10000},
+        "scheduling": {
+            "async_level": 1,
+            "prompts_per_task": 2,
+            "group_size": 4,
+            "max_tokens": max_tokens,
+            "lease_ttl_s": 60,
+        },
+        "trust": {"validators_open": True},
+        "policy": {"start_checkpoint": start_checkpoint, "shard_size_bytes": 1 << 20},
+        "orchestrator": {
+            "enabled": True,
+            "num_steps": num_steps,
+            "groups_per_step": 1,
+            "trainer_launch": {"nproc": 1},
+            "progress_interval_s": 2,
+        },
+        "local_network": {"enabled": True, "engines": ["hf"], "num_validators": 1},
+    }
+    config_path = tmp_path / "run.toml"
+    config_path.write_text(tomli_w.dumps(config))
+    path = os.pathsep.join([str(REPO_ROOT), *map(str, pythonpath)])
+    coordinator = CoordinatorProcess(
+        config_path, tmp_path / "coordinator.log", {"PYTHONPATH": path}, stdout_path=tmp_path / "coordinator.out"
+    )
+    url = f"http://127.0.0.1:{port}"
+    coordinator.start(url, timeout_s=300)
+    try:
+        if while_running is not None:
+            while_running(url)
+        assert coordinator.proc is not None
+        rc = coordinator.proc.wait(timeout=600)
+    finally:
+        coordinator.stop()
+    assert rc == 0, (tmp_path / "coordinator.log").read_text()[-4000:]

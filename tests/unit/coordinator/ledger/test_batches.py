@@ -13,6 +13,7 @@ from coordinator.ledger.batches import (
     accepted_group,
     batch_summary,
     episode_prompts,
+    rendered_images,
     rollout_stats,
     sampled_fraction,
     train_samples,
@@ -234,3 +235,27 @@ def test_step_figures_are_read_defensively() -> None:
     metrics = {"a": 1, "b": True, "c": "1", "d": float("nan"), "e": 0.25}
     assert [step_figure(metrics, k) for k in "abcdef"] == [1.0, None, None, None, 0.25, None]
     assert step_figure(["a"], "a") is None
+
+
+def image_group(pins: list[list[str]]) -> AcceptedGroup:
+    """The group of :func:`group_columns`, its two prompts being count_shapes examples 7 and 8 pinning ``pins``."""
+    prompts, body, verdict = group_columns([0.9, 0.4, 0.1, 0.0])
+    stored = json.loads(prompts)
+    for prompt, example, pinned in zip(stored, (7, 8), pins, strict=True):
+        prompt.update(example_index=example, image_sha256=pinned)
+    return accepted_group("s", 3, json.dumps(stored), body, verdict)
+
+
+def test_each_sample_shows_its_prompts_images_rendered_on_the_trusted_side() -> None:
+    from environments.builtin import builtin_environment
+    from environments.images import image_hashes
+
+    environment = builtin_environment("count_shapes")
+    pins = [list(image_hashes(environment.example(i).images)) for i in (7, 8)]
+    group = image_group(pins)
+    samples = train_samples([group], images=rendered_images(environment))
+    assert [list(image_hashes(s.images)) for s in samples] == [pins[0], pins[0], pins[1], pins[1]]
+    with pytest.raises(ValueError, match="pins images in a text run"):
+        train_samples([group])
+    with pytest.raises(ValueError, match="submission s, prompt 1: example 8 renders"):
+        train_samples([image_group([pins[0], pins[0]])], images=rendered_images(environment))

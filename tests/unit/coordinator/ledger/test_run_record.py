@@ -28,7 +28,7 @@ def test_a_replica_takes_the_coordinators_spec_and_settings(tmp_path: Path, ledg
         Ledger(database, coordinator, NoPrompts(), identity.node_id)
         with pytest.raises(StartupError, match="no coordinator has started a run"):
             recorded_run(database, replica)  # a ledger, but no coordinator recorded its spec in it yet
-        signed = signed_run_spec(coordinator, identity)
+        signed = signed_run_spec(coordinator, identity, NoPrompts())
         record_run(database, signed, coordinator)
         spec, config = recorded_run(database, replica)
         assert spec == signed

@@ -44,11 +44,46 @@ def test_prompts_that_encode_to_nothing_are_refused_at_start_up(
         assert all(prompt.token_ids for prompt in prompts)
 
 
-def test_an_image_environment_is_refused_at_start_up_while_nodes_cannot_show_images(tmp_path: Path) -> None:
+COUNT_SHAPES = {"type": "builtin", "name": "count_shapes"}
+
+
+def test_an_image_run_needs_a_vision_language_start_checkpoint(tmp_path: Path) -> None:
     config = CoordinatorConfig(
         data_dir=tmp_path / "run",
         policy={"start_checkpoint": str(save_tiny_qwen2(tmp_path / "policy"))},
-        environment={"type": "builtin", "name": "count_shapes"},
+        environment=COUNT_SHAPES,
     )
-    with pytest.raises(ConfigError, match="'count_shapes' shows images"):
+    with pytest.raises(ConfigError, match=r"'count_shapes' shows images.*reads text only.*tiny-qwen2-vl"):
+        run_spec.environment_prompts(config)
+
+
+def test_an_image_runs_prompts_hold_the_policys_image_blocks_and_its_spec_says_so(tmp_path: Path) -> None:
+    from engines.vision import VisionInputs
+    from environments.builtin import builtin_environment
+    from environments.images import image_hashes
+    from protocol.identity import NodeIdentity
+    from trainer.resolve import resolve_model_path
+
+    config = CoordinatorConfig(
+        data_dir=tmp_path / "run", policy={"start_checkpoint": "builtin:tiny-qwen2-vl"}, environment=COUNT_SHAPES
+    )
+    prompts = run_spec.environment_prompts(config)
+    vision = VisionInputs(resolve_model_path("builtin:tiny-qwen2-vl"))
+    environment = builtin_environment("count_shapes")
+    for prompt in prompts.prompt_group(3, 2):
+        images = environment.example(prompt.example_index or 0).images
+        assert prompt.image_sha256 == image_hashes(images)
+        assert prompt.token_ids.count(vision.image_token_id) == sum(vision.num_image_tokens(i) for i in images)
+    signed = run_spec.signed_run_spec(config, NodeIdentity.generate(), prompts)
+    assert signed.spec.images and not run_spec.run_spec(config).images
+
+
+def test_a_lora_image_run_is_refused_with_its_reason(tmp_path: Path) -> None:
+    config = CoordinatorConfig(
+        data_dir=tmp_path / "run",
+        policy={"start_checkpoint": "builtin:tiny-qwen2-vl"},
+        environment=COUNT_SHAPES,
+        orchestrator={"trainer": {"lora": {"enabled": True}}},
+    )
+    with pytest.raises(ConfigError, match="LoRA runs train text-only policies"):
         run_spec.environment_prompts(config)

@@ -301,9 +301,10 @@ async def test_dashboard_shows_the_audit_policy_its_cheating_bound_and_each_work
     from coordinator.ledger.audit_policy import cheat_bound
     from coordinator.ledger.run_spec import signed_run_spec
     from coordinator.serving.app import create_app
+    from environments.prompts import NoPrompts
 
     harness = make_harness(validation__adaptive__enabled=True, validation__adaptive__floor=0.1)
-    spec = signed_run_spec(harness.config, harness.coordinator)
+    spec = signed_run_spec(harness.config, harness.coordinator, NoPrompts())
     app = create_app(harness.config, harness.ledger, harness.replay_cache, run_spec=spec)
     worker, validator = await harness.worker(), await harness.validator()
     (task,) = (await worker.lease(LeaseRequest(max_tasks=1))).tasks
