@@ -60,6 +60,8 @@ SMALL_QWEN3_SHAPE: dict[str, int] = {
 SMALL_TOKENIZER_VOCAB_SIZE = 512
 TINY_QWEN2_VL = "tiny-qwen2-vl"
 """A Qwen2-VL of under a million parameters: small-qwen3's tokenizer with the vision tokens, random weights."""
+COUNT_START = "tiny-qwen2-vl-count-start"
+"""A vision-language RL start point: tiny-qwen2-vl stopped early in its SFT on count_shapes (trainer.start)."""
 TINY_QWEN2_VL_VISION_SHAPE: dict[str, int] = {
     "depth": 2,
     "embed_dim": 64,
@@ -263,6 +265,7 @@ KNOWN_BUILTINS = (
     SORT_START,
     CALCULATOR_START,
     TINY_QWEN2_VL,
+    COUNT_START,
 )
 UNTRAINED_BUILDERS: Mapping[str, Builder] = {
     TINY_QWEN2: build_random_qwen2,

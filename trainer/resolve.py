@@ -3,7 +3,8 @@
 A name is a local HF checkpoint directory or a built-in: ``builtin:tiny-qwen2`` and
 ``builtin:small-qwen3`` (random weights, :mod:`trainer.builtin`), ``builtin:tiny-qwen2-reverse-start``,
 ``builtin:small-qwen3-arithmetic-start``, ``builtin:small-qwen3-sort-start`` and
-``builtin:small-qwen3-calculator-start`` (RL starts, early SFTs of those: :mod:`trainer.start`).
+``builtin:small-qwen3-calculator-start`` (RL starts, early SFTs of those: :mod:`trainer.start`), and
+``builtin:tiny-qwen2-vl`` with its start ``builtin:tiny-qwen2-vl-count-start``.
 Entry points (the CLIs, the coordinator, benches) resolve names here before a trainer or an engine
 loads them; :mod:`trainer.model` sits below the trainer and only loads directories and built-ins
 already built, so loading a model never runs SFT.
@@ -17,10 +18,12 @@ from trainer.builtin import (
     ARITHMETIC_START,
     BUILTIN_PREFIX,
     CALCULATOR_START,
+    COUNT_START,
     REVERSE_START,
     SMALL_QWEN3,
     SORT_START,
     TINY_QWEN2,
+    TINY_QWEN2_VL,
     UNTRAINED_BUILDERS,
     Builder,
 )
@@ -28,6 +31,7 @@ from trainer.builtin import resolve_model_path as resolve_with
 from trainer.start import (
     ARITHMETIC_RECIPE,
     CALCULATOR_RECIPE,
+    COUNT_RECIPE,
     REVERSE_RECIPE,
     SORT_RECIPE,
     StartRecipe,
@@ -39,6 +43,7 @@ STARTS: dict[str, tuple[str, StartRecipe]] = {
     ARITHMETIC_START: (SMALL_QWEN3, ARITHMETIC_RECIPE),
     SORT_START: (SMALL_QWEN3, SORT_RECIPE),
     CALCULATOR_START: (SMALL_QWEN3, CALCULATOR_RECIPE),
+    COUNT_START: (TINY_QWEN2_VL, COUNT_RECIPE),
 }
 """Each RL start checkpoint: the built-in it is made from and how (read when it is built)."""
 

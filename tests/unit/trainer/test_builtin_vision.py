@@ -81,3 +81,26 @@ def test_the_model_sees_the_image(vl_dir: Path, vl_model: Any) -> None:
     assert torch.isfinite(once).all()
     assert torch.equal(once, last_logits(first))  # the same image, the same numbers
     assert not torch.allclose(once, last_logits(second))  # another image, other numbers
+
+
+def test_the_count_start_trains_the_text_model_and_keeps_the_vision_tower(
+    vl_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The count_shapes start's build path with a short recipe: a vision-language checkpoint whose vision tower
+    is the base's, byte for byte, and whose text model moved."""
+    from safetensors.torch import load_file
+
+    import trainer.resolve
+    from trainer.builtin import COUNT_START
+    from trainer.start import COUNT_RECIPE
+
+    short = COUNT_RECIPE.__class__(environment=COUNT_RECIPE.environment, num_steps=3, batch_size=8, lr=COUNT_RECIPE.lr)
+    monkeypatch.setitem(trainer.resolve.STARTS, COUNT_START, (TINY_QWEN2_VL, short))
+    start = resolve_model_path(BUILTIN_PREFIX + COUNT_START, tmp_path)
+    assert VisionInputs.of_checkpoint(start) is not None
+    base = load_file(str(resolve_model_path(BUILTIN_PREFIX + TINY_QWEN2_VL, tmp_path) / "model.safetensors"))
+    trained = load_file(str(start / "model.safetensors"))
+    assert set(base) == set(trained)
+    tower = [name for name in base if ".visual." in name or name.startswith("visual.")]
+    assert tower and all(torch.equal(base[name], trained[name]) for name in tower)
+    assert any(not torch.equal(base[name], trained[name]) for name in set(base) - set(tower))
