@@ -42,7 +42,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.runs import REPO_ROOT, evaluate, network_run_config, run_coordinator, run_plan
+from bench.runs import REPO_ROOT, add_network_run_arguments, evaluate, network_run_config, run_coordinator, run_plan
 from bench.venvs import reference_venv
 
 START = "builtin:small-qwen3-sort-start"
@@ -186,19 +186,11 @@ def run_trl(root: Path, python: Path, start: Path, seed: int, args: argparse.Nam
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="1 seed, 4 steps, 64 eval prompts: the pipeline only")
-    parser.add_argument("--seeds", type=int, default=None, help="seeds (default 3; quick 1)")
-    parser.add_argument("--steps", type=int, default=None, help="RL steps per run (default 30; quick 4)")
-    parser.add_argument("--lr", type=float, default=5e-4)
-    parser.add_argument("--warmup-steps", type=int, default=5, help="linear warm-up of the learning rate")
-    parser.add_argument("--prompts-per-task", type=int, default=4)
-    parser.add_argument("--groups-per-step", type=int, default=8, help="submissions per step (prompts: x 4)")
-    parser.add_argument("--group-size", type=int, default=8)
+    add_network_run_arguments(parser, max_tokens=16, trainer_ranks=2)
     parser.add_argument("--audit-fraction", type=float, default=1.0, help="validation.audit_fraction")
-    parser.add_argument("--trainer-ranks", type=int, default=2, help="torchrun ranks of the FSDP2 trainer")
     parser.add_argument(
         "--steps-ahead", type=int, default=1, help="orchestrator.steps_ahead: workers and trainer share the cores"
     )
-    parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--engines", nargs="+", default=["vllm", "hf"], help="the local network's workers")
     parser.add_argument("--eval-examples", type=int, default=None, help="held-out prompts (default 256; quick 64)")
     parser.add_argument("--eval-samples", type=int, default=4, help="samples of each held-out prompt")

@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.runs import network_run_config, run_coordinator, run_plan
+from bench.runs import add_network_run_arguments, network_run_config, run_coordinator, run_plan
 
 START = "builtin:small-qwen3-calculator-start"
 ENVIRONMENT: dict[str, Any] = {"type": "builtin", "name": "calculator"}
@@ -139,16 +139,8 @@ def run_metrics(root: Path) -> list[dict[str, Any]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="1 seed, 4 steps, 32 eval problems: the pipeline only")
-    parser.add_argument("--seeds", type=int, default=None, help="seeds (default 3; quick 1)")
-    parser.add_argument("--steps", type=int, default=None, help="RL steps per run (default 30; quick 4)")
-    parser.add_argument("--lr", type=float, default=5e-4)
-    parser.add_argument("--warmup-steps", type=int, default=5)
-    parser.add_argument("--prompts-per-task", type=int, default=4)
-    parser.add_argument("--groups-per-step", type=int, default=8, help="submissions per step (prompts: x 4)")
-    parser.add_argument("--group-size", type=int, default=8)
-    parser.add_argument("--trainer-ranks", type=int, default=1, help="torchrun ranks of the FSDP2 trainer")
+    add_network_run_arguments(parser, max_tokens=24)
     parser.add_argument("--engines", nargs="+", default=["vllm", "hf"], help="the local network's workers")
-    parser.add_argument("--max-tokens", type=int, default=24)
     parser.add_argument("--eval-examples", type=int, default=None, help="held-out problems (default 256; quick 32)")
     parser.add_argument("--eval-samples", type=int, default=4)
     parser.add_argument("--dir", type=Path, default=Path("runs/multiturn-learning"))

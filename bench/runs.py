@@ -28,9 +28,11 @@ def evaluate(
     model: Path, environment: dict[str, Any], num_examples: int, num_samples: int, max_tokens: int, seed: int = 0
 ) -> dict[str, Any]:
     """Sampled (T = 1) figures of ``model`` on the held-out split of ``environment`` (a ``[environment]`` table):
-    accuracy, reward, stop fraction, completion length; the HF engine, closed after."""
+    accuracy, reward, stop fraction, completion length; the HF engine (given the images of an environment that shows
+    them to a vision-language model), closed after."""
     from engines.base import GenerationRequest
     from engines.hf import HFEngine
+    from engines.vision import VisionInputs
     from environments.loader import load_environment
     from trainer.config import EvalConfig
     from trainer.model import load_tokenizer
@@ -40,9 +42,9 @@ def evaluate(
     engine = HFEngine(model, max_batch_size=512)
     try:
         tokenizer = load_tokenizer(str(model))
-        sampler = RolloutSampler(
-            engine, GenerationRequest, load_environment(config.environment), tokenizer, 1.0, max_tokens
-        )
+        loaded = load_environment(config.environment)
+        vision = VisionInputs.of_checkpoint(model)
+        sampler = RolloutSampler(engine, GenerationRequest, loaded, tokenizer, 1.0, max_tokens, vision=vision)
         return sampler.evaluate(num_examples, num_samples, seed=seed).as_dict()
     finally:
         engine.close()
@@ -79,6 +81,19 @@ def network_run_config(
         },
         "local_network": {"enabled": True, "engines": args.engines, "num_validators": 1},
     }
+
+
+def add_network_run_arguments(parser: argparse.ArgumentParser, max_tokens: int, trainer_ranks: int = 1) -> None:
+    """The flags of a learning bench's runs through the local network, as :func:`network_run_config` reads them."""
+    parser.add_argument("--seeds", type=int, default=None, help="seeds (default 3; quick 1)")
+    parser.add_argument("--steps", type=int, default=None, help="RL steps per run (default 30; quick 4)")
+    parser.add_argument("--lr", type=float, default=5e-4)
+    parser.add_argument("--warmup-steps", type=int, default=5, help="linear warm-up of the learning rate")
+    parser.add_argument("--prompts-per-task", type=int, default=4)
+    parser.add_argument("--groups-per-step", type=int, default=8, help="submissions per step (prompts: x 4)")
+    parser.add_argument("--group-size", type=int, default=8)
+    parser.add_argument("--trainer-ranks", type=int, default=trainer_ranks, help="torchrun ranks of the FSDP2 trainer")
+    parser.add_argument("--max-tokens", type=int, default=max_tokens)
 
 
 def run_plan(args: argparse.Namespace, quick_eval: int, full_eval: int = 256) -> tuple[list[int], int]:
