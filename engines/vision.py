@@ -92,7 +92,8 @@ class VisionInputs:
 
 NEVER_DRAWN_LOGIT = -1e9
 """The logit every party's forward gives a vision token: its probability is exactly 0 at any temperature, and
-log-probabilities and entropies stay finite."""
+log-probabilities and entropies stay finite in float32 and bfloat16 (a float16 engine's head makes it -inf, which
+no draw or check reads)."""
 
 
 def never_draw_vision_tokens(model: Any, vision: VisionInputs) -> None:
@@ -109,6 +110,13 @@ def never_draw_vision_tokens(model: Any, vision: VisionInputs) -> None:
         return logits.index_fill(-1, ids.to(logits.device), NEVER_DRAWN_LOGIT)
 
     model.get_output_embeddings().register_forward_hook(hook)
+
+
+def never_drawn(engine: Any) -> frozenset[int]:
+    """The tokens ``engine``'s policy never draws (:func:`never_draw_vision_tokens`): a vision-language policy's
+    vision tokens, none for a text one. A completion holding one was not drawn by that policy."""
+    vision = getattr(engine, "vision", None)
+    return frozenset(vision.never_drawn_ids) if isinstance(vision, VisionInputs) else frozenset()
 
 
 def auto_model_class(vision: VisionInputs | None) -> Any:

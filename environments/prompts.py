@@ -45,6 +45,11 @@ class PromptSource(Protocol):
         ...
 
 
+def shows_images(environment: Environment) -> bool:
+    """Whether ``environment``'s prompts show images: its examples carry them (its first example decides)."""
+    return bool(environment.example(0).images)
+
+
 class EnvironmentPrompts:
     """:class:`PromptSource` over an environment and the policy's tokenizer (and, for a vision-language policy, how
     it writes an image in a prompt)."""
@@ -55,7 +60,7 @@ class EnvironmentPrompts:
         self.images = images
         self.name = environment.name[:64]
         self.max_turns = episode_turns(environment)
-        self.shows_images = bool(environment.example(0).images)
+        self.shows_images = shows_images(environment)
 
     def prompt_group(self, group_index: int, num_prompts: int) -> Sequence[SourcePrompt]:
         first = group_index * num_prompts

@@ -326,12 +326,14 @@ def make_micro_batches(
     pad_id: int = 0,
     vision: VisionPacking | None = None,
 ) -> list[MicroBatch]:
-    """Micro-batches of at most ``micro_batch_tokens`` tokens (padding included) each.
+    """Micro-batches of at most ``micro_batch_tokens`` tokens (padding included) each, save for the idle image row
+    below.
 
     Packed: samples go into rows of at most ``row_tokens`` tokens (or the longest sample, if
     longer) by first-fit-decreasing, rows into micro-batches. Unpacked (the baseline):
     consecutive samples, one per row, each padded to the longest of its micro-batch. ``vision``: the
-    policy reads images (module docstring); a micro-batch that shows none has one short row more.
+    policy reads images (module docstring); a micro-batch that shows none has one row more (an idle image as wide
+    as the micro-batch's rows, no loss), which may take it past ``micro_batch_tokens``.
     ValueError for a sample whose image tokens do not match its images, or with images and no ``vision``.
     """
     if not samples:

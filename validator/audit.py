@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engines.base import PrefillEngine
+from engines.vision import never_drawn
 from environments.base import Environment, Example, Scores, failure_summary, finite_scores
 from environments.episode import (
     EnvironmentReplyError,
@@ -272,9 +273,11 @@ def _start_audit(
     eos_token_ids: Sequence[int],
     episodes: Episodes | None,
     images: Environment | None,
+    never_drawn: frozenset[int] = frozenset(),
 ) -> _Audit:
-    """The checks that need no model, on every turn of every rollout; the claims of the audited rollouts' turns
-    when all pass."""
+    """The checks that need no model, on every turn of every rollout (a token the policy never draws included:
+    ``never_drawn``, a vision-language policy's vision tokens); the claims of the audited rollouts' turns when all
+    pass."""
     reasons = submission_reasons(item)
     claims, junk = claims_of(item, eos_token_ids, episodes, images)
     reasons += junk
@@ -284,6 +287,9 @@ def _start_audit(
         found = precheck_claim(turn.claim, vocab_size)
         if any(not 0 <= t < vocab_size for t in turn.claim.task.prompt_ids):
             found.append("shape: prompt token ids outside the vocabulary")
+        drawn = next((t for t in turn.claim.completion_ids if t in never_drawn), None)
+        if drawn is not None:
+            found.append(f"shape: completion holds token {drawn}, which holds an image's place and is never drawn")
         reasons += [f"{turn.label}: {reason}" for reason in found]
     if reasons:
         return _Audit(item, reasons, [])
@@ -305,7 +311,8 @@ def audit_submissions(
     Only the rollouts the ledger picked (``audit_sample_indices``) are recomputed; the checks
     that need no model run on all of them, and rewards are recomputed for all of them.
     """
-    audits = [_start_audit(item, engine.vocab_size, eos_token_ids, episodes, images) for item in items]
+    never = never_drawn(engine)
+    audits = [_start_audit(item, engine.vocab_size, eos_token_ids, episodes, images, never) for item in items]
     batch = [(audit, turn) for audit in audits for turn in audit.claims]
     if batch:
         claims = [turn.claim for _audit, turn in batch]

@@ -20,6 +20,7 @@ from pathlib import Path
 from engines.adapted import AdapterView
 from engines.base import Engine
 from engines.hf import DTYPES, HFEngine
+from engines.vision import VisionInputs
 from engines.vllm import VllmEngine
 from environments.episode import MultiTurnEnvironment
 from environments.pinning import run_environment
@@ -90,6 +91,11 @@ def create_engine(
     """An engine of ``kind`` computing in ``dtype``, the run's precision (validators recompute in it too); with
     ``lora_rank``, ready to serve LoRA adapters up to that rank on ``checkpoint_dir``, the base."""
     if kind == "vllm":
+        if VisionInputs.of_checkpoint(checkpoint_dir) is not None:
+            raise ConfigError(
+                f"the run's policy ({checkpoint_dir.name}) is a vision-language model, and this worker's vLLM engine "
+                "does not run one; join with --engine hf"
+            )
         return VllmEngine(
             checkpoint_dir,
             max_batch_size=max_batch_size,

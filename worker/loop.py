@@ -248,8 +248,8 @@ class TaskRunner:
         if self.episodes is None:
             images = None
             if self.environment is not None:
-                shown = self.environment
-                images = [prompt_images(shown, p.example_index, p.image_sha256) for p in task.prompts]
+                environment = self.environment
+                images = [prompt_images(environment, p.example_index, p.image_sha256) for p in task.prompts]
             results = self.engine.generate(generation_requests(task, self.eos_token_ids, images))
             return [(result.uid, [result]) for result in results]
         played = self.episodes.play(self.engine.generate, task, self.eos_token_ids)

@@ -21,7 +21,7 @@ from coordinator.ledger.audit_policy import audit_policy
 from environments.base import Environment
 from environments.episode import episode_turns
 from environments.loader import environment_identity, load_checked_environment
-from environments.prompts import EnvironmentPrompts, PromptSource
+from environments.prompts import EnvironmentPrompts, PromptSource, shows_images
 from environments.render import ImageBlocks
 from protocol.errors import ConfigError
 from protocol.identity import NodeIdentity
@@ -102,13 +102,20 @@ def signed_run_spec(config: CoordinatorConfig, identity: NodeIdentity, prompts: 
 
 def vision_of(config: CoordinatorConfig, environment: Environment, checkpoint: Path) -> ImageBlocks | None:
     """How the start checkpoint writes an image in a prompt, for an environment that shows images (None for one
-    that does not); ConfigError (one line, with the fix) when the run cannot show them."""
-    if not environment.example(0).images:
-        return None
+    that does not); ConfigError (one line, with the fix) when the run cannot show them, or when the local network
+    would start a vLLM worker on a vision-language policy (its engine runs none)."""
     from engines.vision import VisionInputs
 
-    where = f"the environment {environment.name!r} shows images with its prompts"
     vision = VisionInputs.of_checkpoint(checkpoint)
+    local = config.local_network
+    if vision is not None and local.enabled and "vllm" in local.engines:
+        raise ConfigError(
+            f"the start checkpoint {config.policy.start_checkpoint!r} is a vision-language policy, which vLLM "
+            'workers do not run; set local_network.engines = ["hf"]'
+        )
+    if not shows_images(environment):
+        return None
+    where = f"the environment {environment.name!r} shows images with its prompts"
     if vision is None:
         raise ConfigError(
             f"{where}, and the start checkpoint {config.policy.start_checkpoint!r} reads text only; start from a "

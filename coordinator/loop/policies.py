@@ -49,7 +49,8 @@ def with_vocab_size(config: CoordinatorConfig, checkpoint_dir: Path) -> Coordina
     if config.policy.vocab_size is not None:
         return config
     try:
-        value = json.loads((checkpoint_dir / "config.json").read_text()).get("vocab_size")
+        found = json.loads((checkpoint_dir / "config.json").read_text())
+        value = found.get("vocab_size", found.get("text_config", {}).get("vocab_size"))  # a vision-language one's
     except (OSError, ValueError, AttributeError) as exc:
         log.warning("cannot read the vocab_size of %s (%s); token ids are not checked at the door", checkpoint_dir, exc)
         return config

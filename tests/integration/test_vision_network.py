@@ -23,6 +23,7 @@ from sqlalchemy import select
 
 from coordinator.ledger.storage.tables import submissions, tasks
 from engines.hf import HFEngine
+from engines.vision import VisionInputs
 from environments.builtin import builtin_environment
 from environments.images import Image, image_hashes
 from environments.pinning import prompt_images
@@ -80,8 +81,7 @@ def test_a_vision_language_run_trains_on_images_every_party_rendered(tmp_path: P
     assert [row["step"] for row in steps] == list(range(1, NUM_STEPS + 1))
     for row in steps:
         assert row["num_loss_tokens"] > 0 and row["loss"] == row["loss"], row
-    policy = tmp_path / "run" / "train" / "policies"
-    assert not policy.exists() or all((p / "preprocessor_config.json").is_file() for p in policy.glob("step_*"))
+    assert VisionInputs.of_checkpoint(tmp_path / "run" / "final-policy") is not None  # exported with its processor
 
 
 def perturbed(image: Image) -> Image:

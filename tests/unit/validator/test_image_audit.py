@@ -92,3 +92,19 @@ def test_a_validator_that_renders_other_pictures_reports_its_environment(engine:
     assert "differs from the run's" in verdict.environment_error
     ((unseen, _),) = audit_submissions_safely([item], engine, ())  # no environment to render the images with
     assert unseen.environment_error is not None and "renders none" in unseen.environment_error
+
+
+@pytest.mark.parametrize("which", ["image_token_id", "vision_start_token_id"])
+def test_a_vision_token_in_a_rollout_left_unaudited_is_rejected(engine: HFEngine, task: Task, which: str) -> None:
+    """A vision-language policy never draws its vision tokens: one in any rollout, recomputed or not, is a group the
+    policy did not draw (and an image token there could not be packed by the trainer)."""
+    assert engine.vision is not None
+    honest = _submitted(engine, task, builtin_environment("count_shapes"))
+    rollouts = list(honest.submission.rollouts)
+    last = rollouts[-1]
+    rollouts[-1] = last.model_copy(update={"completion_ids": [getattr(engine.vision, which), *last.completion_ids[1:]]})
+    tampered = honest.submission.model_copy(update={"rollouts": rollouts})
+    item = signed_pending(task, tampered, NodeIdentity.generate()).model_copy(update={"audit_sample_indices": [0]})
+    ((verdict, _),) = audit_submissions_safely([item], engine, (), images=builtin_environment("count_shapes"))
+    assert not verdict.accepted
+    assert any("is never drawn" in reason for reason in verdict.reasons), verdict.reasons

@@ -111,3 +111,14 @@ def test_a_task_whose_pinned_images_this_node_does_not_render_is_handed_back() -
     engine, ledger, submitting = run_task(CountShapes(seed=1), task)  # another generator: other pictures
     assert not submitting and ledger.abandoned == ["l1"]
     assert engine.requests == []
+
+
+def test_a_vllm_engine_is_refused_for_a_vision_language_policy() -> None:
+    from protocol.errors import ConfigError
+    from trainer.resolve import resolve_model_path
+    from worker.devices import DeviceInfo
+    from worker.join import create_engine
+
+    device = DeviceInfo(device="cpu", name="cpu", memory_bytes=2**30)
+    with pytest.raises(ConfigError, match=r"vision-language model.*--engine hf"):
+        create_engine("vllm", resolve_model_path("builtin:tiny-qwen2-vl"), device, 8, "float32")

@@ -87,3 +87,21 @@ def test_a_lora_image_run_is_refused_with_its_reason(tmp_path: Path) -> None:
     )
     with pytest.raises(ConfigError, match="LoRA runs train text-only policies"):
         run_spec.environment_prompts(config)
+
+
+def test_a_local_network_of_vllm_workers_is_refused_for_a_vision_language_policy(tmp_path: Path) -> None:
+    config = CoordinatorConfig(
+        data_dir=tmp_path / "run",
+        policy={"start_checkpoint": "builtin:tiny-qwen2-vl"},
+        local_network={"enabled": True},  # its default engines: vLLM and HF
+    )
+    with pytest.raises(ConfigError, match=r"vLLM workers do not run; set local_network.engines = \["):
+        run_spec.environment_prompts(config)  # a text environment too: vLLM would draw the vision tokens
+
+
+def test_the_door_knows_a_vision_language_policys_vocabulary(tmp_path: Path) -> None:
+    from coordinator.loop.policies import with_vocab_size
+    from trainer.resolve import resolve_model_path
+
+    config = CoordinatorConfig(data_dir=tmp_path / "run")
+    assert with_vocab_size(config, resolve_model_path("builtin:tiny-qwen2-vl")).policy.vocab_size == 516
