@@ -43,25 +43,14 @@ def vision_batch(
 ) -> VisionBatch | None:
     """The image inputs of a left-padded batch whose row ``i`` shows ``rows_images[i]``; None when no row has images
     (nor image tokens)."""
+    for row, row_images in enumerate(rows_images):
+        vision.check_image_tokens(input_ids[row], row_images, f"row {row}")
     images = tuple(image for row in rows_images for image in row)
-    mask = vision.image_token_mask(input_ids)
     if not images:
-        if int(mask.sum()):
-            raise ValueError("the prompts hold image tokens, but no images were given for them")
         return None
+    mask = vision.image_token_mask(input_ids)
     pixels = vision.pixel_inputs(images)
     grid = pixels.image_grid_thw.to(input_ids.device)
-    tokens_per_image = vision.tokens_per_image(grid)
-    first = 0
-    for row, row_images in enumerate(rows_images):
-        expected = sum(tokens_per_image[first : first + len(row_images)])
-        first += len(row_images)
-        found = int(mask[row].sum())
-        if found != expected:
-            raise ValueError(
-                f"row {row}: the prompt holds {found} image tokens, but its {len(row_images)} image(s) take "
-                f"{expected}; render the prompt with the policy's image blocks"
-            )
     position_ids, offsets = decoder.get_rope_index(input_ids, mask, grid, attention_mask=attention_mask)
     model_inputs = {
         "pixel_values": pixels.pixel_values.to(input_ids.device),

@@ -77,9 +77,17 @@ class VisionInputs:
         patches = int(self.processor.get_number_of_image_patches(image.height, image.width))
         return patches // (self.merge_size * self.merge_size)
 
-    def tokens_per_image(self, image_grid_thw: torch.Tensor) -> list[int]:
-        """How many prompt tokens stand for each image of processed inputs (``PixelInputs.image_grid_thw``)."""
-        return (image_grid_thw.prod(-1) // (self.merge_size * self.merge_size)).tolist()
+    def check_image_tokens(self, token_ids: torch.Tensor, images: tuple[Image, ...], where: str) -> None:
+        """ValueError (naming ``where``) unless the sequence ``token_ids`` holds exactly the image tokens ``images``
+        take: the model puts an image's features at every image token, so any other count cannot be computed."""
+        found = int(self.image_token_mask(token_ids).sum())
+        expected = sum(self.num_image_tokens(image) for image in images)
+        if found != expected:
+            none = "" if images else " (no images were given for them)"
+            raise ValueError(
+                f"{where} holds {found} image tokens, but its {len(images)} image(s) take {expected}{none}; its "
+                "prompt must be rendered with the policy's image blocks, one per image, and its completion hold none"
+            )
 
     def image_block(self, image: Image) -> str:
         """The prompt text that holds ``image``'s place."""

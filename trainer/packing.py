@@ -132,15 +132,9 @@ def _sample_rows(sample: TrainSample) -> dict[str, list[Any]]:
 def _sample_images(sample: TrainSample, vision: VisionPacking) -> _SampleImages:
     """The sample's pixels and positions; ValueError when its image tokens do not stand for exactly its images."""
     input_ids = torch.tensor(sample.prompt_ids + sample.completion_ids, dtype=torch.long)
+    vision.inputs.check_image_tokens(input_ids, sample.images, "a sample")
     mask = vision.inputs.image_token_mask(input_ids)
     pixels = vision.inputs.pixel_inputs(sample.images) if sample.images else None
-    expected = 0 if pixels is None else sum(vision.inputs.tokens_per_image(pixels.image_grid_thw))
-    found = int(mask.sum())
-    if found != expected:
-        raise ValueError(
-            f"a sample holds {found} image tokens, but its {len(sample.images)} image(s) take {expected}; its "
-            "prompt must be rendered with the policy's image blocks, one per image, and its completion hold none"
-        )
     positions = vision.positions(input_ids, mask, None if pixels is None else pixels.image_grid_thw)
     if positions.shape != (3, len(input_ids)):
         raise ValueError(f"positions of shape {tuple(positions.shape)} for a sample of {len(input_ids)} tokens")
