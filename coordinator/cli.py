@@ -144,6 +144,35 @@ def list_validators(config: Path | None = ConfigOption, sets: list[str] | None =
 
 
 @app.command()
+def rollback(
+    to: str = typer.Option(..., "--to", help="The version to go back to: vN or N (one the run published)."),
+    reason: str = typer.Option("asked for by the operator", help="Why, for the ledger's event log and the console."),
+    lr_scale: float = typer.Option(1.0, "--lr-scale", help="Multiply the learning rate by this from then on."),
+    pause: bool = typer.Option(False, help="Pause the run once the rollback is published."),
+    config: Path | None = ConfigOption,
+    sets: list[str] | None = SetOption,
+    data_dir: Path | None = DataDirOption,
+    ledger_url: str | None = LedgerUrlOption,
+    log_level: str = LogLevelOption,
+    json_logs: bool = JsonLogsOption,
+) -> None:
+    """Roll a run back to an earlier version: its weights are published again as the next version (workers and
+    relays follow it like any other), the steps after it are marked rolled back, and training goes on from it.
+    Safe while the run goes on (the RL loop does it before its next step); on a stopped run, at its next start.
+    The version's weights must still be kept: in the origin store, or as the canary's best."""
+    start_logging(log_level, json_logs)
+    version = to.removeprefix("v")
+    if not version.isdigit():
+        fail(f"--to {to!r}: give a version as vN or N, e.g. --to v3")
+    if not 0 < lr_scale <= 1:
+        fail(f"--lr-scale {lr_scale}: give a factor in (0, 1]")
+    loaded = load_role_config(CoordinatorConfig, config, sets, {"data_dir": data_dir, "ledger.url": ledger_url})
+    from coordinator.rollback import rollback_from_cli
+
+    run_or_exit("coordinator", rollback_from_cli, loaded, int(version), reason, lr_scale, pause)
+
+
+@app.command()
 def reset(
     config: Path | None = ConfigOption,
     sets: list[str] | None = SetOption,

@@ -13,7 +13,7 @@ from environments.config import BuiltinEnvConfig, EnvironmentConfig
 from runtime.children import LogLimits
 from runtime.config import RoleConfig, Section
 from runtime.p2p.config import P2PConfig
-from trainer.config import LossConfig, TrainerSection
+from trainer.config import BreakerConfig, LossConfig, TrainerSection
 
 
 class ApiConfig(Section):
@@ -313,6 +313,23 @@ class TrackingConfig(Section):
     """Log the same metrics to Weights & Biases (off unless wandb.mode is online or offline)."""
 
 
+class CanaryConfig(Section):
+    """Rollback on an eval that falls (`orchestrator.eval_every_steps` must be set): when a policy's held-out accuracy
+    is below the best evaluated version's by more than `noise_z` standard errors of the difference of the two
+    (`sqrt(p (1 - p) (1/n1 + 1/n2))`, `p` the two versions' pooled accuracy, `n` each eval's examples), the best
+    version's weights are published as the next version and the steps after it are marked rolled back."""
+
+    enabled: bool = True
+    """Roll back on a fall (false: evals are only reported)."""
+    noise_z: float = Field(default=3.0, gt=0, le=100)
+    """How many standard errors a fall must exceed: 3 keeps a run whose accuracy only wobbles from rolling back."""
+    action: Literal["continue", "pause"] = "continue"
+    """After a rollback: go on training from the restored version, or pause the run (the coordinator stops; start it
+    again to go on)."""
+    lr_scale: float = Field(default=1.0, gt=0, le=1)
+    """The learning rate is multiplied by this at each rollback (1: unchanged)."""
+
+
 class OrchestratorConfig(Section):
     """The RL loop in the coordinator (coordinator/loop/orchestrator.py) and its trainer (trainer/service.py)."""
 
@@ -358,6 +375,33 @@ class OrchestratorConfig(Section):
     the step (console, dashboard, /metrics, `data_dir/metrics.jsonl`)."""
     eval_num_examples: int = Field(default=32, ge=1, le=100_000)
     """Eval split examples of each eval, one sample each at the run's temperature and max_tokens."""
+    canary: CanaryConfig = CanaryConfig()
+    """Roll the run back to its best evaluated version when an eval falls by more than the eval's noise."""
+    breakers: BreakerConfig = BreakerConfig()
+    """Checks of each step's update before the trainer applies it; a refused step's groups are audited again in
+    full, and the step is trained on what stands or skipped (docs/trust-model.md)."""
+    max_consecutive_trips: int = Field(default=3, ge=1, le=1000)
+    """After this many refused attempts in a row without an applied step the run pauses: the coordinator stops with
+    one line saying why (its state kept; start it again to go on)."""
+    reaudit_timeout_s: float = Field(default=600.0, gt=0, le=86400.0)
+    """How long a refused step waits for the full re-audit of its groups; undecided by then, the refusal is
+    unexplained and the step is skipped."""
+    claim_tolerance: float = Field(default=0.05, gt=0, le=100)
+    """With behaviour log-probabilities recomputed by the trainer: a submission whose claimed log-probabilities
+    differ from the recomputed ones by more than this on a trained token is audited again in full (the claim never
+    entered the loss, so the step goes on)."""
+    no_signal_filter: bool = True
+    """Groups (a prompt's samples) whose rewards are all equal carry no advantage: they are credited to their worker
+    but not trained, and a submission with no other group does not count towards `groups_per_step`."""
+    no_signal_scan: int = Field(default=3, ge=1, le=100)
+    """Bounds the filter: once a step has set aside (`no_signal_scan` - 1) x `groups_per_step` submissions without
+    signal it takes the next ones whatever they carry, so a run of easy prompts cannot stall it."""
+    rest_after: int = Field(default=3, ge=0, le=1000)
+    """A prompt (the same token ids) whose groups carried no signal this many times in a row rests: the ledger issues
+    no task with it for `rest_groups` further tasks (0: never rests). Only environments whose prompts repeat (a
+    finite dataset read again) are affected."""
+    rest_groups: int = Field(default=1000, ge=1, le=1_000_000_000)
+    """How many tasks a resting prompt sits out."""
     tracking: TrackingConfig = TrackingConfig()
     """Copies of every `data_dir/metrics.jsonl` row in TensorBoard and W&B (both off by default)."""
 

@@ -27,6 +27,7 @@ answers with, so a client can map a response back to the same class.
     │   └── OtherRunError           a well-signed manifest of another run than the node's (not the relay's fault)
     ├── ProofError                  a TOPLOC proof cannot be built or parsed
     ├── ChildExitedError            a process the coordinator runs (trainer, local network) exited
+    ├── RunPausedError              the run paused by a rule (refused updates, a rollback set to pause); start again
     ├── StartupError                a role cannot start: a database, port, model, package or peer it
     │                               needs is missing or wrong (carries the fix)
     ├── LocalFaultError             this machine's disk failed us (no space, permissions, read-only)
@@ -208,6 +209,13 @@ class ChildExitedError(PrimeError):
     """A process the coordinator started and needs (the trainer service, a local-network node) exited."""
 
     code = "child_exited"
+
+
+class RunPausedError(PrimeError):
+    """The run paused by one of its rules (updates refused in a row, a rollback set to pause): the coordinator stops
+    with its state kept, and started again it goes on. The message says why and what the operator can do."""
+
+    code = "run_paused"
 
 
 class StartupError(PrimeError):

@@ -295,6 +295,21 @@ class AuditPolicy(WireModel):
     reaudit_share: float = Field(default=0.0, ge=0, le=1)
 
 
+class TrainingPolicy(WireModel):
+    """What the trainer trusts and refuses, a run setting every worker and validator can read (signed in the run
+    spec; docs/trust-model.md, "What the trainer trusts"). ``behaviour_logprobs``: the importance ratio's
+    denominator is recomputed by the trainer from the policy version that sampled each token (``recompute``), or is
+    the sampling engine's number on samples a validator recomputed, the others untrained (``sampler``).
+    ``breakers``: a step whose update trips a pre-step check is not applied and its groups are audited again in full.
+    ``no_signal_filter``: groups whose rewards are all equal are credited, not trained. ``rollback``: a policy whose
+    eval falls past the eval's noise is replaced by the best evaluated one."""
+
+    behaviour_logprobs: Literal["recompute", "sampler"] = "sampler"
+    breakers: bool = False
+    no_signal_filter: bool = False
+    rollback: bool = False
+
+
 class RunSpec(WireModel):
     """What every role of a run must agree on, signed by the coordinator (``GET /v1/run-spec``)."""
 
@@ -313,6 +328,8 @@ class RunSpec(WireModel):
     them to an engine that takes images."""
     audit: AuditPolicy = Field(default_factory=AuditPolicy)
     """How much of each submission validators recompute (docs/trust-model.md, "Adaptive audit")."""
+    training: TrainingPolicy = Field(default_factory=TrainingPolicy)
+    """What the trainer trusts and refuses (docs/trust-model.md, "What the trainer trusts")."""
 
 
 class SignedRunSpec(WireModel):
@@ -618,6 +635,8 @@ class Event(WireModel):
         "reaudit",
         "approve",
         "revoke",
+        "breaker_trip",
+        "rollback",
     ]
     node_id: str | None
     subject: str | None = Field(description="What the event is about: a lease, task, submission or version.")

@@ -21,7 +21,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from protocol.errors import ConfigError, PrimeError
+from protocol.errors import ConfigError, PrimeError, RunPausedError
 from runtime.config import ConfigT, RoleConfig, config_to_toml, load_config, parse_assignment
 from runtime.logs import fatal_json_line, json_logs_enabled, setup_logging
 
@@ -30,6 +30,7 @@ EXIT_FAILURE = 1
 EXIT_BAD_CONFIG = 2
 EXIT_BANNED = 3
 EXIT_REFUSED = 4
+EXIT_PAUSED = 5
 EXIT_INTERRUPTED = 130
 
 err_console = Console(stderr=True)
@@ -68,6 +69,8 @@ def fail(message: str, exit_code: int = EXIT_FAILURE) -> NoReturn:
 
 
 def exit_code_for(exc: PrimeError) -> int:
+    if isinstance(exc, RunPausedError):
+        return EXIT_PAUSED
     return EXIT_BAD_CONFIG if isinstance(exc, ConfigError) else EXIT_FAILURE
 
 

@@ -2,11 +2,12 @@
 
 A trainer checkpoint ``<dir>/step_<n>/`` holds the full (unsharded) model and optimizer state (a LoRA
 model's trainable adapters alone: the frozen base is the start checkpoint's),
-the scheduler state and step in ``trainer_state.pt`` (written by rank 0), and each rank's RNG
-states in ``rng_rank<r>.pt``. Full state dicts make it independent of the world size: a run
-saved with 2 ranks resumes on 1 and vice versa. ``latest`` names the newest complete one
-(written last, so a crash mid-save never points at half a checkpoint). :func:`prune_checkpoints`
-keeps the newest few.
+the scheduler state and step in ``trainer_state.pt`` (written by rank 0), with the breakers' history of gradient
+norms and the trained state of each older policy version the trainer keeps to recompute behaviour
+log-probabilities (:mod:`trainer.behaviour`), and each rank's RNG states in ``rng_rank<r>.pt``. Full state
+dicts make it independent of the world size: a run saved with 2 ranks resumes on 1 and vice versa. ``latest``
+names the newest complete one (written last, so a crash mid-save never points at half a checkpoint).
+:func:`prune_checkpoints` keeps the newest few.
 
 The exported policy is what SHARDCAST's origin publishes and what HF and vLLM load:
 ``model.safetensors``, ``config.json``, ``generation_config.json``, the tokenizer files, and a
@@ -25,7 +26,7 @@ from __future__ import annotations
 import copy
 import random
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -34,14 +35,17 @@ from torch import nn
 
 from engines.adapters import CONFIG_FILE as ADAPTER_CONFIG_FILE
 from engines.adapters import WEIGHTS_FILE as ADAPTER_WEIGHTS_FILE
+from trainer.config import TrainerSection
 from trainer.fsdp import DistInfo, barrier
 from trainer.lora import (
     adapter_config_json,
+    adapter_file_name,
     adapter_tensors,
     base_model,
     is_lora,
     lora_sites,
     merged_tensors,
+    trained_names,
 )
 from trainer.model import DTYPES
 
@@ -56,10 +60,15 @@ STATE_FILE = "trainer_state.pt"
 
 @dataclass
 class TrainerState:
-    """What exact resume needs besides model and optimizer: the step and the scheduler."""
+    """What exact resume needs besides model and optimizer: the step, the scheduler, the breakers' history and the
+    kept policy versions."""
 
     step: int
     scheduler: dict[str, Any]
+    grad_norms: list[float] = field(default_factory=list)
+    """Pre-clip gradient norms of the last applied RL steps (:mod:`trainer.breakers`)."""
+    behaviour: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict)
+    """Policy version -> its full trained state (older versions only; rank 0 holds the tensors)."""
 
 
 def _full_state_options(info: DistInfo, loading: bool, trainable_only: bool = False) -> Any:
@@ -111,7 +120,14 @@ def save_checkpoint(
         if target.exists():
             shutil.rmtree(target)
         target.mkdir(parents=True)
-        payload = {"model": model_state, "optimizer": optim_state, "step": state.step, "scheduler": state.scheduler}
+        payload = {
+            "model": model_state,
+            "optimizer": optim_state,
+            "step": state.step,
+            "scheduler": state.scheduler,
+            "grad_norms": state.grad_norms,
+            "behaviour": state.behaviour,
+        }
         torch.save(payload, target / STATE_FILE)
     barrier(info)
     torch.save(_rng_state(), target / f"rng_rank{info.rank}.pt")
@@ -156,7 +172,8 @@ def load_checkpoint(target: Path, model: nn.Module, optimizer: torch.optim.Optim
     # set_state_dict loads only the optimizer there, while rank 0 broadcasts the model: a hang or a crash.
     set_model_state_dict(model, payload.get("model", {}), options=options)
     set_optimizer_state_dict(model, optimizer, payload.get("optimizer", {}), options=options)
-    meta = [payload.get("step"), payload.get("scheduler")]
+    behaviour: dict[int, dict[str, torch.Tensor]] = payload.get("behaviour", {})
+    meta = [payload.get("step"), payload.get("scheduler"), payload.get("grad_norms", []), sorted(behaviour)]
     if info.is_distributed:
         import torch.distributed as dist
 
@@ -164,9 +181,58 @@ def load_checkpoint(target: Path, model: nn.Module, optimizer: torch.optim.Optim
     rng_file = target / f"rng_rank{info.rank}.pt"
     if rng_file.is_file():
         _set_rng_state(torch.load(rng_file, weights_only=False))
-    step, scheduler = meta
-    assert isinstance(step, int) and isinstance(scheduler, dict)
-    return TrainerState(step=step, scheduler=scheduler)
+    step, scheduler, grad_norms, versions = meta
+    assert isinstance(step, int) and isinstance(scheduler, dict) and isinstance(versions, list)
+    # every rank learns which versions there are; rank 0 alone holds their tensors (it broadcasts them on loading)
+    behaviour = {version: behaviour.get(version, {}) for version in versions}
+    return TrainerState(step=step, scheduler=scheduler, grad_norms=list(grad_norms), behaviour=behaviour)
+
+
+def trainable_model_state(model: nn.Module, info: DistInfo) -> dict[str, torch.Tensor]:
+    """The unsharded state of the parameters that train, a copy (on rank 0; other ranks get an empty dict when
+    distributed). On one process the state dict holds the parameters themselves: copied, so it stays what it is."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    state = get_model_state_dict(model, options=_full_state_options(info, loading=False, trainable_only=True))
+    return {name: value.detach().clone() for name, value in state.items() if isinstance(value, torch.Tensor)}
+
+
+def set_trainable_state(model: nn.Module, state: dict[str, torch.Tensor], info: DistInfo) -> None:
+    """Load ``state`` (:func:`trainable_model_state`'s, given on rank 0) into the parameters that train."""
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict
+
+    values: dict[str, Any] = dict(state)
+    set_model_state_dict(model, values, options=_full_state_options(info, loading=True, trainable_only=True))
+
+
+def load_policy_weights(model: nn.Module, policy_dir: Path, config: TrainerSection, info: DistInfo) -> None:
+    """Load an exported policy's weights into the parameters that train: a full HF checkpoint directory (rank 0 reads
+    it; the frozen parameters keep their own values), or a LoRA run's adapter directory. Every rank must call."""
+    state: dict[str, torch.Tensor] = {}
+    if info.is_main or not info.is_distributed:
+        state = _policy_state(model, policy_dir, config)
+    set_trainable_state(model, state, info)
+
+
+def _policy_state(model: nn.Module, policy_dir: Path, config: TrainerSection) -> dict[str, torch.Tensor]:
+    """The trained state held in ``policy_dir``, in ``model``'s own names."""
+    from safetensors.torch import load_file
+
+    from trainer.model import load_model
+
+    trained = trained_names(model)
+    if is_lora(model):
+        files = load_file(str(policy_dir / ADAPTER_WEIGHTS_FILE))
+        names = {file_name: name for name in trained if (file_name := adapter_file_name(name))}
+        missing = set(names) - set(files)
+        if missing:
+            raise ValueError(f"{policy_dir} lacks adapter weights {sorted(missing)[:3]}")
+        return {name: files[file_name].to(DTYPES[config.dtype]) for file_name, name in names.items()}
+    loaded = load_model(str(policy_dir), config.dtype).state_dict()
+    missing = set(trained) - set(loaded)
+    if missing:
+        raise ValueError(f"{policy_dir} lacks weights {sorted(missing)[:3]} of the trained model")
+    return {name: loaded[name].detach() for name in trained}
 
 
 def checkpoint_tensors(model: nn.Module, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

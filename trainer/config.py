@@ -90,6 +90,46 @@ class LossConfig(Section):
     """clip: for negative advantages the ratio weight is capped at this (dual clip)."""
     kl_coef: float = Field(default=0.0, ge=0)
     """Weight of a k3 KL penalty towards the sampling policy's logprobs (0: off)."""
+    behaviour_logprobs: Literal["auto", "recompute", "sampler"] = "auto"
+    """Where the ratio's denominator, each trained token's log-probability under the policy that sampled it, comes
+    from. `recompute`: the trainer computes it with the weights of the version that sampled the token, which it
+    keeps in memory (async_level + 1 versions of the trained parameters; an extra forward per older version present
+    in a step's batch); no number a worker declared enters the loss. `sampler`: the number the sampling engine
+    reported; in a network run only on samples a validator recomputed and found within tolerance (the others are not
+    trained). `auto`: in a network run, `sampler` when validators recompute every sample (`validation.audit_fraction`
+    1 without adaptive audit), else `recompute`; in the local RL loop, `sampler` (its engine is the trainer's own)."""
+
+
+class BreakerConfig(Section):
+    """Checks of a step's update before `optimizer.step()`: a step that trips one is not applied (model, optimizer
+    and schedule untouched), and a network run sends its groups to a full re-audit (docs/trust-model.md)."""
+
+    enabled: bool = True
+    """Check every step (false: apply every step, as trainers without breakers do)."""
+    grad_norm_ceiling: float = Field(default=100.0, gt=0)
+    """Trip on a pre-clip global gradient norm above this (clipping at `optimizer.max_grad_norm` still applies
+    below it)."""
+    grad_norm_median_factor: float = Field(default=10.0, gt=1)
+    """Trip on a pre-clip gradient norm above this many times the median of the last applied steps' norms."""
+    median_steps: int = Field(default=20, ge=1, le=10_000)
+    """Applied steps the running median is taken over."""
+    median_min_steps: int = Field(default=5, ge=1, le=10_000)
+    """The median rule applies once this many steps were applied (a run's first steps have no history)."""
+    ratio_band: tuple[float, float] = (0.5, 2.0)
+    """The band of importance ratios (the trainer's probability of a trained token over its behaviour
+    probability) a step's tokens are expected in."""
+    max_out_of_band_fraction: float = Field(default=0.1, ge=0, le=1)
+    """Trip when more than this share of the step's trained tokens have a ratio outside `ratio_band`."""
+    max_mismatch_kl: float = Field(default=0.5, gt=0)
+    """Trip when the mean k3 KL between the behaviour log-probabilities and the trainer's, per trained token,
+    is above this."""
+
+    @model_validator(mode="after")
+    def _check_band(self) -> BreakerConfig:
+        low, high = self.ratio_band
+        if not 0 <= low < 1 < high:
+            raise ValueError(f"ratio_band must be (low, high) with 0 <= low < 1 < high, not {self.ratio_band}")
+        return self
 
 
 class CheckpointConfig(Section):

@@ -111,6 +111,24 @@ def all_reduce_sum(values: torch.Tensor, info: DistInfo) -> torch.Tensor:
     return values.cpu()
 
 
+def all_reduce_max(values: torch.Tensor, info: DistInfo) -> torch.Tensor:
+    """The element-wise maximum of a float64 tensor over ranks (identity on one process)."""
+    if info.is_distributed:
+        values = values.to(info.device)
+        dist.all_reduce(values, op=dist.ReduceOp.MAX)
+    return values.cpu()
+
+
+def reshard(model: nn.Module) -> None:
+    """Free every unsharded parameter FSDP2 holds (ZeRO-2 keeps them after a forward), so the next forward gathers
+    the sharded parameters as they are now; nothing on one process."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()
+
+
 def control_group(info: DistInfo) -> Any:
     """A gloo group for small control messages (also beside NCCL): a rank that dies breaks its peers' next
     call at once, on every machine, where an NCCL collective would wait out its timeout."""

@@ -102,14 +102,25 @@ def _lora_part(name: str) -> tuple[str, str] | None:
     return None
 
 
+def adapter_file_name(name: str) -> str | None:
+    """The name PEFT's adapter file gives the trainer state entry ``name``; None for an entry that is no adapter."""
+    found = _lora_part(name)
+    return None if found is None else f"{found[0]}.{found[1]}.weight"
+
+
+def trained_names(model: nn.Module) -> list[str]:
+    """The state names of the parameters that train, as full state dicts name them (activation checkpointing's
+    wrapper left out of the path)."""
+    return [name.replace("_checkpoint_wrapped_module.", "") for name, p in model.named_parameters() if p.requires_grad]
+
+
 def adapter_tensors(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The adapter weights of a PEFT model's full state dict, named as PEFT's files name them."""
     tensors: dict[str, torch.Tensor] = {}
     for name, tensor in state.items():
-        found = _lora_part(name)
-        if found is not None:
-            module, part = found
-            tensors[f"{module}.{part}.weight"] = tensor
+        file_name = adapter_file_name(name)
+        if file_name is not None:
+            tensors[file_name] = tensor
     if not tensors:
         raise ValueError("the model holds no LoRA adapter weights")
     return tensors

@@ -6,8 +6,9 @@ loss tokens of the whole step (all micro-batches, all ranks), so a token weighs 
 whichever micro-batch or rank it landed on ("loss normalised by tokens").
 
 Notation: ``logprobs`` are the trainer's log pi(token) at the sampling temperature (with
-grad); ``inference_logprobs`` are those the engine reported when it sampled the token; the
-importance ratio is ``r = exp(logprobs - inference_logprobs)``.
+grad); ``behaviour_logprobs`` are the token's log-probabilities under the policy that sampled it
+(recomputed by the trainer, or the sampling engine's where a validator checked them, see
+:mod:`trainer.behaviour`); the importance ratio is ``r = exp(logprobs - behaviour_logprobs)``.
 """
 
 from __future__ import annotations
@@ -29,7 +30,9 @@ class LossSums:
     num_dropped: torch.Tensor
     """Tokens the correction dropped (mask) or clipped (clip)."""
     mismatch_kl: torch.Tensor
-    """Sum of the k3 estimate of KL(inference || trainer) per token."""
+    """Sum of the k3 estimate of KL(behaviour || trainer) per token."""
+    num_out_of_band: torch.Tensor | None = None
+    """Tokens whose ratio is outside the breakers' band (None: not counted)."""
 
 
 def token_logprobs_and_entropy(
@@ -53,12 +56,14 @@ def k3_kl(log_ratio: torch.Tensor) -> torch.Tensor:
 
 def grpo_loss(
     logprobs: torch.Tensor,
-    inference_logprobs: torch.Tensor,
+    behaviour_logprobs: torch.Tensor,
     advantages: torch.Tensor,
     mask: torch.Tensor,
     config: LossConfig,
+    band: tuple[float, float] | None = None,
 ) -> LossSums:
-    """Sum of GRPO-family token losses; ``mask`` (bool) marks completion tokens.
+    """Sum of GRPO-family token losses; ``mask`` (bool) marks completion tokens; ``band``: count the tokens whose
+    ratio falls outside it.
 
     mask mode:  -r * A on tokens with r in [1 - mask_low, 1 + mask_high], 0 elsewhere.
     clip mode:  -min(r * A, clip(r, 1 - clip_low, 1 + clip_high) * A), and for A < 0 at most
@@ -66,7 +71,7 @@ def grpo_loss(
     Optional:   + kl_coef * k3(-log r), the k3 estimate of KL(policy || sampler), on every completion token.
     """
     mask = mask.bool()
-    log_ratio = logprobs - inference_logprobs
+    log_ratio = logprobs - behaviour_logprobs
     ratio = torch.exp(log_ratio)
     if config.correction == "mask":
         kept = (ratio >= 1 - config.mask_low) & (ratio <= 1 + config.mask_high)
@@ -85,11 +90,16 @@ def grpo_loss(
     with torch.no_grad():
         mismatch = torch.where(mask, k3_kl(log_ratio.detach()), zero).sum()
         num_dropped = (dropped & mask).sum()
+        out_of_band = None
+        if band is not None:
+            outside = (ratio < band[0]) | (ratio > band[1]) | ~torch.isfinite(ratio)
+            out_of_band = (outside & mask).sum()
     return LossSums(
         loss=torch.where(mask, token_loss, zero).sum(),
         num_tokens=mask.sum(),
         num_dropped=num_dropped,
         mismatch_kl=mismatch,
+        num_out_of_band=out_of_band,
     )
 
 

@@ -78,6 +78,14 @@ class MicroBatch:
     loss_mask: torch.Tensor
     advantages: torch.Tensor
     inference_logprobs: torch.Tensor
+    """The sampling engine's log-probability of each target, as the batch carries it."""
+    policy_versions: torch.Tensor | None = None
+    """(rows, length) long: the version that sampled each target's sample (-1: the policy being trained)."""
+    sample_index: torch.Tensor | None = None
+    """(rows, length) long: which of the batch's samples each position belongs to (-1: padding)."""
+    behaviour_logprobs: torch.Tensor | None = None
+    """Set by a trainer that recomputes them: each target's log-probability under the version that sampled it (NaN:
+    the version being trained, whose training forward gives it); None: the engine's numbers are used."""
     attention_mask: torch.Tensor | None = None
     """Packed: (rows, 1, length, length) block-diagonal causal bool mask; padded: (rows, length) 0/1."""
     num_samples: int = 0
@@ -106,7 +114,7 @@ class MicroBatch:
         return {name: value for name, value in inputs.items() if value is not None}
 
 
-def _sample_rows(sample: TrainSample) -> dict[str, list[Any]]:
+def _sample_rows(sample: TrainSample, index: int = -1) -> dict[str, list[Any]]:
     tokens = sample.prompt_ids + sample.completion_ids
     length, first = len(tokens), len(sample.prompt_ids) - 1
     logprobs = sample.inference_logprobs or [0.0] * len(sample.completion_ids)
@@ -126,6 +134,8 @@ def _sample_rows(sample: TrainSample) -> dict[str, list[Any]]:
         "loss_mask": in_completion,
         "advantages": [sample.advantage if m else 0.0 for m in in_completion],
         "inference_logprobs": [logprobs[j - first] if m else 0.0 for j, m in enumerate(in_completion)],
+        "policy_versions": [-1 if sample.policy_version is None else sample.policy_version] * length,
+        "sample_index": [index] * length,
     }
 
 
@@ -170,6 +180,10 @@ class _Pool:
     def idle(self) -> int:
         return len(self.samples) - 1
 
+    def index(self, i: int) -> int:
+        """The batch's index of pool sample ``i`` (-1: the idle sample, which is no sample of the batch)."""
+        return i if i < self.num_real else -1
+
     def shows_images(self, ids: list[int]) -> bool:
         return self.images is not None and any(self.images[i].pixels is not None for i in ids)
 
@@ -181,14 +195,19 @@ _DTYPES = {
     "loss_mask": torch.bool,
     "advantages": torch.float32,
     "inference_logprobs": torch.float32,
+    "policy_versions": torch.long,
+    "sample_index": torch.long,
 }
+_FILL = {"input_ids": None, "policy_versions": -1, "sample_index": -1}
+"""Padding of each per-token tensor (None: the pad token); the rest pad with 0."""
 
 
 def _tensors(rows: list[list[dict[str, list[Any]]]], width: int, pad_id: int) -> dict[str, torch.Tensor]:
     """Rows of concatenated samples, each padded at its end to ``width``."""
     tensors: dict[str, torch.Tensor] = {}
     for key, dtype in _DTYPES.items():
-        fill = pad_id if key == "input_ids" else 0
+        fill = _FILL.get(key, 0)
+        fill = pad_id if fill is None else fill
         table = []
         for row in rows:
             values = [v for sample in row for v in sample[key]]
@@ -255,7 +274,7 @@ def _with_idle_row(pool: _Pool, rows: list[list[int]]) -> list[list[int]]:
 def _packed(pool: _Pool, rows: list[list[int]], pad_id: int) -> MicroBatch:
     rows = _with_idle_row(pool, rows)
     samples = pool.samples
-    sample_rows = [[_sample_rows(samples[i]) for i in row] for row in rows]
+    sample_rows = [[_sample_rows(samples[i], pool.index(i)) for i in row] for row in rows]
     width = max(sum(samples[i].num_tokens for i in row) for row in rows)
     tensors: dict[str, Any] = dict(_tensors(sample_rows, width, pad_id))
     # Position ids restart at 0 for each sample; the end-of-row padding counts from 0 as well.
@@ -272,7 +291,9 @@ def _padded(pool: _Pool, ids: list[int], pad_id: int) -> MicroBatch:
     rows = _with_idle_row(pool, [[i] for i in ids])
     lengths = [pool.samples[i].num_tokens for (i,) in rows]
     width = max(lengths)
-    tensors: dict[str, Any] = dict(_tensors([[_sample_rows(pool.samples[i])] for (i,) in rows], width, pad_id))
+    tensors: dict[str, Any] = dict(
+        _tensors([[_sample_rows(pool.samples[i], pool.index(i))] for (i,) in rows], width, pad_id)
+    )
     if pool.vision is not None:
         tensors.update(_vision_tensors(pool, rows, tensors["input_ids"], packed=False))
     attention = torch.tensor([[1] * length + [0] * (width - length) for length in lengths])
@@ -361,6 +382,8 @@ def empty_micro_batch(vision: VisionPacking | None = None) -> MicroBatch:
         loss_mask=torch.zeros((1, 1), dtype=torch.bool),
         advantages=torch.zeros((1, 1)),
         inference_logprobs=torch.zeros((1, 1)),
+        policy_versions=torch.full((1, 1), -1, dtype=torch.long),
+        sample_index=torch.full((1, 1), -1, dtype=torch.long),
     )
 
 

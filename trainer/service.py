@@ -5,10 +5,14 @@ once per run and keeps it up across steps). Each rank builds the :class:`~traine
 from ``DIR/service.json`` (trainer section, loss, number of steps), resumes from the newest
 checkpoint under ``DIR/checkpoints``, and then, for the next step n: waits for the batch file
 of step n (:mod:`trainer.transport`; rank 0 sleeps on the orchestrator's doorbell between
-looks), runs :meth:`Trainer.rl_step` on it, exports the policy (rank 0 writes, then renames it
+looks), runs :meth:`Trainer.rl_step` on it (or skips the step, or restores an earlier policy's
+weights, as the batch says), exports the policy (rank 0 writes, then renames it
 into place), keeps the step's metrics, saves the trainer state for exact resume (keeping the
 newest ``checkpoint.keep``) and writes the done marker with the metrics, last. A checkpoint
 without its done marker (a crash between the two) is finished on the next start by exporting again.
+A step whose update trips a breaker (:mod:`trainer.breakers`) changes nothing: its done marker says why
+(``tripped``) with the batch's attempt number, and the service waits for a later attempt of the same step
+(a rebuilt batch, or a skip) from the orchestrator.
 The coordinator removes the files of published steps (:meth:`TrainDir.prune_published`).
 
 Each rank asks for SIGKILL when its parent (torchrun) dies, and the ranks on the coordinator's
@@ -37,12 +41,13 @@ from pydantic import Field
 from runtime.config import Section
 from runtime.lifetime import die_with_parent, parent_of
 from runtime.memory import release_free_memory
-from trainer.config import LossConfig, TrainerSection
+from trainer.config import BreakerConfig, LossConfig, TrainerSection
 from trainer.launch import SPEC_FILE, check_train_dir
 from trainer.transport import Doorbell, StepBatch, TrainDir, write_json_atomic
 
 if TYPE_CHECKING:
     from trainer.fsdp import DistInfo
+    from trainer.train import Trainer
 
 log = logging.getLogger("trainer.service")
 
@@ -62,6 +67,11 @@ class ServiceSpec(Section):
     """The GRPO-family loss of every step."""
     num_steps: int = Field(ge=1)
     """Steps of the run (sizes the LR schedule; the service exits after the last)."""
+    breakers: BreakerConfig | None = None
+    """The checks of each step's update before it is applied (None: none)."""
+    behaviour_versions: int = Field(default=1, ge=1, le=64)
+    """Policy versions the trainer keeps to recompute behaviour log-probabilities (`async_level` + 1), when
+    `loss.behaviour_logprobs` is `recompute`."""
 
 
 def write_spec(train_dir: TrainDir, spec: ServiceSpec) -> None:
@@ -80,10 +90,22 @@ def _parent_alive(pid: int | None) -> bool:
     return True
 
 
+def _batch_after(train_dir: TrainDir, step: int, attempt: int) -> StepBatch | None:
+    """Step ``step``'s batch if its attempt is later than ``attempt``."""
+    batch = train_dir.read_batch(step)
+    return batch if batch is not None and batch.attempt > attempt else None
+
+
 def wait_for_batch(
-    train_dir: TrainDir, step: int, coordinator_pid: int | None, info: DistInfo, group: Any, bell: Doorbell
+    train_dir: TrainDir,
+    step: int,
+    coordinator_pid: int | None,
+    info: DistInfo,
+    group: Any,
+    bell: Doorbell,
+    after_attempt: int = 0,
 ) -> StepBatch:
-    """Step ``step``'s batch on every rank, as rank 0 read it.
+    """Step ``step``'s batch on every rank, as rank 0 read it, of an attempt later than ``after_attempt``.
 
     Rank 0 looks for the file, and while it is not there waits on ``bell`` (rung by the orchestrator after it
     writes a batch) for at most POLL_INTERVAL_S before it looks again; the other ranks wait in the broadcast."""
@@ -94,9 +116,9 @@ def wait_for_batch(
             raise SystemExit(f"coordinator {coordinator_pid} is gone; the trainer service stops")
         found = None
         if info.is_main:
-            found = train_dir.read_batch(step)
+            found = _batch_after(train_dir, step, after_attempt)
             if found is None and bell.wait(POLL_INTERVAL_S):
-                found = train_dir.read_batch(step)
+                found = _batch_after(train_dir, step, after_attempt)
         try:
             batch = from_main(found, info, group)
         except RuntimeError as exc:  # gloo: a peer's connection closed or reset
@@ -111,12 +133,26 @@ def failpoint(point: str, step: int) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+def run_batch(trainer: Trainer, batch: StepBatch, spec: ServiceSpec) -> dict[str, Any]:
+    """Do what ``batch`` says with its step: train on it (the metrics say ``tripped`` when a breaker refused the
+    update), skip it, or restore the weights it names."""
+    if batch.action == "skip":
+        return trainer.skip_step()
+    if batch.action == "restore":
+        if batch.restore_dir is None:
+            raise ValueError(f"the restore batch of step {batch.step} names no policy to restore")
+        return trainer.restore_step(Path(batch.restore_dir), batch.lr_scale)
+    return trainer.rl_step(batch.samples, spec.loss, batch.temperature, spec.breakers)
+
+
 def serve(train_dir: TrainDir, spec: ServiceSpec, coordinator_pid: int | None) -> None:
     from trainer.checkpoint import prune_checkpoints
     from trainer.fsdp import barrier, control_group, from_main, shutdown
     from trainer.train import Trainer
 
     trainer = Trainer(spec.trainer, spec.num_steps)
+    if spec.loss.behaviour_logprobs == "recompute":
+        trainer.keep_behaviour(spec.behaviour_versions)
     info = trainer.info
     group = control_group(info)
 
@@ -142,11 +178,19 @@ def serve(train_dir: TrainDir, spec: ServiceSpec, coordinator_pid: int | None) -
     host = socket.gethostname()
     log.info("trainer service rank %d/%d (%s) ready at step %d", info.rank, info.world_size, host, trainer.step)
     bell = Doorbell(train_dir.batch_bell)
+    tripped_attempt = 0  # the last attempt of the next step that a breaker refused
     while trainer.step < spec.num_steps:
         step = trainer.step + 1
-        batch = wait_for_batch(train_dir, step, coordinator_pid, info, group, bell)
+        batch = wait_for_batch(train_dir, step, coordinator_pid, info, group, bell, tripped_attempt)
         failpoint("batch", step)
-        metrics = trainer.rl_step(batch.samples, spec.loss, batch.temperature)
+        metrics = {**run_batch(trainer, batch, spec), "attempt": batch.attempt, "action": batch.action}
+        if "tripped" in metrics:
+            tripped_attempt = batch.attempt
+            if info.is_main:
+                train_dir.write_done(step, metrics)
+                log.warning("step %d (attempt %d) not applied: %s", step, batch.attempt, "; ".join(metrics["tripped"]))
+            continue
+        tripped_attempt = 0
         failpoint("trained", step)
         exporting = time.perf_counter()
         export_step(step)
@@ -164,7 +208,7 @@ def serve(train_dir: TrainDir, spec: ServiceSpec, coordinator_pid: int | None) -
             metrics["checkpoint_s"] = time.perf_counter() - saving
             train_dir.write_done(step, metrics)
         release_free_memory()  # the step's transient buffers, back to the OS
-        if info.is_main:
+        if info.is_main and batch.action == "train":
             log.info(
                 "step %d trained by %d ranks: loss %.4f, reward %.3f",
                 step,
@@ -172,6 +216,8 @@ def serve(train_dir: TrainDir, spec: ServiceSpec, coordinator_pid: int | None) -
                 metrics["loss"],
                 metrics["reward_mean"],
             )
+        elif info.is_main:
+            log.info("step %d: %s", step, "skipped" if batch.action == "skip" else f"restored {batch.restore_dir}")
     shutdown(info)
 
 

@@ -12,7 +12,11 @@ takes each sample's images (:mod:`trainer.packing`), its vision tower frozen unl
 otherwise (:mod:`trainer.vision`).
 
 The RL entry point the orchestrator drives is :meth:`Trainer.rl_step`; SFT uses
-:meth:`Trainer.sft_step`.
+:meth:`Trainer.sft_step`. An RL step may take its behaviour log-probabilities from the trainer itself
+(:mod:`trainer.behaviour`) and is checked by the pre-step breakers (:mod:`trainer.breakers`) before
+``optimizer.step()``: a tripped step leaves model, optimizer, schedule and step count as they were. A step may
+also be skipped (:meth:`Trainer.skip_step`) or restore an earlier policy's weights (:meth:`Trainer.restore_step`,
+a rollback); either counts as a step, so step n always publishes policy version n.
 """
 
 from __future__ import annotations
@@ -26,16 +30,21 @@ from typing import Any
 
 import torch
 
+from trainer.behaviour import BehaviourPolicies
+from trainer.breakers import StepFigures, breaker_trips
 from trainer.checkpoint import (
     TrainerState,
     export_adapter,
     export_policy,
     latest_checkpoint,
     load_checkpoint,
+    load_policy_weights,
     save_checkpoint,
+    set_trainable_state,
+    trainable_model_state,
 )
-from trainer.config import LossConfig, TrainerSection
-from trainer.fsdp import DistInfo, all_reduce_sum, init_distributed, shard_model
+from trainer.config import BreakerConfig, LossConfig, TrainerSection
+from trainer.fsdp import DistInfo, all_reduce_max, all_reduce_sum, init_distributed, reshard, shard_model
 from trainer.lora import apply_lora, trainable_parameters
 from trainer.loss import LossSums, grpo_loss, sft_loss, token_logprobs_and_entropy
 from trainer.model import load_model, load_tokenizer, load_vision_inputs
@@ -56,15 +65,26 @@ def sft_objective(batch: MicroBatch, logprobs: torch.Tensor) -> LossSums:
     return LossSums(loss=sft_loss(logprobs, mask), num_tokens=mask.sum(), num_dropped=zero, mismatch_kl=zero)
 
 
-def grpo_objective(config: LossConfig) -> Objective:
+def behaviour_of(batch: MicroBatch, logprobs: torch.Tensor) -> torch.Tensor:
+    """Each target's behaviour log-probability: the recomputed ones a micro-batch carries (NaN where the policy
+    being trained sampled it: the training forward's own, detached), else the sampling engine's."""
+    device = logprobs.device
+    if batch.behaviour_logprobs is None:
+        return batch.inference_logprobs.reshape(-1).to(device)
+    stored = batch.behaviour_logprobs.reshape(-1).to(device)
+    return torch.where(torch.isnan(stored), logprobs.detach(), stored)
+
+
+def grpo_objective(config: LossConfig, band: tuple[float, float] | None = None) -> Objective:
     def objective(batch: MicroBatch, logprobs: torch.Tensor) -> LossSums:
         device = logprobs.device
         return grpo_loss(
             logprobs,
-            batch.inference_logprobs.reshape(-1).to(device),
+            behaviour_of(batch, logprobs),
             batch.advantages.reshape(-1).to(device),
             batch.loss_mask.reshape(-1).to(device),
             config,
+            band,
         )
 
     return objective
@@ -85,6 +105,10 @@ class Trainer:
     """
 
     def __init__(self, config: TrainerSection, num_steps: int, info: DistInfo | None = None) -> None:
+        self.behaviour: BehaviourPolicies | None = None
+        """The policies kept to recompute behaviour log-probabilities (:meth:`keep_behaviour`); None: not kept."""
+        self.grad_norms: list[float] = []
+        """Pre-clip gradient norms of the applied RL steps, oldest first (the breakers' running median)."""
         self.config = config
         self.num_steps = num_steps
         self.info = info or init_distributed()
@@ -109,6 +133,12 @@ class Trainer:
         self.optimizer = build_optimizer(self.model, config.optimizer)
         self.scheduler = build_scheduler(self.optimizer, num_steps, config.optimizer)
         self.step = 0
+
+    def keep_behaviour(self, num_versions: int) -> None:
+        """Keep the trained parameters of the newest ``num_versions`` policy versions from now on (call it before
+        :meth:`resume`, which restores them), so RL steps can recompute behaviour log-probabilities."""
+        self.behaviour = BehaviourPolicies(trainable_parameters(self.model), num_versions)
+        self.behaviour.remember(self.step)
 
     @property
     def pad_id(self) -> int:
@@ -138,17 +168,63 @@ class Trainer:
             logits.reshape(-1, logits.shape[-1]), batch.targets.reshape(-1).to(device), temperature
         )
 
-    def train_step(self, samples: list[TrainSample], objective: Objective, temperature: float = 1.0) -> dict[str, Any]:
-        """One optimizer step on ``samples`` (the same full batch on every rank); returns metrics."""
+    def _recompute_behaviour(self, samples: list[TrainSample], mine: list[MicroBatch], temperature: float) -> float:
+        """Fill each of this rank's micro-batches' behaviour log-probabilities: one no-grad forward of all of them
+        per older policy version the batch holds, with that version's weights (NaN where the version being trained
+        sampled the token); returns the seconds it took. Every rank sees the same versions, so all run the same
+        forwards."""
+        assert self.behaviour is not None
+        started = time.perf_counter()
+        for batch in mine:
+            batch.behaviour_logprobs = torch.full(batch.inference_logprobs.shape, float("nan"))
+        older = sorted({v for s in samples if (v := s.policy_version) is not None and v != self.step})
+        for version in older:
+            reshard(self.model)  # no unsharded copy of the other version's parameters survives the swap
+            with torch.no_grad(), self.behaviour.swapped(version):
+                for batch in mine:
+                    logprobs, _ = self._forward_logprobs(batch, temperature)
+                    assert batch.policy_versions is not None and batch.behaviour_logprobs is not None
+                    chosen = batch.policy_versions.reshape(-1) == version
+                    batch.behaviour_logprobs.reshape(-1)[chosen] = logprobs.float().cpu()[chosen]
+                reshard(self.model)
+        return time.perf_counter() - started
+
+    def _trusted_samples(self, samples: list[TrainSample]) -> tuple[list[TrainSample], int]:
+        """The samples whose behaviour log-probabilities the trainer can recompute (their version kept), and how
+        many were left out (an older version than it keeps: their tokens are not trained)."""
+        assert self.behaviour is not None
+        kept = [s for s in samples if s.policy_version is None or s.policy_version in self.behaviour]
+        if len(kept) < len(samples):
+            log.warning(
+                "step %d: %d samples of policy versions the trainer no longer keeps (it keeps %s) are not trained",
+                self.step + 1,
+                len(samples) - len(kept),
+                self.behaviour.versions,
+            )
+        return kept, len(samples) - len(kept)
+
+    def train_step(
+        self,
+        samples: list[TrainSample],
+        objective: Objective,
+        temperature: float = 1.0,
+        breakers: BreakerConfig | None = None,
+        recompute: bool = False,
+    ) -> dict[str, Any]:
+        """One optimizer step on ``samples`` (the same full batch on every rank); returns metrics. ``recompute``: the
+        behaviour log-probabilities are the trainer's own (:meth:`keep_behaviour`); ``breakers``: a step that trips
+        one is not applied, and its metrics say why under ``tripped``."""
         started = time.perf_counter()
         # The tokens that carry loss: a multi-turn completion's environment replies are context, not trained.
         total_loss_tokens = sum(s.num_trained for s in samples)
         if total_loss_tokens == 0:
             raise ValueError("the batch has no sampled completion tokens to learn from")
         micro_batches, mine = self._micro_batches(samples)
+        recompute_s = self._recompute_behaviour(samples, mine, temperature) if recompute else 0.0
         # FSDP averages gradients over ranks; scaling by world size turns that into the global token sum.
         scale = self.info.world_size / total_loss_tokens
-        sums = torch.zeros(5, dtype=torch.float64)  # loss, entropy, mismatch_kl, dropped, input tokens
+        sums = torch.zeros(6, dtype=torch.float64)  # loss, entropy, mismatch_kl, dropped, input tokens, out of band
+        claim_errors = torch.zeros(len(samples), dtype=torch.float64)
         for index, batch in enumerate(mine):
             if self.info.is_distributed:
                 self.model.set_requires_gradient_sync(index == len(mine) - 1)  # type: ignore[operator]
@@ -156,6 +232,9 @@ class Trainer:
             result = objective(batch, logprobs)
             (result.loss * scale).backward()  # type: ignore[no-untyped-call]
             mask = batch.loss_mask.reshape(-1).to(entropy.device)
+            if recompute:
+                _claim_errors(batch, behaviour_of(batch, logprobs), mask, claim_errors)
+            out_of_band = result.num_out_of_band
             sums += torch.tensor(
                 [
                     result.loss.item(),
@@ -163,6 +242,7 @@ class Trainer:
                     result.mismatch_kl.item(),
                     result.num_dropped.item(),
                     float(batch.num_real_tokens),
+                    0.0 if out_of_band is None else out_of_band.item(),
                 ],
                 dtype=torch.float64,
             )
@@ -171,20 +251,35 @@ class Trainer:
         )
         if hasattr(grad_norm, "full_tensor"):
             grad_norm = grad_norm.full_tensor()
-        lr = self.scheduler.get_last_lr()[0]
-        self.optimizer.step()
-        self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        self.step += 1
         sums = all_reduce_sum(sums, self.info)
+        figures = StepFigures(
+            grad_norm=float(grad_norm),
+            loss=sums[0].item() / total_loss_tokens,
+            out_of_band_fraction=sums[5].item() / total_loss_tokens,
+            mismatch_kl=sums[2].item() / total_loss_tokens,
+        )
+        trips = breaker_trips(figures, self.grad_norms, breakers) if breakers is not None else []
+        lr = self.scheduler.get_last_lr()[0]
+        if trips:
+            self.optimizer.zero_grad(set_to_none=True)
+        else:
+            self.optimizer.step()
+            self.scheduler.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            self.step += 1
+            if breakers is not None:
+                self.grad_norms = [*self.grad_norms, figures.grad_norm][-breakers.median_steps :]
+            if self.behaviour is not None:
+                self.behaviour.remember(self.step)
         elapsed = time.perf_counter() - started
-        return {
-            "step": self.step,
-            "loss": sums[0].item() / total_loss_tokens,
+        metrics: dict[str, Any] = {
+            "step": self.step if not trips else self.step + 1,
+            "loss": figures.loss,
             "entropy": sums[1].item() / total_loss_tokens,
-            "mismatch_kl": sums[2].item() / total_loss_tokens,
+            "mismatch_kl": figures.mismatch_kl,
             "dropped_fraction": sums[3].item() / total_loss_tokens,
-            "grad_norm": float(grad_norm),
+            "out_of_band_fraction": figures.out_of_band_fraction,
+            "grad_norm": figures.grad_norm,
             "lr": lr,
             "num_samples": len(samples),
             "num_loss_tokens": total_loss_tokens,
@@ -193,12 +288,63 @@ class Trainer:
             "step_time_s": elapsed,
             "world_size": self.info.world_size,
         }
-
-    def rl_step(self, samples: list[TrainSample], loss: LossConfig, temperature: float = 1.0) -> dict[str, Any]:
-        """One GRPO-family step: samples carry advantages and the engine's logprobs."""
-        metrics = self.train_step(samples, grpo_objective(loss), temperature)
-        metrics["reward_mean"] = sum(s.reward for s in samples) / len(samples)
+        if recompute:
+            errors = all_reduce_max(claim_errors, self.info)
+            metrics["behaviour_recompute_s"] = recompute_s
+            metrics["claimed_logprob_error_max"] = float(errors.max()) if len(errors) else 0.0
+            metrics["claim_errors"] = errors.tolist()
+        if trips:
+            metrics["tripped"] = trips
         return metrics
+
+    def rl_step(
+        self,
+        samples: list[TrainSample],
+        loss: LossConfig,
+        temperature: float = 1.0,
+        breakers: BreakerConfig | None = None,
+    ) -> dict[str, Any]:
+        """One GRPO-family step: samples carry advantages and the engine's logprobs. With
+        ``loss.behaviour_logprobs = "recompute"`` (it needs :meth:`keep_behaviour`) the ratio's denominator is
+        recomputed here from each sample's policy version and the engine's numbers are only compared with it
+        (``claim_errors``: each sample's largest difference, in batch order); ``breakers`` guard the update."""
+        recompute = loss.behaviour_logprobs == "recompute"
+        if recompute and self.behaviour is None:
+            raise ValueError("behaviour_logprobs = recompute needs the trainer to keep its policies (keep_behaviour)")
+        untrusted = 0
+        if recompute:
+            samples, untrusted = self._trusted_samples(samples)
+        band = breakers.ratio_band if breakers is not None else None
+        metrics = self.train_step(samples, grpo_objective(loss, band), temperature, breakers, recompute)
+        metrics["reward_mean"] = sum(s.reward for s in samples) / len(samples)
+        metrics["untrusted_samples"] = untrusted
+        if recompute:
+            metrics["claim_groups"] = [s.group for s in samples]
+        return metrics
+
+    def skip_step(self) -> dict[str, Any]:
+        """Count a step without changing the weights (one whose batch a breaker refused and re-audit could not
+        explain): its policy is the previous one's."""
+        self.scheduler.step()
+        self.step += 1
+        if self.behaviour is not None:
+            self.behaviour.remember(self.step)
+        return {"step": self.step, "skipped": True, "world_size": self.info.world_size}
+
+    def restore_step(self, policy_dir: Path, lr_scale: float = 1.0) -> dict[str, Any]:
+        """A rollback as a step: the weights of the exported policy at ``policy_dir`` (an earlier version's),
+        Adam's moments reset (they carry the direction that was undone), the learning rate times ``lr_scale`` from
+        now on; the step's policy is that version's."""
+        started = time.perf_counter()
+        load_policy_weights(self.model, policy_dir, self.config, self.info)
+        self.optimizer.state.clear()
+        self.scheduler.base_lrs = [lr * lr_scale for lr in self.scheduler.base_lrs]
+        self.scheduler.step()
+        self.step += 1
+        if self.behaviour is not None:
+            self.behaviour.remember(self.step)
+        elapsed = time.perf_counter() - started
+        return {"step": self.step, "restored": str(policy_dir), "lr_scale": lr_scale, "step_time_s": elapsed}
 
     def sft_step(self, samples: list[TrainSample]) -> dict[str, Any]:
         """One SFT step: negative log-likelihood of the completion tokens."""
@@ -215,8 +361,27 @@ class Trainer:
         total = all_reduce_sum(total, self.info)
         return total.item() / max(1, sum(s.num_trained for s in samples))
 
+    def _behaviour_states(self) -> dict[int, dict[str, torch.Tensor]]:
+        """The full trained state of every kept policy version but the current one (rank 0 holds the tensors)."""
+        if self.behaviour is None:
+            return {}
+        states: dict[int, dict[str, torch.Tensor]] = {}
+        for version in self.behaviour.versions:
+            if version == self.step:
+                continue
+            reshard(self.model)
+            with self.behaviour.swapped(version):
+                states[version] = trainable_model_state(self.model, self.info)
+        reshard(self.model)
+        return states
+
     def save(self, directory: Path) -> Path:
-        state = TrainerState(step=self.step, scheduler=self.scheduler.state_dict())
+        state = TrainerState(
+            step=self.step,
+            scheduler=self.scheduler.state_dict(),
+            grad_norms=list(self.grad_norms),
+            behaviour=self._behaviour_states(),
+        )
         return save_checkpoint(directory, self.model, self.optimizer, state, self.info)
 
     def resume(self, directory: Path) -> bool:
@@ -227,8 +392,24 @@ class Trainer:
         state = load_checkpoint(target, self.model, self.optimizer, self.info)
         self.scheduler.load_state_dict(state.scheduler)
         self.step = state.step
+        self.grad_norms = list(state.grad_norms)
+        if self.behaviour is not None:
+            self._restore_behaviour(state.behaviour)
         log.info("resumed from %s (step %d)", target, self.step)
         return True
+
+    def _restore_behaviour(self, states: dict[int, dict[str, torch.Tensor]]) -> None:
+        """Rebuild the kept policy versions from a checkpoint's ``states`` (every rank is given the versions; rank 0
+        the tensors), then put the current version's weights back."""
+        assert self.behaviour is not None
+        self.behaviour.forget()
+        self.behaviour.remember(self.step)
+        for version in sorted(states):
+            reshard(self.model)
+            set_trainable_state(self.model, states[version], self.info)
+            self.behaviour.remember(version)
+        self.behaviour.reload_current()
+        reshard(self.model)
 
     @property
     def lora_enabled(self) -> bool:
@@ -247,3 +428,19 @@ class Trainer:
         """Write the current policy as an HF checkpoint directory, a LoRA run's adapters folded into the weights."""
         dtype = self.config.checkpoint.export_dtype
         return export_policy(directory, self.model, self.tokenizer, self.info, dtype, self.vision)
+
+
+def _claim_errors(batch: MicroBatch, behaviour: torch.Tensor, mask: torch.Tensor, errors: torch.Tensor) -> None:
+    """Raise ``errors[i]`` (per sample of the batch) to the largest difference between sample i's claimed and
+    recomputed behaviour log-probabilities among its trained tokens in ``batch``."""
+    if batch.sample_index is None:
+        return
+    index = batch.sample_index.reshape(-1).to(mask.device)
+    chosen = mask & (index >= 0)
+    if not bool(chosen.any()):
+        return
+    claimed = batch.inference_logprobs.reshape(-1).to(behaviour.device)
+    diff = (claimed - behaviour.detach()).abs().double().cpu()[chosen.cpu()]
+    where = index.cpu()[chosen.cpu()]
+    diff = torch.where(torch.isfinite(diff), diff, torch.full_like(diff, float("inf")))
+    errors.scatter_reduce_(0, where, diff, reduce="amax")

@@ -43,7 +43,7 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from safetensors.numpy import load as load_tensors
@@ -75,6 +75,11 @@ class TrainSample:
     images: tuple[Image, ...] = ()
     """The images the prompt shows (a vision-language run), rendered by the trusted side from the task's example
     and checked against the hashes the ledger pinned; its image tokens stand for them, in order."""
+    policy_version: int | None = None
+    """The policy version that sampled the completion: the weights a trainer that recomputes behaviour
+    log-probabilities uses for it. None: the policy being trained (SFT, the local RL loop)."""
+    group: int = -1
+    """Which of the step's submissions (:attr:`StepBatch.submission_ids`) the sample comes from; -1: none."""
 
     @property
     def num_tokens(self) -> int:
@@ -86,6 +91,13 @@ class TrainSample:
         return len(self.completion_ids) if self.sampled is None else sum(self.sampled)
 
 
+StepAction = Literal["train", "skip", "restore"]
+"""What the trainer does with a step: train on its samples; skip it (publish the policy unchanged); or restore
+an earlier version's weights (a rollback) and publish them as the step's policy."""
+
+_ACTIONS: dict[str, StepAction] = {"train": "train", "skip": "skip", "restore": "restore"}
+
+
 @dataclass(frozen=True)
 class StepBatch:
     """One step's batch as the trainer receives it."""
@@ -94,6 +106,14 @@ class StepBatch:
     samples: list[TrainSample]
     temperature: float
     submission_ids: list[str]
+    attempt: int = 1
+    """Counts the batches written for this step: a step a breaker tripped is handed a rebuilt batch, or a skip,
+    as the next attempt (the trainer never takes the same attempt twice)."""
+    action: StepAction = "train"
+    restore_dir: str | None = None
+    """``restore``: the exported policy (HF checkpoint or adapter directory) whose weights the trainer loads."""
+    lr_scale: float = 1.0
+    """``restore``: the learning rate is multiplied by this from the step on."""
 
 
 def write_bytes_atomic(path: Path, data: bytes) -> None:
@@ -149,6 +169,8 @@ def encode_batch(batch: StepBatch) -> bytes:
         "has_sampled": np.array([s.sampled is not None for s in samples], dtype=np.uint8),
         "advantage": np.array([s.advantage for s in samples], dtype=np.float64),
         "reward": np.array([s.reward for s in samples], dtype=np.float64),
+        "policy_version": np.array([-1 if s.policy_version is None else s.policy_version for s in samples], np.int64),
+        "group": np.array([s.group for s in samples], dtype=np.int64),
         **_encode_images([s.images for s in samples]),
     }
     metadata = {
@@ -156,6 +178,10 @@ def encode_batch(batch: StepBatch) -> bytes:
         "step": str(batch.step),
         "temperature": repr(batch.temperature),
         "submission_ids": json.dumps(batch.submission_ids),
+        "attempt": str(batch.attempt),
+        "action": batch.action,
+        "restore_dir": batch.restore_dir or "",
+        "lr_scale": repr(batch.lr_scale),
     }
     return save_tensors(tensors, metadata=metadata)
 
@@ -179,6 +205,9 @@ def decode_batch(data: bytes) -> StepBatch:
     has_logprobs = t["has_logprobs"].tolist()
     sampled = _sampled_flags(t, completions)
     images = _decode_images(t, len(prompts))
+    # files written before samples carried their version and group
+    versions = t["policy_version"].tolist() if "policy_version" in t else [-1] * len(prompts)
+    groups = t["group"].tolist() if "group" in t else [-1] * len(prompts)
     samples = [
         TrainSample(
             prompt_ids=prompt,
@@ -188,8 +217,10 @@ def decode_batch(data: bytes) -> StepBatch:
             reward=reward,
             sampled=flags,
             images=shown,
+            policy_version=None if version < 0 else version,
+            group=group,
         )
-        for prompt, completion, lps, has, advantage, reward, flags, shown in zip(
+        for prompt, completion, lps, has, advantage, reward, flags, shown, version, group in zip(
             prompts,
             completions,
             logprobs,
@@ -198,14 +229,23 @@ def decode_batch(data: bytes) -> StepBatch:
             t["reward"].tolist(),
             sampled,
             images,
+            versions,
+            groups,
             strict=True,
         )
     ]
+    action = _ACTIONS.get(metadata.get("action", "train"))
+    if action is None:
+        raise ValueError(f"unknown step action {metadata.get('action')!r}")
     return StepBatch(
         step=int(metadata["step"]),
         samples=samples,
         temperature=float(metadata["temperature"]),
         submission_ids=list(json.loads(metadata["submission_ids"])),
+        attempt=int(metadata.get("attempt", "1")),
+        action=action,
+        restore_dir=metadata.get("restore_dir") or None,
+        lr_scale=float(metadata.get("lr_scale", "1.0")),
     )
 
 
@@ -389,6 +429,16 @@ class TrainDir:
     def write_batch(self, batch: StepBatch) -> None:
         write_bytes_atomic(self.batch_path(batch.step), encode_batch(batch))
         Doorbell(self.batch_bell).ring()
+
+    def batch_attempt(self, step: int) -> int | None:
+        """The attempt of step ``step``'s batch file (its header alone is read), or None when there is none."""
+        path = self.batch_path(step)
+        if not path.is_file():
+            return 1 if self.legacy_batch_path(step).is_file() else None
+        with path.open("rb") as handle:
+            header_len = int.from_bytes(handle.read(8), "little")
+            header: dict[str, Any] = json.loads(handle.read(header_len))
+        return int(header.get("__metadata__", {}).get("attempt", "1"))
 
     def has_batch(self, step: int) -> bool:
         return self.batch_path(step).is_file() or self.legacy_batch_path(step).is_file()

@@ -3,8 +3,12 @@
 An accepted submission holds ``prompts_per_task`` prompts x ``group_size`` samples. Each
 prompt's samples form one GRPO group: the rewards the validator recomputed from the task
 (never the worker's word) are turned into group-relative advantages with the trainer's own
-:func:`trainer.advantages.group_advantages`; the worker's logprobs (checked by the validator
-against a prefill) are the inference logprobs of the off-policy correction.
+:func:`trainer.advantages.group_advantages`. A group whose rewards are all equal carries no
+signal (:func:`has_signal`): with :attr:`BatchRules.no_signal_filter` it is left out of the samples.
+Each sample carries the policy version that sampled it (a trainer that recomputes behaviour
+log-probabilities uses it) and the worker's logprobs, which the trainer uses as behaviour
+log-probabilities only under ``sampler``, where :attr:`BatchRules.checked_only` leaves out every
+sample no validator recomputed.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from coordinator.ledger.step_metrics import NAMED_REWARD_PREFIX
@@ -43,6 +47,39 @@ class AcceptedGroup:
     """Prompt index -> the environment example the task's prompt is (from the ledger)."""
     image_sha256: dict[int, list[str]] = field(default_factory=dict)
     """Prompt index -> the hashes of the images the task's prompt shows (from the ledger; empty: none)."""
+    checked: frozenset[int] | None = None
+    """The rollout positions of ``submission`` a validator recomputed (None: every one)."""
+
+
+@dataclass(frozen=True)
+class BatchRules:
+    """How a step's accepted groups become samples."""
+
+    normalize_std: bool = False
+    """Divide group advantages by the group's reward std."""
+    no_signal_filter: bool = False
+    """Leave out groups (a prompt's samples) whose rewards are all equal."""
+    checked_only: bool = False
+    """Leave out samples no validator recomputed (their logprobs are the worker's word; ``sampler`` runs)."""
+
+
+def has_signal(rewards: Sequence[float]) -> bool:
+    """Whether a group's rewards differ (equal rewards give every sample a zero advantage)."""
+    return bool(rewards) and max(rewards) - min(rewards) > 1e-9
+
+
+def prompt_rewards(submission: SubmitRequest, rewards: Sequence[float]) -> dict[int, list[float]]:
+    """Each prompt's rewards, in sample order: its GRPO group's."""
+    by_prompt: dict[int, list[tuple[int, float]]] = defaultdict(list)
+    for rollout, reward in zip(submission.rollouts, rewards, strict=True):
+        by_prompt[rollout.prompt_index].append((rollout.sample_index, reward))
+    return {prompt: [reward for _, reward in sorted(group)] for prompt, group in by_prompt.items()}
+
+
+def signal_groups(submission: SubmitRequest, rewards: Sequence[float]) -> tuple[int, int]:
+    """(groups, groups with signal) of an accepted submission."""
+    groups = prompt_rewards(submission, rewards)
+    return len(groups), sum(has_signal(group) for group in groups.values())
 
 
 def verdict_rewards(verdict_json: str | None, num_rollouts: int) -> list[float] | None:
@@ -75,8 +112,9 @@ def accepted_group(
     )
 
 
-def scored_rollouts(group: AcceptedGroup, normalize_std: bool = False) -> list[tuple[Rollout, float, float]]:
-    """(rollout, reward, group advantage) of every rollout of ``group``, prompt by prompt, each in sample order."""
+def scored_rollouts(group: AcceptedGroup, rules: BatchRules = BatchRules()) -> list[tuple[Rollout, float, float]]:
+    """(rollout, reward, group advantage) of the rollouts of ``group`` that ``rules`` train on, prompt by prompt,
+    each in sample order; advantages are computed over the whole group whichever samples are kept."""
     by_prompt: dict[int, list[tuple[int, int]]] = defaultdict(list)
     for position, rollout in enumerate(group.submission.rollouts):
         by_prompt[rollout.prompt_index].append((rollout.sample_index, position))
@@ -84,7 +122,11 @@ def scored_rollouts(group: AcceptedGroup, normalize_std: bool = False) -> list[t
     for prompt_index in sorted(by_prompt):
         positions = [position for _, position in sorted(by_prompt[prompt_index])]
         rewards = [group.rewards[p] for p in positions]
-        for position, advantage in zip(positions, group_advantages(rewards, normalize_std), strict=True):
+        if rules.no_signal_filter and not has_signal(rewards):
+            continue
+        for position, advantage in zip(positions, group_advantages(rewards, rules.normalize_std), strict=True):
+            if rules.checked_only and group.checked is not None and position not in group.checked:
+                continue
             scored.append((group.submission.rollouts[position], group.rewards[position], advantage))
     return scored
 
@@ -164,16 +206,17 @@ def run_prompt_images(prompts: PromptSource) -> PromptImages:
 
 def train_samples(
     groups: list[AcceptedGroup],
-    normalize_std: bool = False,
+    rules: BatchRules = BatchRules(),
     turn_prompts: TurnPrompts = task_prompt,
     images: PromptImages = text_images,
 ) -> list[TrainSample]:
-    """Samples of every group, prompt by prompt, each prompt's samples in sample order; a multi-turn episode
-    gives one sample per run of turns that extend each other (:func:`episode_train_samples`)."""
+    """Samples of every group, prompt by prompt, each prompt's samples in sample order, as ``rules`` keep them; a
+    multi-turn episode gives one sample per run of turns that extend each other (:func:`episode_train_samples`).
+    Each sample names its group (the group's index in ``groups``) and the policy version that sampled it."""
     return [
-        sample
-        for group in groups
-        for rollout, reward, advantage in scored_rollouts(group, normalize_std)
+        replace(sample, policy_version=group.policy_version, group=index)
+        for index, group in enumerate(groups)
+        for rollout, reward, advantage in scored_rollouts(group, rules)
         for sample in episode_train_samples(
             turn_prompts(group, rollout), rollout, reward, advantage, images(group, rollout)
         )
@@ -184,8 +227,8 @@ def episode_train_samples(
     prompts: list[list[int]], rollout: Rollout, reward: float, advantage: float, images: tuple[Image, ...] = ()
 ) -> list[TrainSample]:
     """The training samples of one rollout from its turns' trusted prompts (the first showing ``images``): only
-    the tokens the policy sampled carry loss (:attr:`TrainSample.sampled`), each with the logprob the validator
-    checked; a single turn gives one sample whose every completion token was sampled (``sampled`` None)."""
+    the tokens the policy sampled carry loss (:attr:`TrainSample.sampled`), each with the logprob the worker
+    claimed; a single turn gives one sample whose every completion token was sampled (``sampled`` None)."""
     turns: list[TurnRollout] = [rollout, *rollout.later_turns]
     samples = []
     for episode_sample in episode_samples(prompts, [turn.completion_ids for turn in turns]):
@@ -247,11 +290,16 @@ def sampled_fraction(samples: Sequence[TrainSample]) -> float:
     return sum(sample.num_trained for sample in samples) / total if total else 1.0
 
 
-def batch_summary(groups: list[AcceptedGroup], trained_version: int) -> dict[str, float]:
+def batch_summary(
+    groups: list[AcceptedGroup], trained_version: int, set_aside: Sequence[AcceptedGroup] = ()
+) -> dict[str, float]:
     """Reward, size, staleness (versions behind the policy being trained) and how the rollouts ended
-    (:func:`rollout_stats`) of a step's batch."""
+    (:func:`rollout_stats`) of a step's batch, and the share of groups, its own and those ``set_aside`` for it,
+    that carried no signal."""
     rewards = [reward for group in groups for reward in group.rewards]
     lags = [trained_version - group.policy_version for group in groups]
+    counts = [signal_groups(group.submission, group.rewards) for group in [*groups, *set_aside]]
+    num_groups = sum(total for total, _ in counts)
     return {
         **named_reward_means(groups),
         **rollout_stats(groups),
@@ -260,4 +308,6 @@ def batch_summary(groups: list[AcceptedGroup], trained_version: int) -> dict[str
         "num_completion_tokens": float(sum(sampled_tokens(r) for group in groups for r in group.submission.rollouts)),
         "staleness_mean": sum(lags) / len(lags) if lags else 0.0,
         "staleness_max": float(max(lags, default=0)),
+        "zero_signal_fraction": (num_groups - sum(signal for _, signal in counts)) / num_groups if num_groups else 0.0,
+        "num_set_aside": float(len(set_aside)),
     }

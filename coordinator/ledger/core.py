@@ -142,6 +142,14 @@ class LedgerCore:
         """The run's row (``lock``: locked until the commit)."""
         return conn.execute(_RUN_ROW_LOCKED if lock else _RUN_ROW).one()
 
+    def next_group_index(self, conn: Connection) -> int:
+        """The group index the next new task will take (read only: SQLite keeps it in the run row, PostgreSQL in a
+        sequence, :meth:`coordinator.ledger.leasing.Leases._next_group_index`)."""
+        if self.db.is_sqlite:
+            return int(self.run_row(conn).next_group_index)
+        last, called = conn.exec_driver_sql("SELECT last_value, is_called FROM group_index_seq").one()
+        return int(last) + 1 if called else int(last)
+
     def node(self, conn: Connection, node_id: str, role: Role | None, touch: dict[str, Any] | None = None) -> Row[Any]:
         """The node's row, or a 403 saying why it may not act in ``role`` (None: in any role). With ``touch``, in the
         same statement: the node is seen now, with those columns set too, and its row locked until the commit (a

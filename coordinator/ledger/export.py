@@ -6,7 +6,8 @@ worker node, policy version, engine, task), the prompt's token ids (from the led
 from the worker), the completion's token ids, the worker's logprobs, its finish reason, the
 validator's reward and the group advantage the trainer learned from, and the verdict (who, when,
 reasons). Bodies already moved to the archive (:mod:`coordinator.ledger.archive`) are read from there.
-The rows are those :func:`coordinator.ledger.batches.train_samples` builds the step's batch from.
+The rows are those :func:`coordinator.ledger.batches.train_samples` builds the step's batch from, every one of
+them: groups without reward spread (advantage 0), which the trainer is not given, included.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from sqlalchemy import select
 
 from coordinator.config import CoordinatorConfig
 from coordinator.ledger.archive import ARCHIVED_BODY, archived_bodies
-from coordinator.ledger.batches import accepted_group, scored_rollouts
+from coordinator.ledger.batches import BatchRules, accepted_group, scored_rollouts
 from coordinator.ledger.storage.engine import Database
 from coordinator.ledger.storage.tables import step_submissions, submissions, tasks, train_steps
 from protocol.errors import ConfigError
@@ -105,7 +106,7 @@ def rollout_rows(
             raise ConfigError(f"the body of submission {r.submission_id} is archived but not in {archive_dir}")
         group = accepted_group(r.submission_id, r.policy_version, r.prompts_json, body, r.verdict_json)
         verdict = json.loads(r.verdict_json)
-        for rollout, reward, advantage in scored_rollouts(group, normalize_std):
+        for rollout, reward, advantage in scored_rollouts(group, BatchRules(normalize_std=normalize_std)):
             yield {
                 "step": r.step,
                 "step_state": r.state,

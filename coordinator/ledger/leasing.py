@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import secrets
+from collections.abc import Sequence
 from types import SimpleNamespace
 from typing import Any
 
@@ -40,6 +41,7 @@ from coordinator.ledger.approvals import operator_approves
 from coordinator.ledger.core import NODE_ROW, RUN_ROW_ID, UPDATE_NODE, LedgerCore, dumps
 from coordinator.ledger.replay import NonceClaim
 from coordinator.ledger.reputation import ProbationPolicy, lease_allowance, on_probation
+from coordinator.ledger.resting import MAX_RESTING_SKIPS, prompt_key
 from coordinator.ledger.scheduling import (
     choose_policy_version,
     grant_count,
@@ -53,7 +55,9 @@ from coordinator.ledger.seeds import sampling_seed
 from coordinator.ledger.sources import SourcePolicy
 from coordinator.ledger.storage.tables import (
     leases,
+    no_signal_groups,
     nodes,
+    prompt_signal,
     run_state,
     step_submissions,
     submissions,
@@ -271,7 +275,10 @@ class Leases:
             select(func.count()).where(leases.c.state == "active", leases.c.policy_version >= oldest)
         ).scalar_one()
         waiting = select(func.count()).where(
-            submissions.c.status.in_(("pending", "accepted")), submissions.c.policy_version >= oldest
+            submissions.c.status.in_(("pending", "accepted")),
+            submissions.c.policy_version >= oldest,
+            # set aside for carrying no signal: done with, never trained
+            submissions.c.submission_id.not_in(select(no_signal_groups.c.submission_id)),
         )
         if k > 0:  # with k = 0 a step's groups count until the next version is out
             waiting = waiting.where(submissions.c.submission_id.not_in(select(step_submissions.c.submission_id)))
@@ -338,8 +345,11 @@ class Leases:
         """Up to ``count`` new tasks from the prompt source, stored as leased: the lease being issued takes them."""
         created: list[Any] = []
         for _ in range(max(0, count)):
-            next_index = self._next_group_index(conn)
-            group = self.prompts.prompt_group(next_index, self.scheduling.prompts_per_task)
+            for skipped in range(MAX_RESTING_SKIPS + 1):
+                next_index = self._next_group_index(conn)
+                group = self.prompts.prompt_group(next_index, self.scheduling.prompts_per_task)
+                if not group or skipped == MAX_RESTING_SKIPS or not self._resting(conn, group, next_index):
+                    break
             if not group:
                 break
             prompts = [_stored_prompt(index, prompt) for index, prompt in enumerate(group)]
@@ -355,6 +365,18 @@ class Leases:
             conn.execute(_INSERT_TASK, values)
             created.append(SimpleNamespace(**values))
         return created
+
+    def _resting(self, conn: Connection, group: Sequence[SourcePrompt], group_index: int) -> bool:
+        """Whether a prompt of ``group`` rests at task ``group_index`` (:mod:`coordinator.ledger.resting`)."""
+        if self.config.orchestrator.rest_after <= 0:
+            return False
+        keys = [prompt_key(prompt.token_ids) for prompt in group]
+        found = conn.execute(
+            select(prompt_signal.c.prompt_key)
+            .where(prompt_signal.c.prompt_key.in_(keys), prompt_signal.c.resting_until > group_index)
+            .limit(1)
+        ).first()
+        return found is not None
 
     def _issue(
         self,

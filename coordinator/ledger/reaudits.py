@@ -9,7 +9,9 @@ judge them like any submission. ``validation.validators_per_submission`` agreein
 the worker after the fact: the caller starts
 its record over, voids its credit, counts the rejection toward its ban, and :func:`void_untrained`
 takes its accepted work that no training step holds yet out of training (re-opening those tasks)
-and has its pending submissions recomputed whole.
+and has its pending submissions recomputed whole. A training step a breaker refused has its submissions
+audited again on every sample (:func:`request_full`); those that fail are taken out of the step and
+voided (:func:`void_submissions`) before it is rebuilt.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any, Literal
 
 from sqlalchemy import Connection, Row, delete, insert, select, update
 
+from coordinator.ledger.storage.engine import Database
 from coordinator.ledger.storage.tables import accepted_groups, reaudits, step_submissions, submissions, tasks
 from protocol.schemas import Verdict
 
@@ -39,6 +42,44 @@ def schedule(conn: Connection, sub: Row[Any], unchecked: list[int], now: float) 
             created_at=now,
         )
     )
+
+
+def request_full(conn: Connection, submission_id: str, node_id: str, num_rollouts: int, now: float) -> None:
+    """Re-audit an accepted submission on every rollout, from now: any earlier re-audit row of it is replaced."""
+    conn.execute(delete(reaudits).where(reaudits.c.submission_id == submission_id))
+    conn.execute(
+        insert(reaudits).values(
+            submission_id=submission_id,
+            node_id=node_id,
+            positions_json=json.dumps(list(range(num_rollouts))),
+            state="pending",
+            votes_json="[]",
+            created_at=now,
+        )
+    )
+
+
+def states(db: Database, submission_ids: list[str]) -> dict[str, str]:
+    """The re-audit state of each of these submissions that has one."""
+    if not submission_ids:
+        return {}
+    with db.read() as conn:
+        rows = conn.execute(
+            select(reaudits.c.submission_id, reaudits.c.state).where(reaudits.c.submission_id.in_(submission_ids))
+        ).all()
+    return {row.submission_id: row.state for row in rows}
+
+
+def passed_positions(conn: Connection, submission_ids: list[str]) -> dict[str, set[int]]:
+    """The rollout positions a passed re-audit recomputed, per submission that has one."""
+    if not submission_ids:
+        return {}
+    rows = conn.execute(
+        select(reaudits.c.submission_id, reaudits.c.positions_json).where(
+            reaudits.c.submission_id.in_(submission_ids), reaudits.c.state == "passed"
+        )
+    ).all()
+    return {row.submission_id: set(json.loads(row.positions_json)) for row in rows}
 
 
 def open_reaudit(conn: Connection, submission_id: str) -> Row[Any] | None:
@@ -93,8 +134,30 @@ def void_untrained(conn: Connection, node_id: str, reason: str, now: float) -> l
         .join(submissions, submissions.c.submission_id == accepted_groups.c.submission_id)
         .where(submissions.c.node_id == node_id, accepted_groups.c.submission_id.not_in(in_steps))
     ).all()
+    _void(conn, [(row.submission_id, row.task_id) for row in untrained], reason, now)
+    conn.execute(
+        update(submissions)
+        .where(submissions.c.node_id == node_id, submissions.c.status == "pending")
+        .values(audit_share=1.0)
+    )
+    return [row.submission_id for row in untrained]
+
+
+def void_submissions(conn: Connection, submission_ids: list[str], reason: str, now: float) -> None:
+    """Take these accepted submissions (out of any training step already: the caller's) out of training: each is
+    marked rejected with ``reason`` and its task re-opens."""
+    rows = conn.execute(
+        select(accepted_groups.c.submission_id, accepted_groups.c.task_id).where(
+            accepted_groups.c.submission_id.in_(submission_ids)
+        )
+    ).all()
+    _void(conn, [(row.submission_id, row.task_id) for row in rows], reason, now)
+
+
+def _void(conn: Connection, accepted: list[tuple[str, str]], reason: str, now: float) -> None:
+    """Void each (submission id, task id) of ``accepted``."""
     verdict_json = Verdict(submission_id="-", accepted=False, reasons=[reason[:512]])
-    for submission_id, task_id in untrained:
+    for submission_id, task_id in accepted:
         conn.execute(delete(accepted_groups).where(accepted_groups.c.submission_id == submission_id))
         final = verdict_json.model_copy(update={"submission_id": submission_id}).model_dump_json()
         conn.execute(
@@ -108,9 +171,3 @@ def void_untrained(conn: Connection, node_id: str, reason: str, now: float) -> l
             .where(reaudits.c.submission_id == submission_id, reaudits.c.state == "pending")
             .values(state="voided", decided_at=now)
         )
-    conn.execute(
-        update(submissions)
-        .where(submissions.c.node_id == node_id, submissions.c.status == "pending")
-        .values(audit_share=1.0)
-    )
-    return [submission_id for submission_id, _ in untrained]

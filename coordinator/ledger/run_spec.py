@@ -9,7 +9,8 @@ validators compute in its precision, and workers show it. A precision the valida
 TOPLOC calibration for is refused before anything starts (:func:`check_precision`). A LoRA run's spec
 pins its base (version 0) by hash and names the adapters' shape (:func:`lora_pin`). The audit policy
 (:func:`coordinator.ledger.audit_policy.audit_policy`) is in the spec too: every worker can read the odds
-its work is checked at.
+its work is checked at; so is the training policy (:func:`coordinator.ledger.training_policy.training_policy`):
+what the trainer trusts and refuses.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 
 from coordinator.config import CoordinatorConfig
 from coordinator.ledger.audit_policy import audit_policy
+from coordinator.ledger.training_policy import training_policy
 from environments.base import Environment
 from environments.episode import episode_turns
 from environments.loader import environment_identity, load_checked_environment
@@ -89,6 +91,7 @@ def run_spec(config: CoordinatorConfig, max_turns: int = 1, images: bool = False
         lora=lora_pin(config),
         images=images,
         audit=audit_policy(config.validation),
+        training=training_policy(config),
     )
 
 

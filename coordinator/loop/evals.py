@@ -8,8 +8,8 @@ sample each at the run's temperature and token budget, a fixed sampling seed so 
 so the loop never waits for it. The step's policy directory is hard-linked into
 ``<data_dir>/evals/step_<n>/policy`` when it is queued, because the loop prunes published step
 files; the copy goes when the eval ends. :meth:`PolicyEvals.poll` (called with the progress line)
-collects a finished eval's report and hands ``eval_*`` figures to ``record``; a failed eval is a
-warning naming its log, never the end of the run.
+collects a finished eval's report and hands ``eval_*`` figures (and the policy's copy, which the canary may keep)
+to ``record``; a failed eval is a warning naming its log, never the end of the run.
 """
 
 from __future__ import annotations
@@ -90,7 +90,7 @@ class PolicyEvals:
     def __init__(
         self,
         config: CoordinatorConfig,
-        record: Callable[[int, dict[str, float]], None],
+        record: Callable[[int, dict[str, float], Path], None],
         limits: LogLimits = LogLimits(),
     ) -> None:
         self.config = config
@@ -166,7 +166,7 @@ class PolicyEvals:
         if figures is None:
             log.warning("the eval of policy v%d failed (exit code %d); see %s", item.step, code, log_path)
         else:
-            self.record(item.step, figures)
+            self.record(item.step, figures, item.model_dir)
         if item.owned:
             shutil.rmtree(item.model_dir, ignore_errors=True)
 

@@ -23,6 +23,7 @@ from typing import Any
 from coordinator.config import CoordinatorConfig
 from coordinator.ledger.ledger import Ledger
 from coordinator.ledger.train_steps import StepRecord
+from coordinator.loop.canary import Canary
 from coordinator.loop.evals import PolicyEvals
 from coordinator.loop.orchestrator import Orchestrator, StoppedError
 from coordinator.loop.run_metrics import METRICS_FILE, RunMetricsFile
@@ -131,6 +132,7 @@ class RunThread(threading.Thread):
         self.network: Processes | None = None
         self.trainer: TrainerProcess | None = None
         self.evals: PolicyEvals | None = None
+        self.canary: Canary | None = None
         self.metrics_file = RunMetricsFile(config.data_dir / METRICS_FILE)
         self.trackers: Trackers | None = None
         self.newest_eval: tuple[int, dict[str, Any]] | None = ledger.newest_eval()
@@ -215,6 +217,7 @@ class RunThread(threading.Thread):
         )
         if config.orchestrator.eval_every_steps > 0:
             self.evals = PolicyEvals(config, self._record_eval, config.child_logs.limits())
+            self.canary = Canary(config, self.ledger.train_steps)
         orchestrator = Orchestrator(
             config,
             self.ledger,
@@ -231,8 +234,9 @@ class RunThread(threading.Thread):
         self._finish_evals()
         return self.ledger.train_steps.steps()
 
-    def _record_eval(self, step: int, figures: dict[str, float]) -> None:
-        """An eval's figures into the ledger (with its step), the metrics file and the console."""
+    def _record_eval(self, step: int, figures: dict[str, float], model_dir: Path) -> None:
+        """An eval's figures into the ledger (with its step), the metrics file and the console; the canary asks for
+        a rollback when it fell (:mod:`coordinator.loop.canary`)."""
         self.ledger.train_steps.record_eval(step, figures)
         self.metrics_file.append("eval", step, self.ledger.clock(), figures)
         self.newest_eval = (step, figures)
@@ -244,6 +248,10 @@ class RunThread(threading.Thread):
             figures["eval_stop_fraction"],
             figures["eval_completion_tokens_mean"],
         )
+        request = self.canary.on_eval(step, figures, model_dir) if self.canary is not None else None
+        if request is not None:
+            self.ledger.train_steps.request_rollback(request)
+            print(f"rolling back to v{request.to_version}: {request.reason}", flush=True)
 
     def _finish_evals(self) -> None:
         """Wait for the evals still queued or running (the last policy's among them): the loop is done."""

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from coordinator.config import CoordinatorConfig
 from coordinator.ledger.run_spec import trainer_section
+from coordinator.ledger.training_policy import behaviour_source
 from runtime.children import Child, LogLimits, sharing_cores_env
 from runtime.ports import free_port
 from trainer.launch import TrainerNode, torchrun_command
@@ -63,9 +64,18 @@ class TrainerProcess:
     @classmethod
     def for_run(cls, config: CoordinatorConfig, train_dir: TrainDir) -> TrainerProcess:
         """The run's trainer job: node 0 of ``[orchestrator.trainer_launch]``, training the start checkpoint with the
-        run's trainer section (:func:`coordinator.ledger.run_spec.trainer_section`), loss and number of steps."""
+        run's trainer section (:func:`coordinator.ledger.run_spec.trainer_section`), loss (its behaviour
+        log-probabilities resolved, :func:`coordinator.ledger.training_policy.behaviour_source`), breakers and number
+        of steps."""
         section = trainer_section(config, str(resolve_model_path(config.policy.start_checkpoint)))
-        spec = ServiceSpec(trainer=section, loss=config.orchestrator.loss, num_steps=config.orchestrator.num_steps)
+        orchestrator = config.orchestrator
+        spec = ServiceSpec(
+            trainer=section,
+            loss=orchestrator.loss.model_copy(update={"behaviour_logprobs": behaviour_source(config)}),
+            num_steps=orchestrator.num_steps,
+            breakers=orchestrator.breakers,
+            behaviour_versions=config.scheduling.async_level + 1,
+        )
         launch = config.orchestrator.trainer_launch
         return cls(train_dir, spec, launch.nproc, launch.cpus, trainer_node(config), config.child_logs.limits())
 

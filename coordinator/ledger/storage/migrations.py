@@ -33,6 +33,11 @@ rather than misread.
 - v10: the coordinator's signed run spec and the settings every API process of the run must share
   (``run_state.run_spec_json``, ``run_state.api_settings_json``), which API replicas start from, and
   the API processes serving the ledger, each with its last heartbeat (``api_processes``).
+- v11: the training-safety contract: what each step did (``train_steps.kind``: trained, skipped or restored
+  from an earlier version, ``restore_version``), the attempts a breaker refused (``attempt``, ``trips_json``),
+  the steps a rollback undid (``rolled_back``), the accepted submissions set aside for carrying no reward
+  spread (``no_signal_groups``), each prompt's run of answers without spread and its rest
+  (``prompt_signal``), and a rollback asked for and not yet done (``run_state.rollback_json``).
 """
 
 from __future__ import annotations
@@ -167,6 +172,21 @@ _V10 = [
         process_id TEXT PRIMARY KEY, host TEXT NOT NULL, started_at {float} NOT NULL, last_seen {float} NOT NULL)""",
 ]
 
+_V11 = [
+    "ALTER TABLE train_steps ADD COLUMN kind TEXT NOT NULL DEFAULT 'train'",
+    "ALTER TABLE train_steps ADD COLUMN attempt INTEGER NOT NULL DEFAULT 1",
+    "ALTER TABLE train_steps ADD COLUMN restore_version INTEGER",
+    "ALTER TABLE train_steps ADD COLUMN rolled_back {bool} NOT NULL DEFAULT FALSE",
+    "ALTER TABLE train_steps ADD COLUMN trips_json TEXT",
+    """CREATE TABLE no_signal_groups (
+        submission_id TEXT PRIMARY KEY REFERENCES submissions (submission_id), step INTEGER NOT NULL,
+        set_aside_at {float} NOT NULL)""",
+    "CREATE INDEX no_signal_groups_step ON no_signal_groups (step)",
+    """CREATE TABLE prompt_signal (
+        prompt_key TEXT PRIMARY KEY, no_signal_in_a_row INTEGER NOT NULL, resting_until BIGINT NOT NULL)""",
+    "ALTER TABLE run_state ADD COLUMN rollback_json TEXT",
+]
+
 _SPELLING = {
     "sqlite": {"id": "INTEGER PRIMARY KEY AUTOINCREMENT", "float": "REAL", "bool": "BOOLEAN"},
     "postgresql": {"id": "BIGSERIAL PRIMARY KEY", "float": "DOUBLE PRECISION", "bool": "BOOLEAN"},
@@ -178,11 +198,11 @@ def steps(dialect: str) -> list[Sequence[str]]:
     v2_specific = _V2_SQLITE if dialect == "sqlite" else _V2_POSTGRESQL
     v3 = [] if dialect == "sqlite" else _V3_POSTGRESQL
     spelling = _SPELLING[dialect]
-    all_steps = (_V1, _V2_COMMON + v2_specific, v3, _V4, _V5, _V6, _V7, _V8, _V9, _V10)
+    all_steps = (_V1, _V2_COMMON + v2_specific, v3, _V4, _V5, _V6, _V7, _V8, _V9, _V10, _V11)
     return [[statement.format(**spelling) for statement in step] for step in all_steps]
 
 
-LATEST_VERSION = 10
+LATEST_VERSION = 11
 
 
 def events_guard(dialect: str) -> tuple[list[str], list[str]]:

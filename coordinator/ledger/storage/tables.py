@@ -31,6 +31,7 @@ run_state = Table(
     Column("created_at", Float, nullable=False),
     Column("run_spec_json", Text),
     Column("api_settings_json", Text),
+    Column("rollback_json", Text),
 )
 
 api_processes = Table(
@@ -196,6 +197,11 @@ train_steps = Table(
     Column("trained_at", Float),
     Column("published_at", Float),
     Column("metrics_json", Text),
+    Column("kind", Text, nullable=False),
+    Column("attempt", Integer, nullable=False),
+    Column("restore_version", Integer),
+    Column("rolled_back", Boolean, nullable=False),
+    Column("trips_json", Text),
 )
 
 step_submissions = Table(
@@ -204,6 +210,22 @@ step_submissions = Table(
     Column("submission_id", Text, primary_key=True),
     Column("step", Integer, nullable=False),
     Column("position", Integer, nullable=False),
+)
+
+no_signal_groups = Table(
+    "no_signal_groups",
+    metadata,
+    Column("submission_id", Text, primary_key=True),
+    Column("step", Integer, nullable=False),
+    Column("set_aside_at", Float, nullable=False),
+)
+
+prompt_signal = Table(
+    "prompt_signal",
+    metadata,
+    Column("prompt_key", Text, primary_key=True),
+    Column("no_signal_in_a_row", Integer, nullable=False),
+    Column("resting_until", BigInteger, nullable=False),
 )
 
 hand_outs = Table(

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.integration.trainer.fsdp_probe import LOSS, probe_batch, probe_section, run_probe
+from tests.integration.trainer.fsdp_probe import LOSS, contract_probe, probe_batch, probe_section, run_probe
 
 PROBE = Path(__file__).with_name("fsdp_probe.py")
 
@@ -138,3 +138,33 @@ def test_lora_under_two_fsdp_ranks_matches_one_process_and_resumes(
     resumed = json.loads((sharded_dir / "resumed.json").read_text())
     assert resumed["loss"] == pytest.approx(sharded["steps"][1]["loss"], abs=1e-5)
     assert resumed["grad_norm"] == pytest.approx(sharded["steps"][1]["grad_norm"], rel=1e-4)
+
+
+@pytest.mark.slow
+def test_the_training_safety_contract_on_two_fsdp_ranks_matches_one_process_and_resumes(
+    model_dir: Path, tmp_path: Path
+) -> None:
+    """Behaviour log-probabilities recomputed with a kept version's weights swapped into the sharded model, an update
+    refused on every rank alike, a restore of an exported version into the shards, and a resume of all of it."""
+    sharded_dir, single_dir = tmp_path / "fsdp2", tmp_path / "single"
+    sharded_dir.mkdir()
+    single_dir.mkdir()
+    torchrun_probe(model_dir, sharded_dir, "--contract")
+    sharded = json.loads((sharded_dir / "contract.json").read_text())["steps"]
+    single = contract_probe(model_dir, single_dir)
+    assert (
+        [("tripped" in m) for m in sharded] == [("tripped" in m) for m in single] == [False, False, True, False, False]
+    )
+    for got, want in zip(sharded, single, strict=True):
+        for key in ("loss", "grad_norm", "mismatch_kl"):
+            if key in want:
+                assert got[key] == pytest.approx(want[key], rel=1e-4, abs=1e-6), key
+    assert single[1]["mismatch_kl"] > 0  # a stale batch: scored under v0, trained from v1
+    sharded_weights, single_weights = _weights(sharded_dir / "policy"), _weights(single_dir / "policy")
+    for name, value in single_weights.items():  # Adam's first step after the restore is near lr * sign(gradient)
+        torch.testing.assert_close(sharded_weights[name], value, atol=2e-5, rtol=1e-3)
+    torchrun_probe(model_dir, sharded_dir, "--contract", "--resume")
+    resumed = json.loads((sharded_dir / "contract_resumed.json").read_text())["steps"]
+    assert resumed[-1]["loss"] == pytest.approx(sharded[-1]["loss"], abs=1e-6)
+    for name, value in _weights(sharded_dir / "policy_resumed").items():
+        assert torch.equal(value, sharded_weights[name]), name

@@ -10,6 +10,7 @@ import pytest
 
 from coordinator.ledger.batches import (
     AcceptedGroup,
+    BatchRules,
     accepted_group,
     batch_summary,
     episode_prompts,
@@ -56,7 +57,7 @@ def test_samples_are_grouped_per_prompt_with_task_tokens_and_validator_rewards()
     assert [s.reward for s in samples] == [0.0, 0.4, 0.1, 0.9]
     assert [s.advantage for s in samples] == pytest.approx([-0.2, 0.2, -0.4, 0.4])
     assert samples[2].inference_logprobs == pytest.approx([-0.2])
-    normalized = train_samples([group], normalize_std=True)
+    normalized = train_samples([group], BatchRules(normalize_std=True))
     assert [s.advantage for s in normalized] == pytest.approx([-1.0, 1.0, -1.0, 1.0], abs=1e-4)
     summary = batch_summary([group], trained_version=5)
     assert summary["staleness_mean"] == 2 and summary["num_samples"] == 4

@@ -157,6 +157,11 @@ async def test_a_ledger_upgraded_from_v3_decides_its_pending_submissions(make_ha
     worker = await old.worker()
     submission_id = await submitted(worker)
     with old.database.write() as conn:  # back to the schema before votes (v3), a submission pending
+        for table in ("prompt_signal", "no_signal_groups"):  # v11's
+            conn.exec_driver_sql(f"DROP TABLE {table}")
+        for column in ("kind", "attempt", "restore_version", "rolled_back", "trips_json"):
+            conn.exec_driver_sql(f"ALTER TABLE train_steps DROP COLUMN {column}")
+        conn.exec_driver_sql("ALTER TABLE run_state DROP COLUMN rollback_json")
         conn.exec_driver_sql("DROP TABLE api_processes")  # v10's
         for column in ("run_spec_json", "api_settings_json"):
             conn.exec_driver_sql(f"ALTER TABLE run_state DROP COLUMN {column}")

@@ -9,7 +9,7 @@ import pytest
 from sqlalchemy import insert
 from sqlalchemy.exc import IntegrityError
 
-from coordinator.ledger.batches import task_prompt
+from coordinator.ledger.batches import BatchRules, task_prompt
 from coordinator.ledger.storage.tables import step_submissions
 from coordinator.ledger.train_steps import min_policy_version
 from protocol.ledger_client import LedgerClient
@@ -177,9 +177,9 @@ async def test_a_step_batch_is_assembled_from_its_recorded_groups(harness: Ledge
     steps = harness.ledger.train_steps
     record = steps.record_batch(1, groups_per_step=2, min_version=0)
     assert record is not None
-    figures, none = steps.batch(record, False, task_prompt, with_samples=False)
+    figures, none = steps.batch(record, BatchRules(), task_prompt, with_samples=False)
     assert none is None and figures["num_samples"] == 8.0 and "sampled_fraction" not in figures
-    figures, samples = steps.batch(record, False, task_prompt, with_samples=True)
+    figures, samples = steps.batch(record, BatchRules(), task_prompt, with_samples=True)
     assert samples is not None and record.submission_ids == ids
     assert len(samples) == 8  # one sample per rollout: 2 groups of 2 prompts x 2 samples
     assert figures["reward_mean"] == pytest.approx(0.35) and 0.0 <= figures["sampled_fraction"] <= 1.0

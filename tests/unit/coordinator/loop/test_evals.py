@@ -67,7 +67,7 @@ def test_the_eval_runs_the_runs_environment_sampling_and_budget(tmp_path: Path) 
         scheduling={"temperature": 0.7, "max_tokens": 24},
         orchestrator={"eval_every_steps": 2, "eval_num_examples": 5},
     )
-    evals = PolicyEvals(config, record=lambda step, figures: None)
+    evals = PolicyEvals(config, record=lambda step, figures, model_dir: None)
     eval_config = evals.eval_config(tmp_path / "policy")
     assert (eval_config.num_examples, eval_config.temperature, eval_config.max_tokens) == (5, 0.7, 24)
     assert eval_config.environment == config.environment and eval_config.model == str(tmp_path / "policy")

@@ -1,0 +1,39 @@
+"""What the trainer trusts and refuses in a run, from its config: the signed run spec's training policy.
+
+:func:`behaviour_source` resolves ``orchestrator.loss.behaviour_logprobs``: ``auto`` is ``sampler`` only when
+validators recompute every sample of every submission (``validation.audit_fraction`` 1, adaptive audit off), so
+that every number the loss uses was checked; with any lower share the trainer recomputes (``recompute``), and a
+sample no validator recomputed never puts a worker's number into the loss. :func:`training_policy` is the whole
+policy as the run spec signs it (:class:`protocol.schemas.TrainingPolicy`).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from coordinator.config import CoordinatorConfig, ValidationConfig
+from protocol.schemas import TrainingPolicy
+
+
+def every_sample_audited(validation: ValidationConfig) -> bool:
+    """Whether validators recompute every sample of every submission (full audit)."""
+    return validation.audit_fraction >= 1.0 and not validation.adaptive.enabled
+
+
+def behaviour_source(config: CoordinatorConfig) -> Literal["recompute", "sampler"]:
+    """Where the run's behaviour log-probabilities come from (``auto`` resolved)."""
+    chosen = config.orchestrator.loss.behaviour_logprobs
+    if chosen != "auto":
+        return chosen
+    return "sampler" if every_sample_audited(config.validation) else "recompute"
+
+
+def training_policy(config: CoordinatorConfig) -> TrainingPolicy:
+    """The run's training policy, as the run spec signs it."""
+    orchestrator = config.orchestrator
+    return TrainingPolicy(
+        behaviour_logprobs=behaviour_source(config),
+        breakers=orchestrator.breakers.enabled,
+        no_signal_filter=orchestrator.no_signal_filter,
+        rollback=orchestrator.canary.enabled and orchestrator.eval_every_steps > 0,
+    )
