@@ -328,6 +328,9 @@ class CanaryConfig(Section):
     again to go on)."""
     lr_scale: float = Field(default=1.0, gt=0, le=1)
     """The learning rate is multiplied by this at each rollback (1: unchanged)."""
+    hold_steps: bool = False
+    """Hold each step until the evals due so far are in, so that a fall is acted on at the next step (the loop waits
+    for every eval); false: evals run beside training and a rollback comes as soon as the fall is known."""
 
 
 class OrchestratorConfig(Section):

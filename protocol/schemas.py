@@ -536,6 +536,17 @@ class RunStatus(WireModel):
     step_grad_norm: float | None = Field(
         default=None, description="Gradient norm (before clipping) in the newest trained step."
     )
+    step_out_of_band_fraction: float | None = Field(
+        default=None, description="Share of the newest trained step's tokens whose importance ratio left the band."
+    )
+    step_breaker_trips: float | None = Field(
+        default=None, description="Attempts of the newest trained step a breaker refused before one was applied."
+    )
+    step_zero_signal_fraction: float | None = Field(
+        default=None, description="Share of the newest trained step's groups without reward spread (not trained)."
+    )
+    num_breaker_trips: int = Field(default=0, ge=0, description="Updates the breakers refused in the whole run.")
+    num_rollbacks: int = Field(default=0, ge=0, description="Rollbacks to an earlier version in the whole run.")
     eval_step: int | None = Field(default=None, description="The newest trained step whose policy was evaluated.")
     eval_accuracy: float | None = Field(default=None, description="Its eval: fraction of exactly right answers.")
     eval_reward_mean: float | None = Field(default=None, description="Its eval: mean reward.")
@@ -748,6 +759,17 @@ class DashboardTrainStep(WireModel):
         default=None, description="KL between the workers' sampling logprobs and the trainer's, per loss token."
     )
     grad_norm: float | None = Field(default=None, description="Gradient norm before clipping.")
+    out_of_band_fraction: float | None = Field(
+        default=None, description="Share of the trained tokens whose importance ratio left the breakers' band."
+    )
+    breaker_trips: float | None = Field(default=None, description="Attempts refused before this one was applied.")
+    zero_signal_fraction: float | None = Field(
+        default=None, description="Share of the batch's groups without reward spread (credited, not trained)."
+    )
+    kind: Literal["train", "skip", "restore"] = Field(
+        default="train",
+        description="Trained; skipped (a refused batch nothing explained); an earlier version restored.",
+    )
 
 
 class DashboardEval(WireModel):

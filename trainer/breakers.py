@@ -7,7 +7,9 @@ Pure functions. The trainer computes a step's gradient, then asks :func:`breaker
 - a pre-clip gradient norm above ``grad_norm_ceiling``, or above ``grad_norm_median_factor`` times the median of
   the last ``median_steps`` applied steps' norms, once ``median_min_steps`` were applied;
 - more than ``max_out_of_band_fraction`` of the trained tokens with an importance ratio outside ``ratio_band``;
-- a mean k3 KL between the behaviour log-probabilities and the trainer's above ``max_mismatch_kl``.
+- a mean k3 KL between the behaviour log-probabilities and the trainer's above ``max_mismatch_kl``;
+- a trained token that is not the policy's seeded draw (with ``draw_tolerance`` set, :mod:`trainer.draws`): a sample
+  whatever validator accepted it was not drawn by this policy.
 
 Clipping bounds how far one step moves the weights, not in which direction: a batch built to move the policy
 somewhere bad shows as a gradient far larger than the run's usual one, or as tokens whose ratios left the band
@@ -36,6 +38,8 @@ class StepFigures:
     """Share of the trained tokens whose importance ratio is outside the band."""
     mismatch_kl: float
     """Mean k3 KL between the behaviour log-probabilities and the trainer's, per trained token."""
+    off_draw_samples: int = 0
+    """Samples with a trained token that is not the policy's seeded draw (:mod:`trainer.draws`)."""
 
 
 def grad_norm_median(history: Sequence[float], config: BreakerConfig) -> float | None:
@@ -71,4 +75,6 @@ def breaker_trips(figures: StepFigures, history: Sequence[float], config: Breake
         )
     if figures.mismatch_kl > config.max_mismatch_kl:
         trips.append(f"mismatch KL {figures.mismatch_kl:.4g} above {config.max_mismatch_kl:g}")
+    if figures.off_draw_samples:
+        trips.append(f"{figures.off_draw_samples} samples hold tokens that are not the policy's seeded draw")
     return trips

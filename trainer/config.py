@@ -123,6 +123,10 @@ class BreakerConfig(Section):
     max_mismatch_kl: float = Field(default=0.5, gt=0)
     """Trip when the mean k3 KL between the behaviour log-probabilities and the trainer's, per trained token,
     is above this."""
+    draw_tolerance: float | None = Field(default=None, ge=0)
+    """With behaviour log-probabilities recomputed, replay every trained token's seeded draw and trip when one's
+    noisy score is more than this below the best (it was not this policy's draw). Empty: a network run uses the
+    run precision's calibrated sampling tolerance (the validators'); elsewhere no replay."""
 
     @model_validator(mode="after")
     def _check_band(self) -> BreakerConfig:

@@ -83,6 +83,10 @@ class MicroBatch:
     """(rows, length) long: the version that sampled each target's sample (-1: the policy being trained)."""
     sample_index: torch.Tensor | None = None
     """(rows, length) long: which of the batch's samples each position belongs to (-1: padding)."""
+    draw_seeds: torch.Tensor | None = None
+    """(rows, length) long: the seed each trained target was drawn with (-1: not replayed)."""
+    draw_streams: torch.Tensor | None = None
+    draw_positions: torch.Tensor | None = None
     behaviour_logprobs: torch.Tensor | None = None
     """Set by a trainer that recomputes them: each target's log-probability under the version that sampled it (NaN:
     the version being trained, whose training forward gives it); None: the engine's numbers are used."""
@@ -136,6 +140,23 @@ def _sample_rows(sample: TrainSample, index: int = -1) -> dict[str, list[Any]]:
         "inference_logprobs": [logprobs[j - first] if m else 0.0 for j, m in enumerate(in_completion)],
         "policy_versions": [-1 if sample.policy_version is None else sample.policy_version] * length,
         "sample_index": [index] * length,
+        **_draw_rows(sample, in_completion, first),
+    }
+
+
+def _draw_rows(sample: TrainSample, in_completion: list[bool], first: int) -> dict[str, list[int]]:
+    """Each target's draw: its sample's seed, noise stream and position where the target is a trained token of a
+    sample with draws, else -1."""
+    draws = sample.draws
+    if draws is None:
+        none = [-1] * len(in_completion)
+        return {"draw_seeds": none, "draw_streams": none, "draw_positions": none}
+    if not len(draws.streams) == len(draws.positions) == len(sample.completion_ids):
+        raise ValueError(f"{len(draws.streams)} draw streams for {len(sample.completion_ids)} completion tokens")
+    return {
+        "draw_seeds": [draws.seed if m else -1 for m in in_completion],
+        "draw_streams": [draws.streams[j - first] if m else -1 for j, m in enumerate(in_completion)],
+        "draw_positions": [draws.positions[j - first] if m else -1 for j, m in enumerate(in_completion)],
     }
 
 
@@ -197,8 +218,18 @@ _DTYPES = {
     "inference_logprobs": torch.float32,
     "policy_versions": torch.long,
     "sample_index": torch.long,
+    "draw_seeds": torch.long,
+    "draw_streams": torch.long,
+    "draw_positions": torch.long,
 }
-_FILL = {"input_ids": None, "policy_versions": -1, "sample_index": -1}
+_FILL = {
+    "input_ids": None,
+    "policy_versions": -1,
+    "sample_index": -1,
+    "draw_seeds": -1,
+    "draw_streams": -1,
+    "draw_positions": -1,
+}
 """Padding of each per-token tensor (None: the pad token); the rest pad with 0."""
 
 
@@ -384,6 +415,9 @@ def empty_micro_batch(vision: VisionPacking | None = None) -> MicroBatch:
         inference_logprobs=torch.zeros((1, 1)),
         policy_versions=torch.full((1, 1), -1, dtype=torch.long),
         sample_index=torch.full((1, 1), -1, dtype=torch.long),
+        draw_seeds=torch.full((1, 1), -1, dtype=torch.long),
+        draw_streams=torch.full((1, 1), -1, dtype=torch.long),
+        draw_positions=torch.full((1, 1), -1, dtype=torch.long),
     )
 
 

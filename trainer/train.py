@@ -44,6 +44,7 @@ from trainer.checkpoint import (
     trainable_model_state,
 )
 from trainer.config import BreakerConfig, LossConfig, TrainerSection
+from trainer.draws import count_off_draw, draw_gaps
 from trainer.fsdp import DistInfo, all_reduce_max, all_reduce_sum, init_distributed, reshard, shard_model
 from trainer.lora import apply_lora, trainable_parameters
 from trainer.loss import LossSums, grpo_loss, sft_loss, token_logprobs_and_entropy
@@ -155,6 +156,11 @@ class Trainer:
         return micro_batches, dealt[self.info.rank]
 
     def _forward_logprobs(self, batch: MicroBatch, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+        logprobs, entropy, _ = self._forward(batch, temperature)
+        return logprobs, entropy
+
+    def _forward(self, batch: MicroBatch, temperature: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The targets' log-probabilities (with grad) and the entropy at ``temperature``, and the logits (N, vocab)."""
         device = self.info.device
         output = self.model(
             input_ids=batch.input_ids.to(device),
@@ -163,16 +169,17 @@ class Trainer:
             use_cache=False,
             **{name: value.to(device) for name, value in batch.image_inputs().items()},
         )
-        logits = output.logits
-        return token_logprobs_and_entropy(
-            logits.reshape(-1, logits.shape[-1]), batch.targets.reshape(-1).to(device), temperature
-        )
+        logits = output.logits.reshape(-1, output.logits.shape[-1])
+        logprobs, entropy = token_logprobs_and_entropy(logits, batch.targets.reshape(-1).to(device), temperature)
+        return logprobs, entropy, logits
 
-    def _recompute_behaviour(self, samples: list[TrainSample], mine: list[MicroBatch], temperature: float) -> float:
+    def _recompute_behaviour(
+        self, samples: list[TrainSample], mine: list[MicroBatch], temperature: float, draws: DrawCheck | None
+    ) -> float:
         """Fill each of this rank's micro-batches' behaviour log-probabilities: one no-grad forward of all of them
         per older policy version the batch holds, with that version's weights (NaN where the version being trained
-        sampled the token); returns the seconds it took. Every rank sees the same versions, so all run the same
-        forwards."""
+        sampled the token), replaying those versions' draws into ``draws``; returns the seconds it took. Every rank
+        sees the same versions, so all run the same forwards."""
         assert self.behaviour is not None
         started = time.perf_counter()
         for batch in mine:
@@ -182,10 +189,12 @@ class Trainer:
             reshard(self.model)  # no unsharded copy of the other version's parameters survives the swap
             with torch.no_grad(), self.behaviour.swapped(version):
                 for batch in mine:
-                    logprobs, _ = self._forward_logprobs(batch, temperature)
+                    logprobs, _, logits = self._forward(batch, temperature)
                     assert batch.policy_versions is not None and batch.behaviour_logprobs is not None
                     chosen = batch.policy_versions.reshape(-1) == version
                     batch.behaviour_logprobs.reshape(-1)[chosen] = logprobs.float().cpu()[chosen]
+                    if draws is not None:
+                        draws.replay(batch, logits, temperature, chosen & batch.loss_mask.reshape(-1))
                 reshard(self.model)
         return time.perf_counter() - started
 
@@ -220,7 +229,9 @@ class Trainer:
         if total_loss_tokens == 0:
             raise ValueError("the batch has no sampled completion tokens to learn from")
         micro_batches, mine = self._micro_batches(samples)
-        recompute_s = self._recompute_behaviour(samples, mine, temperature) if recompute else 0.0
+        tolerance = breakers.draw_tolerance if breakers is not None and recompute else None
+        draws = DrawCheck(len(samples), tolerance) if tolerance is not None else None
+        recompute_s = self._recompute_behaviour(samples, mine, temperature, draws) if recompute else 0.0
         # FSDP averages gradients over ranks; scaling by world size turns that into the global token sum.
         scale = self.info.world_size / total_loss_tokens
         sums = torch.zeros(6, dtype=torch.float64)  # loss, entropy, mismatch_kl, dropped, input tokens, out of band
@@ -228,12 +239,16 @@ class Trainer:
         for index, batch in enumerate(mine):
             if self.info.is_distributed:
                 self.model.set_requires_gradient_sync(index == len(mine) - 1)  # type: ignore[operator]
-            logprobs, entropy = self._forward_logprobs(batch, temperature)
+            logprobs, entropy, logits = self._forward(batch, temperature)
             result = objective(batch, logprobs)
             (result.loss * scale).backward()  # type: ignore[no-untyped-call]
             mask = batch.loss_mask.reshape(-1).to(entropy.device)
             if recompute:
                 _claim_errors(batch, behaviour_of(batch, logprobs), mask, claim_errors)
+            if draws is not None and batch.policy_versions is not None:
+                current = (batch.policy_versions.reshape(-1) == self.step) | (batch.policy_versions.reshape(-1) < 0)
+                draws.replay(batch, logits, temperature, current & batch.loss_mask.reshape(-1))
+            del logits
             out_of_band = result.num_out_of_band
             sums += torch.tensor(
                 [
@@ -252,25 +267,17 @@ class Trainer:
         if hasattr(grad_norm, "full_tensor"):
             grad_norm = grad_norm.full_tensor()
         sums = all_reduce_sum(sums, self.info)
+        off_draw = all_reduce_sum(draws.counts, self.info) if draws is not None else None
         figures = StepFigures(
             grad_norm=float(grad_norm),
             loss=sums[0].item() / total_loss_tokens,
             out_of_band_fraction=sums[5].item() / total_loss_tokens,
             mismatch_kl=sums[2].item() / total_loss_tokens,
+            off_draw_samples=0 if off_draw is None else int((off_draw > 0).sum()),
         )
         trips = breaker_trips(figures, self.grad_norms, breakers) if breakers is not None else []
         lr = self.scheduler.get_last_lr()[0]
-        if trips:
-            self.optimizer.zero_grad(set_to_none=True)
-        else:
-            self.optimizer.step()
-            self.scheduler.step()
-            self.optimizer.zero_grad(set_to_none=True)
-            self.step += 1
-            if breakers is not None:
-                self.grad_norms = [*self.grad_norms, figures.grad_norm][-breakers.median_steps :]
-            if self.behaviour is not None:
-                self.behaviour.remember(self.step)
+        self._apply(figures, trips, breakers)
         elapsed = time.perf_counter() - started
         metrics: dict[str, Any] = {
             "step": self.step if not trips else self.step + 1,
@@ -288,6 +295,11 @@ class Trainer:
             "step_time_s": elapsed,
             "world_size": self.info.world_size,
         }
+        if draws is not None and off_draw is not None:
+            metrics["draw_gap_max"] = float(
+                all_reduce_max(torch.tensor([draws.gap_max], dtype=torch.float64), self.info)
+            )
+            metrics["off_draw_samples"] = [i for i, count in enumerate(off_draw.tolist()) if count > 0]
         if recompute:
             errors = all_reduce_max(claim_errors, self.info)
             metrics["behaviour_recompute_s"] = recompute_s
@@ -296,6 +308,21 @@ class Trainer:
         if trips:
             metrics["tripped"] = trips
         return metrics
+
+    def _apply(self, figures: StepFigures, trips: list[str], breakers: BreakerConfig | None) -> None:
+        """Step the optimizer and the schedule, count the step and keep its policy, unless a breaker tripped: then
+        drop the gradient and leave everything as it was."""
+        if trips:
+            self.optimizer.zero_grad(set_to_none=True)
+            return
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        if breakers is not None:
+            self.grad_norms = [*self.grad_norms, figures.grad_norm][-breakers.median_steps :]
+        if self.behaviour is not None:
+            self.behaviour.remember(self.step)
 
     def rl_step(
         self,
@@ -320,6 +347,8 @@ class Trainer:
         metrics["untrusted_samples"] = untrusted
         if recompute:
             metrics["claim_groups"] = [s.group for s in samples]
+        if "off_draw_samples" in metrics:
+            metrics["off_draw_groups"] = sorted({samples[i].group for i in metrics.pop("off_draw_samples")})
         return metrics
 
     def skip_step(self) -> dict[str, Any]:
@@ -428,6 +457,36 @@ class Trainer:
         """Write the current policy as an HF checkpoint directory, a LoRA run's adapters folded into the weights."""
         dtype = self.config.checkpoint.export_dtype
         return export_policy(directory, self.model, self.tokenizer, self.info, dtype, self.vision)
+
+
+class DrawCheck:
+    """The replay of a step's trained tokens' draws (:mod:`trainer.draws`): per sample, its tokens over the
+    tolerance, and the largest gap seen (an honest run's rounding)."""
+
+    def __init__(self, num_samples: int, tolerance: float) -> None:
+        self.tolerance = tolerance
+        self.counts = torch.zeros(num_samples, dtype=torch.float64)
+        self.gap_max = 0.0
+
+    def replay(self, batch: MicroBatch, logits: torch.Tensor, temperature: float, rows: torch.Tensor) -> None:
+        """Replay the draws of ``batch``'s targets where ``rows`` is true, with ``logits`` (N, vocab)."""
+        if batch.draw_seeds is None or batch.draw_streams is None or batch.draw_positions is None:
+            return
+        rows = rows.cpu()
+        seeds = torch.where(rows, batch.draw_seeds.reshape(-1), torch.full_like(batch.draw_seeds.reshape(-1), -1))
+        gaps = draw_gaps(
+            logits,
+            temperature,
+            batch.targets.reshape(-1),
+            seeds,
+            batch.draw_streams.reshape(-1),
+            batch.draw_positions.reshape(-1),
+        )
+        finite = gaps[~torch.isnan(gaps)]
+        if finite.numel():
+            self.gap_max = max(self.gap_max, float(finite.max()))
+        assert batch.sample_index is not None
+        count_off_draw(gaps, batch.sample_index.reshape(-1), self.tolerance, self.counts)
 
 
 def _claim_errors(batch: MicroBatch, behaviour: torch.Tensor, mask: torch.Tensor, errors: torch.Tensor) -> None:

@@ -58,6 +58,16 @@ _STEP_NAME = re.compile(r"^\.?step_(\d{1,18})(?:\.json|\.safetensors|\.partial)?
 
 
 @dataclass(frozen=True)
+class Draws:
+    """How a sample's completion tokens were drawn (:mod:`toploc.sampling`): the lease's seed, and per completion
+    token its noise stream and position (-1 for a token the policy did not sample: an environment's reply)."""
+
+    seed: int
+    streams: list[int]
+    positions: list[int]
+
+
+@dataclass(frozen=True)
 class TrainSample:
     """One sample to train on: prompt and completion token ids, with data per completion token."""
 
@@ -80,6 +90,8 @@ class TrainSample:
     log-probabilities uses for it. None: the policy being trained (SFT, the local RL loop)."""
     group: int = -1
     """Which of the step's submissions (:attr:`StepBatch.submission_ids`) the sample comes from; -1: none."""
+    draws: Draws | None = None
+    """How its tokens were drawn, for a trainer that replays the draws (None: not replayed)."""
 
     @property
     def num_tokens(self) -> int:
@@ -171,6 +183,9 @@ def encode_batch(batch: StepBatch) -> bytes:
         "reward": np.array([s.reward for s in samples], dtype=np.float64),
         "policy_version": np.array([-1 if s.policy_version is None else s.policy_version for s in samples], np.int64),
         "group": np.array([s.group for s in samples], dtype=np.int64),
+        "draw_seed": np.array([-1 if s.draws is None else s.draws.seed for s in samples], dtype=np.int64),
+        "draw_streams": _ragged([s.draws.streams if s.draws else [] for s in samples], np.int64)[0],
+        "draw_positions": _ragged([s.draws.positions if s.draws else [] for s in samples], np.int64)[0],
         **_encode_images([s.images for s in samples]),
     }
     metadata = {
@@ -208,6 +223,7 @@ def decode_batch(data: bytes) -> StepBatch:
     # files written before samples carried their version and group
     versions = t["policy_version"].tolist() if "policy_version" in t else [-1] * len(prompts)
     groups = t["group"].tolist() if "group" in t else [-1] * len(prompts)
+    draws = _draws(t, completions)
     samples = [
         TrainSample(
             prompt_ids=prompt,
@@ -219,8 +235,9 @@ def decode_batch(data: bytes) -> StepBatch:
             images=shown,
             policy_version=None if version < 0 else version,
             group=group,
+            draws=drawn,
         )
-        for prompt, completion, lps, has, advantage, reward, flags, shown, version, group in zip(
+        for prompt, completion, lps, has, advantage, reward, flags, shown, version, group, drawn in zip(
             prompts,
             completions,
             logprobs,
@@ -231,6 +248,7 @@ def decode_batch(data: bytes) -> StepBatch:
             images,
             versions,
             groups,
+            draws,
             strict=True,
         )
     ]
@@ -247,6 +265,26 @@ def decode_batch(data: bytes) -> StepBatch:
         restore_dir=metadata.get("restore_dir") or None,
         lr_scale=float(metadata.get("lr_scale", "1.0")),
     )
+
+
+def _draws(tensors: dict[str, np.ndarray], completions: list[list[int]]) -> list[Draws | None]:
+    """Each sample's draws (none in a batch file written before samples carried them); the streams and positions of
+    the samples that have them lie one after another in completion order."""
+    if "draw_seed" not in tensors:
+        return [None] * len(completions)
+    streams, positions = tensors["draw_streams"].tolist(), tensors["draw_positions"].tolist()
+    found: list[Draws | None] = []
+    at = 0
+    for completion, seed in zip(completions, tensors["draw_seed"].tolist(), strict=True):
+        if seed < 0:
+            found.append(None)
+            continue
+        end = at + len(completion)
+        found.append(Draws(seed, streams[at:end], positions[at:end]))
+        at = end
+    if at != len(streams) or len(streams) != len(positions):
+        raise ValueError(f"{len(streams)} draw streams for {at} completion tokens of the samples that have them")
+    return found
 
 
 def _sampled_flags(tensors: dict[str, np.ndarray], completions: list[list[int]]) -> list[list[bool] | None]:

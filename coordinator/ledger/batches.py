@@ -26,8 +26,9 @@ from environments.images import Image
 from environments.pinning import ImageMismatch, prompt_images
 from environments.prompts import EnvironmentPrompts, PromptSource
 from protocol.schemas import Rollout, SubmitRequest, TurnRollout, Verdict
+from toploc.sampling import turn_stream
 from trainer.advantages import group_advantages
-from trainer.transport import TrainSample
+from trainer.transport import Draws, TrainSample
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,8 @@ class AcceptedGroup:
     """Prompt index -> the hashes of the images the task's prompt shows (from the ledger; empty: none)."""
     checked: frozenset[int] | None = None
     """The rollout positions of ``submission`` a validator recomputed (None: every one)."""
+    seed: int | None = None
+    """The sampling seed of the lease it answered (the ledger's), for a trainer that replays the draws."""
 
 
 @dataclass(frozen=True)
@@ -218,24 +221,38 @@ def train_samples(
         for index, group in enumerate(groups)
         for rollout, reward, advantage in scored_rollouts(group, rules)
         for sample in episode_train_samples(
-            turn_prompts(group, rollout), rollout, reward, advantage, images(group, rollout)
+            turn_prompts(group, rollout), rollout, reward, advantage, images(group, rollout), group.seed
         )
     ]
 
 
 def episode_train_samples(
-    prompts: list[list[int]], rollout: Rollout, reward: float, advantage: float, images: tuple[Image, ...] = ()
+    prompts: list[list[int]],
+    rollout: Rollout,
+    reward: float,
+    advantage: float,
+    images: tuple[Image, ...] = (),
+    seed: int | None = None,
 ) -> list[TrainSample]:
     """The training samples of one rollout from its turns' trusted prompts (the first showing ``images``): only
     the tokens the policy sampled carry loss (:attr:`TrainSample.sampled`), each with the logprob the worker
-    claimed; a single turn gives one sample whose every completion token was sampled (``sampled`` None)."""
+    claimed; a single turn gives one sample whose every completion token was sampled (``sampled`` None). With the
+    lease's ``seed``, each sample says how its tokens were drawn (:class:`trainer.transport.Draws`)."""
     turns: list[TurnRollout] = [rollout, *rollout.later_turns]
     samples = []
     for episode_sample in episode_samples(prompts, [turn.completion_ids for turn in turns]):
         completion = episode_sample.completion_ids
         sampled = episode_sample.completion_sampled
         logprobs = iter([lp for number in episode_sample.turns for lp in turns[number].logprobs])
+        drawn = iter(
+            [
+                (turn_stream(rollout.prompt_index, rollout.sample_index, number), position)
+                for number in episode_sample.turns
+                for position in range(len(turns[number].completion_ids))
+            ]
+        )
         flags = sampled if sampled is not None else [True] * len(completion)
+        where = [next(drawn) if flag else (-1, -1) for flag in flags]
         samples.append(
             TrainSample(
                 prompt_ids=episode_sample.prompt_ids,
@@ -245,6 +262,7 @@ def episode_train_samples(
                 reward=reward,
                 sampled=sampled,
                 images=images,
+                draws=None if seed is None else Draws(seed, [s for s, _ in where], [p for _, p in where]),
             )
         )
     return samples

@@ -245,7 +245,7 @@ class Leases:
                 held if trusted else conn.execute(_ACTIVE_LEASES_OF_SOURCE, {"b_source": source}).scalar_one(),
                 self._probation_room(conn, source, now) if probation else None,
             )
-            room = self._lease_room(conn, run.current_policy_version)
+            room = self._lease_room(conn, run.current_policy_version, run.version_floor)
             if room is not None:
                 count = min(count, room)
             if count == 0:
@@ -255,13 +255,13 @@ class Leases:
             if not task_rows:
                 return LeaseResponse(tasks=[], retry_after_s=RETRY_EMPTY_S)
             version = choose_policy_version(
-                run.current_policy_version, self.scheduling.async_level, request.policy_versions_held
+                run.current_policy_version, self.scheduling.async_level, request.policy_versions_held, run.version_floor
             )
             sampling = SamplingParams(temperature=self.scheduling.temperature, max_tokens=self.scheduling.max_tokens)
             leased = [self._issue(conn, node_id, row, version, sampling, now, source, probation) for row in task_rows]
         return LeaseResponse(tasks=leased, retry_after_s=0.0)
 
-    def _lease_room(self, conn: Connection, current_version: int) -> int | None:
+    def _lease_room(self, conn: Connection, current_version: int, floor: int = 0) -> int | None:
         """Leases still allowed by :func:`coordinator.ledger.scheduling.lease_room` (None: no orchestrator, no limit).
 
         On PostgreSQL, concurrent lease calls may each see the same room, so the bound is
@@ -270,7 +270,7 @@ class Leases:
         if not orchestrator.enabled:
             return None
         k = self.scheduling.async_level
-        oldest = oldest_allowed_version(current_version, k)
+        oldest = oldest_allowed_version(current_version, k, floor)
         leased = conn.execute(
             select(func.count()).where(leases.c.state == "active", leases.c.policy_version >= oldest)
         ).scalar_one()

@@ -137,6 +137,9 @@ class Ledger:
     def post_verdict(self, validator_id: str, verdict: Verdict, nonce: NonceClaim | None = None) -> VerdictResponse:
         return self.validation.post_verdict(validator_id, verdict, nonce)
 
+    def caught_by_trainer(self, submission_ids: list[str], reason: str) -> list[str]:
+        return self.validation.caught_by_trainer(submission_ids, reason)
+
     @property
     def audit_policy(self) -> AuditPolicy:
         return self.validation.audit_policy

@@ -83,7 +83,7 @@ class Publishing:
                 )
             )
             conn.execute(update(run_state).where(run_state.c.id == RUN_ROW_ID).values(current_policy_version=version))
-            oldest = version - self.scheduling.async_level
+            oldest = max(version - self.scheduling.async_level, run.version_floor)
             for lease_id, task_id, node_id in conn.execute(
                 select(leases.c.lease_id, leases.c.task_id, leases.c.node_id).where(
                     leases.c.state == "active", leases.c.policy_version < oldest

@@ -80,16 +80,17 @@ def probation_deadline(issued_at: float, now: float, lease_ttl_s: float, probati
     return min(now + lease_ttl_s, issued_at + probation_lease_max_s)
 
 
-def oldest_allowed_version(current_version: int, async_level: int) -> int:
-    """The oldest policy version whose results are still accepted (current - k, floored at 0)."""
-    return max(0, current_version - async_level)
+def oldest_allowed_version(current_version: int, async_level: int, floor: int = 0) -> int:
+    """The oldest policy version whose results are still accepted: current - k, and never below ``floor`` (the
+    version a rollback restored: the versions it undid are never trained) nor 0."""
+    return max(0, current_version - async_level, floor)
 
 
-def staleness_problem(policy_version: int, current_version: int, async_level: int) -> str | None:
+def staleness_problem(policy_version: int, current_version: int, async_level: int, floor: int = 0) -> str | None:
     """Why a result made with ``policy_version`` cannot be accepted now, or None when it can."""
     if policy_version > current_version:
         return f"policy version {policy_version} has not been published yet (current is {current_version})"
-    oldest = oldest_allowed_version(current_version, async_level)
+    oldest = oldest_allowed_version(current_version, async_level, floor)
     if policy_version < oldest:
         return (
             f"policy version {policy_version} is stale: current is {current_version} and async_level is "
@@ -98,14 +99,14 @@ def staleness_problem(policy_version: int, current_version: int, async_level: in
     return None
 
 
-def choose_policy_version(current_version: int, async_level: int, versions_held: Iterable[int]) -> int:
+def choose_policy_version(current_version: int, async_level: int, versions_held: Iterable[int], floor: int = 0) -> int:
     """The version a leased task is to be generated with.
 
-    The newest version the worker already holds, if it is still fresh enough, so a worker keeps
-    generating while it downloads the next one (the asynchrony the design is about); otherwise
-    the current version, which it must fetch first.
+    The newest version the worker already holds, if it is still fresh enough (and not one a rollback undid), so a
+    worker keeps generating while it downloads the next one (the asynchrony the design is about); otherwise the
+    current version, which it must fetch first.
     """
-    oldest = oldest_allowed_version(current_version, async_level)
+    oldest = oldest_allowed_version(current_version, async_level, floor)
     usable = [version for version in versions_held if oldest <= version <= current_version]
     return max(usable) if usable else current_version
 

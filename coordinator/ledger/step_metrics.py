@@ -58,7 +58,7 @@ def step_figure(step_metrics: object, key: str) -> float | None:
     return None
 
 
-TRAINER_FIGURES = ("loss", "entropy", "mismatch_kl", "grad_norm")
+TRAINER_FIGURES = ("loss", "entropy", "mismatch_kl", "grad_norm", "out_of_band_fraction", "breaker_trips")
 """What the trainer measures on a step's batch, among the step's metrics (the dashboard and /metrics show them)."""
 
 

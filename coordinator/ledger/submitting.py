@@ -91,7 +91,9 @@ class Submissions:
                     )
                 )
             run = self.core.run_row(conn)
-            stale = staleness_problem(request.policy_version, run.current_policy_version, self.scheduling.async_level)
+            stale = staleness_problem(
+                request.policy_version, run.current_policy_version, self.scheduling.async_level, run.version_floor
+            )
             if stale:
                 raise StalePolicyError(stale)
             prompt_indices = [prompt["prompt_index"] for prompt in json.loads(task.prompts_json)]

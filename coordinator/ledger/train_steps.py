@@ -50,6 +50,7 @@ from coordinator.ledger.storage.engine import Database
 from coordinator.ledger.storage.tables import (
     accepted_groups,
     events,
+    leases,
     no_signal_groups,
     prompt_signal,
     run_state,
@@ -435,7 +436,7 @@ class TrainSteps:
                 .where(train_steps.c.step > target, train_steps.c.step < step)
                 .values(rolled_back=True)
             ).rowcount
-            conn.execute(update(run_state).values(rollback_json=None))
+            conn.execute(update(run_state).values(rollback_json=None, version_floor=step))
             self.core.event(
                 conn,
                 "rollback",
@@ -448,11 +449,11 @@ class TrainSteps:
             )
             return self._record(conn, conn.execute(select(train_steps).where(train_steps.c.step == step)).one())
 
-    def last_restore(self) -> int:
-        """The newest step that restored an earlier version (0: none): later steps learn only from its version on."""
+    def version_floor(self) -> int:
+        """The oldest version whose rollouts may still be trained: the newest rollback's (0: none). Leases, submissions
+        and steps all keep to it (:func:`coordinator.ledger.scheduling.oldest_allowed_version`)."""
         with self.db.read() as conn:
-            found = conn.execute(select(func.max(train_steps.c.step)).where(train_steps.c.kind == "restore")).scalar()
-        return int(found or 0)
+            return int(self.core.run_row(conn).version_floor)
 
     def set_aside(self, step: int) -> list[AcceptedGroup]:
         """The submissions step ``step`` set aside for carrying no signal."""
@@ -485,15 +486,21 @@ class TrainSteps:
                     submissions.c.verdict_json,
                     submissions.c.audit_share,
                     tasks.c.prompts_json,
+                    leases.c.sampling_seed,
                 )
                 .join(step_submissions, step_submissions.c.submission_id == submissions.c.submission_id)
                 .join(tasks, tasks.c.task_id == submissions.c.task_id)
+                .join(leases, leases.c.lease_id == submissions.c.lease_id)
                 .where(step_submissions.c.step == step)
                 .order_by(step_submissions.c.position)
             ).all()
             passed = reaudits.passed_positions(conn, [r.submission_id for r in rows]) if with_checked else {}
         groups = [
-            accepted_group(r.submission_id, r.policy_version, r.prompts_json, r.body_json, r.verdict_json) for r in rows
+            replace(
+                accepted_group(r.submission_id, r.policy_version, r.prompts_json, r.body_json, r.verdict_json),
+                seed=int(r.sampling_seed),
+            )
+            for r in rows
         ]
         if not with_checked:
             return groups

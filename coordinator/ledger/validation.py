@@ -539,6 +539,47 @@ class Validation:
         status = "rejected" if outcome == "failed" else "accepted"
         return VerdictResponse(submission_id=sub.submission_id, status=status, worker_banned=banned)
 
+    def caught_by_trainer(self, submission_ids: list[str], reason: str) -> list[str]:
+        """The trainer's replay found tokens of these accepted submissions that are not the policy's draw: each
+        worker is caught as by a failed re-audit (its record starts over, its credit is lost, the rejection counts
+        toward its ban, its untrained work is voided), and the validators that accepted them count as outvoted.
+        The submissions themselves leave their step when it is rebuilt. Returns the ids caught now (those still
+        accepted)."""
+        caught = []
+        now = self.clock()
+        with self.core.write(None) as conn:
+            for submission_id in sorted(set(submission_ids)):
+                sub = conn.execute(
+                    select(submissions).where(submissions.c.submission_id == submission_id).with_for_update()
+                ).first()
+                if sub is None or sub.status != "accepted":
+                    continue
+                worker = conn.execute(select(nodes).where(nodes.c.node_id == sub.node_id).with_for_update()).one()
+                count_decision(conn, json.loads(sub.body_json), worker, accepted=False)
+                voided = reaudits.void_untrained(conn, worker.node_id, reason, now)
+                self._count_rejection(conn, worker, [reason])
+                accepting = conn.execute(
+                    select(verdict_votes.c.validator_id).where(
+                        verdict_votes.c.submission_id == submission_id, verdict_votes.c.accepted
+                    )
+                ).scalars()
+                for voter in sorted(accepting):
+                    column = {"num_votes_outvoted": nodes.c.num_votes_outvoted + 1}
+                    conn.execute(update(nodes).where(nodes.c.node_id == voter).values(**column))
+                self.core.event(
+                    conn,
+                    "reaudit",
+                    self.core.coordinator_id,
+                    submission_id,
+                    worker_id=worker.node_id,
+                    passed=False,
+                    caught_by="trainer",
+                    reasons=[reason],
+                    voided=voided,
+                )
+                caught.append(submission_id)
+        return caught
+
     def _ban_cleanup(self, conn: Connection, node_id: str) -> None:
         """A banned worker's open leases go back to the queue at once."""
         for lease_id, task_id in conn.execute(

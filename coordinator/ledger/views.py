@@ -115,6 +115,13 @@ class LedgerViews:
                 .limit(1)
             ).scalar()
             evaluated = conn.execute(_NEWEST_EVAL).first()
+            trips = conn.execute(
+                select(train_steps.c.trips_json).where(train_steps.c.trips_json.is_not(None))
+            ).scalars()
+            num_trips = sum(len(json.loads(found)) for found in trips)
+            num_rollbacks = conn.execute(
+                select(func.count()).select_from(train_steps).where(train_steps.c.kind == "restore")
+            ).scalar_one()
         step_metrics = json.loads(newest_metrics) if newest_metrics else {}
         eval_metrics = json.loads(evaluated.metrics_json) if evaluated is not None else {}
         return RunStatus(
@@ -133,7 +140,10 @@ class LedgerViews:
             step_completion_tokens_mean=step_figure(step_metrics, "batch_completion_tokens_mean"),
             step_stop_fraction=step_figure(step_metrics, "batch_stop_fraction"),
             step_truncated_fraction=step_figure(step_metrics, "batch_truncated_fraction"),
+            step_zero_signal_fraction=step_figure(step_metrics, "batch_zero_signal_fraction"),
             **{f"step_{key}": value for key, value in trainer_figures(step_metrics).items()},
+            num_breaker_trips=num_trips,
+            num_rollbacks=int(num_rollbacks),
             eval_step=None if evaluated is None else int(evaluated.step),
             eval_accuracy=step_figure(eval_metrics, "eval_accuracy"),
             eval_reward_mean=step_figure(eval_metrics, "eval_reward_mean"),

@@ -64,6 +64,7 @@ from trainer.transport import Doorbell, StepBatch, TrainDir
 log = logging.getLogger("coordinator.loop.orchestrator")
 BATCH_WAKE_KINDS = ("verdict",)
 """Ledger events after which a step's batch may be complete: a submission accepted."""
+OFF_DRAW_REASON = "the trainer's replay: tokens that are not the policy's seeded draw"
 REAUDIT_WAKE_KINDS = ("reaudit",)
 """Ledger events after which a refused step's re-audits may be decided."""
 
@@ -172,10 +173,22 @@ class Orchestrator:
             self._done_bell.close()
         return self.steps.steps()
 
+    def unfinished_rollback(self) -> None:
+        """Say so when a rollback was asked for after the last step (an eval of a late version fell): the run's
+        result stays its last policy, and the weights the rollback would have restored are kept."""
+        request = self.steps.rollback_request()
+        if request is not None:
+            print(
+                f"a rollback to v{request.to_version} was asked for after the last step ({request.reason}); the run's "
+                f"result stays v{self.config.orchestrator.num_steps}, and v{request.to_version}'s weights are kept "
+                f"in {request.source_dir}",
+                flush=True,
+            )
+
     def min_version(self, step: int) -> int:
         """The oldest policy version step ``step`` may learn from: the async level's bound, and never a version
         older than the last rollback's (the versions it undid)."""
-        return max(min_policy_version(step, self.config.scheduling.async_level), self.steps.last_restore())
+        return max(min_policy_version(step, self.config.scheduling.async_level), self.steps.version_floor())
 
     def _no_signal_scan(self) -> int | None:
         settings = self.config.orchestrator
@@ -192,6 +205,9 @@ class Orchestrator:
     def run_step(self, step: int) -> None:
         settings = self.config.orchestrator
         waiting_since = time.monotonic()
+        evals = self.evals
+        if settings.canary.hold_steps and evals is not None and not evals.idle:  # the canary acts before the step
+            self._wait(lambda: True if evals.idle else None, lambda timeout_s: self.stop.wait(timeout_s))
         record = self._wait(*self._on_ledger(lambda: self._record(step), BATCH_WAKE_KINDS))
         if record.state == "published":
             return
@@ -199,7 +215,7 @@ class Orchestrator:
         if record.state == "recorded":
             metrics = step_metrics(_step_figures(done), summary)
             metrics["wait_s"] = time.monotonic() - waiting_since
-            metrics["kind"] = record.kind
+            metrics["step_kind"] = record.kind
             metrics["breaker_trips"] = len(record.trips)
             self.steps.mark_trained(step, metrics)
             if self.metrics_file is not None:
@@ -217,7 +233,7 @@ class Orchestrator:
         log.info("step %d %s and published as policy v%d", step, _DONE_AS[record.kind], step)
         if record.kind == "restore":
             self._restored(step, record)
-        else:
+        elif record.kind == "train":  # an applied update ends a run of refusals; a skip does not
             self.consecutive_trips = 0
 
     def _restored(self, step: int, record: StepRecord) -> None:
@@ -316,16 +332,24 @@ class Orchestrator:
         reasons = [str(reason) for reason in done["tripped"]]
         first_time = self.steps.record_trip(step, record.attempt, reasons)
         ids = record.submission_ids
+        off_draw = sorted({ids[g] for g in done.get("off_draw_groups") or [] if 0 <= g < len(ids)})
         if first_time:
             self.consecutive_trips += 1
-            print(f"step {step}: the update was refused ({'; '.join(reasons)}); auditing its {len(ids)} groups again")
-            self.steps.request_reaudit(ids)
+            refused = f"step {step}: the update was refused ({'; '.join(reasons)})"
+            if off_draw:  # the trainer's own replay is the evidence: no validator is asked again
+                caught = self.ledger.caught_by_trainer(off_draw, OFF_DRAW_REASON)
+                print(f"{refused}; caught {len(caught)} submission(s) whose tokens are not the policy's draw")
+            else:
+                print(f"{refused}; auditing its {len(ids)} groups again")
+                self.steps.request_reaudit(ids)
         if self.consecutive_trips >= settings.max_consecutive_trips:
             raise RunPausedError(
                 f"the run paused at step {step}: {self.consecutive_trips} updates in a row were refused "
                 f"(last: {'; '.join(reasons)}); read the trips on the dashboard, raise orchestrator.breakers if they "
                 "are honest, or roll back (prime-coordinator rollback --to vN), then start the coordinator again"
             )
+        if off_draw:
+            return self._rebuilt(step, off_draw)
         states = self._reaudits_decided(ids, settings.reaudit_timeout_s)
         failed = sorted(sid for sid, state in states.items() if state == "failed")
         if not failed:
@@ -339,8 +363,12 @@ class Orchestrator:
         log.warning(
             "step %d: the re-audit caught %d submission(s); rebuilding the batch without them", step, len(failed)
         )
+        return self._rebuilt(step, failed)
+
+    def _rebuilt(self, step: int, failed: list[str]) -> StepRecord:
+        """The step's next attempt: its batch without ``failed``, filled again from the accepted pool."""
         min_version, scan = self.min_version(step), self._no_signal_scan()
-        groups = settings.groups_per_step
+        groups = self.config.orchestrator.groups_per_step
 
         def rebuilt() -> StepRecord | None:
             return self.steps.rebuild_batch(step, failed, groups, min_version, scan)

@@ -66,19 +66,22 @@ def progress_line(
     config: CoordinatorConfig, ledger: Ledger, elapsed_s: float, newest_eval: tuple[int, dict[str, Any]] | None = None
 ) -> str:
     """Step, live workers and validators, last batch reward, accepted/rejected, generation tokens/s, batch
-    staleness, how the last batch's rollouts ended and the newest eval (when known), on one line."""
+    staleness, how the last batch's rollouts ended, the newest eval (when known) and the updates refused and
+    rollbacks (when any), on one line."""
     status = ledger.status()
     tokens_per_s = ledger.live_tokens_per_s()
     num_trained, last = ledger.train_steps.trained_progress()
     reward = f"{last['batch_reward_mean']:.3f}" if "batch_reward_mean" in last else "-"
     staleness = f"{last['batch_staleness_mean']:.2f}" if "batch_staleness_mean" in last else "-"
+    safety = f"  refused {status.num_breaker_trips}" if status.num_breaker_trips else ""
+    safety += f"  rollbacks {status.num_rollbacks}" if status.num_rollbacks else ""
     return (
         f"{elapsed_s:6.0f}s  step {num_trained}/{config.orchestrator.num_steps}"
         f"  policy v{status.current_policy_version}"
         f"  workers {status.num_workers_live}  validators {status.num_validators_live}"
         f"  reward {reward}  accepted {status.num_submissions_accepted}  rejected {status.num_submissions_rejected}"
         f"  pending {status.num_submissions_pending}  tokens/s {tokens_per_s:.0f}  staleness {staleness}"
-        f"  {rollout_fields(last, newest_eval)}"
+        f"  {rollout_fields(last, newest_eval)}{safety}"
     )
 
 
@@ -232,6 +235,7 @@ class RunThread(threading.Thread):
         )
         orchestrator.run()
         self._finish_evals()
+        orchestrator.unfinished_rollback()
         return self.ledger.train_steps.steps()
 
     def _record_eval(self, step: int, figures: dict[str, float], model_dir: Path) -> None:

@@ -18,10 +18,11 @@ import shutil
 from pathlib import Path
 
 from coordinator.config import CoordinatorConfig
-from coordinator.ledger.run_spec import trainer_section
+from coordinator.ledger.run_spec import run_precision, trainer_section
 from coordinator.ledger.training_policy import behaviour_source
 from runtime.children import Child, LogLimits, sharing_cores_env
 from runtime.ports import free_port
+from toploc.calibrations import run_thresholds
 from trainer.launch import TrainerNode, torchrun_command
 from trainer.resolve import resolve_model_path
 from trainer.service import ServiceSpec, write_spec
@@ -69,11 +70,15 @@ class TrainerProcess:
         of steps."""
         section = trainer_section(config, str(resolve_model_path(config.policy.start_checkpoint)))
         orchestrator = config.orchestrator
+        breakers = orchestrator.breakers
+        if breakers.draw_tolerance is None:  # the validators' calibrated tolerance of the run's precision
+            tolerance = run_thresholds(run_precision(config))["sampling_tolerance"]
+            breakers = breakers.model_copy(update={"draw_tolerance": tolerance})
         spec = ServiceSpec(
             trainer=section,
             loss=orchestrator.loss.model_copy(update={"behaviour_logprobs": behaviour_source(config)}),
             num_steps=orchestrator.num_steps,
-            breakers=orchestrator.breakers,
+            breakers=breakers,
             behaviour_versions=config.scheduling.async_level + 1,
         )
         launch = config.orchestrator.trainer_launch

@@ -33,6 +33,11 @@ class _RunCollector(Collector):
             "prime_ledger_validators_live": ("Validators heard from recently.", status.num_validators_live),
             "prime_ledger_tasks_open": ("Tasks open or leased, not yet submitted.", status.num_tasks_open),
             "prime_train_steps_done": ("Training steps trained and published.", status.num_train_steps_done),
+            "prime_train_breaker_trips": (
+                "Updates the pre-step breakers refused in the run.",
+                status.num_breaker_trips,
+            ),
+            "prime_train_rollbacks": ("Rollbacks to an earlier version in the run.", status.num_rollbacks),
         }
         for name, (documentation, value) in gauges.items():
             yield GaugeMetricFamily(name, documentation, value=value)
@@ -71,6 +76,14 @@ class _RunCollector(Collector):
             "prime_train_step_grad_norm": (
                 "Gradient norm before clipping in the newest trained step.",
                 status.step_grad_norm,
+            ),
+            "prime_train_step_out_of_band_fraction": (
+                "Share of the newest trained step's tokens whose importance ratio left the breakers' band.",
+                status.step_out_of_band_fraction,
+            ),
+            "prime_train_step_zero_signal_fraction": (
+                "Share of the newest trained step's groups without reward spread (credited, not trained).",
+                status.step_zero_signal_fraction,
             ),
             "prime_train_eval_step": ("The newest step whose policy was evaluated.", status.eval_step),
             "prime_train_eval_accuracy": ("Exact-answer accuracy of the newest eval.", status.eval_accuracy),

@@ -37,7 +37,8 @@ rather than misread.
   from an earlier version, ``restore_version``), the attempts a breaker refused (``attempt``, ``trips_json``),
   the steps a rollback undid (``rolled_back``), the accepted submissions set aside for carrying no reward
   spread (``no_signal_groups``), each prompt's run of answers without spread and its rest
-  (``prompt_signal``), and a rollback asked for and not yet done (``run_state.rollback_json``).
+  (``prompt_signal``), a rollback asked for and not yet done (``run_state.rollback_json``), and the oldest version
+  whose rollouts may still be trained after a rollback (``run_state.version_floor``).
 """
 
 from __future__ import annotations
@@ -185,6 +186,7 @@ _V11 = [
     """CREATE TABLE prompt_signal (
         prompt_key TEXT PRIMARY KEY, no_signal_in_a_row INTEGER NOT NULL, resting_until BIGINT NOT NULL)""",
     "ALTER TABLE run_state ADD COLUMN rollback_json TEXT",
+    "ALTER TABLE run_state ADD COLUMN version_floor INTEGER NOT NULL DEFAULT 0",
 ]
 
 _SPELLING = {

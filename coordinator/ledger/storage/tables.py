@@ -32,6 +32,7 @@ run_state = Table(
     Column("run_spec_json", Text),
     Column("api_settings_json", Text),
     Column("rollback_json", Text),
+    Column("version_floor", Integer, nullable=False),
 )
 
 api_processes = Table(

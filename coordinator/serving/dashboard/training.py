@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from typing import Literal
 
 from coordinator.ledger.step_metrics import named_rewards, step_figure, trainer_figures
 from protocol.schemas import DashboardEval, DashboardTraining, DashboardTrainStep, Event
@@ -31,6 +32,11 @@ def _reward(metrics: object) -> float | None:
         if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
             return float(value)
     return None
+
+
+def _kind(metrics: object) -> Literal["train", "skip", "restore"]:
+    found = metrics.get("step_kind") if isinstance(metrics, dict) else None
+    return "skip" if found == "skip" else "restore" if found == "restore" else "train"
 
 
 class TrainingHistory:
@@ -71,6 +77,8 @@ class TrainingHistory:
                         completion_tokens_mean=step_figure(metrics, "batch_completion_tokens_mean"),
                         stop_fraction=step_figure(metrics, "batch_stop_fraction"),
                         truncated_fraction=step_figure(metrics, "batch_truncated_fraction"),
+                        zero_signal_fraction=step_figure(metrics, "batch_zero_signal_fraction"),
+                        kind=_kind(metrics),
                         **trainer_figures(metrics),
                     )
                 )

@@ -168,3 +168,44 @@ def test_resume_restores_the_kept_versions_and_the_breakers_history(tiny_model_d
     )
     for name, value in _params(second).items():
         assert torch.equal(value, expected_params[name]), name
+
+
+def _drawn(trainer: Trainer, prompt: list[int], num_tokens: int, seed: int, stream: int, version: int) -> TrainSample:
+    """A sample drawn by the trainer's weights now, as a worker draws (seeded Gumbel noise), with its draws."""
+    from toploc.sampling import draw_tokens
+    from trainer.transport import Draws
+
+    tokens: list[int] = []
+    logprobs: list[float] = []
+    with torch.no_grad():
+        for position in range(num_tokens):
+            logits = trainer.model(input_ids=torch.tensor([prompt + tokens])).logits[0, -1:].float()
+            token = int(draw_tokens(logits, 1.0, seed, torch.tensor([stream]), torch.tensor([position]))[0])
+            logprobs.append(float(torch.log_softmax(logits[0], -1)[token]))
+            tokens.append(token)
+    draws = Draws(seed, [stream] * num_tokens, list(range(num_tokens)))
+    return TrainSample(prompt, tokens, 0.5 - stream % 2, logprobs, policy_version=version, group=stream, draws=draws)
+
+
+def test_the_trainer_replays_every_trained_draw_and_refuses_tokens_the_policy_did_not_draw(
+    tiny_model_dir: Path,
+) -> None:
+    breakers = BreakerConfig(draw_tolerance=1e-3)
+    trainer = _trainer(tiny_model_dir)
+    prompt = trainer.tokenizer.encode("reverse: abc\n", add_special_tokens=False)
+    old = [_drawn(trainer, prompt, 6, seed=11, stream=s, version=0) for s in range(4)]  # drawn by v0
+    first = trainer.rl_step(old[:2], RECOMPUTE, breakers=breakers)
+    assert "tripped" not in first and first["draw_gap_max"] < 1e-3
+    # v0's draws trained by v1: replayed with v0's weights, so they still hold
+    honest = [*old[2:], *[_drawn(trainer, prompt, 6, seed=12, stream=s, version=1) for s in range(4, 6)]]
+    assert "tripped" not in trainer.rl_step(honest, RECOMPUTE, breakers=breakers)
+    # a copied sample: another stream's tokens under this one's draws (what a worker saving compute submits)
+    now = [_drawn(trainer, prompt, 6, seed=13, stream=s, version=2) for s in range(6, 9)]
+    copied = dataclasses.replace(
+        now[1], completion_ids=now[0].completion_ids, inference_logprobs=now[0].inference_logprobs
+    )
+    before = _params(trainer)
+    refused = trainer.rl_step([now[0], copied, now[2]], RECOMPUTE, breakers=breakers)
+    assert refused["tripped"] == ["1 samples hold tokens that are not the policy's seeded draw"]
+    assert refused["off_draw_groups"] == [7] and trainer.step == 2
+    assert all(torch.equal(value, before[name]) for name, value in _params(trainer).items())

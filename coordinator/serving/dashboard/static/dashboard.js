@@ -363,6 +363,9 @@ function drawRolloutCharts(data) {
     3, "no training steps yet");
   drawStepLines("entropy-chart", [["entropy", "", known(steps, "entropy")]], 3, "no training steps yet");
   drawStepLines("kl-chart", [["mismatch KL", "", known(steps, "mismatch_kl")]], 4, "no training steps yet");
+  drawStepLines("checks-chart", [["out of band", "", known(steps, "out_of_band_fraction")],
+    ["no signal", "alt", known(steps, "zero_signal_fraction")], ["refused", "c3", known(steps, "breaker_trips")]], 2,
+    "no training steps yet");
   drawStepLines("eval-chart", [["accuracy", "", known(evals, "accuracy")],
     ["reward", "alt", known(evals, "reward_mean")], ["stop", "c3", known(evals, "stop_fraction")]], 2,
     "no eval yet (orchestrator.eval_every_steps)");

@@ -161,7 +161,8 @@ async def test_a_ledger_upgraded_from_v3_decides_its_pending_submissions(make_ha
             conn.exec_driver_sql(f"DROP TABLE {table}")
         for column in ("kind", "attempt", "restore_version", "rolled_back", "trips_json"):
             conn.exec_driver_sql(f"ALTER TABLE train_steps DROP COLUMN {column}")
-        conn.exec_driver_sql("ALTER TABLE run_state DROP COLUMN rollback_json")
+        for column in ("rollback_json", "version_floor"):
+            conn.exec_driver_sql(f"ALTER TABLE run_state DROP COLUMN {column}")
         conn.exec_driver_sql("DROP TABLE api_processes")  # v10's
         for column in ("run_spec_json", "api_settings_json"):
             conn.exec_driver_sql(f"ALTER TABLE run_state DROP COLUMN {column}")

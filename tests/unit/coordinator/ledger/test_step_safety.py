@@ -123,7 +123,7 @@ async def test_a_rollback_is_asked_for_recorded_once_and_fences_off_what_it_undi
     assert (restore.kind, restore.restore_version, restore.metrics["rollback"]["lr_scale"]) == ("restore", 1, 0.5)
     assert steps.record_restore(4, request) == restore and steps.rollback_request() is None
     assert [(s.step, s.rolled_back) for s in steps.steps()] == [(1, False), (2, True), (3, True), (4, False)]
-    assert steps.last_restore() == 4
+    assert steps.version_floor() == 4
     with pytest.raises(ConfigError, match="a rollback undid it"):
         steps.request_rollback(RollbackRequest(to_version=2, reason="by hand"))
     # the next step learns from v4 on: the v3 submission is credited, never trained
