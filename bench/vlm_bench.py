@@ -21,7 +21,7 @@ Prints one JSON object; ``summary``: ``accuracy_start``, ``accuracy_end`` (mean 
 (smallest gain over seeds), ``verify_over_generate``, ``honest_rejections`` (honest rollouts rejected),
 ``honest_rollouts``, ``attacks_detected`` (share of attack submissions rejected) and ``steps``.
 
-    python -m bench.vlm_bench                  # 3 seeds x 30 steps
+    python -m bench.vlm_bench                  # 3 seeds x 60 steps at lr 1e-3
     python -m bench.vlm_bench --quick          # 1 seed, 4 steps, small eval and calibration: the pipeline only
     python -m bench.vlm_bench --audit-only     # the calibration and the attacks, no runs
 """
@@ -43,6 +43,10 @@ from bench.runs import add_network_run_arguments, evaluate, network_run_config, 
 START = "builtin:tiny-qwen2-vl-count-start"
 ENVIRONMENT: dict[str, Any] = {"type": "builtin", "name": "count_shapes"}
 ATTACKS = ("another_image", "perturbed_image", "another_model")
+
+DEFAULT_STEPS = 60
+DEFAULT_LR = 1e-3
+"""The runs' steps and learning rate unless given: at 30 steps and 5e-4 the gain was still climbing (0.105)."""
 
 
 def log(message: str) -> None:
@@ -212,6 +216,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="1 seed, 4 steps, small eval and calibration")
     parser.add_argument("--audit-only", action="store_true", help="the calibration and the attacks, no runs")
     add_network_run_arguments(parser, max_tokens=4)
+    # the frozen random tower leaves the count little room to climb: the run needs more, and larger, steps
+    parser.set_defaults(lr=DEFAULT_LR)
     parser.add_argument("--eval-examples", type=int, default=None, help="held-out images (default 256; quick 32)")
     parser.add_argument("--eval-samples", type=int, default=4)
     parser.add_argument("--calibration-rollouts", type=int, default=None, help="honest rollouts (default 1024)")
@@ -224,6 +230,8 @@ def parse_args() -> argparse.Namespace:
     args.engines = ["hf"]  # vLLM's CPU build cannot import its Qwen2-VL path (docs/models.md)
     args.calibration_rollouts = args.calibration_rollouts or (128 if args.quick else 1024)
     args.attack_tasks = args.attack_tasks or (2 if args.quick else 8)
+    if args.steps is None and not args.quick:
+        args.steps = DEFAULT_STEPS
     return args
 
 

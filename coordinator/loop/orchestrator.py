@@ -213,7 +213,7 @@ class Orchestrator:
             return
         record, done, summary = self._train(step, record, waiting_since)
         if record.state == "recorded":
-            metrics = step_metrics(_step_figures(done), summary)
+            metrics = {**record.metrics, **step_metrics(_step_figures(done), summary)}  # a rollback's request kept
             metrics["wait_s"] = time.monotonic() - waiting_since
             metrics["step_kind"] = record.kind
             metrics["breaker_trips"] = len(record.trips)
@@ -395,7 +395,7 @@ class Orchestrator:
 
 _DONE_AS = {"train": "trained", "skip": "skipped", "restore": "restored an earlier version"}
 
-_TRANSIENT = ("claim_errors", "claim_groups")
+_TRANSIENT = ("claim_errors", "claim_groups", "off_draw_groups", "tripped")
 """Done-marker entries the loop reads and does not keep with the step's metrics (one number per sample)."""
 
 

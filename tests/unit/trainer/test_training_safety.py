@@ -209,3 +209,20 @@ def test_the_trainer_replays_every_trained_draw_and_refuses_tokens_the_policy_di
     assert refused["tripped"] == ["1 samples hold tokens that are not the policy's seeded draw"]
     assert refused["off_draw_groups"] == [7] and trainer.step == 2
     assert all(torch.equal(value, before[name]) for name, value in _params(trainer).items())
+
+
+def test_a_lora_run_restores_an_exported_adapter(tiny_model_dir: Path, tmp_path: Path) -> None:
+    from trainer.config import LoraConfig
+
+    section = TrainerSection(
+        model=str(tiny_model_dir), optimizer=OptimizerConfig(lr=1e-2), lora=LoraConfig(enabled=True, rank=4, alpha=8)
+    )
+    trainer = Trainer(section, num_steps=10)
+    trainer.keep_behaviour(2)
+    trainer.rl_step(_honest(trainer, probe_batch(trainer, 1), version=0), RECOMPUTE, breakers=OFF)
+    adapter = trainer.export(tmp_path / "v1")
+    v1 = _params(trainer)
+    trainer.rl_step(_honest(trainer, probe_batch(trainer, 2), version=1), RECOMPUTE, breakers=OFF)
+    assert any(not torch.equal(value, v1[name]) for name, value in _params(trainer).items())
+    trainer.restore_step(adapter)
+    assert all(torch.equal(value, v1[name]) for name, value in _params(trainer).items())
