@@ -82,7 +82,7 @@ def run_config(root: Path, scenario: str, seed: int, args: argparse.Namespace) -
     config["validation"] = {"adaptive": {"enabled": True}}
     config["trust"]["ban_after_rejections"] = 3
     orchestrator = config["orchestrator"]
-    orchestrator.update({"steps_ahead": 1, "eval_every_steps": 5, "eval_num_examples": 256})
+    orchestrator.update({"steps_ahead": 1, "eval_every_steps": 5, "eval_num_examples": args.eval_examples or 256})
     if scenario == "unfiltered":
         orchestrator["no_signal_filter"] = False
     if scenario in ("poisoned", "canary"):  # the colluding quorum is every validator there is

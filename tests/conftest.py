@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -10,6 +13,26 @@ from runtime.ports import free_port
 from tests.support.requirements import missing
 
 __all__ = ["free_port"]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """One built-in model cache (``PRIME_BUILTIN_DIR``) for the whole session, made empty at its start: each
+    built-in start is built once however many test processes need it (xdist's workers inherit the variable,
+    and its lock files let one build while the others wait), and no test reads or writes ~/.prime-network."""
+    if hasattr(config, "workerinput"):  # an xdist worker: the controller made the cache
+        return
+    path = Path(tempfile.mkdtemp(prefix="prime-test-builtin-"))
+    os.environ["PRIME_BUILTIN_DIR"] = str(path)
+    config.stash[_BUILTIN_DIR] = path
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    path = config.stash.get(_BUILTIN_DIR, None)
+    if path is not None:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+_BUILTIN_DIR = pytest.StashKey[Path]()
 
 
 @pytest.fixture

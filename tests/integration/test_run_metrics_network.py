@@ -74,7 +74,6 @@ def write_config(root: Path, port: int, start_checkpoint: Path) -> Path:
         progress_interval_s=1,
         eval_every_steps=EVAL_EVERY_STEPS,
         eval_num_examples=EVAL_NUM_EXAMPLES,
-        no_signal_filter=False,  # every reward is 0: the filter would skip each step, and this run shows them trained
     )
 
 

@@ -40,7 +40,7 @@ START = "builtin:small-qwen3-sort-start"
 
 
 def test_a_poisoned_batch_past_a_colluding_quorum_is_never_applied(tmp_path: Path) -> None:
-    args = parse_args(["--steps", "4", "--groups-per-step", "2", "--scenarios", "poisoned"])
+    args = parse_args(["--steps", "4", "--groups-per-step", "2", "--scenarios", "poisoned", "--eval-examples", "16"])
     run = run_network(tmp_path, "poisoned", 0, args)
     assert run["breaker_trips"] >= 1 and run["caught_by_trainer"] >= 1, run
     assert run["poisoned_steps_applied"] == [], run

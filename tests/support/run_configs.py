@@ -18,7 +18,9 @@ def write_small_run(
     max_tokens: int = 8,
     **orchestrator: Any,
 ) -> Path:
-    """Write the run's config (``orchestrator`` adds or overrides `[orchestrator]` keys) and return its path."""
+    """Write the run's config (``orchestrator`` adds or overrides `[orchestrator]` keys) and return its path.
+    Every step trains, signal or not (``no_signal_filter`` off): a tiny random policy often scores a whole group
+    alike, and these runs show the trainer's figures of every step."""
     config = {
         "run_name": run_name,
         "data_dir": str(root / "run"),
@@ -32,6 +34,7 @@ def write_small_run(
             "num_steps": num_steps,
             "groups_per_step": 1,
             "trainer_launch": {"nproc": 1},
+            "no_signal_filter": False,
             **orchestrator,
         },
         "local_network": {"enabled": True, "engines": ["hf"], "num_validators": 1},

@@ -1,4 +1,4 @@
-"""Fixtures of the trainer tests: a private built-in model cache built once per session."""
+"""Fixtures of the trainer tests: the session's built-in model cache, one torch thread."""
 
 from __future__ import annotations
 
@@ -10,16 +10,9 @@ import pytest
 
 
 @pytest.fixture(scope="session")
-def builtin_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """A fresh built-in cache (PRIME_BUILTIN_DIR) for the whole session, so no test uses ~/.prime-network."""
-    path = tmp_path_factory.mktemp("builtin")
-    previous = os.environ.get("PRIME_BUILTIN_DIR")
-    os.environ["PRIME_BUILTIN_DIR"] = str(path)
-    yield path
-    if previous is None:
-        os.environ.pop("PRIME_BUILTIN_DIR", None)
-    else:
-        os.environ["PRIME_BUILTIN_DIR"] = previous
+def builtin_dir() -> Path:
+    """The session's built-in cache (``PRIME_BUILTIN_DIR``, made empty by tests/conftest.py for the whole run)."""
+    return Path(os.environ["PRIME_BUILTIN_DIR"])
 
 
 @pytest.fixture(scope="session")
