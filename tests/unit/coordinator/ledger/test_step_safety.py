@@ -10,26 +10,12 @@ from coordinator.ledger.batches import BatchRules, task_prompt
 from coordinator.ledger.storage.tables import accepted_groups, no_signal_groups, submissions, tasks
 from coordinator.ledger.train_steps import RollbackRequest
 from protocol.errors import ConfigError
-from protocol.ledger_client import LedgerClient
 from protocol.schemas import LeaseRequest, Verdict
 from tests.support.ledger_helpers import signed_manifest, submission_for
 from tests.unit.coordinator.conftest import LedgerHarness, MakeHarness
+from tests.unit.coordinator.ledger.test_train_steps import judged
 
 pytestmark = pytest.mark.anyio
-
-
-async def judged(
-    harness: LedgerHarness, worker: LedgerClient, validator: LedgerClient, spread: bool = True, accept: bool = True
-) -> str:
-    """One accepted submission (2 prompts x 2 samples): rewards that differ within each group, or all equal."""
-    (task,) = (await worker.lease(LeaseRequest(max_tasks=1))).tasks
-    answer = await worker.submit(submission_for(task))
-    num_rollouts = len(task.prompts) * task.group_size
-    rewards = [0.1 * i if spread else 1.0 for i in range(num_rollouts)] if accept else []
-    await validator.pending(limit=256)
-    await validator.post_verdict(Verdict(submission_id=answer.submission_id, accepted=accept, rewards=rewards))
-    harness.clock.advance(1.0)
-    return answer.submission_id
 
 
 async def test_groups_without_signal_are_set_aside_for_the_step_and_never_trained(harness: LedgerHarness) -> None:

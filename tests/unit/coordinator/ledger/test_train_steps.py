@@ -21,13 +21,19 @@ pytestmark = pytest.mark.anyio
 
 
 async def judged(
-    harness: LedgerHarness, worker: LedgerClient, validator: LedgerClient, accepted: bool = True, reward: float = 0.5
+    harness: LedgerHarness,
+    worker: LedgerClient,
+    validator: LedgerClient,
+    accepted: bool = True,
+    reward: float = 0.5,
+    spread: bool = True,
 ) -> str:
-    """Lease one task, submit it and post a verdict (with a reward per rollout); returns the submission id."""
+    """Lease one task, submit it and post a verdict (with a reward per rollout: ``reward`` plus 0.1 a rollout, or
+    all ``reward`` without ``spread``, a group with no signal); returns the submission id."""
     (task,) = (await worker.lease(LeaseRequest(max_tasks=1))).tasks
     answer = await worker.submit(submission_for(task))
     num_rollouts = len(task.prompts) * task.group_size
-    rewards = [reward + 0.1 * i for i in range(num_rollouts)] if accepted else []
+    rewards = [reward + (0.1 * i if spread else 0.0) for i in range(num_rollouts)] if accepted else []
     await validator.pending(limit=256)
     await validator.post_verdict(Verdict(submission_id=answer.submission_id, accepted=accepted, rewards=rewards))
     harness.clock.advance(1.0)
