@@ -97,7 +97,8 @@ def test_a_rollback_by_hand_survives_a_kill_and_every_node_follows_it(tmp_path: 
 
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    config = _config(tmp_path, port, num_steps=7)
+    # room after the rollback: the command's start-up under load took 20 s, four steps of this run
+    config = _config(tmp_path, port, num_steps=14)
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     log_path = tmp_path / "coordinator.log"
     coordinator = CoordinatorProcess(config, log_path, env, stdout_path=log_path)
