@@ -83,11 +83,15 @@ def network_run_config(
     }
 
 
-def add_network_run_arguments(parser: argparse.ArgumentParser, max_tokens: int, trainer_ranks: int = 1) -> None:
-    """The flags of a learning bench's runs through the local network, as :func:`network_run_config` reads them."""
+def add_network_run_arguments(
+    parser: argparse.ArgumentParser, max_tokens: int, trainer_ranks: int = 1, steps: int = 30, lr: float = 5e-4
+) -> None:
+    """The flags of a learning bench's runs through the local network, as :func:`network_run_config` reads them;
+    ``steps`` and ``lr`` are the bench's own defaults (:func:`run_plan` takes ``steps`` unless quick)."""
     parser.add_argument("--seeds", type=int, default=None, help="seeds (default 3; quick 1)")
-    parser.add_argument("--steps", type=int, default=None, help="RL steps per run (default 30; quick 4)")
-    parser.add_argument("--lr", type=float, default=5e-4)
+    parser.add_argument("--steps", type=int, default=None, help=f"RL steps per run (default {steps}; quick 4)")
+    parser.set_defaults(full_steps=steps)
+    parser.add_argument("--lr", type=float, default=lr)
     parser.add_argument("--warmup-steps", type=int, default=5, help="linear warm-up of the learning rate")
     parser.add_argument("--prompts-per-task", type=int, default=4)
     parser.add_argument("--groups-per-step", type=int, default=8, help="submissions per step (prompts: x 4)")
@@ -98,8 +102,8 @@ def add_network_run_arguments(parser: argparse.ArgumentParser, max_tokens: int, 
 
 def run_plan(args: argparse.Namespace, quick_eval: int, full_eval: int = 256) -> tuple[list[int], int]:
     """The seeds and the number of held-out eval prompts of a learning bench, from its ``--quick``, ``--seeds``,
-    ``--steps`` and ``--eval-examples`` (``args.steps`` is set: 4 quick, else 30 unless given)."""
-    args.steps = args.steps or (4 if args.quick else 30)
+    ``--steps`` and ``--eval-examples`` (``args.steps`` is set: 4 quick, else the bench's default unless given)."""
+    args.steps = args.steps or (4 if args.quick else args.full_steps)
     seeds = list(range(args.seeds or (1 if args.quick else 3)))
     return seeds, args.eval_examples or (quick_eval if args.quick else full_eval)
 

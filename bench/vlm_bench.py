@@ -215,9 +215,8 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="1 seed, 4 steps, small eval and calibration")
     parser.add_argument("--audit-only", action="store_true", help="the calibration and the attacks, no runs")
-    add_network_run_arguments(parser, max_tokens=4)
     # the frozen random tower leaves the count little room to climb: the run needs more, and larger, steps
-    parser.set_defaults(lr=DEFAULT_LR)
+    add_network_run_arguments(parser, max_tokens=4, steps=DEFAULT_STEPS, lr=DEFAULT_LR)
     parser.add_argument("--eval-examples", type=int, default=None, help="held-out images (default 256; quick 32)")
     parser.add_argument("--eval-samples", type=int, default=4)
     parser.add_argument("--calibration-rollouts", type=int, default=None, help="honest rollouts (default 1024)")
@@ -230,8 +229,6 @@ def parse_args() -> argparse.Namespace:
     args.engines = ["hf"]  # vLLM's CPU build cannot import its Qwen2-VL path (docs/models.md)
     args.calibration_rollouts = args.calibration_rollouts or (128 if args.quick else 1024)
     args.attack_tasks = args.attack_tasks or (2 if args.quick else 8)
-    if args.steps is None and not args.quick:
-        args.steps = DEFAULT_STEPS
     return args
 
 

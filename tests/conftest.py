@@ -15,6 +15,9 @@ from tests.support.requirements import missing
 __all__ = ["free_port"]
 
 
+_BUILTIN_DIR = pytest.StashKey[Path]()
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """One built-in model cache (``PRIME_BUILTIN_DIR``) for the whole session, made empty at its start: each
     built-in start is built once however many test processes need it (xdist's workers inherit the variable,
@@ -30,9 +33,6 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     path = config.stash.get(_BUILTIN_DIR, None)
     if path is not None:
         shutil.rmtree(path, ignore_errors=True)
-
-
-_BUILTIN_DIR = pytest.StashKey[Path]()
 
 
 @pytest.fixture
