@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from sqlalchemy import Connection, Row, delete, func, insert, select, update
+from sqlalchemy import Connection, Row, Select, delete, func, insert, select, update
 
 from coordinator.ledger import reaudits
 from coordinator.ledger.audit_choice import audit_sample_indices
@@ -459,49 +459,25 @@ class TrainSteps:
         """The submissions step ``step`` set aside for carrying no signal."""
         with self.db.read() as conn:
             rows = conn.execute(
-                select(
-                    submissions.c.submission_id,
-                    submissions.c.policy_version,
-                    submissions.c.body_json,
-                    submissions.c.verdict_json,
-                    tasks.c.prompts_json,
-                )
+                _group_columns()
                 .join(no_signal_groups, no_signal_groups.c.submission_id == submissions.c.submission_id)
-                .join(tasks, tasks.c.task_id == submissions.c.task_id)
                 .where(no_signal_groups.c.step == step)
             ).all()
-        return [
-            accepted_group(r.submission_id, r.policy_version, r.prompts_json, r.body_json, r.verdict_json) for r in rows
-        ]
+        return [_group_of(r) for r in rows]
 
     def groups(self, step: int, with_checked: bool = False) -> list[AcceptedGroup]:
         """The recorded batch of ``step``, in its recorded order, rebuilt from the ledger; ``with_checked``: each
         with the rollout positions validators recomputed (:func:`checked_positions`)."""
         with self.db.read() as conn:
             rows = conn.execute(
-                select(
-                    submissions.c.submission_id,
-                    submissions.c.policy_version,
-                    submissions.c.body_json,
-                    submissions.c.verdict_json,
-                    submissions.c.audit_share,
-                    tasks.c.prompts_json,
-                    leases.c.sampling_seed,
-                )
+                _group_columns(submissions.c.audit_share, leases.c.sampling_seed)
                 .join(step_submissions, step_submissions.c.submission_id == submissions.c.submission_id)
-                .join(tasks, tasks.c.task_id == submissions.c.task_id)
                 .join(leases, leases.c.lease_id == submissions.c.lease_id)
                 .where(step_submissions.c.step == step)
                 .order_by(step_submissions.c.position)
             ).all()
             passed = reaudits.passed_positions(conn, [r.submission_id for r in rows]) if with_checked else {}
-        groups = [
-            replace(
-                accepted_group(r.submission_id, r.policy_version, r.prompts_json, r.body_json, r.verdict_json),
-                seed=int(r.sampling_seed),
-            )
-            for r in rows
-        ]
+        groups = [replace(_group_of(r), seed=int(r.sampling_seed)) for r in rows]
         if not with_checked:
             return groups
         return [
@@ -585,3 +561,15 @@ class TrainSteps:
             ).first()
         metrics = json.loads(newest[0]) if newest is not None and newest[0] else {}
         return int(count), metrics
+
+
+def _group_columns(*extra: Any) -> Select[Any]:
+    """The columns an accepted group is rebuilt from (:func:`_group_of`), then ``extra``, its task joined."""
+    columns = (submissions.c.submission_id, submissions.c.policy_version, submissions.c.body_json)
+    return select(*columns, submissions.c.verdict_json, tasks.c.prompts_json, *extra).join(
+        tasks, tasks.c.task_id == submissions.c.task_id
+    )
+
+
+def _group_of(row: Row[Any]) -> AcceptedGroup:
+    return accepted_group(row.submission_id, row.policy_version, row.prompts_json, row.body_json, row.verdict_json)
