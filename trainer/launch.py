@@ -50,16 +50,18 @@ class TrainerNode:
             raise ConfigError("the master address (the host of trainer node 0, dialled by the others) is empty")
 
 
-def torchrun_command(
-    train_dir: Path, node: TrainerNode, coordinator_pid: int | None, master_port: int | None = None
-) -> list[str]:
-    """``torchrun ... -m trainer.service`` for ``node``; ``master_port`` fills in a port of 0 (one node)."""
-    port = node.master_port or master_port
-    if not port:
-        raise ConfigError("torchrun needs a master port: give one, or a free port for a one-node trainer")
+def torchrun_command(train_dir: Path, node: TrainerNode, coordinator_pid: int | None) -> list[str]:
+    """``torchrun ... -m trainer.service`` for ``node``.
+
+    A one-node trainer with a master port of 0 rendezvouses ``--standalone``: torchrun binds a free port itself, so no
+    other process can take the port between its choice and its use (a port chosen here and handed over can be)."""
+    port = node.master_port
+    if not port and node.nnodes > 1:
+        raise ConfigError("several trainer nodes need a fixed master port (orchestrator.trainer_launch.master_port)")
     torchrun = Path(sys.executable).parent / "torchrun"
     launcher = [str(torchrun)] if torchrun.exists() else [sys.executable, "-m", "torch.distributed.run"]
     pid = [] if coordinator_pid is None else ["--coordinator-pid", str(coordinator_pid)]
+    rendezvous = ["--master-addr", node.master_addr, "--master-port", str(port)] if port else ["--standalone"]
     return [
         *launcher,
         "--nnodes",
@@ -68,10 +70,7 @@ def torchrun_command(
         str(node.node_rank),
         "--nproc-per-node",
         str(node.nproc_per_node),
-        "--master-addr",
-        node.master_addr,
-        "--master-port",
-        str(port),
+        *rendezvous,
         "-m",
         "trainer.service",
         "--train-dir",

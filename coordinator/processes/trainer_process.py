@@ -21,7 +21,6 @@ from coordinator.config import CoordinatorConfig
 from coordinator.ledger.run_spec import run_precision, trainer_section
 from coordinator.ledger.training_policy import behaviour_source
 from runtime.children import Child, LogLimits, sharing_cores_env
-from runtime.ports import free_port
 from toploc.calibrations import run_thresholds
 from trainer.launch import TrainerNode, torchrun_command
 from trainer.resolve import resolve_model_path
@@ -85,7 +84,7 @@ class TrainerProcess:
         return cls(train_dir, spec, launch.nproc, launch.cpus, trainer_node(config), config.child_logs.limits())
 
     def command(self) -> list[str]:
-        return torchrun_command(self.train_dir.root, self.node, os.getpid(), master_port=free_port())
+        return torchrun_command(self.train_dir.root, self.node, os.getpid())
 
     def _share_start_checkpoint(self) -> None:
         """Copy the start checkpoint into the (shared) train dir so every node loads the same v0 weights."""
