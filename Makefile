@@ -38,7 +38,7 @@ typecheck: install
 	$(BIN)/mypy
 
 test: lint typecheck
-	$(BIN)/pytest -n $(TEST_WORKERS) --dist worksteal --durations=40 $(PYTEST_ARGS)
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist worksteal --durations=40 --build-starts $(PYTEST_ARGS)
 
 unit: install
 	$(BIN)/pytest tests/unit $(PYTEST_ARGS)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -16,17 +17,37 @@ __all__ = ["free_port"]
 
 
 _BUILTIN_DIR = pytest.StashKey[Path]()
+TEST_STARTS = ("tiny-qwen2-reverse-start", "small-qwen3-sort-start", "small-qwen3-calculator-start")
+"""The built-in RL start checkpoints the tests train from (each an SFT run of a minute or two on an idle machine)."""
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--build-starts",
+        action="store_true",
+        help="build the built-in RL start checkpoints the tests use before any test runs (make test does: built "
+        "inside a test, beside other tests' running networks, one takes several times as long and slows them too)",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
     """One built-in model cache (``PRIME_BUILTIN_DIR``) for the whole session, made empty at its start: each
     built-in start is built once however many test processes need it (xdist's workers inherit the variable,
-    and its lock files let one build while the others wait), and no test reads or writes ~/.prime-network."""
+    and its lock files let one build while the others wait), and no test reads or writes ~/.prime-network.
+    With ``--build-starts`` the controller builds :data:`TEST_STARTS` there before any worker starts."""
     if hasattr(config, "workerinput"):  # an xdist worker: the controller made the cache
         return
     path = Path(tempfile.mkdtemp(prefix="prime-test-builtin-"))
     os.environ["PRIME_BUILTIN_DIR"] = str(path)
     config.stash[_BUILTIN_DIR] = path
+    if config.getoption("build_starts"):
+        from trainer.builtin import BUILTIN_PREFIX
+        from trainer.resolve import resolve_model_path
+
+        for name in TEST_STARTS:
+            started = time.monotonic()
+            resolve_model_path(BUILTIN_PREFIX + name)
+            print(f"built {BUILTIN_PREFIX}{name} in {time.monotonic() - started:.0f} s", flush=True)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

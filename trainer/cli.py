@@ -14,6 +14,7 @@ import typer
 
 from protocol.errors import ConfigError
 from runtime.cli import (
+    EXIT_BAD_CONFIG,
     ConfigOption,
     JsonLogsOption,
     LogLevelOption,
@@ -100,17 +101,37 @@ def evaluate(
 
 @app.command("start-checkpoint")
 def start_checkpoint(
+    names: list[str] | None = typer.Argument(
+        None,
+        help="Built-in models to build, as in a config (builtin:small-qwen3-calculator-start; the prefix may be left "
+        "out), or `all` (default: the demo's RL start, builtin:small-qwen3-sort-start).",
+        show_default=False,
+    ),
     output_dir: Path | None = typer.Option(
-        None, help="Where to write it (default: the built-in cache, as builtin:tiny-qwen2-reverse-start)."
+        None, help="Build the one model named into this new directory instead of the built-in cache."
     ),
     log_level: str = LogLevelOption,
     json_logs: bool = JsonLogsOption,
 ) -> None:
-    """Build the demo's RL start checkpoint (an early SFT of the built-in model on reverse_text)."""
+    """Build built-in models ahead of time (a start is an SFT run: a minute or two each on 2 cores, longer on a busy
+    machine) into the built-in cache ($PRIME_BUILTIN_DIR, default ~/.prime-network/builtin), so that a coordinator,
+    worker or validator that names one starts at once. Prints each model's directory."""
     start_logging(log_level, json_logs)
-    from trainer.resolve import reverse_start_checkpoint
+    from trainer.resolve import BUILDERS, DEMO_START, build_builtin
 
-    typer.echo(str(reverse_start_checkpoint(output_dir)))
+    wanted = list(names or [DEMO_START])
+    if wanted == ["all"]:
+        wanted = list(BUILDERS)
+    if output_dir is not None and len(wanted) != 1:
+        fail(
+            f"--output-dir takes one model, and {len(wanted)} are named: name one, or build them into the cache",
+            EXIT_BAD_CONFIG,
+        )
+    for name in wanted:
+        try:
+            typer.echo(str(build_builtin(name, output_dir)))
+        except ConfigError as exc:
+            fail(exc.message, EXIT_BAD_CONFIG)
 
 
 @app.command()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from protocol.errors import ConfigError
 from trainer.builtin import (
     ARITHMETIC_START,
     BUILTIN_PREFIX,
@@ -65,9 +66,24 @@ def resolve_model_path(name: str, cache_dir: Path | None = None) -> Path:
     return resolve_with(name, cache_dir, BUILDERS)
 
 
-def reverse_start_checkpoint(output_dir: Path | None = None) -> Path:
-    """`prime-trainer start-checkpoint`: the demo's RL start checkpoint, built in ``output_dir`` (default: the
-    built-in cache, as ``builtin:tiny-qwen2-reverse-start``)."""
+DEMO_START = SORT_START
+"""The demo's RL start checkpoint (configs/demo.toml), what `prime-trainer start-checkpoint` builds by default."""
+
+
+def build_builtin(name: str, output_dir: Path | None = None) -> Path:
+    """`prime-trainer start-checkpoint NAME`: the built-in ``name`` (``builtin:`` optional) in the built-in cache
+    (built there unless it is), or built into ``output_dir`` instead (a start's base model from the cache)."""
+    bare = name.removeprefix(BUILTIN_PREFIX)
+    if bare not in BUILDERS:
+        known = ", ".join(BUILTIN_PREFIX + known for known in BUILDERS)
+        raise ConfigError(f"{name!r} is not a built-in model; the built-ins are {known}")
     if output_dir is None:
-        return resolve_model_path(BUILTIN_PREFIX + REVERSE_START)
-    return build_start_checkpoint(output_dir)
+        return resolve_model_path(BUILTIN_PREFIX + bare)
+    if output_dir.exists() and any(output_dir.iterdir()):
+        raise ConfigError(f"{output_dir} is not empty: give a new or empty directory for {BUILTIN_PREFIX}{bare}")
+    output_dir.mkdir(parents=True, exist_ok=True)
+    if bare in STARTS:
+        base, recipe = STARTS[bare]
+        return build_start_checkpoint(output_dir, str(resolve_model_path(BUILTIN_PREFIX + base)), recipe)
+    UNTRAINED_BUILDERS[bare](output_dir)
+    return output_dir

@@ -13,6 +13,7 @@ accepted with the environment's minimum reward, whatever its text would have sco
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -178,7 +179,12 @@ def test_a_coordinator_refuses_an_environment_with_a_non_deterministic_reward(tm
         capture_output=True,
         text=True,
         timeout=240,
-        env={"PATH": str(Path(sys.executable).parent), "PYTHONPATH": str(REPO_ROOT), "HOME": str(Path.home())},
+        env={
+            "PATH": str(Path(sys.executable).parent),
+            "PYTHONPATH": str(REPO_ROOT),
+            "HOME": str(Path.home()),
+            "PRIME_BUILTIN_DIR": os.environ["PRIME_BUILTIN_DIR"],  # the session's cache, not ~/.prime-network
+        },
     )
     assert done.returncode != 0
     assert "reward luck is not deterministic" in done.stderr + done.stdout

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from protocol.errors import ConfigError
@@ -73,3 +74,37 @@ def test_lora_sft_writes_the_adapter_and_the_merged_model(tiny_model_dir: Path, 
         report = json.loads(next(line for line in result.output.splitlines() if line.startswith("{")))
         reports.append({k: v for k, v in report.items() if k != "model"})
     assert reports[0] == reports[1]
+
+
+def test_start_checkpoint_builds_any_named_builtin_ahead_of_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PRIME_BUILTIN_DIR", str(tmp_path / "cache"))
+    result = CliRunner().invoke(app, ["start-checkpoint", "tiny-qwen2", "builtin:small-qwen3"])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.split() == [str(tmp_path / "cache" / "tiny-qwen2"), str(tmp_path / "cache" / "small-qwen3")]
+    assert (tmp_path / "cache" / "small-qwen3" / "model.safetensors").is_file()
+
+    out = tmp_path / "elsewhere"
+    result = CliRunner().invoke(app, ["start-checkpoint", "builtin:tiny-qwen2", "--output-dir", str(out)])
+    assert result.exit_code == 0, result.output
+    assert (out / "model.safetensors").read_bytes() == (
+        tmp_path / "cache" / "tiny-qwen2" / "model.safetensors"
+    ).read_bytes()
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["builtin:gpt5"], "'builtin:gpt5' is not a built-in model; the built-ins are builtin:tiny-qwen2, "),
+        (["tiny-qwen2", "small-qwen3", "--output-dir", "x"], "--output-dir takes one model, and 2 are named"),
+    ],
+)
+def test_start_checkpoint_refuses_what_it_cannot_build_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, argv: list[str], message: str
+) -> None:
+    monkeypatch.setenv("PRIME_BUILTIN_DIR", str(tmp_path / "cache"))
+    result = CliRunner().invoke(app, ["start-checkpoint", *argv])
+    assert result.exit_code == 2, result.output
+    assert message in result.output and len(result.output.strip().splitlines()) == 1, result.output
+    assert not (tmp_path / "cache").exists()
