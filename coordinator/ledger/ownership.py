@@ -20,7 +20,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Connection, inspect, text
+from sqlalchemy import Connection, MetaData, text
 from sqlalchemy.exc import SQLAlchemyError
 
 from coordinator.ledger.storage.engine import Database, ledger_scope
@@ -128,9 +128,13 @@ def check_owner(ledger: Any, node_id: str, data_dir: Path) -> None:
 
 
 def ledger_tables(database: Database) -> list[str]:
-    """The ledger's tables present in the database (empty when there is no ledger)."""
-    present = set(inspect(database.engine).get_table_names())
-    return [table.name for table in reversed(metadata.sorted_tables) if table.name in present]
+    """The ledger's tables present in the database (empty when there is no ledger), each before any table it
+    references: the order in which they can be dropped. The order comes from the foreign keys the database holds
+    (the migrations declare them, :data:`metadata` does not), so SQLite, which enforces them while a table is
+    dropped, drops a ledger that has trained."""
+    present = MetaData()
+    present.reflect(bind=database.engine, only=lambda name, _: name in metadata.tables)
+    return [table.name for table in reversed(present.sorted_tables)]
 
 
 def drop_ledger(database: Database) -> list[str]:

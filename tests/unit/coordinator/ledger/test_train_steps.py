@@ -189,3 +189,19 @@ async def test_a_step_batch_is_assembled_from_its_recorded_groups(harness: Ledge
     assert samples is not None and record.submission_ids == ids
     assert len(samples) == 8  # one sample per rollout: 2 groups of 2 prompts x 2 samples
     assert figures["reward_mean"] == pytest.approx(0.35) and 0.0 <= figures["sampled_fraction"] <= 1.0
+
+
+async def test_reset_drops_a_ledger_that_has_trained(harness: LedgerHarness) -> None:
+    """Tables that reference others (leases, submissions, a step's groups, votes) go before the ones they
+    reference: SQLite enforces its foreign keys while a table is dropped, and refused to drop a trained ledger."""
+    from coordinator.ledger.ownership import drop_ledger, ledger_tables
+
+    worker, validator = await harness.worker(), await harness.validator()
+    await judged(harness, worker, validator)
+    await judged(harness, worker, validator)
+    assert harness.ledger.train_steps.record_batch(1, groups_per_step=2, min_version=0) is not None
+    await worker.aclose()
+    await validator.aclose()
+    assert {"tasks", "leases", "submissions", "step_submissions", "train_steps"} <= set(ledger_tables(harness.database))
+    drop_ledger(harness.database)
+    assert ledger_tables(harness.database) == []
