@@ -23,7 +23,7 @@ from rich.markup import escape
 
 from protocol.errors import ConfigError, PrimeError, RunPausedError
 from runtime.config import ConfigT, RoleConfig, config_to_toml, load_config, parse_assignment
-from runtime.logs import fatal_json_line, json_logs_enabled, setup_logging
+from runtime.logs import fatal_json_line, json_logs_enabled, printable, setup_logging
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -64,7 +64,7 @@ def fail(message: str, exit_code: int = EXIT_FAILURE) -> NoReturn:
         sys.stderr.flush()
         raise typer.Exit(exit_code)
     # escaped: brackets are the message's own ("set [environment]"), not rich markup
-    err_console.print(f"[bold red]error:[/] {escape(one_line(message))}", highlight=False, soft_wrap=True)
+    err_console.print(f"[bold red]error:[/] {escape(printable(one_line(message)))}", highlight=False, soft_wrap=True)
     raise typer.Exit(exit_code)
 
 

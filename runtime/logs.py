@@ -50,10 +50,28 @@ def fatal_json_line(message: str, exit_code: int) -> str:
     return json.dumps(entry)
 
 
+_SHOWN_ESCAPED = {
+    **{code: f"\\x{code:02x}" for code in [*range(0x20), 0x7F, *range(0x80, 0xA0)] if code != 0x09},
+    0x0A: "\\n",
+    0x0D: "\\r",
+    **{code: f"\\u{code:04x}" for code in [0x061C, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A)]},
+}
+
+
+def printable(text: str) -> str:
+    """``text`` with every control character written as its escape (``\\x1b``, ``\\n``; tabs kept), the bidi
+    controls too: a string a worker, validator or environment made cannot move the cursor, recolour or clear a
+    terminal, forge a log line of its own or reorder what a reader sees."""
+    return text.translate(_SHOWN_ESCAPED)
+
+
 class HumanFormatter(logging.Formatter):
+    """One line per event; the message is :func:`printable` (log messages carry other parties' strings: a
+    validator's reasons, an environment's error), a traceback alone keeps its lines."""
+
     def format(self, record: logging.LogRecord) -> str:
         stamp = time.strftime("%H:%M:%S", time.localtime(record.created))
-        line = f"{stamp} {record.levelname:<5} {record.name}: {record.getMessage()}"
+        line = f"{stamp} {record.levelname:<5} {record.name}: {printable(record.getMessage())}"
         if record.exc_info:
             line += "\n" + self.formatException(record.exc_info)
         return line

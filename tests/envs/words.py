@@ -45,9 +45,10 @@ class FlakyEnvironment(KeywordEnvironment):
 
 class FaultyEnvironment(KeywordEnvironment):
     """Scores like :class:`KeywordEnvironment`, but fails on completions longer than ``max_chars``: it raises
-    ZeroDivisionError (``fault="raise"``) or returns a reward of NaN, inf or a string (``"nan"``, ``"inf"``,
-    ``"text"``). The start-up probes are all shorter, so it passes the determinism check; a random policy's
-    completions are longer, so a validator meets the fault on real work. ``max_chars`` < 0 fails always."""
+    ZeroDivisionError with terminal escapes in its message (``fault="raise"``) or returns a reward of NaN, inf or
+    a string (``"nan"``, ``"inf"``, ``"text"``). The start-up probes are all shorter, so it passes the determinism
+    check; a random policy's completions are longer, so a validator meets the fault on real work. ``max_chars``
+    < 0 fails always."""
 
     name = "faulty"
 
@@ -59,8 +60,8 @@ class FaultyEnvironment(KeywordEnvironment):
     def score(self, example: Example, completion: str) -> Scores:
         if len(completion) <= self.max_chars:
             return super().score(example, completion)
-        if self.fault == "raise":
-            return Scores.single("ratio", len(completion) / (len(example.answer or "") * 0))
+        if self.fault == "raise":  # its message carries terminal escapes, as any text an environment makes may
+            raise ZeroDivisionError("division by zero\x1b[2J\x1b[31m")
         scores = Scores.single("ratio", 0.0)
         bad = {"nan": float("nan"), "inf": float("inf"), "text": "many"}[self.fault]
         object.__setattr__(scores, "rewards", {"ratio": bad})  # past Scores' own checks, as a careless scorer may

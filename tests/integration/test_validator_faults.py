@@ -37,7 +37,10 @@ def node_row(net: Network, node_id: str) -> dict[str, Any]:
 
 @pytest.mark.parametrize(
     ("fault", "summary"),
-    [("raise", "ZeroDivisionError: division by zero"), ("nan", "reward 'ratio' is nan, not a finite number")],
+    [
+        ("raise", "ZeroDivisionError: division by zero\x1b[2J\x1b[31m"),
+        ("nan", "reward 'ratio' is nan, not a finite number"),
+    ],
 )
 def test_an_environment_that_cannot_score_is_recorded_and_the_validator_goes_on(
     tmp_path: Path, fault: str, summary: str
@@ -65,7 +68,10 @@ def test_an_environment_that_cannot_score_is_recorded_and_the_validator_goes_on(
         status = httpx.get(f"{net.url}/v1/stats", timeout=5).json()["status"]
         assert status["num_submissions_environment_error"] >= 2, status
         alive(net, validator, "validator")
-        assert "environment error on s-" in net.worker_log("validator")
+        log = net.worker_log("validator")
+        assert "environment error on s-" in log
+        # the environment's text reaches the console escaped: it cannot clear or recolour the operator's terminal
+        assert "\x1b" not in log and (fault != "raise" or "division by zero\\x1b[2J\\x1b[31m" in log), log[-2000:]
 
 
 def test_a_submission_whose_version_the_origin_dropped_expires_and_validators_keep_running(tmp_path: Path) -> None:

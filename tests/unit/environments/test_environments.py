@@ -411,7 +411,7 @@ def test_every_example_environment_section_parses(path: Path) -> None:
 @pytest.mark.parametrize(
     ("fault", "summary"),
     [
-        ("raise", "ZeroDivisionError: division by zero"),
+        ("raise", "ZeroDivisionError: division by zero\x1b[2J\x1b[31m"),
         ("nan", "reward 'ratio' is nan, not a finite number"),
         ("inf", "reward 'ratio' is inf, not a finite number"),
         ("text", "reward 'ratio' is 'many', not a finite number"),

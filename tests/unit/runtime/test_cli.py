@@ -184,3 +184,15 @@ def test_fail_prints_the_message_verbatim_brackets_included(capsys: pytest.Captu
     with pytest.raises(typer.Exit):
         fail("set [environment] to the run's, not ['a']")
     assert "set [environment] to the run's, not ['a']" in " ".join(capsys.readouterr().err.split())
+
+
+def test_fail_shows_another_partys_escapes_escaped(capsys: pytest.CaptureFixture[str]) -> None:
+    """The line a command stops on may quote a coordinator's or an environment's text: its escapes are shown."""
+    import typer
+
+    from runtime.cli import fail
+
+    with pytest.raises(typer.Exit):
+        fail("the coordinator refused: \x1b[2Jgone\x07")
+    err = capsys.readouterr().err
+    assert "\x1b" not in err and "\x07" not in err and "refused: \\x1b[2Jgone\\x07" in err, err

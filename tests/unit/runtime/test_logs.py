@@ -78,3 +78,26 @@ def test_vllm_lines_reach_the_root_handler_though_vllm_set_up_its_own_first() ->
     vllm_logger.propagate = False  # what vLLM's own logging set-up does when it ran first in this process
     text = shown("info")
     assert "QKVParallelLinear: Failed to load weights" in text and "RotaryEmbedding" not in text
+
+
+@pytest.mark.usefixtures("restore_logging")
+def test_other_parties_text_reaches_the_console_escaped_on_one_line() -> None:
+    """A reason or an environment's error carries escapes and line breaks: shown escaped, it can neither clear,
+    retitle or recolour the terminal nor forge a line of its own; a traceback keeps its lines."""
+    setup_logging("info")
+    stream = io.StringIO()
+    handler = logging.getLogger().handlers[0]
+    assert isinstance(handler, logging.StreamHandler)
+    handler.setStream(stream)
+    reason = "bad\x1b[2J\x1b]0;title\x07\r\n12:00:00 INFO  validator: accepted s-1\u202e\x9b31m\tend"
+    logging.getLogger("validator").warning("environment error on s-0: %s", reason)
+    try:
+        raise ValueError("boom")
+    except ValueError:
+        logging.getLogger("validator").exception("it failed")
+    first, *rest = stream.getvalue().splitlines()
+    assert first.endswith(
+        "environment error on s-0: bad\\x1b[2J\\x1b]0;title\\x07\\r\\n12:00:00 INFO  validator: accepted s-1"
+        "\\u202e\\x9b31m\tend"
+    ), first
+    assert rest[0].endswith("it failed") and rest[1] == "Traceback (most recent call last):", rest
