@@ -36,7 +36,37 @@ def build_optimizer(model: nn.Module, config: OptimizerConfig) -> torch.optim.Ad
     )
 
 
+RESTORE_WARMUP_STEPS = 5
+"""The warm-up after a restore when the run has none of its own (``warmup_steps`` 0)."""
+
+
+class Schedule:
+    """The lr multiplier of a :class:`~torch.optim.lr_scheduler.LambdaLR`: :func:`lr_factor`, times a second linear
+    warm-up from ``rewarm_from`` on (set by :meth:`rewarm`). A callable object, so the scheduler's state dict keeps
+    its plain fields and exact resume holds after a restore too."""
+
+    def __init__(self, num_steps: int, config: OptimizerConfig) -> None:
+        self.num_steps = num_steps
+        self.warmup_steps = config.warmup_steps
+        self.schedule = config.schedule
+        self.min_lr_ratio = config.min_lr_ratio
+        self.rewarm_from = -1
+        self.rewarm_steps = config.warmup_steps or RESTORE_WARMUP_STEPS
+
+    def __call__(self, step: int) -> float:
+        config = OptimizerConfig(warmup_steps=self.warmup_steps, schedule=self.schedule, min_lr_ratio=self.min_lr_ratio)
+        factor = lr_factor(step, self.num_steps, config)
+        if 0 <= self.rewarm_from <= step < self.rewarm_from + self.rewarm_steps:
+            factor *= (step - self.rewarm_from + 1) / self.rewarm_steps
+        return factor
+
+    def rewarm(self, step: int) -> None:
+        """Warm up again from optimizer step ``step`` (0-based): Adam's moments were reset, and with fresh moments
+        its first steps move every parameter by about the learning rate."""
+        self.rewarm_from = step
+
+
 def build_scheduler(
     optimizer: torch.optim.Optimizer, num_steps: int, config: OptimizerConfig
 ) -> torch.optim.lr_scheduler.LambdaLR:
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, num_steps, config))
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, Schedule(num_steps, config))

@@ -49,7 +49,7 @@ from trainer.fsdp import DistInfo, all_reduce_max, all_reduce_sum, init_distribu
 from trainer.lora import apply_lora, trainable_parameters
 from trainer.loss import LossSums, grpo_loss, sft_loss, token_logprobs_and_entropy
 from trainer.model import load_model, load_tokenizer, load_vision_inputs
-from trainer.optim import build_optimizer, build_scheduler
+from trainer.optim import Schedule, build_optimizer, build_scheduler
 from trainer.packing import MicroBatch, VisionPacking, deal_to_ranks, empty_micro_batch, make_micro_batches
 from trainer.transport import TrainSample
 from trainer.vision import freeze_vision_tower, sample_positions
@@ -363,11 +363,16 @@ class Trainer:
     def restore_step(self, policy_dir: Path, lr_scale: float = 1.0) -> dict[str, Any]:
         """A rollback as a step: the weights of the exported policy at ``policy_dir`` (an earlier version's),
         Adam's moments reset (they carry the direction that was undone), the learning rate times ``lr_scale`` from
-        now on; the step's policy is that version's."""
+        now on and warmed up again from the next step (:class:`~trainer.optim.Schedule`: fresh moments make Adam's
+        first steps move every parameter by about the learning rate, which undid a restored tiny policy in two
+        steps); the step's policy is that version's."""
         started = time.perf_counter()
         load_policy_weights(self.model, policy_dir, self.config, self.info)
         self.optimizer.state.clear()
         self.scheduler.base_lrs = [lr * lr_scale for lr in self.scheduler.base_lrs]
+        for schedule in self.scheduler.lr_lambdas:
+            if isinstance(schedule, Schedule):
+                schedule.rewarm(self.scheduler.last_epoch + 1)
         self.scheduler.step()
         self.step += 1
         if self.behaviour is not None:

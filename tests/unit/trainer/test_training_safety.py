@@ -13,6 +13,7 @@ import torch
 from tests.integration.trainer.fsdp_probe import probe_batch
 from trainer.breakers import StepFigures, breaker_trips
 from trainer.config import BreakerConfig, LossConfig, OptimizerConfig, TrainerSection
+from trainer.optim import RESTORE_WARMUP_STEPS
 from trainer.train import Trainer
 from trainer.transport import TrainSample
 
@@ -147,6 +148,15 @@ def test_a_skipped_step_keeps_the_weights_and_a_restore_brings_back_an_exported_
     assert all(torch.equal(value, v0[name]) for name, value in _params(trainer).items())
     assert not trainer.optimizer.state  # Adam's moments start over
     assert trainer.behaviour is not None and trainer.behaviour.versions == [2, 3]
+    # the learning rate warms up again (the run has no warm-up of its own: over RESTORE_WARMUP_STEPS), resumed too
+    assert trainer.scheduler.get_last_lr()[0] == pytest.approx(lr * 0.5 / RESTORE_WARMUP_STEPS)
+    trainer.save(tmp_path / "ckpt")
+    again = _trainer(tiny_model_dir)
+    assert again.resume(tmp_path / "ckpt") and again.step == 3
+    for _ in range(RESTORE_WARMUP_STEPS):
+        assert again.scheduler.get_last_lr() == trainer.scheduler.get_last_lr()
+        again.skip_step(), trainer.skip_step()
+    assert trainer.scheduler.get_last_lr()[0] == pytest.approx(lr * 0.5)
 
 
 def test_resume_restores_the_kept_versions_and_the_breakers_history(tiny_model_dir: Path, tmp_path: Path) -> None:
