@@ -48,7 +48,7 @@ def test_an_environment_that_cannot_score_is_recorded_and_the_validator_goes_on(
     section = {"type": "python", "target": "tests.envs.words:FaultyEnvironment", "args": {"fault": fault}}
     with running_network(tmp_path, environment=section) as net:
         net.start_worker("worker", "hf", [])
-        validator = net.start_validator()
+        validator = net.start_validator(json_logs=False)  # the operator's console
         worker_id = load_or_create_identity(net.root / "worker").node_id
 
         def two_unscorable() -> bool:

@@ -64,9 +64,10 @@ class Network:
         return proc
 
     def start_validator(
-        self, name: str = "validator", *extra: str, pythonpath: str | None = None
+        self, name: str = "validator", *extra: str, pythonpath: str | None = None, json_logs: bool = True
     ) -> subprocess.Popen[bytes]:
-        """A `prime-validator run` (``extra`` arguments appended; ``pythonpath`` instead of the run's)."""
+        """A `prime-validator run` (``extra`` arguments appended; ``pythonpath`` instead of the run's; human log
+        lines, as an operator's console shows them, without ``json_logs``)."""
         argv = [
             str(BIN / "prime-validator"),
             "run",
@@ -78,7 +79,7 @@ class Network:
         ]
         log = open(self.root / f"{name}.log", "ab")  # noqa: SIM115 - lives as long as the process
         env = {**os.environ, "PYTHONPATH": pythonpath or self.pythonpath}
-        proc = subprocess.Popen([*argv, "--json-logs"], stdout=log, stderr=log, env=env)
+        proc = subprocess.Popen([*argv, *(["--json-logs"] if json_logs else [])], stdout=log, stderr=log, env=env)
         self.workers.append(proc)
         return proc
 
