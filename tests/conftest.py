@@ -17,8 +17,6 @@ __all__ = ["free_port"]
 
 
 _BUILTIN_DIR = pytest.StashKey[Path]()
-TEST_STARTS = ("tiny-qwen2-reverse-start", "small-qwen3-sort-start", "small-qwen3-calculator-start")
-"""The built-in RL start checkpoints the tests train from (each an SFT run of a minute or two on an idle machine)."""
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -34,17 +32,18 @@ def pytest_configure(config: pytest.Config) -> None:
     """One built-in model cache (``PRIME_BUILTIN_DIR``) for the whole session, made empty at its start: each
     built-in start is built once however many test processes need it (xdist's workers inherit the variable,
     and its lock files let one build while the others wait), and no test reads or writes ~/.prime-network.
-    With ``--build-starts`` the controller builds :data:`TEST_STARTS` there before any worker starts."""
+    With ``--build-starts`` the controller builds the RL starts the tests train from there (each an SFT run
+    of a minute or two on an idle machine) before any worker starts."""
     if hasattr(config, "workerinput"):  # an xdist worker: the controller made the cache
         return
     path = Path(tempfile.mkdtemp(prefix="prime-test-builtin-"))
     os.environ["PRIME_BUILTIN_DIR"] = str(path)
     config.stash[_BUILTIN_DIR] = path
     if config.getoption("build_starts"):
-        from trainer.builtin import BUILTIN_PREFIX
+        from trainer.builtin import BUILTIN_PREFIX, CALCULATOR_START, REVERSE_START, SORT_START
         from trainer.resolve import resolve_model_path
 
-        for name in TEST_STARTS:
+        for name in (REVERSE_START, SORT_START, CALCULATOR_START):
             started = time.monotonic()
             resolve_model_path(BUILTIN_PREFIX + name)
             print(f"built {BUILTIN_PREFIX}{name} in {time.monotonic() - started:.0f} s", flush=True)

@@ -55,9 +55,7 @@ def torchrun_command(train_dir: Path, node: TrainerNode, coordinator_pid: int | 
 
     A one-node trainer with a master port of 0 rendezvouses ``--standalone``: torchrun binds a free port itself, so no
     other process can take the port between its choice and its use (a port chosen here and handed over can be)."""
-    port = node.master_port
-    if not port and node.nnodes > 1:
-        raise ConfigError("several trainer nodes need a fixed master port (orchestrator.trainer_launch.master_port)")
+    port = node.master_port  # never 0 on several nodes: TrainerNode refuses that
     torchrun = Path(sys.executable).parent / "torchrun"
     launcher = [str(torchrun)] if torchrun.exists() else [sys.executable, "-m", "torch.distributed.run"]
     pid = [] if coordinator_pid is None else ["--coordinator-pid", str(coordinator_pid)]

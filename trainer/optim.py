@@ -42,20 +42,20 @@ RESTORE_WARMUP_STEPS = 5
 
 class Schedule:
     """The lr multiplier of a :class:`~torch.optim.lr_scheduler.LambdaLR`: :func:`lr_factor`, times a second linear
-    warm-up from ``rewarm_from`` on (set by :meth:`rewarm`). A callable object, so the scheduler's state dict keeps
-    its plain fields and exact resume holds after a restore too."""
+    warm-up from ``rewarm_from`` on (set by :meth:`rewarm`). LambdaLR's state dict keeps a callable object's
+    ``__dict__``: ``rewarm_from`` lives there, so exact resume holds after a restore, while the run's schedule sits
+    in slots and always comes from the config the trainer starts with, never from a checkpoint."""
+
+    __slots__ = ("__dict__", "config", "num_steps", "rewarm_steps")
 
     def __init__(self, num_steps: int, config: OptimizerConfig) -> None:
         self.num_steps = num_steps
-        self.warmup_steps = config.warmup_steps
-        self.schedule = config.schedule
-        self.min_lr_ratio = config.min_lr_ratio
-        self.rewarm_from = -1
+        self.config = config
         self.rewarm_steps = config.warmup_steps or RESTORE_WARMUP_STEPS
+        self.rewarm_from = -1
 
     def __call__(self, step: int) -> float:
-        config = OptimizerConfig(warmup_steps=self.warmup_steps, schedule=self.schedule, min_lr_ratio=self.min_lr_ratio)
-        factor = lr_factor(step, self.num_steps, config)
+        factor = lr_factor(step, self.num_steps, self.config)
         if 0 <= self.rewarm_from <= step < self.rewarm_from + self.rewarm_steps:
             factor *= (step - self.rewarm_from + 1) / self.rewarm_steps
         return factor

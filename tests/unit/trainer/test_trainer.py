@@ -12,7 +12,7 @@ import torch
 from environments.builtin import builtin_environment
 from tests.integration.trainer.fsdp_probe import probe_batch
 from trainer.config import LossConfig, OptimizerConfig, TrainerSection
-from trainer.optim import lr_factor
+from trainer.optim import Schedule, build_scheduler, lr_factor
 from trainer.sft import sft_batch
 from trainer.train import Trainer
 
@@ -107,6 +107,23 @@ def test_lr_schedule() -> None:
     linear = OptimizerConfig(schedule="linear")
     assert lr_factor(5, 11, linear) == pytest.approx(0.5)
     assert lr_factor(7, 11, OptimizerConfig()) == 1.0
+
+
+def test_a_resumed_schedule_keeps_its_restore_and_takes_the_run_its_config_gives() -> None:
+    """The scheduler's state carries where a restore warmed up again, and nothing of the schedule itself: a run
+    resumed with more steps (or another warm-up) follows its new config."""
+    optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    first = build_scheduler(optimizer, 10, OptimizerConfig(lr=1.0, schedule="linear"))
+    (schedule,) = first.lr_lambdas
+    assert isinstance(schedule, Schedule)
+    schedule.rewarm(3)
+    state = first.state_dict()
+    assert state["lr_lambdas"] == [{"rewarm_from": 3}]
+    longer = build_scheduler(optimizer, 100, OptimizerConfig(lr=1.0, schedule="linear", warmup_steps=4))
+    longer.load_state_dict(state)
+    (resumed,) = longer.lr_lambdas
+    assert isinstance(resumed, Schedule)
+    assert (resumed.rewarm_from, resumed.num_steps, resumed.rewarm_steps) == (3, 100, 4)
 
 
 def test_the_loss_is_a_mean_over_the_trained_tokens_only(tiny_model_dir: Path) -> None:
