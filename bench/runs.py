@@ -12,6 +12,7 @@ import argparse
 import os
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -55,8 +56,9 @@ def network_run_config(
 ) -> dict[str, Any]:
     """A learning bench's run through the local network: ``args`` give the steps, batch (prompts per task, groups
     per step, group size), token budget, learning rate and warm-up, trainer ranks and ``engines`` (the local
-    network's workers); async level 1, temperature 1, every node on this machine trusted."""
-    return {
+    network's workers); async level 1, temperature 1, every node on this machine trusted; ``args.set`` (when
+    given) overrides any key, as ``--set`` reads them."""
+    config: dict[str, Any] = {
         "run_name": name,
         "data_dir": str(root / "run"),
         "environment": environment,
@@ -81,6 +83,25 @@ def network_run_config(
         },
         "local_network": {"enabled": True, "engines": args.engines, "num_validators": 1},
     }
+    for key, value in getattr(args, "set", None) or []:
+        *parents, leaf = key.split(".")
+        section = config
+        for part in parents:
+            section = section.setdefault(part, {})
+        section[leaf] = value
+    return config
+
+
+def config_setting(text: str) -> tuple[str, Any]:
+    """``KEY=VALUE`` of ``--set``: a dotted run config key and a TOML value (a bare word is a string)."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"--set takes KEY=VALUE (a dotted run config key), not {text!r}")
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw
+    return key.strip(), value
 
 
 def add_network_run_arguments(
@@ -98,6 +119,13 @@ def add_network_run_arguments(
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--trainer-ranks", type=int, default=trainer_ranks, help="torchrun ranks of the FSDP2 trainer")
     parser.add_argument("--max-tokens", type=int, default=max_tokens)
+    parser.add_argument(
+        "--set",
+        type=config_setting,
+        action="append",
+        metavar="KEY=VALUE",
+        help="override a run config key, e.g. --set orchestrator.no_signal_filter=false (repeatable)",
+    )
 
 
 def run_plan(args: argparse.Namespace, quick_eval: int, full_eval: int = 256) -> tuple[list[int], int]:

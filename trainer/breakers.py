@@ -6,8 +6,11 @@ Pure functions. The trainer computes a step's gradient, then asks :func:`breaker
 - a non-finite gradient norm or loss;
 - a pre-clip gradient norm above ``grad_norm_ceiling``, or above ``grad_norm_median_factor`` times the median of
   the last ``median_steps`` applied steps' norms, once ``median_min_steps`` were applied;
-- more than ``max_out_of_band_fraction`` of the trained tokens with an importance ratio outside ``ratio_band``;
-- a mean k3 KL between the behaviour log-probabilities and the trainer's above ``max_mismatch_kl``;
+- more than ``max_out_of_band_fraction`` of the trained tokens with an importance ratio outside ``ratio_band``, and
+  a mean k3 KL between the behaviour log-probabilities and the trainer's above ``max_mismatch_kl``: both only where
+  the ratio's denominator is the sampling engine's number. Where the trainer recomputed it, both measure how far
+  the policy moved since an older version drew a token (which the loss's correction bounds), not whether anyone's
+  numbers describe the policy: the claims are compared sample by sample instead, and those far off re-audited;
 - a trained token that is not the policy's seeded draw (with ``draw_tolerance`` set, :mod:`trainer.draws`): a sample
   whatever validator accepted it was not drawn by this policy.
 
@@ -40,6 +43,8 @@ class StepFigures:
     """Mean k3 KL between the behaviour log-probabilities and the trainer's, per trained token."""
     off_draw_samples: int = 0
     """Samples with a trained token that is not the policy's seeded draw (:mod:`trainer.draws`)."""
+    recomputed: bool = False
+    """The behaviour log-probabilities are the trainer's own: the band and KL figures trip nothing."""
 
 
 def grad_norm_median(history: Sequence[float], config: BreakerConfig) -> float | None:
@@ -67,13 +72,13 @@ def breaker_trips(figures: StepFigures, history: Sequence[float], config: Breake
             f"gradient norm {figures.grad_norm:.4g} above {config.grad_norm_median_factor:g} x the median "
             f"{median:.4g} of the last {min(len(history), config.median_steps)} steps"
         )
-    if figures.out_of_band_fraction > config.max_out_of_band_fraction:
+    if not figures.recomputed and figures.out_of_band_fraction > config.max_out_of_band_fraction:
         low, high = config.ratio_band
         trips.append(
             f"{figures.out_of_band_fraction:.1%} of the trained tokens have a ratio outside [{low:g}, {high:g}] "
             f"(at most {config.max_out_of_band_fraction:.1%})"
         )
-    if figures.mismatch_kl > config.max_mismatch_kl:
+    if not figures.recomputed and figures.mismatch_kl > config.max_mismatch_kl:
         trips.append(f"mismatch KL {figures.mismatch_kl:.4g} above {config.max_mismatch_kl:g}")
     if figures.off_draw_samples:
         trips.append(f"{figures.off_draw_samples} samples hold tokens that are not the policy's seeded draw")

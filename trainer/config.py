@@ -119,10 +119,12 @@ class BreakerConfig(Section):
     """The band of importance ratios (the trainer's probability of a trained token over its behaviour
     probability) a step's tokens are expected in."""
     max_out_of_band_fraction: float = Field(default=0.1, ge=0, le=1)
-    """Trip when more than this share of the step's trained tokens have a ratio outside `ratio_band`."""
+    """Trip when more than this share of the step's trained tokens have a ratio outside `ratio_band`, where the
+    behaviour log-probabilities are the sampling engine's (`loss.behaviour_logprobs` `sampler`). Recomputed by the
+    trainer, the share only measures how far the policy moved since older versions drew: reported, never tripped."""
     max_mismatch_kl: float = Field(default=0.5, gt=0)
     """Trip when the mean k3 KL between the behaviour log-probabilities and the trainer's, per trained token,
-    is above this."""
+    is above this (as the band: only where the behaviour numbers are the sampling engine's)."""
     draw_tolerance: float | None = Field(default=None, ge=0)
     """With behaviour log-probabilities recomputed, replay every trained token's seeded draw and trip when one's
     noisy score is more than this below the best (it was not this policy's draw). Empty: a network run uses the

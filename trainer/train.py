@@ -274,6 +274,7 @@ class Trainer:
             out_of_band_fraction=sums[5].item() / total_loss_tokens,
             mismatch_kl=sums[2].item() / total_loss_tokens,
             off_draw_samples=0 if off_draw is None else int((off_draw > 0).sum()),
+            recomputed=recompute,
         )
         trips = breaker_trips(figures, self.grad_norms, breakers) if breakers is not None else []
         lr = self.scheduler.get_last_lr()[0]

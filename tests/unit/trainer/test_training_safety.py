@@ -127,6 +127,10 @@ def test_each_breaker_trips_on_its_own_figure_and_not_on_an_honest_one() -> None
         trips = breaker_trips(figures, [] if word == "ceiling" else history, config)
         assert len(trips) == 1 and word in trips[0], (word, trips)
     assert breaker_trips(cases["median"], history[:2], config) == []  # too little history for a median
+    # with the behaviour numbers the trainer's own, the band and the KL measure how far the policy moved: no trip
+    drifted = dataclasses.replace(honest, out_of_band_fraction=0.4, mismatch_kl=0.9, recomputed=True)
+    assert breaker_trips(drifted, history, config) == []
+    assert breaker_trips(dataclasses.replace(cases["ceiling"], recomputed=True), [], config)
     assert breaker_trips(cases["ceiling"], history, BreakerConfig(enabled=False)) == []
     with pytest.raises(ValueError, match="ratio_band"):
         BreakerConfig(ratio_band=(1.2, 2.0))
