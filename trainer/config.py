@@ -96,8 +96,8 @@ class LossConfig(Section):
     keeps in memory (async_level + 1 versions of the trained parameters; an extra forward per older version present
     in a step's batch); no number a worker declared enters the loss. `sampler`: the number the sampling engine
     reported; in a network run only on samples a validator recomputed and found within tolerance (the others are not
-    trained). `auto`: in a network run, `sampler` when validators recompute every sample (`validation.audit_fraction`
-    1 without adaptive audit), else `recompute`; in the local RL loop, `sampler` (its engine is the trainer's own)."""
+    trained), and the ratio band and mismatch KL breakers trip on the policy's own drift at a high learning rate.
+    `auto`: `recompute` in a network run; `sampler` in the local RL loop (its engine is the trainer's own)."""
 
 
 class BreakerConfig(Section):

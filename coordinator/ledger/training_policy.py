@@ -1,10 +1,9 @@
 """What the trainer trusts and refuses in a run, from its config: the signed run spec's training policy.
 
-:func:`behaviour_source` resolves ``orchestrator.loss.behaviour_logprobs``: ``auto`` is ``sampler`` only when
-validators recompute every sample of every submission (``validation.audit_fraction`` 1, adaptive audit off), so
-that every number the loss uses was checked; with any lower share the trainer recomputes (``recompute``), and a
-sample no validator recomputed never puts a worker's number into the loss. :func:`training_policy` is the whole
-policy as the run spec signs it (:class:`protocol.schemas.TrainingPolicy`).
+:func:`behaviour_source` resolves ``orchestrator.loss.behaviour_logprobs``: ``auto`` is ``recompute``, the trainer's
+own numbers, whatever share validators recompute: a sample no trainer recomputed never puts a worker's number into
+the loss, and a validator that colludes cannot pass one either. ``sampler`` is the operator's explicit choice.
+:func:`training_policy` is the whole policy as the run spec signs it (:class:`protocol.schemas.TrainingPolicy`).
 """
 
 from __future__ import annotations
@@ -23,9 +22,7 @@ def every_sample_audited(validation: ValidationConfig) -> bool:
 def behaviour_source(config: CoordinatorConfig) -> Literal["recompute", "sampler"]:
     """Where the run's behaviour log-probabilities come from (``auto`` resolved)."""
     chosen = config.orchestrator.loss.behaviour_logprobs
-    if chosen != "auto":
-        return chosen
-    return "sampler" if every_sample_audited(config.validation) else "recompute"
+    return "recompute" if chosen == "auto" else chosen
 
 
 def training_policy(config: CoordinatorConfig) -> TrainingPolicy:
