@@ -12,12 +12,13 @@ import argparse
 import os
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 from typing import Any
 
 import tomli_w
 
+from protocol.errors import ConfigError
+from runtime.config import dotted_to_nested, parse_assignment
 from runtime.ports import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -83,25 +84,15 @@ def network_run_config(
         },
         "local_network": {"enabled": True, "engines": args.engines, "num_validators": 1},
     }
-    for key, value in getattr(args, "set", None) or []:
-        *parents, leaf = key.split(".")
-        section = config
-        for part in parents:
-            section = section.setdefault(part, {})
-        section[leaf] = value
-    return config
+    return dotted_to_nested(dict(getattr(args, "set", None) or []), into=config)
 
 
 def config_setting(text: str) -> tuple[str, Any]:
-    """``KEY=VALUE`` of ``--set``: a dotted run config key and a TOML value (a bare word is a string)."""
-    key, sep, raw = text.partition("=")
-    if not sep or not key.strip():
-        raise argparse.ArgumentTypeError(f"--set takes KEY=VALUE (a dotted run config key), not {text!r}")
+    """``KEY=VALUE`` of ``--set`` (:func:`runtime.config.parse_assignment`), a bad one as argparse's error."""
     try:
-        value = tomllib.loads(f"v = {raw}")["v"]
-    except tomllib.TOMLDecodeError:
-        value = raw
-    return key.strip(), value
+        return parse_assignment(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
 def add_network_run_arguments(

@@ -75,9 +75,10 @@ def _reading(path: Path | None) -> Iterator[None]:
         _toml_file.reset(token)
 
 
-def dotted_to_nested(overrides: Mapping[str, Any]) -> dict[str, Any]:
-    """``{"api.port": 1}`` -> ``{"api": {"port": 1}}``; None values (flags not given) are dropped."""
-    nested: dict[str, Any] = {}
+def dotted_to_nested(overrides: Mapping[str, Any], into: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``{"api.port": 1}`` -> ``{"api": {"port": 1}}``; None values (flags not given) are dropped. ``into``: set
+    the keys in this nested dict (its other keys kept) and return it."""
+    nested: dict[str, Any] = {} if into is None else into
     for dotted, value in overrides.items():
         if value is None:
             continue
